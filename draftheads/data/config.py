@@ -1,0 +1,71 @@
+"""Configuration of the data pipeline.
+
+One dataclass so the YAML config maps onto it 1:1 and so every knob that changes which tokens a
+head is trained on is written down in the experiment file (and its checkpoint), not hidden in code.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+FORMATS = ("auto", "sharegpt", "messages", "text")
+
+
+@dataclass
+class DataConfig:
+    """Where the training text comes from and how it becomes token windows.
+
+    path: a local ``.json``/``.jsonl``/``.parquet`` file or a folder of them, a hub dataset id
+        (``owner/name``), or ``"demo"`` for the project's offline demo corpus.
+    split: the split of a hub dataset. A local file is a single split, so it is ignored there.
+    format: ``auto`` picks by the columns present (``conversations`` -> sharegpt,
+        ``messages`` -> messages, ``text_field`` -> text).
+    text_field: the column that holds plain text.
+    max_length: tokens per example; longer chat rows are truncated, longer text rows are
+        chunked (``chunk_text``) or truncated.
+    eval_fraction: share of the rows held out for evaluation when no separate eval source is
+        given (split at row level, so the chunks of one document never straddle train/eval).
+    eval_path / eval_split: a separate evaluation source. Setting only ``eval_split`` takes
+        that split of ``path`` (e.g. a hub dataset's ``validation``); ``eval_fraction`` is then
+        unused.
+    max_samples: cap on the rows read from each source (after a seeded shuffle), for quick runs.
+    seed: seeds the shuffle behind ``max_samples`` and the train/eval split.
+    num_proc: worker processes for ``datasets.map``.
+    chunk_text: cut long plain-text rows into several windows instead of dropping the tail,
+        which matters for code corpora whose files are far longer than ``max_length``.
+    cache_dir: the ``datasets`` cache folder (``None``: the library default).
+    """
+
+    path: str
+    split: str = "train"
+    format: str = "auto"
+    text_field: str = "text"
+    max_length: int = 2048
+    eval_fraction: float = 0.02
+    eval_path: str | None = None
+    eval_split: str | None = None
+    max_samples: int | None = None
+    seed: int = 0
+    num_proc: int | None = None
+    chunk_text: bool = True
+    cache_dir: str | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.path, str) or not self.path:
+            raise ValueError(f"data.path must be a non-empty string, got {self.path!r}")
+        if self.format not in FORMATS:
+            raise ValueError(f"data.format={self.format!r} is not one of {', '.join(FORMATS)}")
+        if self.max_length < 2:
+            # One token has no predecessor, so it can never be a training target.
+            raise ValueError(f"data.max_length must be at least 2, got {self.max_length}")
+        if not 0.0 <= self.eval_fraction < 1.0:
+            raise ValueError(f"data.eval_fraction must be in [0, 1), got {self.eval_fraction}")
+        if self.max_samples is not None and self.max_samples < 1:
+            raise ValueError(f"data.max_samples must be >= 1 or None, got {self.max_samples}")
+        if self.num_proc is not None and self.num_proc < 1:
+            raise ValueError(f"data.num_proc must be >= 1 or None, got {self.num_proc}")
+
+    @property
+    def has_eval_source(self) -> bool:
+        """True when evaluation rows come from their own file/split instead of a held-out share."""
+        return self.eval_path is not None or self.eval_split is not None

@@ -1,0 +1,129 @@
+"""Read a raw dataset (rows of untokenized text or conversations) from wherever the config points.
+
+Kept apart from formatting and tokenization so a new source (another file type, a new demo corpus)
+touches one small function, and so a wrong path fails here, early, with the path in the message,
+instead of deep inside ``datasets`` with a message about a builder.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import datasets
+
+from .config import DataConfig
+
+DEMO_PATH = "demo"
+
+# File suffix -> the ``datasets`` packaged builder that reads it.
+_BUILDERS: dict[str, str] = {
+    ".json": "json",
+    ".jsonl": "json",
+    ".json.gz": "json",
+    ".jsonl.gz": "json",
+    ".parquet": "parquet",
+}
+
+# ``owner/name`` as the hub spells repository ids (no leading dot, no further slashes).
+_HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+def load_raw_dataset(cfg: DataConfig, *, eval: bool = False) -> datasets.Dataset:
+    """The raw rows of the training source, or of the eval source with ``eval=True``.
+
+    The eval source is ``cfg.eval_path`` (default: ``cfg.path``) at ``cfg.eval_split`` (default:
+    ``cfg.split``); it only exists when one of those two is set (see ``DataConfig``).
+    """
+    if eval:
+        if not cfg.has_eval_source:
+            raise ValueError("this DataConfig has no eval_path/eval_split; the eval rows are a share of the train rows")
+        path, split = cfg.eval_path or cfg.path, cfg.eval_split or cfg.split
+    else:
+        path, split = cfg.path, cfg.split
+    return load_source(path, split, cache_dir=cfg.cache_dir)
+
+
+def load_source(path: str, split: str = "train", *, cache_dir: str | None = None) -> datasets.Dataset:
+    """One dataset from a local file/folder, a hub id, or the demo corpus."""
+    if path == DEMO_PATH:
+        return _load_demo(split)
+    local = Path(path).expanduser()
+    if local.exists():
+        files, builder = _local_files(local)
+        files = [f for f in files if os.path.getsize(f) > 0]  # datasets fails obscurely on empty files
+        if not files:
+            raise ValueError(f"the data {path!r} has 0 rows (empty file); point data.path at a non-empty dataset")
+        # A local file is one split: ``datasets`` names it "train" whatever the config says.
+        try:
+            ds = datasets.load_dataset(builder, data_files=files, split="train", cache_dir=cache_dir)
+        except Exception as err:  # name the file: datasets' own messages talk about builders and splits
+            if "corresponds to no data" in str(err):  # how datasets reports a file with no rows
+                raise ValueError(f"the data {path!r} has 0 rows; point data.path at a non-empty dataset") from err
+            raise ValueError(
+                f"cannot read {path!r} as {builder} ({type(err).__name__}: {err}); is the file corrupt?"
+            ) from err
+        return _as_dataset(ds, path)
+    if not looks_like_hub_id(path):
+        raise FileNotFoundError(
+            f"data path {path!r} does not exist (resolved to {local.resolve()}); give an existing "
+            f".json/.jsonl/.parquet file or folder, a hub dataset id 'owner/name', or 'demo'"
+        )
+    ds = datasets.load_dataset(path, split=split, cache_dir=cache_dir)
+    return _as_dataset(ds, path)
+
+
+def looks_like_hub_id(path: str) -> bool:
+    """``owner/name`` that is not obviously a file path (no data-file suffix, not absolute/relative)."""
+    if path.startswith((".", "/", "~")) or os.sep != "/" and os.sep in path:
+        return False
+    if _suffix(path) in _BUILDERS:
+        return False
+    return bool(_HUB_ID.match(path))
+
+
+def _load_demo(split: str) -> datasets.Dataset:
+    # Imported here: the demo module pulls in model-building code nobody else in this package needs.
+    from draftheads.demo import corpus_texts
+
+    texts = list(corpus_texts(split))
+    return datasets.Dataset.from_dict({"text": texts})
+
+
+def _suffix(name: str) -> str:
+    lower = name.lower()
+    for suffix in sorted(_BUILDERS, key=len, reverse=True):
+        if lower.endswith(suffix):
+            return suffix
+    return ""
+
+
+def _local_files(local: Path) -> tuple[list[str], str]:
+    """The data files at ``local`` and the one builder that reads them all."""
+    if local.is_file():
+        suffix = _suffix(local.name)
+        if suffix not in _BUILDERS:
+            raise ValueError(
+                f"data file {str(local)!r} has an unsupported extension; use one of {', '.join(_BUILDERS)}"
+            )
+        return [str(local)], _BUILDERS[suffix]
+    files = sorted(
+        p for p in local.rglob("*") if p.is_file() and _suffix(p.name) in _BUILDERS and not p.name.startswith(".")
+    )
+    if not files:
+        raise FileNotFoundError(
+            f"data folder {str(local)!r} holds no {'/'.join(_BUILDERS)} files"
+        )
+    builders = {_BUILDERS[_suffix(p.name)] for p in files}
+    if len(builders) > 1:
+        raise ValueError(
+            f"data folder {str(local)!r} mixes json and parquet files; keep one kind per folder"
+        )
+    return [str(p) for p in files], builders.pop()
+
+
+def _as_dataset(ds: object, path: str) -> datasets.Dataset:
+    if not isinstance(ds, datasets.Dataset):
+        raise TypeError(f"loading {path!r} gave a {type(ds).__name__}, expected one split (a datasets.Dataset)")
+    return ds

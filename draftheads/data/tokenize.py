@@ -1,0 +1,261 @@
+"""Rows -> tokenized training examples with a per-token loss mask, and the train/eval datasets.
+
+Convention (shared with the losses): ``loss_mask[t] == 1`` means token ``t`` itself is a training
+target. The loss for predicting token ``t`` uses the logits at position ``t - 1`` and
+``loss_mask[t]``; a head that looks ``k`` tokens further ahead uses ``loss_mask[t + k]``. So
+``loss_mask[0]`` is always 0: nothing precedes the first token, it can never be a target.
+
+* Chat rows: ``apply_chat_template`` ids; 1 only on assistant turns (see ``chat_mask``), then
+  truncated to ``max_length``.
+* Plain text rows: bos (when the tokenizer has one) + text + eos, the way causal LMs are
+  pretrained; every token is a target. Long rows are cut into windows of ``max_length`` (with
+  ``chunk_text``) that overlap by one token, so every token but the very first is a target exactly
+  once; the overlap token is context only. Without ``chunk_text`` the row is truncated.
+* Rows that end up with no target (empty text, an empty conversation, a conversation whose
+  assistant turns lie past ``max_length`` or that has none) are dropped and counted in
+  ``DataStats``: a dataset that loses most of its rows should say so, not shrink silently.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import datasets
+
+from .chat_mask import (
+    assistant_char_spans,
+    check_chat_template,
+    make_renderer,
+    special_strings,
+    tokenize_with_spans,
+)
+from .config import DataConfig
+from .formats import CHAT_FORMATS, Message, detect_format, normalize_chat
+from .load import load_raw_dataset
+
+logger = logging.getLogger(__name__)
+
+ROW_COLUMN = "_row"  # index of the row in its source, so errors name the row a user can find
+_STATUS, _TRAINABLE = "_status", "_trainable"
+OK, EMPTY, NO_TRAINABLE = "ok", "empty", "no_trainable"
+
+FEATURES = datasets.Features(
+    {
+        "input_ids": datasets.List(datasets.Value("int32")),
+        "loss_mask": datasets.List(datasets.Value("int8")),
+        ROW_COLUMN: datasets.Value("int64"),
+        _STATUS: datasets.Value("string"),
+        _TRAINABLE: datasets.Value("int64"),
+    }
+)
+
+Example = tuple[list[int], list[int]]
+
+
+@dataclass
+class DataStats:
+    """What happened to the rows of one split; ``eval`` holds the eval split's counts."""
+
+    source: str
+    format: str
+    rows_read: int = 0
+    rows_kept: int = 0
+    dropped_empty: int = 0
+    dropped_no_trainable: int = 0
+    examples: int = 0
+    trainable_tokens: int = 0
+    eval: DataStats | None = field(default=None)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def summary(self) -> str:
+        line = (
+            f"{self.source} ({self.format}): {self.rows_read} rows read, {self.rows_kept} kept, "
+            f"{self.dropped_empty} empty, {self.dropped_no_trainable} without trainable tokens; "
+            f"{self.examples} examples, {self.trainable_tokens} trainable tokens"
+        )
+        return line if self.eval is None else f"train {line}\neval {self.eval.summary()}"
+
+
+def tokenize_chat(
+    tokenizer: Any,
+    messages: Sequence[Message],
+    max_length: int,
+    *,
+    specials: Sequence[str] | None = None,
+    row: int = -1,
+) -> Example:
+    """One conversation as ``(input_ids, loss_mask)``, truncated to ``max_length``."""
+    render = make_renderer(tokenizer)
+    text, spans = assistant_char_spans(
+        render, messages, specials if specials is not None else special_strings(tokenizer), row
+    )
+    ids, mask = tokenize_with_spans(tokenizer, text, spans)
+    ids, mask = ids[:max_length], mask[:max_length]
+    if mask:
+        mask[0] = 0
+    return ids, mask
+
+
+def tokenize_text(tokenizer: Any, text: str, max_length: int, *, chunk: bool = True) -> list[Example]:
+    """bos + text + eos as one or more ``(input_ids, loss_mask)`` windows of at most ``max_length``."""
+    ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])
+    if tokenizer.bos_token_id is not None:
+        ids.insert(0, tokenizer.bos_token_id)
+    if tokenizer.eos_token_id is not None:
+        ids.append(tokenizer.eos_token_id)
+    if len(ids) <= max_length or not chunk:
+        windows = [ids[:max_length]]
+    else:
+        stride = max_length - 1
+        windows = [ids[s : s + max_length] for s in range(0, len(ids) - 1, stride)]
+    return [(w, [0] + [1] * (len(w) - 1)) for w in windows]
+
+
+class RowTokenizer:
+    """The batched ``datasets.map`` function: a class (not a closure) so it pickles for num_proc."""
+
+    def __init__(self, tokenizer: Any, fmt: str, cfg: DataConfig) -> None:
+        if fmt in CHAT_FORMATS:
+            check_chat_template(tokenizer, cfg.path)
+        self.tokenizer = tokenizer
+        self.fmt = fmt
+        self.column = {"sharegpt": "conversations", "messages": "messages", "text": cfg.text_field}[fmt]
+        self.max_length = cfg.max_length
+        self.chunk = cfg.chunk_text
+        self.specials = special_strings(tokenizer)
+
+    def examples(self, value: Any, row: int) -> tuple[str, list[Example]]:
+        """The status of one row and its examples (none unless the status is OK)."""
+        if self.fmt in CHAT_FORMATS:
+            messages = normalize_chat(value, self.fmt, row)
+            if not messages:
+                return EMPTY, []
+            out = [tokenize_chat(self.tokenizer, messages, self.max_length, specials=self.specials, row=row)]
+        else:
+            if value is None or (isinstance(value, str) and not value.strip()):
+                return EMPTY, []
+            if not isinstance(value, str):
+                raise ValueError(f"row {row}: {self.column!r} must be a string, got {type(value).__name__}")
+            out = tokenize_text(self.tokenizer, value, self.max_length, chunk=self.chunk)
+        out = [ex for ex in out if any(ex[1])]
+        return (OK, out) if out else (NO_TRAINABLE, [])
+
+    def __call__(self, batch: dict[str, list[Any]]) -> dict[str, list[Any]]:
+        cols: dict[str, list[Any]] = {name: [] for name in FEATURES}
+        for value, row in zip(batch[self.column], batch[ROW_COLUMN]):
+            status, examples = self.examples(value, row)
+            # A dropped row still leaves one marker row, so the counts survive num_proc workers.
+            for ids, mask in examples or [([], [])]:
+                cols["input_ids"].append(ids)
+                cols["loss_mask"].append(mask)
+                cols[ROW_COLUMN].append(row)
+                cols[_STATUS].append(status)
+                cols[_TRAINABLE].append(sum(mask))
+        return cols
+
+
+def tokenize_dataset(
+    raw: datasets.Dataset, tokenizer: Any, cfg: DataConfig, fmt: str, *, source: str, desc: str = "tokenize"
+) -> tuple[datasets.Dataset, DataStats]:
+    """Map raw rows (with a ``_row`` column) to ``input_ids``/``loss_mask`` examples plus counts."""
+    fn = RowTokenizer(tokenizer, fmt, cfg)
+    mapped = raw.map(
+        fn,
+        batched=True,
+        batch_size=256,
+        remove_columns=raw.column_names,
+        features=FEATURES,
+        num_proc=cfg.num_proc,
+        desc=desc,
+    )
+    statuses = Counter(mapped[_STATUS])
+    stats = DataStats(
+        source=source,
+        format=fmt,
+        rows_read=len(raw),
+        dropped_empty=statuses[EMPTY],
+        dropped_no_trainable=statuses[NO_TRAINABLE],
+        examples=statuses[OK],
+        trainable_tokens=int(sum(mapped[_TRAINABLE])),
+    )
+    stats.rows_kept = stats.rows_read - stats.dropped_empty - stats.dropped_no_trainable
+    if stats.dropped_empty or stats.dropped_no_trainable:
+        kept = mapped.filter(lambda s: [x == OK for x in s], input_columns=_STATUS, batched=True, num_proc=cfg.num_proc)
+    else:
+        kept = mapped
+    return kept.remove_columns([_STATUS, _TRAINABLE, ROW_COLUMN]), stats
+
+
+def build_datasets(
+    cfg: DataConfig, tokenizer: Any
+) -> tuple[datasets.Dataset, datasets.Dataset | None, DataStats]:
+    """Load, split, format and tokenize: ``(train, eval or None, stats)``.
+
+    Eval rows come from ``eval_path``/``eval_split`` when set, else ``eval_fraction`` of the
+    rows (at least one, when there are two rows or more; none when the fraction is 0).
+    Raises ValueError when a split has no rows or keeps none.
+    """
+    raw_train = _prepare(load_raw_dataset(cfg), cfg)
+    _require_rows(raw_train, cfg.path, "train")
+    fmt = detect_format(raw_train.column_names, cfg.format, cfg.text_field)
+    if fmt in CHAT_FORMATS:
+        check_chat_template(tokenizer, cfg.path)
+
+    raw_eval: datasets.Dataset | None = None
+    eval_source = cfg.path
+    if cfg.has_eval_source:
+        raw_eval = _prepare(load_raw_dataset(cfg, eval=True), cfg)
+        eval_source = f"{cfg.eval_path or cfg.path} [{cfg.eval_split or cfg.split}]"
+        _require_rows(raw_eval, eval_source, "eval")
+    elif cfg.eval_fraction > 0 and len(raw_train) >= 2:
+        n_eval = min(len(raw_train) - 1, max(1, round(len(raw_train) * cfg.eval_fraction)))
+        parts = raw_train.train_test_split(test_size=n_eval, seed=cfg.seed)
+        raw_train, raw_eval = parts["train"], parts["test"]
+
+    train, stats = tokenize_dataset(raw_train, tokenizer, cfg, fmt, source=cfg.path, desc="tokenize train")
+    _require_kept(stats, "train")
+    eval_ds: datasets.Dataset | None = None
+    if raw_eval is not None:
+        eval_fmt = detect_format(raw_eval.column_names, cfg.format, cfg.text_field)
+        eval_ds, stats.eval = tokenize_dataset(
+            raw_eval, tokenizer, cfg, eval_fmt, source=eval_source, desc="tokenize eval"
+        )
+        if stats.eval.examples == 0:
+            if cfg.has_eval_source:
+                _require_kept(stats.eval, "eval")
+            logger.warning(
+                "no held-out eval row kept a trainable token; training without eval (%s)", stats.eval.summary()
+            )
+            eval_ds = None
+    logger.info("data: %s", stats.summary())
+    return train, eval_ds, stats
+
+
+def _prepare(raw: datasets.Dataset, cfg: DataConfig) -> datasets.Dataset:
+    """Number the rows (for error messages) and apply ``max_samples``."""
+    if ROW_COLUMN in raw.column_names:
+        raw = raw.remove_columns(ROW_COLUMN)
+    raw = raw.add_column(ROW_COLUMN, list(range(len(raw))))
+    if cfg.max_samples is not None and len(raw) > cfg.max_samples:
+        raw = raw.shuffle(seed=cfg.seed).select(range(cfg.max_samples))
+    return raw
+
+
+def _require_rows(raw: datasets.Dataset, source: str, split: str) -> None:
+    if len(raw) == 0:
+        raise ValueError(f"the {split} data {source!r} has 0 rows; point data.path at a non-empty dataset")
+
+
+def _require_kept(stats: DataStats, split: str) -> None:
+    if stats.examples == 0:
+        raise ValueError(
+            f"the {split} data {stats.source!r} kept 0 of {stats.rows_read} rows "
+            f"({stats.dropped_empty} empty, {stats.dropped_no_trainable} with no trainable token within "
+            f"max_length); check data.format/text_field, raise data.max_length, or use other data"
+        )

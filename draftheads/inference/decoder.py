@@ -1,0 +1,185 @@
+"""The decode loop: propose -> verify (one target forward) -> accept -> commit, until done.
+
+Read it top to bottom: everything a step does is in `generate`.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from transformers import DynamicCache
+
+from ..heads.config import text_config
+from .proposers import MedusaProposer, Proposer
+from .sampling import SamplingParams, sample
+from .tree import TreeShape
+from .verify import TreeVerifier, check_tree_attention, commit
+
+
+@dataclass
+class SpeculativeOutput:
+    sequences: torch.Tensor  # [1, prompt + new], like `generate`
+    accept_lengths: list[int]  # tokens committed per verify forward (accepted drafts + 1)
+    prefill_seconds: float = 0.0
+    decode_seconds: float = 0.0
+    target_seconds: float = 0.0  # time inside verify forwards (the rest is drafting + bookkeeping)
+    stats: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def num_new_tokens(self) -> int:
+        return int(self.stats.get("new_tokens", 0))
+
+    @property
+    def mean_accept_length(self) -> float:
+        return sum(self.accept_lengths) / max(len(self.accept_lengths), 1)
+
+
+def _eos_set(target: torch.nn.Module, eos_token_id: int | list[int] | None) -> set[int]:
+    if eos_token_id is None:
+        gen_cfg = getattr(target, "generation_config", None)
+        eos_token_id = getattr(gen_cfg, "eos_token_id", None)
+    if eos_token_id is None:
+        return set()
+    return {int(eos_token_id)} if isinstance(eos_token_id, int) else {int(e) for e in eos_token_id}
+
+
+class SpeculativeDecoder:
+    """Lossless speculative decoding of ``target`` with any proposer (or heads, wrapped as one).
+
+    ``check_model`` probes once that the target honours a 4D tree mask and raises
+    ``UnsupportedModelError`` otherwise, instead of decoding garbage."""
+
+    def __init__(
+        self,
+        target: torch.nn.Module,
+        proposer: Proposer | torch.nn.Module,
+        tree: list[list[int]] | TreeShape | None = None,
+        check_model: bool = True,
+    ) -> None:
+        if not isinstance(proposer, Proposer):
+            bind = getattr(proposer, "bind_target", None)
+            if bind is None:
+                raise TypeError(f"expected heads or a Proposer, got {type(proposer).__name__}")
+            bind(target)  # refuses heads trained for another target
+            proposer = MedusaProposer(proposer, tree=tree)
+        elif tree is not None:
+            raise ValueError("`tree` applies to heads; a Proposer brings its own tree")
+        self.target = target.eval()
+        self.proposer = proposer
+        self.verifier = TreeVerifier(target)
+        if check_model:
+            check_tree_attention(target, self.verifier)
+        self.max_positions = getattr(text_config(target), "max_position_embeddings", None)
+
+    @torch.inference_mode()
+    def generate(
+        self,
+        input_ids: torch.Tensor,
+        max_new_tokens: int = 128,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        top_k: int = 0,
+        eos_token_id: int | list[int] | None = None,
+        streamer: Any = None,
+        generator: torch.Generator | None = None,
+        seed: int | None = None,
+    ) -> SpeculativeOutput:
+        """Like ``target.generate`` for one sequence. ``eos_token_id=None`` uses the target's
+        generation config, as `generate` does; pass ``[]`` to never stop early."""
+        input_ids = self._check_inputs(input_ids, max_new_tokens)
+        params = SamplingParams(temperature, top_k, top_p)
+        if generator is None and seed is not None:
+            generator = torch.Generator().manual_seed(seed)
+        eos = _eos_set(self.target, eos_token_id)
+        device = self.target.device
+        prompt = input_ids[0].to(device)
+        if streamer is not None:
+            streamer.put(input_ids[0].cpu())
+
+        # Prefill: the prompt in the target cache, its last logits give the first token.
+        t0 = time.perf_counter()
+        cache = DynamicCache()
+        out = self.target(
+            input_ids=prompt[None], use_cache=True, output_hidden_states=True, **{self.verifier.cache_arg: cache}
+        )
+        last_logits = out.logits[0, -1]
+        root = int(last_logits.argmax()) if params.greedy else sample(params.probs(last_logits).cpu(), generator)
+        self.proposer.start(prompt, out.hidden_states[-1][0], params, generator)
+        new_tokens = [root]
+        prefix_len = prompt.numel()
+        if streamer is not None:
+            streamer.put(torch.tensor([root]))
+        t1 = time.perf_counter()
+
+        accept_lengths: list[int] = []
+        target_seconds = 0.0
+        done = root in eos or max_new_tokens == 1
+        while not done:
+            # 1. propose: never draft past max_new_tokens (the bonus token takes the last slot).
+            tree = self.proposer.propose(root, max_depth=max_new_tokens - len(new_tokens) - 1)
+            # 2. verify: one target forward over the whole tree.
+            tf = time.perf_counter()
+            logits, hidden = self.verifier.forward(cache, tree, prefix_len)
+            target_seconds += time.perf_counter() - tf
+            # 3. accept: the longest valid path, plus the target's own next token.
+            if params.greedy:
+                acc = self.verifier.accept_greedy(tree, logits)
+            else:
+                acc = self.verifier.accept_sampling(tree, logits, params, generator)
+            # 4. commit: prefix + accepted path stay in the cache; tell the proposer.
+            commit(cache, prefix_len, acc.path)
+            prefix_len += acc.path.numel()
+            self.proposer.accepted(tree.tokens[acc.path], hidden[acc.path.to(hidden.device)])
+            emitted = tree.tokens[acc.path[1:]].tolist() + [acc.next_token]
+            accept_lengths.append(len(emitted))
+            for i, tok in enumerate(emitted):
+                if tok in eos:
+                    emitted = emitted[: i + 1]
+                    done = True
+                    break
+            emitted = emitted[: max_new_tokens - len(new_tokens)]
+            new_tokens.extend(emitted)
+            if streamer is not None:
+                streamer.put(torch.tensor(emitted))
+            root = acc.next_token
+            done = done or len(new_tokens) >= max_new_tokens
+        t2 = time.perf_counter()
+        if streamer is not None:
+            streamer.end()
+
+        sequences = torch.cat([input_ids[0].cpu(), torch.tensor(new_tokens, dtype=input_ids.dtype)])[None]
+        return SpeculativeOutput(
+            sequences=sequences,
+            accept_lengths=accept_lengths,
+            prefill_seconds=t1 - t0,
+            decode_seconds=t2 - t1,
+            target_seconds=target_seconds,
+            stats={"new_tokens": len(new_tokens), "steps": len(accept_lengths)},
+        )
+
+    def _check_inputs(self, input_ids: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
+        if not isinstance(input_ids, torch.Tensor):
+            input_ids = torch.as_tensor(input_ids)
+        if input_ids.dim() == 1:
+            input_ids = input_ids[None]
+        if input_ids.dim() != 2:
+            raise ValueError(f"input_ids must be [batch, seq], got shape {tuple(input_ids.shape)}")
+        if input_ids.shape[0] != 1:
+            raise NotImplementedError(
+                f"batch size {input_ids.shape[0]}: SpeculativeDecoder decodes one sequence at a time for now "
+                "(tree verification with per-sequence acceptance lengths needs ragged caches); "
+                "loop over the prompts"
+            )
+        if input_ids.shape[1] == 0:
+            raise ValueError("the prompt is empty: give at least one token (e.g. the BOS token)")
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        total = input_ids.shape[1] + max_new_tokens
+        if self.max_positions is not None and total > self.max_positions:
+            raise ValueError(
+                f"prompt ({input_ids.shape[1]} tokens) + max_new_tokens ({max_new_tokens}) = {total} exceeds "
+                f"the model's context of {self.max_positions} positions"
+            )
+        return input_ids

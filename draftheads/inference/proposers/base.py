@@ -1,0 +1,40 @@
+"""The proposer interface: every drafting method implements these three calls.
+
+The decode loop owns the target, its cache and the verifier; a proposer only sees tokens and
+the target's hidden states, and returns a candidate Tree. Nothing about attention masks or
+caches of the target leaks into a proposer (cf. transformers' CandidateGenerator).
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+import torch
+
+from ..sampling import SamplingParams
+from ..tree import Tree
+
+
+class Proposer(ABC):
+    #: Whether `accepted` needs the target's hidden states (Medusa/EAGLE) or only tokens.
+    needs_hidden_states: bool = True
+
+    @abstractmethod
+    def start(
+        self,
+        input_ids: torch.Tensor,
+        hidden: torch.Tensor,
+        params: SamplingParams,
+        generator: torch.Generator | None,
+    ) -> None:
+        """A new sequence: ``input_ids`` [L] is the prompt, ``hidden`` [L, H] the target's last
+        hidden states (after the final norm) at every prompt position."""
+
+    @abstractmethod
+    def propose(self, root: int, max_depth: int) -> Tree:
+        """Candidates rooted at ``root`` (the next token, decided but not yet in the target's
+        cache), at most ``max_depth`` drafted tokens deep."""
+
+    @abstractmethod
+    def accepted(self, tokens: torch.Tensor, hidden: torch.Tensor) -> None:
+        """After verification: ``tokens`` [m] are the root and the accepted drafts (now in the
+        target's cache), ``hidden`` [m, H] the target's hidden states at those positions."""

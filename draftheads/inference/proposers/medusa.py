@@ -1,0 +1,60 @@
+"""Medusa proposer: each head's top-k, from one hidden state, fills a static tree shape.
+
+The hidden state is the target's at the last position in its cache, which the verify forward
+already computed: drafting costs K small MLPs and K vocab projections on ONE position, never
+an extra target forward.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..sampling import SamplingParams
+from ..tree import Tree, TreeShape, default_choices
+from .base import Proposer
+
+
+class MedusaProposer(Proposer):
+    def __init__(self, heads: torch.nn.Module, tree: list[list[int]] | TreeShape | None = None) -> None:
+        self.heads = heads.eval()
+        if tree is None:
+            tree = getattr(heads, "tree", None) or default_choices(heads.config.num_heads)
+        self.shape = tree if isinstance(tree, TreeShape) else TreeShape.from_choices(tree)
+        if self.shape.max_depth > heads.config.num_heads:
+            raise ValueError(
+                f"the tree is {self.shape.max_depth} deep but the heads have only {heads.config.num_heads} "
+                "heads (one per depth): use a shallower tree or heads trained with more heads"
+            )
+        self._last_hidden: torch.Tensor | None = None
+        self._index_cache: dict[int, tuple[TreeShape, torch.Tensor, torch.Tensor, int]] = {}
+
+    def _layout(self, max_depth: int) -> tuple[TreeShape, torch.Tensor, torch.Tensor, int]:
+        """For a (possibly depth-truncated) shape: which head and rank fill each non-root node."""
+        if max_depth not in self._index_cache:
+            shape = self.shape.truncated(max_depth)
+            head = (shape.depth[1:] - 1).to(self.heads_device)
+            rank = torch.tensor(shape.ranks[1:], dtype=torch.long, device=self.heads_device)
+            top = int(rank.max()) + 1 if rank.numel() else 1
+            self._index_cache[max_depth] = (shape, head, rank, top)
+        return self._index_cache[max_depth]
+
+    @property
+    def heads_device(self) -> torch.device:
+        return next(self.heads.parameters()).device
+
+    def start(self, input_ids, hidden, params: SamplingParams, generator) -> None:
+        self._last_hidden = hidden[-1]
+
+    def propose(self, root: int, max_depth: int) -> Tree:
+        shape, head, rank, top = self._layout(max_depth)
+        if shape.size == 1:
+            return Tree(shape, torch.tensor([root]))
+        used = int(head.max()) + 1
+        hidden = self._last_hidden.to(self.heads_device)
+        states = self.heads.head_states(hidden)[:used]
+        logits = torch.stack([self.heads.project(s, k) for k, s in enumerate(states)])  # [used, V]
+        candidates = logits.topk(top, dim=-1).indices  # [used, top]
+        drafted = candidates[head, rank]
+        return Tree(shape, torch.cat([torch.tensor([root], device=drafted.device), drafted]).cpu())
+
+    def accepted(self, tokens, hidden) -> None:
+        self._last_hidden = hidden[-1]

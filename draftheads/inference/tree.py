@@ -1,0 +1,146 @@
+"""Candidate trees: topology (parents) built once per shape, tokens filled in each step.
+
+A tree's node 0 is the root: the next token, already decided by the target, not yet in its
+cache. Every other node is a drafted continuation of its parent. A chain is a tree with one
+branch. Static Medusa-style trees are written as "choices": each path is a list of per-head
+ranks, e.g. ``[0, 1]`` = head 0's best token followed by head 1's second-best.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+
+import torch
+
+
+@dataclass(frozen=True, eq=False)
+class TreeShape:
+    """Topology of a candidate tree. ``parents[0] == -1``; ``parents[i] < i`` for every other node."""
+
+    parents: tuple[int, ...]
+    # For static trees: the head rank each node takes (root: -1). Dynamic trees leave it empty.
+    ranks: tuple[int, ...] = ()
+    choices: tuple[tuple[int, ...], ...] = field(default=(), repr=False)
+
+    def __post_init__(self) -> None:
+        if not self.parents or self.parents[0] != -1:
+            raise ValueError("a tree needs a root (node 0, parent -1)")
+        for i, p in enumerate(self.parents[1:], start=1):
+            if not 0 <= p < i:
+                raise ValueError(f"node {i} has parent {p}: parents must come before their children")
+
+    # -- construction -------------------------------------------------------------------------
+    @classmethod
+    def from_choices(cls, choices: list[list[int]] | list[tuple[int, ...]]) -> "TreeShape":
+        """Static tree from rank paths. Every prefix of a path must be a path too (connected)."""
+        paths = sorted({tuple(int(r) for r in c) for c in choices if len(c) > 0}, key=lambda c: (len(c), c))
+        index = {(): 0}
+        parents, ranks = [-1], [-1]
+        for path in paths:
+            if any(r < 0 for r in path):
+                raise ValueError(f"tree path {list(path)} has a negative rank")
+            if path[:-1] not in index:
+                raise ValueError(f"tree path {list(path)} has no parent path {list(path[:-1])} in the tree")
+            index[path] = len(parents)
+            parents.append(index[path[:-1]])
+            ranks.append(path[-1])
+        return cls(tuple(parents), tuple(ranks), tuple(paths))
+
+    @classmethod
+    def chain(cls, length: int) -> "TreeShape":
+        """Root plus ``length`` drafted tokens in a line (classic speculative decoding)."""
+        return cls.from_choices([[0] * d for d in range(1, length + 1)])
+
+    # -- derived topology (computed once, reused every step) ------------------------------------
+    @property
+    def size(self) -> int:
+        return len(self.parents)
+
+    @cached_property
+    def depth(self) -> torch.Tensor:
+        depth = [0] * self.size
+        for i, p in enumerate(self.parents[1:], start=1):
+            depth[i] = depth[p] + 1
+        return torch.tensor(depth, dtype=torch.long)
+
+    @property
+    def max_depth(self) -> int:
+        return int(self.depth.max())
+
+    @cached_property
+    def ancestor_mask(self) -> torch.Tensor:
+        """[n, n] bool: node i may attend to node j (j is i or an ancestor of i)."""
+        n = self.size
+        mask = torch.zeros(n, n, dtype=torch.bool)
+        for i in range(n):
+            if i:
+                mask[i] = mask[self.parents[i]]
+            mask[i, i] = True
+        return mask
+
+    @cached_property
+    def children(self) -> tuple[tuple[int, ...], ...]:
+        kids: list[list[int]] = [[] for _ in range(self.size)]
+        for i, p in enumerate(self.parents[1:], start=1):
+            kids[p].append(i)
+        return tuple(tuple(k) for k in kids)
+
+    @cached_property
+    def paths(self) -> torch.Tensor:
+        """[num_leaves, max_depth + 1] node indices of every root-to-leaf path, padded with -1."""
+        leaves = [i for i in range(self.size) if not self.children[i]]
+        rows = []
+        for leaf in leaves:
+            path, j = [], leaf
+            while j >= 0:
+                path.append(j)
+                j = self.parents[j]
+            rows.append(path[::-1] + [-1] * (self.max_depth + 1 - len(path)))
+        return torch.tensor(rows, dtype=torch.long)
+
+    def truncated(self, max_depth: int) -> "TreeShape":
+        """The same tree without nodes deeper than ``max_depth`` (used near max_new_tokens)."""
+        if max_depth >= self.max_depth:
+            return self
+        cache = self.__dict__.setdefault("_truncated", {})
+        if max_depth not in cache:
+            keep = [i for i in range(self.size) if int(self.depth[i]) <= max_depth]
+            new_index = {old: new for new, old in enumerate(keep)}
+            parents = tuple(-1 if i == 0 else new_index[self.parents[i]] for i in keep)
+            ranks = tuple(self.ranks[i] for i in keep) if self.ranks else ()
+            choices = tuple(c for c in self.choices if len(c) <= max_depth)
+            cache[max_depth] = TreeShape(parents, ranks, choices)
+        return cache[max_depth]
+
+
+@dataclass
+class Tree:
+    """One step's candidates: a shape and its tokens (``tokens[0]`` is the root).
+
+    ``draft_probs`` is set by proposers that SAMPLE their drafts (a draft LM): row i is the
+    distribution q that node i's token was drawn from, and the verifier then uses the
+    min(1, p/q) rule. Without it, drafts are deterministic (top-k) and are point masses.
+    """
+
+    shape: TreeShape
+    tokens: torch.Tensor  # [n] long
+    draft_probs: torch.Tensor | None = None  # [n, vocab], row 0 unused
+
+    def __post_init__(self) -> None:
+        if self.tokens.shape != (self.shape.size,):
+            raise ValueError(f"tree has {self.shape.size} nodes but {tuple(self.tokens.shape)} tokens")
+
+
+# Default static trees per number of heads, small enough to pay off on a CPU (see
+# reference/cpu-stack.md: 16 tree tokens cost about 2x one token there). `draftheads calibrate`
+# replaces them with a tree measured on the user's device and heads.
+DEFAULT_CHOICES: dict[int, list[list[int]]] = {
+    1: [[0], [1], [2]],
+    2: [[0], [1], [2], [0, 0], [0, 1], [1, 0]],
+    3: [[0], [1], [2], [0, 0], [0, 1], [1, 0], [0, 0, 0], [0, 0, 1], [0, 1, 0]],
+    4: [[0], [1], [2], [0, 0], [0, 1], [1, 0], [0, 0, 0], [0, 0, 1], [0, 1, 0], [0, 0, 0, 0]],
+}
+
+
+def default_choices(num_heads: int) -> list[list[int]]:
+    return DEFAULT_CHOICES[min(max(num_heads, 1), max(DEFAULT_CHOICES))]

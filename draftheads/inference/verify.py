@@ -1,0 +1,224 @@
+"""The verifier: ONE target forward over prefix-cache + tree, then pick the accepted path.
+
+Tree attention uses only the model's public arguments: an additive float 4D mask
+[1, 1, n, prefix + n] (0 = attend, dtype-min = masked) where each node sees the prefix, its
+ancestors and itself, position ids = prefix length + depth, and the target's own cache. Greedy
+acceptance keeps the longest path whose every token is the target's argmax at its parent;
+sampling uses lossless (multi-candidate) rejection sampling, so the output distribution is
+exactly the target's.
+"""
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+
+import torch
+from transformers import DynamicCache
+
+from ..heads.config import text_config
+from .sampling import SamplingParams, sample
+from .tree import Tree, TreeShape
+
+
+class UnsupportedModelError(ValueError):
+    """The model's forward does not honour a custom 4D attention mask, so trees cannot be verified."""
+
+
+@dataclass
+class Acceptance:
+    path: torch.Tensor  # node indices of the accepted path, root first: [m]
+    next_token: int  # the target's token after the path (bonus or residual sample): next step's root
+
+
+def _layer_windows(model: torch.nn.Module) -> list[int | None]:
+    """Sliding window of each attention layer (None = full attention), read from the config."""
+    cfg = text_config(model)
+    n = cfg.num_hidden_layers
+    window = getattr(cfg, "sliding_window", None)
+    layer_types = getattr(cfg, "layer_types", None)
+    if layer_types:
+        return [window if t == "sliding_attention" else None for t in layer_types]
+    if window and getattr(cfg, "use_sliding_window", True):
+        return [window] * n
+    return [None] * n
+
+
+def tree_attention_mask(
+    shape: TreeShape,
+    prefix_len: int,
+    dtype: torch.dtype,
+    device: torch.device,
+    window: int | None = None,
+) -> torch.Tensor:
+    """Additive mask [1, 1, n, prefix_len + n] for one tree forward."""
+    n = shape.size
+    visible = torch.ones(n, prefix_len + n, dtype=torch.bool)
+    visible[:, prefix_len:] = shape.ancestor_mask
+    if window is not None:
+        q_pos = prefix_len + shape.depth
+        k_pos = torch.cat([torch.arange(prefix_len), prefix_len + shape.depth])
+        visible &= (q_pos[:, None] - k_pos[None, :]) < window
+    mask = torch.zeros(n, prefix_len + n, dtype=dtype)
+    mask.masked_fill_(~visible, torch.finfo(dtype).min)
+    return mask.to(device)[None, None]
+
+
+def cache_kwarg(model: torch.nn.Module) -> str:
+    """Name of the forward's cache argument: ``cache`` in recent transformers (where
+    ``past_key_values`` is deprecated), ``past_key_values`` before."""
+    params = inspect.signature(model.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+class TreeVerifier:
+    """Scores a tree with the target and decides which path is accepted."""
+
+    def __init__(self, target: torch.nn.Module) -> None:
+        self.target = target
+        windows = _layer_windows(target)
+        self.windows = sorted({w for w in windows}, key=lambda w: (w is not None, w or 0))
+        self.mixed_layers = len(self.windows) > 1
+        self.cache_arg = cache_kwarg(target)
+
+    # -- the forward ------------------------------------------------------------------------------
+    def attention_mask(self, shape: TreeShape, prefix_len: int) -> torch.Tensor | dict[str, torch.Tensor]:
+        dtype = self.target.dtype
+        device = self.target.device
+        total = prefix_len + shape.max_depth + 1
+        needs_window = [w for w in self.windows if w is not None and total > w]
+        if not needs_window:
+            return tree_attention_mask(shape, prefix_len, dtype, device)
+        if not self.mixed_layers:
+            return tree_attention_mask(shape, prefix_len, dtype, device, window=self.windows[0])
+        # Models mixing full and sliding layers (Gemma 2/3, Qwen2 with windows) take one mask per layer type.
+        return {
+            "full_attention": tree_attention_mask(shape, prefix_len, dtype, device),
+            "sliding_attention": tree_attention_mask(shape, prefix_len, dtype, device, window=needs_window[0]),
+        }
+
+    def forward(self, cache: DynamicCache, tree: Tree, prefix_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Logits [n, V] and last hidden states [n, H] (after the final norm) of every tree node.
+
+        The cache grows by n entries; `commit` then keeps only the accepted ones."""
+        device = self.target.device
+        out = self.target(
+            input_ids=tree.tokens.to(device)[None],
+            position_ids=(prefix_len + tree.shape.depth).to(device)[None],
+            attention_mask=self.attention_mask(tree.shape, prefix_len),
+            use_cache=True,
+            output_hidden_states=True,
+            **{self.cache_arg: cache},
+        )
+        return out.logits[0], out.hidden_states[-1][0]
+
+    # -- acceptance -------------------------------------------------------------------------------
+    @staticmethod
+    def accept_greedy(tree: Tree, logits: torch.Tensor) -> Acceptance:
+        """Longest root-to-node path whose tokens all equal the target's argmax at their parent."""
+        predicted = logits.argmax(dim=-1).cpu()
+        tokens = tree.tokens.cpu()
+        paths = tree.shape.paths  # [leaves, D+1], -1 padded
+        if paths.shape[1] == 1:
+            return Acceptance(torch.zeros(1, dtype=torch.long), int(predicted[0]))
+        child, parent = paths[:, 1:], paths[:, :-1]
+        ok = (child >= 0) & (tokens[child.clamp(min=0)] == predicted[parent.clamp(min=0)])
+        lengths = ok.long().cumprod(dim=1).sum(dim=1)
+        best = int(lengths.argmax())
+        path = paths[best, : int(lengths[best]) + 1]
+        return Acceptance(path, int(predicted[path[-1]]))
+
+    @staticmethod
+    def accept_sampling(
+        tree: Tree, logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None
+    ) -> Acceptance:
+        """Lossless rejection sampling down the tree.
+
+        At an accepted node with target distribution p (processed like `generate` does), its
+        children are tried in order. A deterministic draft x (a point mass) is accepted with
+        probability r(x) where r is the current residual; on rejection r(x) is zeroed and r
+        renormalised. A sampled draft x ~ q (``tree.draft_probs``) is accepted with probability
+        min(1, r(x)/q(x)); on rejection r <- norm(max(r - q, 0)) (SpecInfer's rule, exact for
+        siblings drawn independently from q). If every child is rejected, the next token is drawn
+        from the residual; at a leaf it is drawn from p itself (the bonus token).
+        """
+        children = tree.shape.children
+        tokens = tree.tokens.tolist()
+        node, path = 0, [0]
+        while True:
+            residual = params.probs(logits[node]).cpu()
+            for child in children[node]:
+                x = tokens[child]
+                total = residual.sum()
+                if tree.draft_probs is None:
+                    accept_prob = residual[x] / total
+                else:
+                    q = tree.draft_probs[child].float().cpu()
+                    accept_prob = torch.clamp(residual[x] / total / q[x].clamp(min=1e-30), max=1.0)
+                if float(torch.rand((), generator=generator)) < float(accept_prob):
+                    node = child
+                    path.append(child)
+                    break
+                if tree.draft_probs is None:
+                    residual[x] = 0.0
+                else:
+                    residual = torch.clamp(residual / total - q, min=0.0)
+                if float(residual.sum()) <= 0.0:
+                    # Only reachable through float rounding: the residual is empty when the draft
+                    # covers p exactly, in which case acceptance had probability 1.
+                    residual = params.probs(logits[node]).cpu()
+            else:
+                return Acceptance(torch.tensor(path, dtype=torch.long), sample(residual, generator))
+
+
+def commit(cache: DynamicCache, prefix_len: int, path: torch.Tensor) -> None:
+    """Keep the prefix and the accepted tree nodes (``path``, relative to the tree) in the cache.
+
+    Entries are moved in place and the layers become views of their first prefix+m slots: no
+    full-cache copy (the next forward's concatenation makes the only copy)."""
+    m = path.numel()
+    contiguous = bool((path == torch.arange(m)).all())
+    for layer in cache.layers:
+        keys, values = layer.keys, layer.values
+        if not contiguous:
+            src = (prefix_len + path).to(keys.device)
+            keys[..., prefix_len : prefix_len + m, :] = keys.index_select(-2, src)
+            values[..., prefix_len : prefix_len + m, :] = values.index_select(-2, src)
+        layer.keys = keys[..., : prefix_len + m, :]
+        layer.values = values[..., : prefix_len + m, :]
+
+
+def check_tree_attention(target: torch.nn.Module, verifier: TreeVerifier | None = None) -> None:
+    """Probe once that ``target`` honours a custom 4D mask: score a 3-node tree (root with two
+    sibling children) and compare the second child's logits with a plain forward over its path.
+
+    A model that ignores or rebuilds the mask lets the second child see its sibling and fails."""
+    verifier = verifier or TreeVerifier(target)
+    device = target.device
+    vocab = target.get_output_embeddings().weight.shape[0]
+    gen = torch.Generator().manual_seed(1234)
+    prompt = torch.randint(0, vocab, (1, 4), generator=gen).to(device)
+    tokens = torch.randint(0, vocab, (3,), generator=gen)
+    tree = Tree(TreeShape((-1, 0, 0)), tokens)
+    with torch.no_grad():
+        cache = DynamicCache()
+        target(input_ids=prompt, use_cache=True, **{verifier.cache_arg: cache})
+        try:
+            tree_logits, _ = verifier.forward(cache, tree, prompt.shape[1])
+        except Exception as e:  # noqa: BLE001 - any failure here means the same thing to the user
+            raise UnsupportedModelError(
+                f"{type(target).__name__} failed on a forward with a custom 4D attention mask "
+                f"({type(e).__name__}: {e}); tree verification needs a model whose forward accepts "
+                "`attention_mask` of shape [batch, 1, q_len, kv_len]"
+            ) from e
+        path_ids = torch.cat([prompt, tokens[[0, 2]].to(device)[None]], dim=1)
+        reference = target(input_ids=path_ids).logits[0, -1].float()
+    got = tree_logits[2].float()
+    err = float((got - reference).abs().max())
+    scale = float(reference.abs().max()) + 1e-6
+    tol = 1e-3 if target.dtype == torch.float32 else 5e-2
+    if err > tol * scale:
+        raise UnsupportedModelError(
+            f"{type(target).__name__} does not honour a custom 4D attention mask (a tree node's logits "
+            f"differ from a plain forward over its path by {err:.3g}); tree verification would be wrong. "
+            "Try attn_implementation='eager' or 'sdpa', or a model whose forward accepts a 4D mask."
+        )
