@@ -122,7 +122,8 @@ class SpeculativeDecoder:
             # 2. verify: one target forward over the whole tree.
             tf = time.perf_counter()
             logits, hidden = self.verifier.forward(cache, tree, prefix_len)
-            target_seconds += time.perf_counter() - tf
+            verify_seconds = time.perf_counter() - tf
+            target_seconds += verify_seconds
             # 3. accept: the longest valid path, plus the target's own next token.
             if params.greedy:
                 acc = self.verifier.accept_greedy(tree, logits)
@@ -132,6 +133,7 @@ class SpeculativeDecoder:
             commit(cache, prefix_len, acc.path)
             prefix_len += acc.path.numel()
             self.proposer.accepted(tree.tokens[acc.path], hidden[acc.path.to(hidden.device)])
+            self.proposer.observe(tree.shape.size - 1, acc.path.numel() - 1, verify_seconds)
             emitted = tree.tokens[acc.path[1:]].tolist() + [acc.next_token]
             accept_lengths.append(len(emitted))
             for i, tok in enumerate(emitted):
@@ -156,7 +158,7 @@ class SpeculativeDecoder:
             prefill_seconds=t1 - t0,
             decode_seconds=t2 - t1,
             target_seconds=target_seconds,
-            stats={"new_tokens": len(new_tokens), "steps": len(accept_lengths)},
+            stats={"new_tokens": len(new_tokens), "steps": len(accept_lengths), **self.proposer.stats()},
         )
 
     def _check_inputs(self, input_ids: torch.Tensor, max_new_tokens: int) -> torch.Tensor:

@@ -38,3 +38,12 @@ class Proposer(ABC):
     def accepted(self, tokens: torch.Tensor, hidden: torch.Tensor) -> None:
         """After verification: ``tokens`` [m] are the root and the accepted drafts (now in the
         target's cache), ``hidden`` [m, H] the target's hidden states at those positions."""
+
+    def observe(self, num_drafted: int, accepted_drafts: int, verify_seconds: float) -> None:
+        """Feedback after each step (optional): how many drafted tokens the tree had (the root
+        excluded), how many were accepted, and how long the verify forward took. Adaptive proposers
+        (draft length, tree size, fallback to plain decoding) tune themselves from it."""
+
+    def stats(self) -> dict:
+        """Proposer-specific figures for the output's ``stats`` (e.g. the chosen draft length)."""
+        return {}
