@@ -1,7 +1,9 @@
 """draftheads: train speculative-decoding draft heads on a frozen Hugging Face LM, decode losslessly."""
 from .heads import HeadsConfig, MedusaHeads, TargetInfo, load_heads, save_heads
 from .inference import (
+    DraftModelProposer,
     MedusaProposer,
+    PromptLookupProposer,
     Proposer,
     SamplingParams,
     SpeculativeDecoder,
@@ -9,14 +11,17 @@ from .inference import (
     Tree,
     TreeShape,
     UnsupportedModelError,
+    check_same_tokenizer,
 )
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "DraftModelProposer",
     "HeadsConfig",
     "MedusaHeads",
     "MedusaProposer",
+    "PromptLookupProposer",
     "Proposer",
     "SamplingParams",
     "SpeculativeDecoder",
@@ -25,6 +30,7 @@ __all__ = [
     "Tree",
     "TreeShape",
     "UnsupportedModelError",
+    "check_same_tokenizer",
     "load_heads",
     "save_heads",
     "__version__",

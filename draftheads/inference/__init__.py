@@ -1,12 +1,15 @@
 """Inference: trees, the verifier, proposers and the decode loop."""
 from .decoder import SpeculativeDecoder, SpeculativeOutput
-from .proposers import MedusaProposer, Proposer
+from .proposers import DraftModelProposer, MedusaProposer, PromptLookupProposer, Proposer
 from .sampling import SamplingParams
+from .tokenizer_check import check_same_tokenizer
 from .tree import Tree, TreeShape, default_choices
 from .verify import TreeVerifier, UnsupportedModelError, check_tree_attention, commit, tree_attention_mask
 
 __all__ = [
+    "DraftModelProposer",
     "MedusaProposer",
+    "PromptLookupProposer",
     "Proposer",
     "SamplingParams",
     "SpeculativeDecoder",
@@ -15,6 +18,7 @@ __all__ = [
     "TreeShape",
     "TreeVerifier",
     "UnsupportedModelError",
+    "check_same_tokenizer",
     "check_tree_attention",
     "commit",
     "default_choices",

@@ -66,6 +66,8 @@ class SpeculativeDecoder:
             proposer = MedusaProposer(proposer, tree=tree)
         elif tree is not None:
             raise ValueError("`tree` applies to heads; a Proposer brings its own tree")
+        else:
+            proposer.bind_target(target)
         self.target = target.eval()
         self.proposer = proposer
         self.verifier = TreeVerifier(target)
@@ -122,6 +124,8 @@ class SpeculativeDecoder:
             # 2. verify: one target forward over the whole tree.
             tf = time.perf_counter()
             logits, hidden = self.verifier.forward(cache, tree, prefix_len)
+            if logits.is_cuda:  # kernels are asynchronous: time the forward, not its launch
+                torch.cuda.synchronize(logits.device)
             verify_seconds = time.perf_counter() - tf
             target_seconds += verify_seconds
             # 3. accept: the longest valid path, plus the target's own next token.

@@ -18,6 +18,10 @@ class Proposer(ABC):
     #: Whether `accepted` needs the target's hidden states (Medusa/EAGLE) or only tokens.
     needs_hidden_states: bool = True
 
+    def bind_target(self, target: torch.nn.Module) -> None:
+        """Called once by the decoder with the target (optional): a proposer with its own model
+        checks here that it fits the target (e.g. a draft LM's vocabulary) and raises otherwise."""
+
     @abstractmethod
     def start(
         self,

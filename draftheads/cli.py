@@ -1,0 +1,221 @@
+"""`draftheads` command line: train, generate, calibrate.
+
+    draftheads train --config configs/demo.yaml [key.sub=value ...]
+    draftheads generate --target PATH_OR_ID --heads DIR --prompt "..."
+    draftheads calibrate --target PATH_OR_ID --heads DIR [--prompts FILE]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+
+def _pick_device(requested: str | None):
+    import torch
+
+    if requested:
+        return torch.device(requested)
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def _load_target(name_or_path: str, device_name: str | None, dtype_name: str, trust_remote_code: bool):
+    """Target and tokenizer; "demo" is the embedded demo target (built on first use)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from .demo import resolve_target
+
+    path = resolve_target(name_or_path)
+    device = _pick_device(device_name)
+    if dtype_name == "auto":
+        bf16_ok = device.type == "cuda" and torch.cuda.is_bf16_supported()
+        dtype = torch.bfloat16 if bf16_ok else (torch.float16 if device.type == "cuda" else torch.float32)
+    else:
+        dtype = getattr(torch, dtype_name)
+    tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+    target = AutoModelForCausalLM.from_pretrained(
+        path, dtype=dtype, attn_implementation="sdpa", trust_remote_code=trust_remote_code
+    ).to(device)
+    return target.eval(), tokenizer
+
+
+def _encode_prompt(tokenizer, prompt: str, use_chat_template: bool):
+    if use_chat_template and tokenizer.chat_template:
+        ids = tokenizer.apply_chat_template(
+            [{"role": "user", "content": prompt}], add_generation_prompt=True, return_tensors="pt", return_dict=True
+        )["input_ids"]
+    else:
+        ids = tokenizer(prompt, return_tensors="pt").input_ids
+    return ids
+
+
+def _proposer(args, target, tokenizer):
+    import draftheads as dh
+
+    chosen = [bool(args.heads), bool(getattr(args, "draft_model", None)), bool(getattr(args, "prompt_lookup", False))]
+    if sum(chosen) != 1:
+        raise SystemExit("error: give exactly one of --heads DIR, --draft-model PATH_OR_ID, --prompt-lookup")
+    if args.heads:
+        heads = dh.load_heads(args.heads, target=target)
+        return heads
+    if args.prompt_lookup:
+        return dh.PromptLookupProposer()
+    draft, draft_tok = _load_target(args.draft_model, args.device, args.dtype, args.trust_remote_code)
+    return dh.DraftModelProposer(draft, gamma="auto", target_tokenizer=tokenizer, draft_tokenizer=draft_tok)
+
+
+def cmd_generate(args) -> int:
+    import torch
+    from transformers import TextStreamer
+
+    import draftheads as dh
+
+    target, tokenizer = _load_target(args.target, args.device, args.dtype, args.trust_remote_code)
+    decoder = dh.SpeculativeDecoder(target, _proposer(args, target, tokenizer))
+    ids = _encode_prompt(tokenizer, args.prompt, not args.no_chat_template)
+    streamer = None if args.quiet else TextStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True)
+    generator = torch.Generator().manual_seed(args.seed)
+    start = time.perf_counter()
+    out = decoder.generate(
+        ids,
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        streamer=streamer,
+        generator=generator,
+    )
+    seconds = time.perf_counter() - start
+    if args.quiet:
+        print(tokenizer.decode(out.sequences[0, ids.shape[1] :], skip_special_tokens=True))
+    new = out.num_new_tokens
+    print(
+        f"\n[{new} tokens in {seconds:.2f}s: {new / seconds:.1f} tokens/s, "
+        f"{out.mean_accept_length:.2f} tokens per target forward over {len(out.accept_lengths)} steps]",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def _calibration_prompts(args, tokenizer) -> list:
+    """Prompts from a text/jsonl file (one prompt per line or `turns`/`prompt`/`text` fields), or
+    the demo corpus' held-out files (the default: code-completion prompts)."""
+    texts: list[str] = []
+    if args.prompts:
+        path = Path(args.prompts)
+        if not path.is_file():
+            raise SystemExit(f"error: prompts file not found: {path}")
+        for n, line in enumerate(path.read_text().splitlines(), start=1):
+            if not line.strip():
+                continue
+            if path.suffix == ".jsonl":
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise SystemExit(f"error: {path}:{n} is not valid JSON ({e})") from None
+                text = (row.get("turns") or [None])[0] or row.get("prompt") or row.get("text")
+                if not text:
+                    raise SystemExit(f"error: {path}:{n} has no 'turns', 'prompt' or 'text' field")
+                texts.append(text)
+            else:
+                texts.append(line)
+    else:
+        from .demo import corpus_texts
+
+        texts = [t[:800] for t in corpus_texts("heldout")]
+    texts = texts[: args.num_prompts]
+    if not texts:
+        raise SystemExit("error: no prompts to calibrate on")
+    return [_encode_prompt(tokenizer, t, not args.no_chat_template)[:, -args.prompt_tokens :] for t in texts]
+
+
+def cmd_calibrate(args) -> int:
+    import draftheads as dh
+    from .heads.io import TREE_NAME, write_json_atomically
+    from .inference.calibrate import calibrate
+
+    target, tokenizer = _load_target(args.target, args.device, args.dtype, args.trust_remote_code)
+    heads = dh.load_heads(args.heads, target=target)
+    prompts = _calibration_prompts(args, tokenizer)
+    result = calibrate(target, heads, prompts, new_tokens=args.new_tokens, max_nodes=args.max_nodes)
+    print("head accuracy by rank (rows: heads):")
+    for k, row in enumerate(result.accuracy):
+        print(f"  head {k}: " + " ".join(f"{a:.2f}" for a in row))
+    print("verify forward, median ms by tree size: " + ", ".join(
+        f"{n}: {s * 1000:.1f}" for n, s in sorted(result.verify_seconds.items())))
+    print(f"drafting: {result.draft_seconds * 1000:.2f} ms per step")
+    print(f"chosen tree: {len(result.tree) + 1} nodes, expected {result.expected_tokens_per_step:.2f} tokens/step, "
+          f"expected speedup {result.expected_speedup:.2f}x over 1-token steps")
+    print(f"tree: {result.tree}")
+    if not args.dry_run:
+        write_json_atomically(Path(args.heads) / TREE_NAME, result.to_json())
+        print(f"saved to {Path(args.heads) / TREE_NAME}: SpeculativeDecoder uses it by default")
+    return 0
+
+
+def cmd_train(args) -> int:
+    from .config import load_config
+    from .train.loop import run
+
+    cfg = load_config(args.config, args.overrides)
+    if args.resume:
+        cfg.train.resume = "auto"
+    run(cfg)
+    return 0
+
+
+def _add_target_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--target", default="demo", help='HF model id or folder; "demo" = the offline demo target')
+    p.add_argument("--device", default=None, help="cuda, cuda:1, cpu (default: cuda if available)")
+    p.add_argument("--dtype", default="auto", help="auto (bf16 on CUDA, fp32 on CPU), float32, bfloat16, float16")
+    p.add_argument("--trust-remote-code", action="store_true", help="allow custom modeling code from the hub")
+    p.add_argument("--no-chat-template", action="store_true", help="feed the prompt as raw text")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="draftheads", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("train", help="train draft heads (same as train.py)")
+    p.add_argument("--config", required=True)
+    p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in output_dir")
+    p.add_argument("overrides", nargs="*", help="key.sub=value overrides")
+    p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("generate", help="decode a prompt speculatively, streaming the text")
+    _add_target_args(p)
+    p.add_argument("--heads", help="heads folder")
+    p.add_argument("--draft-model", help="a small LM with the same tokenizer (classic speculative sampling)")
+    p.add_argument("--prompt-lookup", action="store_true", help="draft by n-gram lookup in the prompt")
+    p.add_argument("--prompt", required=True)
+    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--quiet", action="store_true", help="print the text at the end instead of streaming it")
+    p.set_defaults(func=cmd_generate)
+
+    p = sub.add_parser("calibrate", help="measure acceptance and verify cost, save the best tree")
+    _add_target_args(p)
+    p.add_argument("--heads", required=True)
+    p.add_argument("--prompts", help="text file (one prompt per line) or Spec-Bench jsonl; default: demo held-out code")
+    p.add_argument("--num-prompts", type=int, default=12)
+    p.add_argument("--prompt-tokens", type=int, default=128, help="keep the last N tokens of each prompt")
+    p.add_argument("--new-tokens", type=int, default=64)
+    p.add_argument("--max-nodes", type=int, default=64)
+    p.add_argument("--dry-run", action="store_true", help="print the chosen tree without saving it")
+    p.set_defaults(func=cmd_calibrate)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

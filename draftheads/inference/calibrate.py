@@ -1,0 +1,226 @@
+"""Calibrated trees: the tree that maximises expected accepted tokens per SECOND on this device.
+
+Two measurements feed it:
+- an acceptance table ``acc[k, r]``: how often head k's rank-r candidate equals the token the
+  target actually produces k+2 positions ahead, on sample text (Medusa's heads_accuracy);
+- the verify-forward time for n tree tokens on this device (16 tokens cost ~2x one token on a
+  2-core CPU, nearly the same as one token on a GPU).
+Trees are grown greedily, adding the node with the highest path probability (the product of
+``acc`` along its path, assuming independence as Medusa's tree search does); the expected
+tokens per step of a tree is 1 + the sum of its nodes' path probabilities (at most one child of
+an accepted node can match the target, so accepted nodes form one path). The chosen size is the
+one with the best expected tokens / (verify time + drafting time).
+"""
+from __future__ import annotations
+
+import heapq
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+
+import torch
+from transformers import DynamicCache
+
+from .tree import Tree, TreeShape
+from .verify import TreeVerifier
+
+
+@torch.no_grad()
+def head_accuracy_table(
+    target: torch.nn.Module,
+    heads: torch.nn.Module,
+    sequences: list[torch.Tensor],
+    max_rank: int = 10,
+    skip_prompt: list[int] | None = None,
+) -> torch.Tensor:
+    """acc[k, r] = P(head k's rank-r token == the token at t+2+k) over positions of ``sequences``
+    (the target's own greedy continuations, so "correct" means "what verification accepts")."""
+    num_heads = heads.config.num_heads
+    hits = torch.zeros(num_heads, max_rank)
+    totals = torch.zeros(num_heads)
+    device = target.device
+    for i, seq in enumerate(sequences):
+        seq = seq.to(device)
+        start = skip_prompt[i] - 1 if skip_prompt else 0
+        hidden = target(seq[None], output_hidden_states=True).hidden_states[-1][0]
+        for k, state in enumerate(heads.head_states(hidden)):
+            shift = k + 2
+            if seq.numel() - shift <= start:
+                continue
+            logits = heads.project(state[start:-shift], k)
+            top = logits.topk(max_rank, dim=-1).indices  # [positions, R]
+            truth = seq[start + shift :]
+            hits[k] += (top == truth[:, None]).float().sum(0).cpu()
+            totals[k] += truth.numel()
+    return hits / totals.clamp(min=1)[:, None]
+
+
+def grow_tree(acc: torch.Tensor, max_nodes: int) -> list[tuple[tuple[int, ...], float]]:
+    """Best-first growth: (path, path probability) in the order nodes are added (root excluded).
+
+    A node's candidates are its next sibling (same depth, rank+1) and its first child (rank 0,
+    one deeper); the frontier always holds the best node not yet in the tree."""
+    num_heads, max_rank = acc.shape
+    added: list[tuple[tuple[int, ...], float]] = []
+    frontier = [(-float(acc[0, 0]), (0,))]
+    parent_value = {(): 1.0}
+    while frontier and len(added) < max_nodes:
+        neg_value, path = heapq.heappop(frontier)
+        value = -neg_value
+        added.append((path, value))
+        parent_value[path] = value
+        depth, rank = len(path), path[-1]
+        if rank + 1 < max_rank:
+            sibling = path[:-1] + (rank + 1,)
+            heapq.heappush(frontier, (-parent_value[path[:-1]] * float(acc[depth - 1, rank + 1]), sibling))
+        if depth < num_heads:
+            heapq.heappush(frontier, (-value * float(acc[depth, 0]), path + (0,)))
+    return added
+
+
+def expected_tokens_per_step(choices: list[list[int]], acc: torch.Tensor) -> float:
+    """1 + sum of path probabilities: the simulated acceptance length of a static tree."""
+    total = 1.0
+    for path in choices:
+        p = 1.0
+        for depth, rank in enumerate(path):
+            p *= float(acc[depth, rank]) if depth < acc.shape[0] and rank < acc.shape[1] else 0.0
+        total += p
+    return total
+
+
+@torch.no_grad()
+def measure_verify_times(
+    target: torch.nn.Module,
+    sizes: list[int],
+    context: int = 256,
+    repeats: int = 7,
+) -> dict[int, float]:
+    """Median seconds of one tree forward with n nodes over a ``context``-token cache."""
+    verifier = TreeVerifier(target)
+    vocab = target.get_output_embeddings().weight.shape[0]
+    gen = torch.Generator().manual_seed(0)
+    prompt = torch.randint(0, vocab, (1, context), generator=gen).to(target.device)
+    cache = DynamicCache()
+    target(input_ids=prompt, use_cache=True, **{verifier.cache_arg: cache})
+    sync = torch.cuda.synchronize if target.device.type == "cuda" else (lambda: None)
+    times = {}
+    for n in sizes:
+        # A bushy tree of n nodes (the shape hardly matters for the cost; the size does).
+        shape = TreeShape(tuple([-1] + [max(0, (i - 1) // 3) for i in range(1, n)]))
+        tree = Tree(shape, torch.randint(0, vocab, (n,), generator=gen))
+        samples = []
+        for rep in range(repeats + 1):
+            sync()
+            t0 = time.perf_counter()
+            verifier.forward(cache, tree, context)
+            sync()
+            if rep:  # the first run of each size warms up
+                samples.append(time.perf_counter() - t0)
+            for layer in cache.layers:  # drop the tree again
+                layer.keys, layer.values = layer.keys[..., :context, :], layer.values[..., :context, :]
+        times[n] = statistics.median(samples)
+    return times
+
+
+def interpolate(times: dict[int, float], n: int) -> float:
+    sizes = sorted(times)
+    if n <= sizes[0]:
+        return times[sizes[0]]
+    for lo, hi in zip(sizes, sizes[1:]):
+        if lo <= n <= hi:
+            return times[lo] + (times[hi] - times[lo]) * (n - lo) / (hi - lo)
+    # Beyond the last measurement: extrapolate linearly from the last two points.
+    lo, hi = sizes[-2], sizes[-1]
+    return times[hi] + (times[hi] - times[lo]) * (n - hi) / (hi - lo)
+
+
+@dataclass
+class CalibratedTree:
+    tree: list[list[int]]
+    expected_tokens_per_step: float
+    expected_speedup: float  # over one-token decoding steps, from the measurements below
+    accuracy: list[list[float]]
+    verify_seconds: dict[int, float]
+    draft_seconds: float
+    device: str
+    candidates: list[dict] = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        data = asdict(self)
+        data["verify_seconds"] = {str(k): v for k, v in self.verify_seconds.items()}
+        return data
+
+
+def choose_tree(
+    acc: torch.Tensor,
+    verify_seconds: dict[int, float],
+    draft_seconds: float,
+    max_nodes: int = 64,
+    device: str = "",
+) -> CalibratedTree:
+    """The size (and greedy tree of that size) with the best expected tokens per second."""
+    grown = grow_tree(acc, max_nodes)
+    plain = interpolate(verify_seconds, 1)
+    best, candidates = None, []
+    expected = 1.0
+    for n_drafts, (_, value) in enumerate(grown, start=1):
+        expected += value
+        seconds = interpolate(verify_seconds, n_drafts + 1) + draft_seconds
+        rate = expected / seconds
+        candidates.append({"nodes": n_drafts + 1, "expected_tokens": expected, "seconds": seconds})
+        if best is None or rate > best[0]:
+            best = (rate, n_drafts, expected)
+    if best is None:
+        raise ValueError("cannot grow a tree: the accuracy table is empty")
+    rate, n_drafts, expected = best
+    tree = [list(path) for path, _ in grown[:n_drafts]]
+    return CalibratedTree(
+        tree=tree,
+        expected_tokens_per_step=expected,
+        expected_speedup=rate * plain,
+        accuracy=acc.tolist(),
+        verify_seconds=verify_seconds,
+        draft_seconds=draft_seconds,
+        device=device,
+        candidates=candidates,
+    )
+
+
+@torch.no_grad()
+def measure_draft_seconds(heads: torch.nn.Module, repeats: int = 20) -> float:
+    """Median time for the heads to draft from one hidden state (all heads, vocab projections)."""
+    param = next(heads.parameters())
+    hidden = torch.randn(heads.config.hidden_size, device=param.device, dtype=param.dtype)
+    samples = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        logits = heads(hidden)
+        logits.topk(4, dim=-1)
+        if param.device.type == "cuda":
+            torch.cuda.synchronize()
+        samples.append(time.perf_counter() - t0)
+    return statistics.median(samples)
+
+
+def calibrate(
+    target: torch.nn.Module,
+    heads: torch.nn.Module,
+    prompts: list[torch.Tensor],
+    new_tokens: int = 64,
+    max_rank: int = 8,
+    max_nodes: int = 64,
+    sizes: list[int] | None = None,
+) -> CalibratedTree:
+    """Measure acceptance on ``prompts`` (greedy continuations by the target itself) and verify
+    times on this device, and return the tree with the best expected tokens per second."""
+    from .decoder import SpeculativeDecoder
+
+    decoder = SpeculativeDecoder(target, heads)  # the continuation is the target's, only faster
+    sequences = [decoder.generate(p, max_new_tokens=new_tokens, eos_token_id=[]).sequences[0] for p in prompts]
+    acc = head_accuracy_table(target, heads, sequences, max_rank, skip_prompt=[p.shape[-1] for p in prompts])
+    sizes = sizes or [n for n in (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64) if n <= max_nodes + 1]
+    context = min(256, max(int(s.numel()) for s in sequences))
+    verify = measure_verify_times(target, sizes, context=context)
+    device = str(target.device) + (f" ({torch.cuda.get_device_name()})" if target.device.type == "cuda" else "")
+    return choose_tree(acc, verify, measure_draft_seconds(heads), max_nodes=max_nodes, device=device)

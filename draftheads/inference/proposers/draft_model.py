@@ -1,0 +1,411 @@
+"""Classic speculative decoding: a small LM with the target's tokenizer drafts a chain.
+
+The draft keeps its own KV cache. Invariant between steps: the draft cache holds a prefix of the
+committed tokens (prompt + accepted), and ``_pending`` holds the committed tokens after it that
+the draft has not processed yet. A propose feeds ``_pending + [root]`` in one forward, then one
+token per forward; the last drafted token is never fed (its logits would be unused). After
+verification the cache is cropped back to the accepted tokens it has seen, and whatever accepted
+token it has not seen (the last draft, when all were accepted) becomes pending again. No step
+re-processes the prefix.
+
+At temperature 0 drafts are the draft's argmax (point masses for the verifier). Otherwise they
+are SAMPLED from the draft's processed distribution q (the same temperature/top-k/top-p warpers
+as the target) and ``Tree.draft_probs`` carries q, so the verifier applies min(1, p/q) with the
+residual norm(max(p - q, 0)): the output is exactly the target's distribution whatever the draft.
+
+``gamma="auto"`` picks the draft length each step to maximise expected tokens per second from the
+measured acceptance rate, draft step time and verify time per tree size (see `AdaptiveGamma`);
+gamma 0 falls back to plain decoding and the draft is probed again now and then.
+"""
+from __future__ import annotations
+
+import inspect
+import time
+from typing import Any, Callable
+
+import torch
+from transformers import DynamicCache
+
+from ..sampling import SamplingParams, sample
+from ..tokenizer_check import check_same_tokenizer, tokenizer_size
+from ..tree import Tree, TreeShape
+from ..verify import cache_kwarg
+from .base import Proposer
+
+
+def _logits_rows(model: torch.nn.Module) -> int:
+    """Size of the model's logits (rows of the LM head; may exceed the tokenizer: padded vocabs)."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if head is not None and getattr(head, "weight", None) is not None:
+        return int(head.weight.shape[0])
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    return int(config.vocab_size)
+
+
+# -- adaptive draft length --------------------------------------------------------------------------
+def expected_tokens(alpha: float, gamma: int) -> float:
+    """Expected tokens per step for a chain of ``gamma`` drafts, each accepted with probability
+    ``alpha`` independently until the first rejection, plus the target's own (bonus) token."""
+    if alpha >= 1.0 - 1e-12:
+        return float(gamma + 1)
+    return (1.0 - alpha ** (gamma + 1)) / (1.0 - alpha)
+
+
+def choose_gamma(alpha: float, t_draft: float, verify_time: Callable[[int], float], max_gamma: int) -> int:
+    """The draft length in 0..max_gamma with the most expected tokens per second:
+    E[tokens](gamma) / (gamma * t_draft + verify_time(gamma + 1)). Ties go to the shorter draft."""
+    best, best_rate = 0, -1.0
+    for gamma in range(max_gamma + 1):
+        seconds = gamma * t_draft + verify_time(gamma + 1)
+        rate = expected_tokens(alpha, gamma) / max(seconds, 1e-12)
+        if rate > best_rate * (1.0 + 1e-9):
+            best, best_rate = gamma, rate
+    return best
+
+
+class AdaptiveGamma:
+    """Online estimates for `choose_gamma`, plus the probing that keeps a fallback revisable.
+
+    - alpha: per-token acceptance. A chain step with k of g drafts accepted is k successes and,
+      if k < g, one failure; alpha = EMA(successes) / (EMA(successes) + EMA(failures)) is the
+      (exponentially weighted) maximum-likelihood estimate for this censored geometric count.
+    - t_draft: EMA of the time of one single-token draft forward (catch-up forwards of many
+      pending tokens are not counted).
+    - verify time: EMA per tree size. An unmeasured size is interpolated linearly between the
+      nearest measured sizes; beyond the largest it is extrapolated along the slope of the two
+      largest (constant if only one is known); below the smallest it is taken equal to the
+      smallest (so a plain step never looks cheaper than measured, and fallback needs evidence).
+    - Until both a draft time and a verify time are known, ``initial_gamma`` is used.
+    - When gamma 0 (plain decoding) wins, every ``probe_every``-th step drafts one token anyway,
+      refreshing alpha and t_draft so that a draft that becomes useful is picked up again.
+    """
+
+    def __init__(
+        self,
+        max_gamma: int = 8,
+        initial_gamma: int | None = None,
+        initial_alpha: float = 0.5,
+        decay: float = 0.9,
+        probe_every: int = 16,
+    ) -> None:
+        if max_gamma < 1:
+            raise ValueError(f"max_gamma must be >= 1 for adaptive gamma, got {max_gamma}")
+        if not 0.0 < decay < 1.0:
+            raise ValueError(f"decay must be in (0, 1), got {decay}")
+        if probe_every < 1:
+            raise ValueError(f"probe_every must be >= 1, got {probe_every}")
+        if not 0.0 <= initial_alpha < 1.0:
+            raise ValueError(f"initial_alpha must be in [0, 1), got {initial_alpha}")
+        self.max_gamma = max_gamma
+        self.initial_gamma = min(max_gamma, 4) if initial_gamma is None else min(max(initial_gamma, 0), max_gamma)
+        self.decay = decay
+        self.probe_every = probe_every
+        self._succ = initial_alpha  # one pseudo-observation at the prior rate
+        self._fail = 1.0 - initial_alpha
+        self.t_draft: float | None = None
+        self._verify: dict[int, float] = {}
+        self._since_probe = 0
+        self.reset_counts()
+
+    def reset_counts(self) -> None:
+        """Per-generation statistics (the estimates themselves persist across generations)."""
+        self.histogram: dict[int, int] = {}
+        self.fallback_steps = 0
+        self.probe_steps = 0
+
+    # -- estimates --------------------------------------------------------------------------------
+    @property
+    def alpha(self) -> float:
+        return self._succ / max(self._succ + self._fail, 1e-12)
+
+    def _ema(self, old: float | None, new: float) -> float:
+        return new if old is None else self.decay * old + (1.0 - self.decay) * new
+
+    def record_draft_time(self, seconds_per_forward: float) -> None:
+        self.t_draft = self._ema(self.t_draft, seconds_per_forward)
+
+    def record_step(self, num_drafted: int, accepted: int, verify_seconds: float) -> None:
+        size = num_drafted + 1
+        self._verify[size] = self._ema(self._verify.get(size), verify_seconds)
+        if num_drafted > 0:
+            rejected = 1.0 if accepted < num_drafted else 0.0
+            self._succ = self.decay * self._succ + (1.0 - self.decay) * accepted
+            self._fail = self.decay * self._fail + (1.0 - self.decay) * rejected
+
+    def verify_time(self, size: int) -> float:
+        known = sorted(self._verify)
+        if not known:
+            raise ValueError("no verify time measured yet")
+        if size in self._verify:
+            return self._verify[size]
+        below = [s for s in known if s < size]
+        above = [s for s in known if s > size]
+        if below and above:
+            lo, hi = below[-1], above[0]
+            w = (size - lo) / (hi - lo)
+            return (1.0 - w) * self._verify[lo] + w * self._verify[hi]
+        if above:  # smaller than anything measured
+            return self._verify[above[0]]
+        if len(below) == 1:
+            return self._verify[below[-1]]
+        a, b = below[-2], below[-1]
+        slope = max((self._verify[b] - self._verify[a]) / (b - a), 0.0)
+        return self._verify[b] + slope * (size - b)
+
+    # -- the decision -----------------------------------------------------------------------------
+    def choose(self, limit: int | None = None) -> int:
+        """Draft length for the next step, at most ``limit`` (tokens left before max_new_tokens)."""
+        limit = self.max_gamma if limit is None else min(limit, self.max_gamma)
+        if limit <= 0:
+            gamma = 0
+        elif self.t_draft is None or not self._verify:
+            gamma = min(self.initial_gamma, limit)
+        else:
+            gamma = choose_gamma(self.alpha, self.t_draft, self.verify_time, limit)
+            if gamma == 0:
+                self._since_probe += 1
+                if self._since_probe >= self.probe_every:
+                    self._since_probe = 0
+                    self.probe_steps += 1
+                    gamma = 1
+                else:
+                    self.fallback_steps += 1
+            else:
+                self._since_probe = 0
+        self.histogram[gamma] = self.histogram.get(gamma, 0) + 1
+        return gamma
+
+    def stats(self) -> dict[str, Any]:
+        steps = sum(self.histogram.values())
+        mean = sum(g * c for g, c in self.histogram.items()) / max(steps, 1)
+        return {
+            "gamma_mean": mean,
+            "gamma_histogram": dict(sorted(self.histogram.items())),
+            "fallback_steps": self.fallback_steps,
+            "probe_steps": self.probe_steps,
+            "alpha": self.alpha,
+            "t_draft": self.t_draft,
+            "t_verify": dict(sorted(self._verify.items())),
+        }
+
+
+# -- the proposer -----------------------------------------------------------------------------------
+class DraftModelProposer(Proposer):
+    """Drafts with ``draft_model`` (any HF causal LM sharing the target's tokenizer).
+
+    ``gamma``: an int (fixed draft length; 0 = plain decoding) or ``"auto"`` (adaptive, at most
+    ``max_gamma``). Pass ``tokenizers=(target_tok, draft_tok)`` (or ``target_tokenizer=`` and
+    ``draft_tokenizer=``) to check that both tokenizers map every token to the same id.
+
+    Vocabulary sizes: the draft's logits must have as many rows as the target's. Models that pad
+    their LM head (e.g. to a multiple of 64) may differ in padding only; this is accepted when the
+    tokenizers are given and both logit sizes cover ``len(tokenizer)``. The draft's logits are then
+    cut or padded (with -inf) to the target's size, so q is a distribution over the target's ids
+    and the draft never proposes an id the target does not have. Still lossless: q is exactly what
+    the drafts are sampled from. Without tokenizers, differing sizes are refused.
+
+    With ``gamma="auto"`` the draft length depends on measured timings, so sampled outputs with a
+    fixed seed are not reproducible run to run (each run is still an exact sample of the target).
+    Learned estimates persist across ``generate`` calls; the statistics are per call.
+    """
+
+    needs_hidden_states = False
+
+    def __init__(
+        self,
+        draft_model: torch.nn.Module,
+        gamma: int | str = "auto",
+        max_gamma: int = 8,
+        *,
+        tokenizers: tuple[Any, Any] | None = None,
+        target_tokenizer: Any = None,
+        draft_tokenizer: Any = None,
+        initial_gamma: int | None = None,
+        probe_every: int = 16,
+        ema_decay: float = 0.9,
+    ) -> None:
+        if isinstance(gamma, str):
+            if gamma != "auto":
+                raise ValueError(f"gamma must be an int >= 0 or 'auto', got {gamma!r}")
+            self.adaptive = AdaptiveGamma(max_gamma, initial_gamma, decay=ema_decay, probe_every=probe_every)
+            self.gamma: int | None = None
+        else:
+            if isinstance(gamma, bool) or int(gamma) != gamma or gamma < 0:
+                raise ValueError(f"gamma must be an int >= 0 or 'auto', got {gamma!r}")
+            self.gamma = int(gamma)
+            # Estimates are still tracked (and reported), they just do not steer.
+            self.adaptive = AdaptiveGamma(max(self.gamma, 1), decay=ema_decay, probe_every=probe_every)
+        if tokenizers is not None:
+            if target_tokenizer is not None or draft_tokenizer is not None:
+                raise ValueError(
+                    "pass either tokenizers=(target, draft) or target_tokenizer=/draft_tokenizer=, not both"
+                )
+            target_tokenizer, draft_tokenizer = tokenizers
+        if (target_tokenizer is None) != (draft_tokenizer is None):
+            raise ValueError("the tokenizer check needs both target_tokenizer and draft_tokenizer")
+        self.tokenizer_size: int | None = None
+        if target_tokenizer is not None:
+            check_same_tokenizer(target_tokenizer, draft_tokenizer)
+            self.tokenizer_size = tokenizer_size(target_tokenizer)
+            unk = getattr(draft_tokenizer, "unk_token_id", None)
+        else:
+            unk = None
+        self._substitute_id = int(unk) if unk is not None else 0
+
+        self.draft = draft_model.eval()
+        self.draft_vocab = _logits_rows(draft_model)
+        if self.tokenizer_size is not None and self.draft_vocab < self.tokenizer_size:
+            raise ValueError(
+                f"the draft model's logits cover {self.draft_vocab} ids but the tokenizer has {self.tokenizer_size} "
+                "tokens: this draft cannot score every token (wrong checkpoint or tokenizer?)"
+            )
+        self.target_vocab: int | None = None  # set by bind_target
+        params = inspect.signature(draft_model.forward).parameters
+        self._cache_arg = cache_kwarg(draft_model)
+        self._keep_last = {"logits_to_keep": 1} if "logits_to_keep" in params else {}
+        self._shapes: dict[int, TreeShape] = {}
+        self._cache: DynamicCache | None = None
+        self._pending: list[int] = []
+        self._drafts: list[int] = []
+        self._in_flight = False
+        self._params = SamplingParams()
+        self._generator: torch.Generator | None = None
+        self._draft_seconds = 0.0
+
+    # -- set-up ----------------------------------------------------------------------------------
+    def bind_target(self, target: torch.nn.Module) -> None:
+        """Check the draft against the target's logits size (called by the decoder)."""
+        target_vocab = _logits_rows(target)
+        if target_vocab != self.draft_vocab:
+            if self.tokenizer_size is None:
+                raise ValueError(
+                    f"the draft model has {self.draft_vocab} logits but the target has {target_vocab}: "
+                    "a draft must share the target's vocabulary. If the sizes differ only by padding of the "
+                    "LM head, pass tokenizers=(target_tokenizer, draft_tokenizer) so that this can be checked"
+                )
+            if target_vocab < self.tokenizer_size:
+                raise ValueError(
+                    f"the target's logits cover {target_vocab} ids but the tokenizer has {self.tokenizer_size} tokens"
+                )
+        self.target_vocab = target_vocab
+
+    def _chain(self, length: int) -> TreeShape:
+        if length not in self._shapes:
+            self._shapes[length] = TreeShape.chain(length)
+        return self._shapes[length]
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.draft.parameters()).device
+
+    def start(self, input_ids: torch.Tensor, hidden: torch.Tensor | None, params: SamplingParams, generator) -> None:
+        # Lazy prefill: the prompt is fed together with the first root (one forward, not two),
+        # and not at all if the first steps fall back to plain decoding.
+        self._cache = DynamicCache()
+        self._pending = [int(t) for t in input_ids.reshape(-1).tolist()]
+        self._drafts = []
+        self._in_flight = False
+        self._params = params
+        self._generator = generator
+        self._draft_seconds = 0.0
+        self.adaptive.reset_counts()
+
+    # -- drafting ----------------------------------------------------------------------------------
+    def _forward(self, tokens: list[int]) -> torch.Tensor:
+        """Feed ``tokens`` after the draft cache; the logits [V_target] after the last one."""
+        ids = torch.tensor(tokens, dtype=torch.long, device=self.device)
+        if self.draft_vocab < (self.target_vocab or 0):
+            # Padding ids the draft has no embedding for (only the target can emit them).
+            ids = torch.where(ids < self.draft_vocab, ids, torch.full_like(ids, self._substitute_id))
+        out = self.draft(input_ids=ids[None], use_cache=True, **{self._cache_arg: self._cache}, **self._keep_last)
+        logits = out.logits[0, -1]
+        if self.target_vocab is not None and self.target_vocab != self.draft_vocab:
+            if self.draft_vocab > self.target_vocab:
+                logits = logits[: self.target_vocab]
+            else:
+                pad = logits.new_full((self.target_vocab - self.draft_vocab,), float("-inf"))
+                logits = torch.cat([logits, pad])
+        return logits
+
+    def _pick(self, logits: torch.Tensor) -> tuple[int, torch.Tensor | None]:
+        if self._params.greedy:
+            return int(logits.argmax()), None
+        q = self._params.probs(logits).cpu()
+        return sample(q, self._generator), q
+
+    @torch.inference_mode()
+    def propose(self, root: int, max_depth: int) -> Tree:
+        if self._in_flight:
+            raise RuntimeError("propose() called twice without accepted(): the decode loop is out of step")
+        if self._cache is None:
+            raise RuntimeError("call start() before propose()")
+        limit = min(max_depth, self.gamma if self.gamma is not None else self.adaptive.max_gamma)
+        gamma = self.adaptive.choose(limit) if self.gamma is None else max(limit, 0)
+        if self.gamma is not None:
+            self.adaptive.histogram[gamma] = self.adaptive.histogram.get(gamma, 0) + 1
+        self._in_flight = True
+        if gamma == 0:
+            # Plain decoding step: the draft sees the root later, with the next drafted step.
+            self._pending.append(int(root))
+            self._drafts = []
+            return Tree(self._chain(0), torch.tensor([root], dtype=torch.long))
+
+        feed = self._pending + [int(root)]
+        drafts: list[int] = []
+        rows: list[torch.Tensor] = []
+        start = time.perf_counter()
+        for _ in range(gamma):
+            t0 = time.perf_counter()
+            token, q = self._pick(self._forward(feed))
+            if len(feed) <= 2:  # a catch-up forward over many pending tokens is not a draft step
+                self.adaptive.record_draft_time(time.perf_counter() - t0)
+            drafts.append(token)
+            if q is not None:
+                rows.append(q)
+            feed = [token]
+        self._draft_seconds += time.perf_counter() - start
+        # The cache now holds the old prefix + pending + root + drafts[:-1].
+        self._pending = []
+        self._drafts = drafts
+        tokens = torch.tensor([root, *drafts], dtype=torch.long)
+        draft_probs = None
+        if rows:
+            draft_probs = torch.cat([torch.zeros_like(rows[0])[None], torch.stack(rows)])
+        return Tree(self._chain(gamma), tokens, draft_probs)
+
+    def accepted(self, tokens: torch.Tensor, hidden: torch.Tensor | None = None) -> None:
+        if not self._in_flight:
+            raise RuntimeError("accepted() does not follow propose(): the decode loop is out of step")
+        self._in_flight = False
+        accepted = [int(t) for t in tokens.reshape(-1).tolist()[1:]]
+        k, gamma = len(accepted), len(self._drafts)
+        if accepted != self._drafts[:k]:
+            raise RuntimeError("accepted tokens are not a prefix of the drafted chain: the decode loop is out of step")
+        if gamma == 0:
+            return
+        # The cache holds root + drafts[:gamma-1]; keep root + drafts[:min(k, gamma-1)].
+        seen = min(k, gamma - 1)
+        remove = (gamma - 1) - seen
+        if remove:
+            self._cache.crop(-remove)  # negative = number of entries to drop (all transformers versions)
+        if k == gamma:
+            self._pending = [self._drafts[-1]]  # accepted but never fed to the draft
+
+    def observe(self, num_drafted: int, accepted_drafts: int, verify_seconds: float) -> None:
+        self.adaptive.record_step(num_drafted, accepted_drafts, verify_seconds)
+
+    def stats(self) -> dict:
+        stats = {"proposer": "draft_model", "gamma_mode": "auto" if self.gamma is None else self.gamma}
+        stats.update(self.adaptive.stats())
+        stats["draft_seconds"] = self._draft_seconds
+        return stats
+
+    # -- introspection (tests, debugging) ---------------------------------------------------------
+    @property
+    def cache_length(self) -> int:
+        """Tokens in the draft's cache (the committed length minus ``len(pending)``)."""
+        return 0 if self._cache is None else int(self._cache.get_seq_length())
+
+    @property
+    def pending(self) -> list[int]:
+        return list(self._pending)
