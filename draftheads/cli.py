@@ -146,7 +146,8 @@ def cmd_calibrate(args) -> int:
         print(f"  head {k}: " + " ".join(f"{a:.2f}" for a in row))
     print("verify forward, median ms by tree size: " + ", ".join(
         f"{n}: {s * 1000:.1f}" for n, s in sorted(result.verify_seconds.items())))
-    print(f"drafting: {result.draft_seconds * 1000:.2f} ms per step")
+    print("drafting, median ms by heads used: " + ", ".join(
+        f"{d}: {s * 1000:.2f}" for d, s in sorted(result.draft_seconds.items()) if d))
     print(f"chosen tree: {len(result.tree) + 1} nodes, expected {result.expected_tokens_per_step:.2f} tokens/step, "
           f"expected speedup {result.expected_speedup:.2f}x over 1-token steps")
     print(f"tree: {result.tree}")

@@ -142,37 +142,41 @@ class CalibratedTree:
     expected_speedup: float  # over one-token decoding steps, from the measurements below
     accuracy: list[list[float]]
     verify_seconds: dict[int, float]
-    draft_seconds: float
+    draft_seconds: dict[int, float]  # by tree depth (number of heads used)
     device: str
     candidates: list[dict] = field(default_factory=list)
 
     def to_json(self) -> dict:
         data = asdict(self)
         data["verify_seconds"] = {str(k): v for k, v in self.verify_seconds.items()}
+        data["draft_seconds"] = {str(k): v for k, v in self.draft_seconds.items()}
         return data
 
 
 def choose_tree(
     acc: torch.Tensor,
     verify_seconds: dict[int, float],
-    draft_seconds: float,
+    draft_seconds: dict[int, float],
     max_nodes: int = 64,
     device: str = "",
 ) -> CalibratedTree:
-    """The size (and greedy tree of that size) with the best expected tokens per second."""
+    """The size (and greedy tree of that size) with the best expected tokens per second.
+
+    A root-only tree (plain decoding) is a candidate too: if no tree pays for its drafting and
+    verification on this device, calibration says so instead of picking a slower tree."""
     grown = grow_tree(acc, max_nodes)
     plain = interpolate(verify_seconds, 1)
-    best, candidates = None, []
-    expected = 1.0
-    for n_drafts, (_, value) in enumerate(grown, start=1):
+    best = (1.0 / plain, 0, 1.0)
+    candidates = [{"nodes": 1, "expected_tokens": 1.0, "seconds": plain}]
+    expected, depth = 1.0, 0
+    for n_drafts, (path, value) in enumerate(grown, start=1):
         expected += value
-        seconds = interpolate(verify_seconds, n_drafts + 1) + draft_seconds
+        depth = max(depth, len(path))
+        seconds = interpolate(verify_seconds, n_drafts + 1) + draft_seconds[depth]
         rate = expected / seconds
         candidates.append({"nodes": n_drafts + 1, "expected_tokens": expected, "seconds": seconds})
-        if best is None or rate > best[0]:
+        if rate > best[0]:
             best = (rate, n_drafts, expected)
-    if best is None:
-        raise ValueError("cannot grow a tree: the accuracy table is empty")
     rate, n_drafts, expected = best
     tree = [list(path) for path, _ in grown[:n_drafts]]
     return CalibratedTree(
@@ -188,19 +192,27 @@ def choose_tree(
 
 
 @torch.no_grad()
-def measure_draft_seconds(heads: torch.nn.Module, repeats: int = 20) -> float:
-    """Median time for the heads to draft from one hidden state (all heads, vocab projections)."""
-    param = next(heads.parameters())
-    hidden = torch.randn(heads.config.hidden_size, device=param.device, dtype=param.dtype)
-    samples = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        logits = heads(hidden)
-        logits.topk(4, dim=-1)
-        if param.device.type == "cuda":
-            torch.cuda.synchronize()
-        samples.append(time.perf_counter() - t0)
-    return statistics.median(samples)
+def measure_draft_seconds(heads: torch.nn.Module, repeats: int = 20) -> dict[int, float]:
+    """Median seconds for the heads to draft from one hidden state, by the number of heads used
+    (a tree d deep uses the first d heads; each costs a vocab-sized projection, which on a small
+    target with a large vocabulary is as much as the target's own LM head)."""
+    from .proposers.medusa import MedusaProposer
+
+    times = {0: 0.0}
+    for depth in range(1, heads.config.num_heads + 1):
+        proposer = MedusaProposer(heads, tree=[[0] * d for d in range(1, depth + 1)])
+        param = next(heads.parameters())
+        proposer._last_hidden = torch.randn(heads.config.hidden_size, device=param.device, dtype=param.dtype)
+        samples = []
+        for rep in range(repeats + 1):
+            t0 = time.perf_counter()
+            proposer.propose(0, max_depth=depth)
+            if param.device.type == "cuda":
+                torch.cuda.synchronize()
+            if rep:
+                samples.append(time.perf_counter() - t0)
+        times[depth] = statistics.median(samples)
+    return times
 
 
 def calibrate(

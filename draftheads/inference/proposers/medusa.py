@@ -16,8 +16,9 @@ from .base import Proposer
 class MedusaProposer(Proposer):
     def __init__(self, heads: torch.nn.Module, tree: list[list[int]] | TreeShape | None = None) -> None:
         self.heads = heads.eval()
-        if tree is None:
-            tree = getattr(heads, "tree", None) or default_choices(heads.config.num_heads)
+        if tree is None:  # the calibrated tree saved with the heads, else a default
+            tree = getattr(heads, "tree", None)
+            tree = default_choices(heads.config.num_heads) if tree is None else tree
         self.shape = tree if isinstance(tree, TreeShape) else TreeShape.from_choices(tree)
         if self.shape.max_depth > heads.config.num_heads:
             raise ValueError(
