@@ -1,0 +1,80 @@
+"""Hardware and launcher detection: dtypes, mixed precision and the right ``Accelerator`` arguments.
+
+The launcher traps live here so the training loop does not carry them (see the CPU stack notes):
+
+- multi-process DDP without CUDA needs ``Accelerator(cpu=True)``; a plain ``Accelerator()`` there
+  runs N independent single-process trainings;
+- DeepSpeed without CUDA must NOT get ``cpu=True`` (that silently drops DeepSpeed and runs DDP);
+  it needs the gloo backend instead.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+
+_DTYPES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+}
+
+
+def cuda_bf16() -> bool:
+    return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+
+
+def resolve_dtype(name: str) -> torch.dtype:
+    """``"auto"``: bf16 on a CUDA device that supports it, fp32 otherwise (CPUs here lack fast bf16)."""
+    if name == "auto":
+        return torch.bfloat16 if cuda_bf16() else torch.float32
+    try:
+        return _DTYPES[name]
+    except KeyError:
+        raise ValueError(f"unknown dtype {name!r}; valid: auto, {', '.join(_DTYPES)}") from None
+
+
+def resolve_mixed_precision(name: str) -> str:
+    """``"auto"``: bf16 autocast on CUDA with bf16 support, none otherwise."""
+    if name == "auto":
+        return "bf16" if cuda_bf16() else "no"
+    return name
+
+
+@dataclass(frozen=True)
+class LaunchEnv:
+    """What the launcher (``accelerate launch``, ``torchrun`` or plain ``python``) set up."""
+
+    world_size: int
+    deepspeed: bool
+    cuda: bool
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+
+def launch_env() -> LaunchEnv:
+    return LaunchEnv(
+        world_size=int(os.environ.get("WORLD_SIZE", "1")),
+        deepspeed=os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() in ("1", "true", "yes"),
+        cuda=torch.cuda.is_available(),
+    )
+
+
+def accelerator_kwargs(env: LaunchEnv | None = None) -> dict:
+    """Arguments for ``Accelerator`` that make the current launch do what it was asked to."""
+    from accelerate.utils import InitProcessGroupKwargs
+
+    env = env or launch_env()
+    if env.cuda:
+        return {}
+    if env.deepspeed:
+        return {"kwargs_handlers": [InitProcessGroupKwargs(backend="gloo")]}
+    if env.distributed:
+        return {"cpu": True}
+    return {}

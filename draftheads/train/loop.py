@@ -1,0 +1,447 @@
+"""The training loop: frozen target + draft heads through accelerate, top to bottom.
+
+    run(cfg)
+      1. Accelerator (launcher-aware), seed, tracker
+      2. target + tokenizer (frozen), datasets
+      3. heads, the wrapper module, AdamW on the heads only, cosine schedule with warmup
+      4. accelerator.prepare(...); resume from a checkpoint if asked
+      5. train: accumulate -> backward -> clip -> step; log, evaluate, checkpoint every N steps
+      6. final evaluation, export the heads, metrics.json, tear down
+
+DDP / DeepSpeed ZeRO / mixed precision come from the ``accelerate launch`` config, not from here.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+import torch
+from torch.utils.data import DataLoader, Sampler
+
+from ..config import ExperimentConfig, HeadsSpec, TargetConfig
+from ..device import accelerator_kwargs, launch_env, resolve_dtype, resolve_mixed_precision
+from .checkpoint import export_heads, load_checkpoint, register_heads_only, resolve_resume, save_checkpoint
+from .metrics import HeadStats, format_heads
+from .model import TargetWithHeads
+from .tracking import init_trackers, prepare_tracker
+
+
+@dataclass
+class TrainResult:
+    output_dir: Path
+    heads_dir: Path
+    step: int
+    metrics: dict[str, Any]
+    heads: torch.nn.Module = field(repr=False)  # the trained heads (unwrapped), on every process
+
+
+def run(cfg: ExperimentConfig) -> TrainResult:
+    """Train heads as configured; return where they were exported and the final metrics."""
+    from accelerate import Accelerator
+    from accelerate.utils import DistributedType, set_seed
+
+    t = cfg.train
+    output_dir = Path(t.output_dir)
+    timer = StageTimer()
+
+    # -- 1. accelerator, seed, tracker --------------------------------------------------------
+    log_with = prepare_tracker(cfg.tracking, announce=_main_print)
+    accelerator = Accelerator(
+        gradient_accumulation_steps=t.grad_accum,
+        mixed_precision=resolve_mixed_precision(t.mixed_precision),
+        log_with=log_with,
+        project_dir=str(output_dir),
+        # We step the scheduler once per optimizer step ourselves. accelerate's default steps it
+        # num_processes times per step (except under DeepSpeed), which would change the schedule
+        # with the number of GPUs.
+        step_scheduler_with_optimizer=False,
+        **accelerator_kwargs(launch_env()),
+    )
+    deepspeed = accelerator.distributed_type == DistributedType.DEEPSPEED
+    zero3 = deepspeed and accelerator.state.deepspeed_plugin.zero_stage == 3
+    say = accelerator.print
+    set_seed(t.seed)
+    if accelerator.is_main_process:
+        output_dir.mkdir(parents=True, exist_ok=True)
+        (output_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
+    say(
+        f"draftheads: {accelerator.num_processes} process(es), {accelerator.distributed_type.value}, "
+        f"device {accelerator.device}, mixed precision {accelerator.mixed_precision}"
+    )
+    checkpoint = resolve_resume(t.resume, output_dir)  # fail fast on a bad path, before loading anything
+
+    # -- 2. target, tokenizer, data ------------------------------------------------------------
+    with timer("load_target"):
+        # Straight onto the GPU (not through host RAM once per process), unless ZeRO-3 shards it.
+        device = accelerator.device if accelerator.device.type == "cuda" and not zero3 else None
+        target, tokenizer = load_target(cfg.target, accelerator, device=device)
+    with timer("build_data"):
+        from ..data import Collator, build_datasets
+
+        with accelerator.main_process_first():
+            train_ds, eval_ds, data_stats = build_datasets(cfg.data, tokenizer)
+    say(data_stats.summary())
+
+    # -- 3. heads, wrapper, optimizer, schedule --------------------------------------------------
+    set_seed(t.seed)  # heads' init does not depend on what loading consumed from the RNG
+    heads = build_heads(cfg.heads, target, zero3=zero3)
+    model = TargetWithHeads(
+        target, heads, loss_decay=t.loss_decay, loss_chunk_size=t.loss_chunk_size, topk=t.topk
+    )
+    params = model.trainable_parameters()
+    say(
+        f"heads: {cfg.heads.type} x{heads.config.num_heads}, {heads.config.num_layers} layer(s), "
+        f"lm_head {heads.config.lm_head}; {sum(p.numel() for p in params) / 1e6:.2f} M trainable parameters "
+        f"(target {sum(_numel(p) for p in target.parameters()) / 1e6:.1f} M, frozen)"
+    )
+    optimizer = torch.optim.AdamW(params, lr=t.lr, weight_decay=t.weight_decay)
+
+    collator = Collator.from_tokenizer(tokenizer)
+    sampler = EpochShuffleSampler(len(train_ds), seed=t.seed)
+    train_dl = DataLoader(train_ds, batch_size=t.batch_size, sampler=sampler, collate_fn=collator)
+    eval_dl = None
+    if eval_ds is not None and len(eval_ds) > 0:
+        if t.eval_batches:  # a fixed subset, always iterated to the end (no early break)
+            eval_ds = eval_ds.select(range(min(len(eval_ds), t.eval_batches * t.batch_size * accelerator.num_processes)))
+        eval_dl = DataLoader(eval_ds, batch_size=t.batch_size, shuffle=False, collate_fn=collator)
+
+    batches_per_epoch = math.ceil(math.ceil(len(train_ds) / t.batch_size) / accelerator.num_processes)
+    steps_per_epoch = math.ceil(batches_per_epoch / t.grad_accum)
+    max_steps = t.max_steps or steps_per_epoch * t.num_epochs
+    from transformers import get_cosine_schedule_with_warmup
+
+    scheduler = get_cosine_schedule_with_warmup(optimizer, min(t.warmup_steps, max_steps), max_steps)
+
+    # -- 4. prepare, resume --------------------------------------------------------------------
+    if deepspeed:
+        ds_config = accelerator.state.deepspeed_plugin.deepspeed_config
+        if ds_config.get("gradient_clipping", "auto") == "auto":
+            ds_config["gradient_clipping"] = float(t.max_grad_norm or 0.0)
+    else:
+        register_heads_only(accelerator)
+    model, optimizer, train_dl, scheduler = accelerator.prepare(model, optimizer, train_dl, scheduler)
+    if eval_dl is not None:
+        eval_dl = accelerator.prepare(eval_dl)
+    assert len(train_dl) == batches_per_epoch, (len(train_dl), batches_per_epoch)
+
+    step, epoch, skip = 0, 0, 0
+    if checkpoint is not None:
+        with timer("resume"):
+            state = load_checkpoint(accelerator, checkpoint, model)
+        step, epoch, skip = state["step"], state["epoch"], state["batches_in_epoch"]
+        if state.get("num_processes", accelerator.num_processes) != accelerator.num_processes:
+            say(f"warning: {checkpoint} was written by {state['num_processes']} processes; the data order will differ")
+        say(f"resumed from {checkpoint}: step {step}, epoch {epoch}, {skip} batches into the epoch")
+    elif t.resume == "auto":
+        say(f"resume=auto: no checkpoint in {output_dir / 'checkpoints'} yet, starting fresh")
+
+    init_trackers(accelerator, cfg.tracking, cfg.to_dict(), output_dir)
+    say(
+        f"training {max_steps} steps ({steps_per_epoch} per epoch): batch {t.batch_size} x accum {t.grad_accum} "
+        f"x {accelerator.num_processes} process(es), lr {t.lr}, warmup {t.warmup_steps}"
+    )
+
+    # -- 5. train ------------------------------------------------------------------------------
+    num_heads = heads.config.num_heads
+    window = TrainWindow(num_heads, accelerator.device)  # statistics since the last log line
+    progress = _progress(max_steps, step, accelerator)
+    last_saved, batch_in_epoch, evals = (step if checkpoint is not None else -1), skip, []
+    model.train()
+    train_start = time.perf_counter()
+
+    while step < max_steps:
+        train_dl.set_epoch(epoch)  # seeds this epoch's shuffle (also inside skip_first_batches)
+        batches = accelerator.skip_first_batches(train_dl, skip) if skip else train_dl
+        batch_in_epoch, skip = skip, 0
+        for batch in batches:
+            with accelerator.accumulate(model):
+                out = model(**batch)
+                accelerator.backward(out["loss"])
+                if accelerator.sync_gradients and t.max_grad_norm:
+                    accelerator.clip_grad_norm_(params, t.max_grad_norm)
+                optimizer.step()  # no-op between accumulation boundaries
+                optimizer.zero_grad(set_to_none=True)
+            batch_in_epoch += 1
+            window.add(out)
+            if not accelerator.sync_gradients:
+                continue
+            scheduler.step()
+            step += 1
+            progress.update(1)
+
+            if step % t.log_every == 0 or step == max_steps:
+                logs = window.flush(accelerator, t.topk)
+                logs["train/lr"] = scheduler.get_last_lr()[0]
+                logs["train/epoch"] = epoch + batch_in_epoch / batches_per_epoch
+                accelerator.log(logs, step=step)
+                progress.set_postfix(loss=f"{logs['train/loss']:.3f}", tok_s=f"{logs['train/tokens_per_second']:.0f}")
+                _write(progress, _train_line(step, max_steps, logs))
+
+            if eval_dl is not None and t.eval_every and step % t.eval_every == 0 and step < max_steps:
+                evals.append(_eval_and_log(accelerator, model, eval_dl, t, num_heads, step, progress))
+                window.restart_clock()  # evaluation time is not training throughput
+
+            if t.save_every and step % t.save_every == 0:
+                position = _position(epoch, batch_in_epoch, batches_per_epoch)
+                save_checkpoint(accelerator, output_dir, step, _trainer_state(step, position, max_steps, accelerator))
+                last_saved = step
+                window.restart_clock()
+
+            if step >= max_steps:
+                break
+        else:
+            epoch += 1  # the epoch ran out before max_steps
+            continue
+        break
+    timer.add("train", time.perf_counter() - train_start)
+    progress.close()
+
+    if t.save_every and last_saved != step:
+        position = _position(epoch, batch_in_epoch, batches_per_epoch)
+        save_checkpoint(accelerator, output_dir, step, _trainer_state(step, position, max_steps, accelerator))
+
+    # -- 6. final evaluation, export, metrics --------------------------------------------------
+    final_eval: dict[str, float] = {}
+    if eval_dl is not None:
+        with timer("eval"):
+            final_eval = _eval_and_log(accelerator, model, eval_dl, t, num_heads, step, None)
+    heads_dir = output_dir / "heads"
+    with timer("export"):
+        export_heads(accelerator, model, heads_dir)
+    metrics = {
+        "step": step,
+        "max_steps": max_steps,
+        "num_processes": accelerator.num_processes,
+        "distributed_type": accelerator.distributed_type.value,
+        "final_eval": final_eval,
+        "evals": evals,
+        "train_tokens": window.total_tokens,
+        # tokens over time spent in training steps (evaluation and checkpoint time excluded)
+        "train_tokens_per_second": window.total_tokens / window.total_seconds if window.total_seconds else 0.0,
+        "stage_seconds": timer.seconds,
+        "data": data_stats.as_dict(),
+    }
+    if accelerator.is_main_process:
+        _write_json(output_dir / "metrics.json", metrics)
+        say(f"heads exported to {heads_dir}")
+    trained_heads = accelerator.unwrap_model(model).heads
+    _teardown(accelerator)
+    return TrainResult(output_dir=output_dir, heads_dir=heads_dir, step=step, metrics=metrics, heads=trained_heads)
+
+
+# ---------------------------------------------------------------------------------------------
+# Building blocks
+# ---------------------------------------------------------------------------------------------
+
+
+def load_target(cfg: TargetConfig, accelerator=None, device: torch.device | None = None):
+    """The frozen target and its tokenizer. ``"demo"`` resolves to the locally built demo model."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from ..demo import resolve_target
+
+    ctx = accelerator.main_process_first() if accelerator is not None else contextlib.nullcontext()
+    with ctx:  # the demo target is built once, by the main process
+        path = resolve_target(cfg.name_or_path)
+    common = {"trust_remote_code": cfg.trust_remote_code, "revision": cfg.revision}
+    kwargs: dict[str, Any] = {"dtype": resolve_dtype(cfg.dtype), **common}
+    if cfg.attn_implementation:
+        kwargs["attn_implementation"] = cfg.attn_implementation
+    if device is not None:
+        kwargs["device_map"] = {"": device}
+    target = AutoModelForCausalLM.from_pretrained(path, **kwargs)
+    tokenizer = AutoTokenizer.from_pretrained(path, **common)
+    target.requires_grad_(False)
+    target.eval()
+    return target, tokenizer
+
+
+def build_heads(spec: HeadsSpec, target: torch.nn.Module, zero3: bool = False) -> torch.nn.Module:
+    from ..heads import head_types
+
+    cls = head_types()[spec.type]
+    ctx = contextlib.nullcontext()
+    if zero3:  # the target was loaded sharded: gather its LM head to size and initialise the heads
+        import deepspeed
+
+        ctx = deepspeed.zero.GatheredParameters([target.get_output_embeddings().weight], modifier_rank=None)
+    with ctx:
+        return cls.for_target(target, num_heads=spec.num_heads, num_layers=spec.num_layers, lm_head=spec.lm_head)
+
+
+class EpochShuffleSampler(Sampler[int]):
+    """A fresh permutation per epoch from ``seed + epoch``: the same on every process and on resume,
+    so ``skip_first_batches`` lands on exactly the batches a straight run would have seen next."""
+
+    def __init__(self, size: int, seed: int = 0) -> None:
+        self.size, self.seed, self.epoch = size, seed, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __iter__(self) -> Iterator[int]:
+        g = torch.Generator().manual_seed(self.seed + self.epoch)
+        return iter(torch.randperm(self.size, generator=g).tolist())
+
+    def __len__(self) -> int:
+        return self.size
+
+
+@torch.no_grad()
+def evaluate(accelerator, model, eval_dl, num_heads: int, topk: int, decay: float) -> dict[str, float]:
+    """Per-head loss / top-1 / top-k and simulated chain acceptance over the (fixed) eval set."""
+    stats = HeadStats(num_heads, accelerator.device)
+    was_training = model.training
+    model.eval()
+    for batch in eval_dl:
+        stats.add(model(**batch)["stats"])
+    model.train(was_training)
+    summary = stats.reduced(accelerator).summary(topk, prefix="eval/")
+    losses = [summary[f"eval/loss_head{k}"] for k in range(num_heads)]
+    summary["eval/loss"] = sum(decay**k * v for k, v in enumerate(losses) if not math.isnan(v))
+    return summary
+
+
+class TrainWindow:
+    """Training statistics since the last log line, reduced over processes when flushed."""
+
+    def __init__(self, num_heads: int, device: torch.device) -> None:
+        self.stats = HeadStats(num_heads, device)
+        self.device = device
+        self.total_tokens, self.total_seconds = 0, 0.0
+        self._reset()
+
+    def _reset(self) -> None:
+        self.stats.reset()
+        self.loss_sum, self.micro_batches, self.tokens = 0.0, 0, 0
+        self.restart_clock()
+
+    def restart_clock(self) -> None:
+        self.start = time.perf_counter()
+
+    def add(self, out: dict[str, torch.Tensor]) -> None:
+        self.stats.add(out["stats"])
+        self.loss_sum += out["loss"].item()
+        self.micro_batches += 1
+        self.tokens += int(out["tokens"])
+
+    def flush(self, accelerator, topk: int) -> dict[str, float]:
+        """Loss, per-head loss and top-1, tokens/s over all processes (a collective: call on all)."""
+        elapsed = time.perf_counter() - self.start
+        tokens = accelerator.reduce(torch.tensor(self.tokens, device=self.device), "sum").item()
+        loss = self.loss_sum / max(self.micro_batches, 1)
+        loss = accelerator.reduce(torch.tensor(loss, device=self.device), "mean").item()
+        summary = self.stats.reduced(accelerator).summary(topk, prefix="train/")
+        self.total_tokens += tokens
+        self.total_seconds += elapsed
+        self._reset()
+        return {
+            "train/loss": loss,
+            "train/tokens_per_second": tokens / max(elapsed, 1e-9),
+            **{k: v for k, v in summary.items() if "loss_head" in k or "top1_head" in k},
+        }
+
+
+def _train_line(step: int, max_steps: int, logs: dict[str, float]) -> str:
+    return (
+        f"step {step}/{max_steps} | loss {logs['train/loss']:.4f} "
+        f"| heads {format_heads(logs, 'loss', 'train/', '{:.3f}')} | top1 {format_heads(logs, 'top1', 'train/')} "
+        f"| lr {logs['train/lr']:.2e} | {logs['train/tokens_per_second']:.0f} tok/s"
+    )
+
+
+def _eval_and_log(accelerator, model, eval_dl, t, num_heads: int, step: int, progress) -> dict[str, float]:
+    summary = evaluate(accelerator, model, eval_dl, num_heads, t.topk, t.loss_decay)
+    accelerator.log(summary, step=step)
+    _write(
+        progress,
+        f"eval @ {step} | loss {summary['eval/loss']:.4f} | top1 {format_heads(summary, 'top1', 'eval/')} "
+        f"| top{t.topk} {format_heads(summary, f'top{t.topk}', 'eval/')} "
+        f"| chain acceptance {summary['eval/acceptance_length']:.3f} tokens/step",
+    )
+    return {"step": step, **summary}
+
+
+def _position(epoch: int, batch_in_epoch: int, batches_per_epoch: int) -> tuple[int, int]:
+    """Where the data stands after ``batch_in_epoch`` batches: the next epoch if this one is done."""
+    return (epoch + 1, 0) if batch_in_epoch >= batches_per_epoch else (epoch, batch_in_epoch)
+
+
+def _trainer_state(step, position, max_steps, accelerator) -> dict[str, Any]:
+    epoch, batches = position
+    return {
+        "step": step,
+        "epoch": epoch,
+        "batches_in_epoch": batches,
+        "max_steps": max_steps,
+        "num_processes": accelerator.num_processes,
+        "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
+    }
+
+
+def _numel(p: torch.Tensor) -> int:
+    return getattr(p, "ds_numel", None) or p.numel()  # ZeRO-3 shards leave p.numel() == 0
+
+
+class StageTimer:
+    """Wall seconds per named stage, for metrics.json."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    def add(self, name: str, seconds: float) -> None:
+        self.seconds[name] = self.seconds.get(name, 0.0) + seconds
+
+    @contextlib.contextmanager
+    def __call__(self, name: str):
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.add(name, time.perf_counter() - start)
+
+
+def _progress(total: int, initial: int, accelerator):
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, initial=initial, desc="train", disable=not accelerator.is_local_main_process, dynamic_ncols=True)
+
+
+def _write(progress, line: str) -> None:
+    """Print on the main process without breaking the progress bar."""
+    from accelerate import PartialState
+    from tqdm.auto import tqdm
+
+    if PartialState().is_main_process:
+        tqdm.write(line) if progress is not None and not progress.disable else print(line, flush=True)
+
+
+def _main_print(line: str) -> None:
+    if int(os.environ.get("RANK", "0")) == 0:
+        print(line, flush=True)
+
+
+def _write_json(path: Path, data: Any) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data, indent=2, default=float) + "\n")
+    os.replace(tmp, path)
+
+
+def _teardown(accelerator) -> None:
+    """Wait for every process, end the trackers and leave the process group cleanly (without
+    this, about one multi-process CPU run in three aborts at exit), then reset accelerate's
+    singletons so ``run`` can be called again in the same process."""
+    from accelerate.state import AcceleratorState, GradientState
+
+    accelerator.wait_for_everyone()
+    accelerator.end_training()  # also destroys the process group in accelerate >= 1.x
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()

@@ -1,0 +1,140 @@
+"""The Medusa training loss, computed in chunks so vocab-sized fp32 logits stay small.
+
+``loss = sum_k decay**k * CE_k`` where ``CE_k`` is head k's mean cross-entropy over the positions
+whose target token (t + 2 + k) is a training token. A naive implementation builds logits of shape
+``[batch, seq, heads, vocab]`` (batch 8 x 2048 tokens x 4 heads x 128k vocab in fp32 is 32 GB),
+and autograd keeps them for the backward pass. Here positions are flattened, only positions with
+at least one valid target are kept, and each (chunk, head) projection + cross-entropy runs under
+``torch.utils.checkpoint``: autograd stores only the head's hidden state for the chunk and
+recomputes the logits during backward, one chunk at a time. Accuracy counts come from the same
+logits, for free.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import partial
+
+import torch
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+IGNORE = -100
+
+
+@dataclass
+class HeadLossOutput:
+    """The loss to backpropagate, plus per-head sums (no grad) for logging: each a ``[K]`` tensor."""
+
+    loss: torch.Tensor
+    ce_sum: torch.Tensor  # summed CE over counted positions
+    count: torch.Tensor  # positions with a valid target
+    top1: torch.Tensor  # positions whose target is the head's argmax
+    topk: torch.Tensor  # positions whose target is in the head's top-k
+
+    def stats(self) -> torch.Tensor:
+        """``[4, K]`` float64 stack (ce_sum, count, top1, topk): one tensor to reduce across processes."""
+        return torch.stack([self.ce_sum, self.count, self.top1, self.topk]).double()
+
+
+def medusa_targets(
+    input_ids: torch.Tensor,
+    num_heads: int,
+    loss_mask: torch.Tensor | None = None,
+    attention_mask: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``[B, S, K]`` target ids: ``targets[b, t, k] = input_ids[b, t+2+k]`` where that token is a
+    training token (loss_mask 1) inside the attention mask, with position t attended too; else IGNORE."""
+    bsz, seq = input_ids.shape
+    lm = torch.ones_like(input_ids, dtype=torch.bool) if loss_mask is None else loss_mask.bool()
+    am = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
+    targets = torch.full((bsz, seq, num_heads), IGNORE, dtype=torch.long, device=input_ids.device)
+    for k in range(num_heads):
+        shift = 2 + k
+        if shift >= seq:
+            break
+        valid = lm[:, shift:] & am[:, shift:] & am[:, :-shift]
+        targets[:, :-shift, k] = torch.where(valid, input_ids[:, shift:], IGNORE)
+    return targets
+
+
+def _project_ce(heads: torch.nn.Module, k: int, topk: int, state: torch.Tensor, target: torch.Tensor):
+    """Head k's summed CE over ``state`` rows, plus top-1/top-k hit counts (no grad)."""
+    logits = heads.project(state, k).float()
+    ce = F.cross_entropy(logits, target, reduction="sum")
+    with torch.no_grad():
+        top1 = (logits.argmax(-1) == target).sum()
+        hits = (logits.topk(min(topk, logits.shape[-1]), dim=-1).indices == target[:, None]).any(-1).sum()
+    return ce, top1, hits
+
+
+def medusa_loss(
+    heads: torch.nn.Module,
+    hidden: torch.Tensor,
+    input_ids: torch.Tensor,
+    loss_mask: torch.Tensor | None = None,
+    attention_mask: torch.Tensor | None = None,
+    *,
+    decay: float = 0.8,
+    chunk_size: int = 1024,
+    topk: int = 5,
+) -> HeadLossOutput:
+    """Chunked Medusa loss of ``heads`` on the target's last hidden state ``hidden`` [B, S, H]."""
+    num_heads = heads.config.num_heads
+    device = hidden.device
+    targets = medusa_targets(input_ids, num_heads, loss_mask, attention_mask).reshape(-1, num_heads)
+    flat = hidden.reshape(-1, hidden.shape[-1])
+    rows = (targets != IGNORE).any(-1).nonzero().squeeze(-1)
+    flat, targets = flat[rows], targets[rows]
+    count = (targets != IGNORE).sum(0)
+    weights = [decay**k / max(int(count[k]), 1) for k in range(num_heads)]
+
+    ce_sum = torch.zeros(num_heads, device=device, dtype=torch.float32)
+    top1 = torch.zeros(num_heads, device=device, dtype=torch.long)
+    hits = torch.zeros(num_heads, device=device, dtype=torch.long)
+    use_ckpt = torch.is_grad_enabled()
+    loss = hidden.new_zeros((), dtype=torch.float32)
+    for start in range(0, flat.shape[0], chunk_size):
+        states = heads.head_states(flat[start : start + chunk_size])
+        chunk_targets = targets[start : start + chunk_size]
+        for k, state in enumerate(states):
+            tk = chunk_targets[:, k]
+            keep = (tk != IGNORE).nonzero().squeeze(-1)
+            if keep.numel() == 0:
+                continue
+            fn = partial(_project_ce, heads, k, topk)
+            args = (state[keep], tk[keep])
+            ce, c1, ck = checkpoint(fn, *args, use_reentrant=False) if use_ckpt else fn(*args)
+            loss = loss + weights[k] * ce
+            ce_sum[k] += ce.detach()
+            top1[k] += c1
+            hits[k] += ck
+
+    # A head with no target in this batch still has to take part in the graph: DDP and ZeRO
+    # expect a gradient (zero here) for every trainable parameter on every step.
+    idle = [k for k in range(num_heads) if int(count[k]) == 0]
+    if idle and torch.is_grad_enabled():
+        probe = hidden.reshape(-1, hidden.shape[-1])[:1]
+        states = heads.head_states(probe)
+        for k in idle:
+            loss = loss + 0.0 * heads.project(states[k], k).float().sum()
+    return HeadLossOutput(loss=loss, ce_sum=ce_sum, count=count.to(torch.long), top1=top1, topk=hits)
+
+
+def naive_medusa_loss(
+    heads: torch.nn.Module,
+    hidden: torch.Tensor,
+    input_ids: torch.Tensor,
+    loss_mask: torch.Tensor | None = None,
+    attention_mask: torch.Tensor | None = None,
+    *,
+    decay: float = 0.8,
+) -> torch.Tensor:
+    """Reference: full ``[B, S, K, V]`` logits and one masked mean CE per head (tests only)."""
+    logits = heads(hidden).float()  # [B, S, K, V]
+    targets = medusa_targets(input_ids, heads.config.num_heads, loss_mask, attention_mask)
+    loss = hidden.new_zeros((), dtype=torch.float32)
+    for k in range(heads.config.num_heads):
+        if (targets[..., k] != IGNORE).any():
+            ce = F.cross_entropy(logits[:, :, k].reshape(-1, logits.shape[-1]), targets[..., k].reshape(-1))
+            loss = loss + decay**k * ce
+    return loss

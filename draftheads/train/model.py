@@ -1,0 +1,104 @@
+"""The one module that goes through ``accelerator.prepare``: a frozen target plus trainable heads.
+
+Wrapping both in one ``nn.Module`` lets DDP, DeepSpeed ZeRO-2/3 (and FSDP) treat the pair as any
+other model: the target's weights are sharded or replicated by the launcher's config like the
+heads', while only the heads' parameters require gradients and reach the optimizer.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .losses import medusa_loss
+
+
+class TargetWithHeads(nn.Module):
+    def __init__(
+        self,
+        target: nn.Module,
+        heads: nn.Module,
+        *,
+        loss_decay: float = 0.8,
+        loss_chunk_size: int = 1024,
+        topk: int = 5,
+    ) -> None:
+        super().__init__()
+        self.target = target
+        self.heads = heads
+        self.loss_decay = loss_decay
+        self.loss_chunk_size = loss_chunk_size
+        self.topk = topk
+        # DeepSpeed sizes its "auto" buckets from `model.config.hidden_size`.
+        self.config = target.config
+        target.requires_grad_(False)
+        target.eval()
+        self.check_frozen()
+
+    # -- the invariants training relies on -------------------------------------------------------
+    def check_frozen(self) -> None:
+        """Raise unless every target parameter is frozen, the target is in eval mode, and every
+        head parameter is trainable. A trainable target parameter would be silently updated (the
+        reference Medusa trainer left the LM head trainable this way) or waste optimizer memory."""
+        thawed = [name for name, p in self.target.named_parameters() if p.requires_grad]
+        if thawed:
+            raise RuntimeError(
+                f"{len(thawed)} target parameter(s) require grad (e.g. {', '.join(thawed[:3])}); "
+                "the target must stay frozen"
+            )
+        if self.target.training:
+            raise RuntimeError("the target must be in eval mode (dropout off) while training heads")
+        frozen_heads = [name for name, p in self.heads.named_parameters() if not p.requires_grad]
+        if frozen_heads:
+            raise RuntimeError(f"head parameter(s) do not require grad: {', '.join(frozen_heads[:3])}")
+
+    def trainable_parameters(self) -> list[nn.Parameter]:
+        """The parameters to optimise: the heads', and only the heads'."""
+        params = [p for p in self.parameters() if p.requires_grad]
+        head_ids = {id(p) for p in self.heads.parameters()}
+        stray = [p for p in params if id(p) not in head_ids]
+        if stray:
+            raise RuntimeError(f"{len(stray)} trainable parameter(s) outside the heads")
+        return params
+
+    def train(self, mode: bool = True) -> "TargetWithHeads":
+        """``model.train()`` switches the heads only; the target stays in eval mode."""
+        super().train(mode)
+        self.target.eval()
+        return self
+
+    # -- forward -------------------------------------------------------------------------------
+    @torch.no_grad()
+    def target_hidden(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """The target's last hidden state after the final norm: exactly what its LM head reads.
+
+        Calls the decoder (``model.model`` for Llama/Qwen2) and takes ``last_hidden_state``, the
+        tensor ``CausalLM.forward`` feeds its LM head. That equals ``output_hidden_states=True``'s
+        ``hidden_states[-1]`` (checked in tests) without keeping every layer's states alive or
+        computing the ``[batch, seq, vocab]`` target logits the heads never use.
+        """
+        base = getattr(self.target, getattr(self.target, "base_model_prefix", ""), None)
+        if isinstance(base, nn.Module) and base is not self.target:
+            out = base(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+            return out.last_hidden_state
+        out = self.target(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, output_hidden_states=True)
+        return out.hidden_states[-1]
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        loss_mask: torch.Tensor | None = None,
+    ) -> dict[str, torch.Tensor]:
+        hidden = self.target_hidden(input_ids, attention_mask)
+        out = medusa_loss(
+            self.heads,
+            hidden,
+            input_ids,
+            loss_mask,
+            attention_mask,
+            decay=self.loss_decay,
+            chunk_size=self.loss_chunk_size,
+            topk=self.topk,
+        )
+        tokens = attention_mask.sum() if attention_mask is not None else torch.tensor(input_ids.numel())
+        return {"loss": out.loss, "stats": out.stats(), "tokens": tokens.detach()}

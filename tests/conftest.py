@@ -1,0 +1,139 @@
+"""Shared fixtures: tiny random Hugging Face causal LMs (several architectures) and a tiny
+tokenizer, all built offline from configs in well under a second."""
+from __future__ import annotations
+
+import json
+import random
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+TINY_VOCAB = 256
+TINY_HIDDEN = 64
+
+_WORDS = (
+    "the model reads a token and writes the next one while the heads guess two three and four "
+    "tokens ahead def return import class self value list dict for in if else while print"
+).split()
+
+
+def tiny_corpus(num_lines: int = 200, seed: int = 0) -> list[str]:
+    """Deterministic pseudo-text with enough repetition that draft heads can learn something."""
+    rng = random.Random(seed)
+    templates = [
+        "def {a}(self, {b}): return self.{a} + {b}",
+        "for {a} in {b}: print({a})",
+        "the {a} reads the {b} and writes the {a}",
+        "import {a} from {b}",
+    ]
+    lines = []
+    for _ in range(num_lines):
+        t = rng.choice(templates)
+        lines.append(t.format(a=rng.choice(_WORDS), b=rng.choice(_WORDS)))
+    return lines
+
+
+def make_tiny_tokenizer():
+    """A fast BPE tokenizer with at most ``TINY_VOCAB`` ids, trained offline on ``tiny_corpus``."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ["<unk>", "<s>", "</s>", "<pad>"]
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace()
+    tok.decoder = decoders.Metaspace()
+    trainer = trainers.BpeTrainer(vocab_size=TINY_VOCAB, special_tokens=specials, show_progress=False)
+    tok.train_from_iterator(tiny_corpus(400, seed=1), trainer=trainer)
+    assert tok.get_vocab_size() <= TINY_VOCAB
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>", pad_token="<pad>"
+    )
+
+
+def tiny_config(arch: str = "llama", **overrides):
+    """A 2-layer, hidden-64 config of a real architecture (``llama`` or ``qwen2``)."""
+    from transformers import LlamaConfig, Qwen2Config
+
+    common = dict(
+        vocab_size=TINY_VOCAB,
+        hidden_size=TINY_HIDDEN,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        tie_word_embeddings=False,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=3,
+    )
+    common.update(overrides)
+    if arch == "llama":
+        return LlamaConfig(**common)
+    if arch == "qwen2":
+        return Qwen2Config(**common)
+    raise ValueError(f"unknown tiny architecture {arch!r}")
+
+
+def make_tiny_model(arch: str = "llama", seed: int = 0, **overrides):
+    """A tiny random ``AutoModelForCausalLM`` in eval mode, fp32, sdpa attention."""
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(tiny_config(arch, **overrides), attn_implementation="sdpa")
+    return model.eval()
+
+
+@pytest.fixture(params=["llama", "qwen2"])
+def tiny_model(request):
+    """A tiny random causal LM; parametrised over architectures."""
+    return make_tiny_model(request.param)
+
+
+@pytest.fixture
+def tiny_llama():
+    return make_tiny_model("llama")
+
+
+@pytest.fixture
+def tiny_qwen2():
+    return make_tiny_model("qwen2")
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer():
+    return make_tiny_tokenizer()
+
+
+@pytest.fixture(scope="session")
+def tiny_target_dir(tmp_path_factory, tiny_tokenizer) -> Path:
+    """A tiny Llama + tokenizer saved as a normal HF model folder (what ``from_pretrained`` reads)."""
+    path = tmp_path_factory.mktemp("tiny-llama")
+    make_tiny_model("llama").save_pretrained(path)
+    tiny_tokenizer.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_text_jsonl(tmp_path_factory) -> Path:
+    """A small ``{"text": ...}`` jsonl file: a few hundred short pseudo-code documents."""
+    path = tmp_path_factory.mktemp("data") / "tiny.jsonl"
+    lines = tiny_corpus(240, seed=2)
+    with path.open("w") as f:
+        for i in range(0, len(lines), 3):
+            f.write(json.dumps({"text": "\n".join(lines[i : i + 3])}) + "\n")
+    return path
+
+
+@pytest.fixture(autouse=True)
+def _reset_accelerate_state():
+    """accelerate keeps process-wide singletons; give every test a clean slate."""
+    yield
+    if "accelerate.state" not in sys.modules:
+        return
+    from accelerate.state import AcceleratorState, GradientState
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()

@@ -1,0 +1,99 @@
+"""Two-process training on CPU through `accelerate launch`: DDP and DeepSpeed ZeRO-2 (gloo).
+
+Each rank saves its heads' weights after training; both ranks must hold identical weights, equal
+to the rank-0 export. The first DeepSpeed run on a machine JIT-builds its `deepspeed_shm_comm` op
+(about 30 s, cached in ~/.cache/torch_extensions afterwards).
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from safetensors.torch import load_file
+
+REPO = Path(__file__).resolve().parents[1]
+
+DRIVER = textwrap.dedent(
+    """
+    import json, os, sys
+    from safetensors.torch import save_file
+    from draftheads.config import config_from_dict
+    from draftheads.train.loop import run
+
+    cfg = config_from_dict(json.loads(sys.argv[1]))
+    result = run(cfg)
+    rank = int(os.environ.get("RANK", "0"))
+    state = {k: v.detach().cpu().contiguous() for k, v in result.heads.state_dict().items()}
+    save_file(state, os.path.join(cfg.train.output_dir, f"rank{rank}.safetensors"))
+    """
+)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _launch(tmp_path: Path, accelerate_config: str, target_dir: Path, data: Path, timeout: int = 240) -> Path:
+    out = tmp_path / "run"
+    cfg = {
+        "target": {"name_or_path": str(target_dir), "dtype": "float32"},
+        "heads": {"num_heads": 3, "num_layers": 1, "lm_head": "own"},
+        "data": {"path": str(data), "format": "text", "max_length": 48, "eval_fraction": 0.1,
+                 "cache_dir": str(tmp_path / "hf-cache")},
+        "train": {"output_dir": str(out), "max_steps": 6, "batch_size": 4, "grad_accum": 2, "lr": 1e-2,
+                  "warmup_steps": 1, "eval_every": 3, "eval_batches": 1, "save_every": 3, "log_every": 3},
+    }
+    driver = tmp_path / "driver.py"
+    driver.write_text(DRIVER)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+        "OMP_NUM_THREADS": "1",
+        "HF_DATASETS_DISABLE_PROGRESS_BARS": "1",
+    }
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    cmd = [
+        sys.executable, "-m", "accelerate.commands.launch",
+        "--config_file", str(REPO / "configs" / "accelerate" / accelerate_config),
+        "--main_process_port", str(_free_port()),
+        str(driver), json.dumps(cfg),
+    ]  # fmt: skip
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, f"launch failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}"
+    return out
+
+
+def _check_ranks_agree(out: Path, distributed_type: str) -> None:
+    rank0 = load_file(str(out / "rank0.safetensors"))
+    rank1 = load_file(str(out / "rank1.safetensors"))
+    exported = load_file(str(out / "heads" / "model.safetensors"))
+    assert rank0.keys() == rank1.keys() == exported.keys()
+    for k in rank0:
+        assert (rank0[k] == rank1[k]).all(), f"{k} differs between ranks"
+        assert (rank0[k] == exported[k].to(rank0[k].dtype)).all(), f"{k} differs from the export"
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["num_processes"] == 2 and metrics["step"] == 6
+    assert metrics["distributed_type"] == distributed_type
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-3", "step-6"]
+    assert "eval/acceptance_length" in metrics["final_eval"]
+
+
+@pytest.mark.slow
+def test_ddp_two_processes_on_cpu(tmp_path, tiny_target_dir, tiny_text_jsonl):
+    out = _launch(tmp_path, "cpu_ddp.yaml", tiny_target_dir, tiny_text_jsonl)
+    _check_ranks_agree(out, "MULTI_CPU")
+
+
+@pytest.mark.slow
+def test_deepspeed_zero2_two_processes_on_cpu(tmp_path, tiny_target_dir, tiny_text_jsonl):
+    pytest.importorskip("deepspeed")
+    out = _launch(tmp_path, "cpu_zero2.yaml", tiny_target_dir, tiny_text_jsonl)
+    _check_ranks_agree(out, "DEEPSPEED")
