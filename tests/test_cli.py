@@ -1,0 +1,64 @@
+"""`draftheads generate` and `draftheads calibrate` end to end on a tiny saved model."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+import draftheads as dh
+from draftheads.cli import main
+
+
+@pytest.fixture(scope="module")
+def heads_dir(tiny_target_dir, tmp_path_factory):
+    target = AutoModelForCausalLM.from_pretrained(tiny_target_dir)
+    path = tmp_path_factory.mktemp("heads") / "heads"
+    dh.MedusaHeads.for_target(target, num_heads=2).save_pretrained(path)
+    return path
+
+
+def test_generate_streams_and_reports(tiny_target_dir, heads_dir, capsys):
+    code = main([
+        "generate", "--target", str(tiny_target_dir), "--heads", str(heads_dir), "--prompt", "def f(self, x):",
+        "--max-new-tokens", "12", "--no-chat-template",
+    ])
+    assert code == 0
+    captured = capsys.readouterr()
+    assert "tokens/s" in captured.err and "tokens per target forward" in captured.err
+
+
+def test_generate_matches_plain_generate_text(tiny_target_dir, heads_dir, tiny_tokenizer, capsys):
+    main(["generate", "--target", str(tiny_target_dir), "--heads", str(heads_dir), "--prompt", "for x in y:",
+          "--max-new-tokens", "10", "--no-chat-template", "--quiet"])
+    printed = capsys.readouterr().out.strip()
+    target = AutoModelForCausalLM.from_pretrained(tiny_target_dir)
+    ids = tiny_tokenizer("for x in y:", return_tensors="pt").input_ids
+    ref = target.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=10,
+                          pad_token_id=tiny_tokenizer.pad_token_id)
+    assert printed == tiny_tokenizer.decode(ref[0, ids.shape[1]:], skip_special_tokens=True).strip()
+
+
+def test_generate_needs_exactly_one_proposer(tiny_target_dir):
+    with pytest.raises(SystemExit, match="exactly one of"):
+        main(["generate", "--target", str(tiny_target_dir), "--prompt", "x"])
+
+
+def test_calibrate_writes_tree_json(tiny_target_dir, heads_dir, tmp_path, capsys):
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("\n".join(json.dumps({"question_id": i, "category": "code", "turns": [f"def f{i}(self):"]})
+                                 for i in range(3)) + "\n")
+    code = main(["calibrate", "--target", str(tiny_target_dir), "--heads", str(heads_dir), "--prompts", str(prompts),
+                 "--new-tokens", "8", "--max-nodes", "6", "--no-chat-template"])
+    assert code == 0
+    saved = json.loads((heads_dir / "tree.json").read_text())
+    assert "verify_seconds" in saved and "accuracy" in saved
+    assert "chosen tree" in capsys.readouterr().out
+
+
+def test_calibrate_reports_malformed_prompt_line(tiny_target_dir, heads_dir, tmp_path):
+    prompts = tmp_path / "bad.jsonl"
+    prompts.write_text('{"turns": ["ok"]}\n{not json\n')
+    with pytest.raises(SystemExit, match="bad.jsonl:2"):
+        main(["calibrate", "--target", str(tiny_target_dir), "--heads", str(heads_dir), "--prompts", str(prompts)])
