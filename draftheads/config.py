@@ -73,6 +73,9 @@ class TrainConfig:
     loss_chunk_size: int = 1024  # positions per loss chunk (bounds the vocab-sized fp32 logits)
     resume: str | None = None  # a checkpoint folder, "auto" (latest in output_dir), or None
     topk: int = 5
+    # What the heads learn to predict: "data" = the dataset's next tokens (Medusa-1), "target" = the
+    # target's own greedy prediction at each position (self-distillation: what verification accepts).
+    labels: Literal["data", "target"] = "data"
 
 
 @dataclass

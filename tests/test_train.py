@@ -134,6 +134,22 @@ def test_hidden_is_the_post_norm_state_the_lm_head_reads(tiny_model):
     torch.testing.assert_close(tiny_model.lm_head(hidden), ref.logits, rtol=1e-6, atol=1e-6)
 
 
+def test_target_labels_are_the_targets_own_greedy_predictions(tiny_model):
+    ids, attn, _ = _batch()
+    model = TargetWithHeads(tiny_model, MedusaHeads.for_target(tiny_model, num_heads=2), labels="target",
+                            loss_chunk_size=7)
+    hidden = model.target_hidden(ids, attn)
+    labels = model.target_labels(ids, hidden)
+    greedy_next = tiny_model(input_ids=ids, attention_mask=attn).logits.argmax(-1)
+    assert torch.equal(labels[:, 0], ids[:, 0])
+    assert torch.equal(labels[:, 1:], greedy_next[:, :-1])
+    # head k at position t is trained on the target's prediction for t+2+k
+    targets = medusa_targets(labels, 2, None, None)
+    assert int(targets[0, 3, 1]) == int(greedy_next[0, 3 + 1 + 1])
+    with pytest.raises(ValueError, match="labels must be"):
+        TargetWithHeads(tiny_model, MedusaHeads.for_target(tiny_model, num_heads=2), labels="teacher")
+
+
 def test_only_heads_are_trainable_and_target_stays_frozen_in_eval(tiny_llama):
     tiny_llama.train()
     model = TargetWithHeads(tiny_llama, MedusaHeads.for_target(tiny_llama, num_heads=2))

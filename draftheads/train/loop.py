@@ -92,7 +92,7 @@ def run(cfg: ExperimentConfig) -> TrainResult:
     set_seed(t.seed)  # heads' init does not depend on what loading consumed from the RNG
     heads = build_heads(cfg.heads, target, zero3=zero3)
     model = TargetWithHeads(
-        target, heads, loss_decay=t.loss_decay, loss_chunk_size=t.loss_chunk_size, topk=t.topk
+        target, heads, loss_decay=t.loss_decay, loss_chunk_size=t.loss_chunk_size, topk=t.topk, labels=t.labels
     )
     params = model.trainable_parameters()
     say(

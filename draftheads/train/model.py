@@ -21,8 +21,12 @@ class TargetWithHeads(nn.Module):
         loss_decay: float = 0.8,
         loss_chunk_size: int = 1024,
         topk: int = 5,
+        labels: str = "data",
     ) -> None:
         super().__init__()
+        if labels not in ("data", "target"):
+            raise ValueError(f"labels must be 'data' or 'target', got {labels!r}")
+        self.labels = labels
         self.target = target
         self.heads = heads
         self.loss_decay = loss_decay
@@ -83,6 +87,21 @@ class TargetWithHeads(nn.Module):
         out = self.target(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, output_hidden_states=True)
         return out.hidden_states[-1]
 
+    @torch.no_grad()
+    def target_labels(self, input_ids: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+        """Token ids whose position t+1 holds the target's greedy prediction after position t.
+
+        Used in place of ``input_ids`` as labels for self-distillation: head k at position t then
+        learns the token the target itself would produce at t+2+k after the true prefix up to
+        t+1+k, which is what greedy verification accepts. Computed in chunks: the argmax over
+        the vocabulary never needs the whole [batch, seq, vocab] logits at once."""
+        lm_head = self.target.get_output_embeddings()
+        flat = hidden.reshape(-1, hidden.shape[-1])
+        preds = torch.cat([
+            lm_head(flat[i : i + self.loss_chunk_size]).argmax(-1) for i in range(0, flat.shape[0], self.loss_chunk_size)
+        ]).view(input_ids.shape)
+        return torch.cat([input_ids[:, :1], preds[:, :-1]], dim=1)
+
     def forward(
         self,
         input_ids: torch.Tensor,
@@ -90,10 +109,11 @@ class TargetWithHeads(nn.Module):
         loss_mask: torch.Tensor | None = None,
     ) -> dict[str, torch.Tensor]:
         hidden = self.target_hidden(input_ids, attention_mask)
+        labels = self.target_labels(input_ids, hidden) if self.labels == "target" else input_ids
         out = medusa_loss(
             self.heads,
             hidden,
-            input_ids,
+            labels,
             loss_mask,
             attention_mask,
             decay=self.loss_decay,
