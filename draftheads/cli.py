@@ -151,6 +151,8 @@ def cmd_calibrate(args) -> int:
     print(f"chosen tree: {len(result.tree) + 1} nodes, expected {result.expected_tokens_per_step:.2f} tokens/step, "
           f"expected speedup {result.expected_speedup:.2f}x over 1-token steps")
     print(f"tree: {result.tree}")
+    vocab = result.draft_vocab_size
+    print(f"draft vocabulary: {'the whole vocabulary' if vocab is None else f'the {vocab} most frequent training tokens'}")
     if not args.dry_run:
         write_json_atomically(Path(args.heads) / TREE_NAME, result.to_json())
         print(f"saved to {Path(args.heads) / TREE_NAME}: SpeculativeDecoder uses it by default")

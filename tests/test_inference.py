@@ -134,6 +134,30 @@ def test_stream_receives_exactly_the_output(arch_setup):
     assert sum(rec.chunks[1:], []) == out.sequences[0, ids.shape[1] :].tolist()
 
 
+def test_restricted_draft_vocab_drafts_only_frequent_tokens_and_stays_exact(arch_setup):
+    arch, target, heads, train_prompts = arch_setup
+    ids = train_prompts[2:3]
+    ref = greedy_reference(target, ids, 30)
+    counts = torch.bincount(ref[0], minlength=VOCAB)
+    if int((counts > 0).sum()) >= 3:  # one rare token the heads will never be able to draft
+        counts[torch.where(counts > 0, counts, counts.max() + 1).argmin()] = 0
+    heads.token_counts.copy_(counts)
+    try:
+        proposer = dh.MedusaProposer(heads, draft_vocab_size=int((counts > 0).sum()))
+        allowed = set(proposer.vocab_ids.tolist())
+        assert allowed == set(counts.nonzero().flatten().tolist())
+        decoder = dh.SpeculativeDecoder(target, proposer)
+        drafted = []
+        original = proposer.propose
+        proposer.propose = lambda root, max_depth: drafted.append(t := original(root, max_depth)) or t
+        out = decoder.generate(ids, max_new_tokens=30, eos_token_id=[])
+        assert torch.equal(out.sequences, ref), arch
+        assert all(set(t.tokens[1:].tolist()) <= allowed for t in drafted)
+        assert out.mean_accept_length > 1.3
+    finally:
+        heads.token_counts.zero_()
+
+
 # -- bad input ---------------------------------------------------------------------------------------
 def test_bad_inputs_are_refused_with_clear_errors():
     target = tiny_target("llama")

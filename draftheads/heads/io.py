@@ -104,17 +104,22 @@ def read_config(path: str | os.PathLike) -> HeadsConfig:
     return HeadsConfig.from_dict(data)
 
 
-def read_tree(path: str | os.PathLike) -> list[list[int]] | None:
+def read_tree(path: str | os.PathLike) -> tuple[list[list[int]] | None, int | None]:
+    """The calibrated tree and draft vocabulary size saved by `draftheads calibrate`, if any."""
     tree_file = Path(path) / TREE_NAME
     if not tree_file.is_file():
-        return None
+        return None, None
     try:
-        tree = json.loads(tree_file.read_text())["tree"]
+        data = json.loads(tree_file.read_text())
+        tree = data["tree"]
     except (json.JSONDecodeError, KeyError, TypeError) as e:
         raise ValueError(f"{tree_file} is not a valid tree file ({e!r})") from None
     if not isinstance(tree, list) or not all(isinstance(p, list) and all(isinstance(r, int) for r in p) for p in tree):
         raise ValueError(f"{tree_file}: 'tree' must be a list of paths (lists of ranks)")
-    return tree
+    vocab = data.get("draft_vocab_size")
+    if vocab is not None and (not isinstance(vocab, int) or vocab < 1):
+        raise ValueError(f"{tree_file}: 'draft_vocab_size' must be a positive integer or null, got {vocab!r}")
+    return tree, vocab
 
 
 def load_heads(
@@ -152,7 +157,7 @@ def load_heads(
             )
         raise ValueError(f"{weights} does not match its config.json ({'; '.join(details)})")
     heads.load_state_dict(state, strict=True)
-    heads.tree = read_tree(path)
+    heads.tree, heads.draft_vocab_size = read_tree(path)
     if target is not None:
         heads.bind_target(target)
         ref = target.get_output_embeddings().weight

@@ -43,8 +43,13 @@ class MedusaHeads(nn.Module):
         # The target's frozen LM head for lm_head="shared". Kept in a tuple so it is not registered
         # as a submodule: it must never be saved, trained or moved with the heads.
         self._target_lm_head: tuple[nn.Module, ...] = ()
+        # How often each token was a training label: ranks the vocabulary so that drafting can
+        # project onto the most frequent tokens only (a full-vocab projection per head costs as
+        # much as the target's own LM head). int64, so dtype casts of the heads leave it alone.
+        self.register_buffer("token_counts", torch.zeros(v, dtype=torch.long))
         # Calibrated tree shape (list of rank paths) read from / written to the heads folder.
         self.tree: list[list[int]] | None = None
+        self.draft_vocab_size: int | None = None  # calibrated; None = draft over the whole vocabulary
 
     # -- construction -------------------------------------------------------------------------
     @classmethod
@@ -105,6 +110,28 @@ class MedusaHeads(nn.Module):
             raise RuntimeError("these heads share the target's LM head: call heads.bind_target(target) first")
         lm_head = self._target_lm_head[0]
         return lm_head(state.to(lm_head.weight.dtype))
+
+    @torch.no_grad()
+    def count_tokens(self, labels: torch.Tensor, mask: torch.Tensor | None = None) -> None:
+        """Add training labels (where ``mask`` is set) to ``token_counts``."""
+        ids = labels[mask.bool()] if mask is not None else labels.reshape(-1)
+        self.token_counts += torch.bincount(ids.reshape(-1), minlength=self.token_counts.numel())
+
+    def draft_vocab(self, size: int | None) -> torch.Tensor | None:
+        """The ``size`` most frequent training tokens (None: the whole vocabulary, also when the
+        heads carry no counts)."""
+        if size is None or size >= self.config.vocab_size or int(self.token_counts.sum()) == 0:
+            return None
+        return self.token_counts.topk(size).indices.sort().values
+
+    def projection_weight(self, k: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Weight (and bias) of head k's vocab projection: its own, or the target's LM head."""
+        if self.lm_heads is not None:
+            return self.lm_heads[k].weight, None
+        if not self._target_lm_head:
+            raise RuntimeError("these heads share the target's LM head: call heads.bind_target(target) first")
+        lm_head = self._target_lm_head[0]
+        return lm_head.weight, getattr(lm_head, "bias", None)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits of every head, stacked: [..., K, V]. Meant for a few positions at a time (the

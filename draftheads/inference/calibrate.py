@@ -32,9 +32,11 @@ def head_accuracy_table(
     sequences: list[torch.Tensor],
     max_rank: int = 10,
     skip_prompt: list[int] | None = None,
+    vocab_ids: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """acc[k, r] = P(head k's rank-r token == the token at t+2+k) over positions of ``sequences``
-    (the target's own greedy continuations, so "correct" means "what verification accepts")."""
+    (the target's own greedy continuations, so "correct" means "what verification accepts").
+    With ``vocab_ids``, heads rank only those tokens (a restricted draft vocabulary)."""
     num_heads = heads.config.num_heads
     hits = torch.zeros(num_heads, max_rank)
     totals = torch.zeros(num_heads)
@@ -48,7 +50,10 @@ def head_accuracy_table(
             if seq.numel() - shift <= start:
                 continue
             logits = heads.project(state[start:-shift], k)
-            top = logits.topk(max_rank, dim=-1).indices  # [positions, R]
+            if vocab_ids is not None:
+                top = vocab_ids.to(logits.device)[logits[:, vocab_ids].topk(max_rank, dim=-1).indices]
+            else:
+                top = logits.topk(max_rank, dim=-1).indices  # [positions, R]
             truth = seq[start + shift :]
             hits[k] += (top == truth[:, None]).float().sum(0).cpu()
             totals[k] += truth.numel()
@@ -144,6 +149,7 @@ class CalibratedTree:
     verify_seconds: dict[int, float]
     draft_seconds: dict[int, float]  # by tree depth (number of heads used)
     device: str
+    draft_vocab_size: int | None = None  # None: heads rank the whole vocabulary
     candidates: list[dict] = field(default_factory=list)
 
     def to_json(self) -> dict:
@@ -192,7 +198,9 @@ def choose_tree(
 
 
 @torch.no_grad()
-def measure_draft_seconds(heads: torch.nn.Module, repeats: int = 20) -> dict[int, float]:
+def measure_draft_seconds(
+    heads: torch.nn.Module, repeats: int = 20, draft_vocab_size: int | None = None
+) -> dict[int, float]:
     """Median seconds for the heads to draft from one hidden state, by the number of heads used
     (a tree d deep uses the first d heads; each costs a vocab-sized projection, which on a small
     target with a large vocabulary is as much as the target's own LM head)."""
@@ -200,7 +208,7 @@ def measure_draft_seconds(heads: torch.nn.Module, repeats: int = 20) -> dict[int
 
     times = {0: 0.0}
     for depth in range(1, heads.config.num_heads + 1):
-        proposer = MedusaProposer(heads, tree=[[0] * d for d in range(1, depth + 1)])
+        proposer = MedusaProposer(heads, tree=[[0] * d for d in range(1, depth + 1)], draft_vocab_size=draft_vocab_size)
         param = next(heads.parameters())
         proposer._last_hidden = torch.randn(heads.config.hidden_size, device=param.device, dtype=param.dtype)
         samples = []
@@ -230,9 +238,23 @@ def calibrate(
 
     decoder = SpeculativeDecoder(target, heads)  # the continuation is the target's, only faster
     sequences = [decoder.generate(p, max_new_tokens=new_tokens, eos_token_id=[]).sequences[0] for p in prompts]
-    acc = head_accuracy_table(target, heads, sequences, max_rank, skip_prompt=[p.shape[-1] for p in prompts])
+    skip = [p.shape[-1] for p in prompts]
     sizes = sizes or [n for n in (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64) if n <= max_nodes + 1]
     context = min(256, max(int(s.numel()) for s in sequences))
     verify = measure_verify_times(target, sizes, context=context)
     device = str(target.device) + (f" ({torch.cuda.get_device_name()})" if target.device.type == "cuda" else "")
-    return choose_tree(acc, verify, measure_draft_seconds(heads), max_nodes=max_nodes, device=device)
+    # Draft vocabularies to try: the whole one, and the most frequent training tokens (cheaper
+    # projections, fewer tokens that can be drafted). The measurements decide.
+    vocab_sizes: list[int | None] = [None]
+    if int(getattr(heads, "token_counts", torch.zeros(1)).sum()) > 0:
+        vocab_sizes += [n for n in (4096, 2048, 1024, 512) if n < heads.config.vocab_size // 2]
+    best = None
+    for vocab_size in vocab_sizes:
+        vocab_ids = heads.draft_vocab(vocab_size)
+        acc = head_accuracy_table(target, heads, sequences, max_rank, skip_prompt=skip, vocab_ids=vocab_ids)
+        draft = measure_draft_seconds(heads, draft_vocab_size=vocab_size)
+        result = choose_tree(acc, verify, draft, max_nodes=max_nodes, device=device)
+        result.draft_vocab_size = vocab_size
+        if best is None or result.expected_speedup > best.expected_speedup:
+            best = result
+    return best

@@ -110,6 +110,11 @@ class TargetWithHeads(nn.Module):
     ) -> dict[str, torch.Tensor]:
         hidden = self.target_hidden(input_ids, attention_mask)
         labels = self.target_labels(input_ids, hidden) if self.labels == "target" else input_ids
+        if self.training:
+            mask = loss_mask if loss_mask is not None else torch.ones_like(labels)
+            if attention_mask is not None:
+                mask = mask * attention_mask
+            self.heads.count_tokens(labels, mask)
         out = medusa_loss(
             self.heads,
             hidden,

@@ -14,7 +14,17 @@ from .base import Proposer
 
 
 class MedusaProposer(Proposer):
-    def __init__(self, heads: torch.nn.Module, tree: list[list[int]] | TreeShape | None = None) -> None:
+    """``draft_vocab_size``: project the heads onto only the N most frequent training tokens
+    (default: the calibrated value saved with the heads, else the whole vocabulary). Drafting
+    gets N/V times cheaper; tokens outside that set are never drafted, which costs acceptance
+    but never correctness (the verifier decides every token)."""
+
+    def __init__(
+        self,
+        heads: torch.nn.Module,
+        tree: list[list[int]] | TreeShape | None = None,
+        draft_vocab_size: int | None = None,
+    ) -> None:
         self.heads = heads.eval()
         if tree is None:  # the calibrated tree saved with the heads, else a default
             tree = getattr(heads, "tree", None)
@@ -25,6 +35,12 @@ class MedusaProposer(Proposer):
                 f"the tree is {self.shape.max_depth} deep but the heads have only {heads.config.num_heads} "
                 "heads (one per depth): use a shallower tree or heads trained with more heads"
             )
+        if draft_vocab_size is None:
+            draft_vocab_size = getattr(heads, "draft_vocab_size", None)
+        self.vocab_ids = heads.draft_vocab(draft_vocab_size)
+        if self.vocab_ids is not None:
+            self.vocab_ids = self.vocab_ids.to(self.heads_device)
+        self._projections = [self._projection(k) for k in range(heads.config.num_heads)]
         self._last_hidden: torch.Tensor | None = None
         self._index_cache: dict[int, tuple[TreeShape, torch.Tensor, torch.Tensor, int]] = {}
 
@@ -37,6 +53,14 @@ class MedusaProposer(Proposer):
             top = int(rank.max()) + 1 if rank.numel() else 1
             self._index_cache[max_depth] = (shape, head, rank, top)
         return self._index_cache[max_depth]
+
+    @torch.no_grad()
+    def _projection(self, k: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        weight, bias = self.heads.projection_weight(k)
+        if self.vocab_ids is None:
+            return weight, bias
+        ids = self.vocab_ids.to(weight.device)
+        return weight[ids].contiguous(), None if bias is None else bias[ids].contiguous()
 
     @property
     def heads_device(self) -> torch.device:
@@ -51,9 +75,14 @@ class MedusaProposer(Proposer):
             return Tree(shape, torch.tensor([root]))
         used = int(head.max()) + 1
         hidden = self._last_hidden.to(self.heads_device)
-        states = self.heads.head_states(hidden)[:used]
-        logits = torch.stack([self.heads.project(s, k) for k, s in enumerate(states)])  # [used, V]
+        states = self.heads.head_states(hidden)  # K small residual MLPs: cheap next to a projection
+        logits = torch.stack([
+            torch.nn.functional.linear(states[k].to(weight.dtype), weight, bias)
+            for k, (weight, bias) in enumerate(self._projections[:used])
+        ])  # [used, V or draft vocab]
         candidates = logits.topk(top, dim=-1).indices  # [used, top]
+        if self.vocab_ids is not None:
+            candidates = self.vocab_ids[candidates]
         drafted = candidates[head, rank]
         return Tree(shape, torch.cat([torch.tensor([root], device=drafted.device), drafted]).cpu())
 
