@@ -203,3 +203,22 @@ def test_processed_probs_follow_transformers_warpers():
     assert probs.argmax() == 5
     with pytest.raises(ValueError, match="top_p"):
         SamplingParams(temperature=1.0, top_p=0.0)
+
+
+def test_typical_acceptance_is_opt_in_and_follows_its_threshold(setup):
+    target, heads, prompt = setup
+    tree, logits = scored_tree(target, prompt)
+    params = SamplingParams(temperature=1.0)
+    gen = torch.Generator().manual_seed(0)
+    # a threshold of 1 (min(1, 10 e^-H) = 1 here) rejects every draft -> only the root, a plain step
+    assert TreeVerifier.accept_typical(tree, logits, params, gen, epsilon=1.0, delta=10.0).path.tolist() == [0]
+    # a negative threshold accepts every draft: the deepest path is taken
+    deep = TreeVerifier.accept_typical(tree, logits, params, gen, epsilon=-1.0)
+    assert deep.path.numel() == tree.shape.max_depth + 1
+    decoder = dh.SpeculativeDecoder(target, heads, tree=TREE)
+    out = decoder.generate(prompt, max_new_tokens=8, temperature=1.0, acceptance="typical", seed=0, eos_token_id=[])
+    assert out.num_new_tokens == 8
+    with pytest.raises(ValueError, match="needs temperature > 0"):
+        decoder.generate(prompt, max_new_tokens=4, acceptance="typical")
+    with pytest.raises(ValueError, match="'exact' or 'typical'"):
+        decoder.generate(prompt, max_new_tokens=4, temperature=1.0, acceptance="fast")

@@ -87,9 +87,17 @@ class SpeculativeDecoder:
         streamer: Any = None,
         generator: torch.Generator | None = None,
         seed: int | None = None,
+        acceptance: str = "exact",
     ) -> SpeculativeOutput:
         """Like ``target.generate`` for one sequence. ``eos_token_id=None`` uses the target's
-        generation config, as `generate` does; pass ``[]`` to never stop early."""
+        generation config, as `generate` does; pass ``[]`` to never stop early.
+
+        ``acceptance="typical"`` switches sampling to Medusa's typical acceptance: more tokens per
+        step, but LOSSY (not the target's distribution). The default, "exact", is lossless."""
+        if acceptance not in ("exact", "typical"):
+            raise ValueError(f"acceptance must be 'exact' or 'typical', got {acceptance!r}")
+        if acceptance == "typical" and temperature == 0:
+            raise ValueError("typical acceptance needs temperature > 0 (at temperature 0 decoding is greedy and exact)")
         input_ids = self._check_inputs(input_ids, max_new_tokens)
         params = SamplingParams(temperature, top_k, top_p)
         if generator is None and seed is not None:
@@ -131,6 +139,8 @@ class SpeculativeDecoder:
             # 3. accept: the longest valid path, plus the target's own next token.
             if params.greedy:
                 acc = self.verifier.accept_greedy(tree, logits)
+            elif acceptance == "typical":
+                acc = self.verifier.accept_typical(tree, logits, params, generator)
             else:
                 acc = self.verifier.accept_sampling(tree, logits, params, generator)
             # 4. commit: prefix + accepted path stay in the cache; tell the proposer.

@@ -169,6 +169,34 @@ class TreeVerifier:
             else:
                 return Acceptance(torch.tensor(path, dtype=torch.long), sample(residual, generator))
 
+    @staticmethod
+    def accept_typical(
+        tree: Tree,
+        logits: torch.Tensor,
+        params: SamplingParams,
+        generator: torch.Generator | None,
+        epsilon: float = 0.09,
+        delta: float = 0.3,
+    ) -> Acceptance:
+        """Medusa's "typical acceptance". LOSSY: the output no longer follows the target's
+        distribution. A draft x is accepted when p(x) > min(epsilon, delta * exp(-H(p))) under
+        the target's processed distribution p at its parent; the longest such path wins and the
+        next token is sampled from p at its end. Opt-in only (`acceptance="typical"`)."""
+        probs = params.probs(logits).cpu()
+        entropy = -(probs * probs.clamp(min=1e-30).log()).sum(-1)
+        threshold = torch.minimum(torch.full_like(entropy, epsilon), delta * torch.exp(-entropy))
+        tokens = tree.tokens.cpu()
+        paths = tree.shape.paths
+        if paths.shape[1] == 1:
+            return Acceptance(torch.zeros(1, dtype=torch.long), sample(probs[0], generator))
+        child, parent = paths[:, 1:].clamp(min=0), paths[:, :-1].clamp(min=0)
+        p_child = probs[parent, tokens[child]]
+        ok = (paths[:, 1:] >= 0) & (p_child > threshold[parent])
+        lengths = ok.long().cumprod(dim=1).sum(dim=1)
+        best = int(lengths.argmax())
+        path = paths[best, : int(lengths[best]) + 1]
+        return Acceptance(path, sample(probs[path[-1]], generator))
+
 
 def commit(cache: DynamicCache, prefix_len: int, path: torch.Tensor) -> None:
     """Keep the prefix and the accepted tree nodes (``path``, relative to the tree) in the cache.
