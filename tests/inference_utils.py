@@ -24,7 +24,10 @@ ARCHS: dict[str, dict] = {
 }
 
 
-def tiny_target(arch: str, seed: int = 0, vocab: int = VOCAB, hidden: int = 64, layers: int = 2) -> torch.nn.Module:
+def tiny_target(
+    arch: str, seed: int = 0, vocab: int = VOCAB, hidden: int = 64, layers: int = 2, **overrides
+) -> torch.nn.Module:
+    """A tiny random causal LM of ``arch`` (``overrides`` replace config values)."""
     torch.manual_seed(seed)
     cfg = AutoConfig.for_model(
         arch,
@@ -38,7 +41,7 @@ def tiny_target(arch: str, seed: int = 0, vocab: int = VOCAB, hidden: int = 64, 
         bos_token_id=1,
         eos_token_id=2,
         pad_token_id=0,
-        **ARCHS.get(arch, {}),
+        **{**ARCHS.get(arch, {}), **overrides},
     )
     return AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa").eval()
 

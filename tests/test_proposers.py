@@ -12,7 +12,6 @@ import math
 
 import pytest
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM
 
 import draftheads as dh
 from draftheads.inference.proposers.draft_model import AdaptiveGamma, choose_gamma, expected_tokens
@@ -20,8 +19,9 @@ from draftheads.inference.sampling import SamplingParams
 from draftheads.inference.tree import Tree, TreeShape
 from draftheads.inference.verify import Acceptance, TreeVerifier
 
+from inference_utils import greedy_reference, tiny_target
+
 VOCAB = 64
-PAD = 3
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -34,33 +34,10 @@ def _one_thread():
 
 
 def tiny_lm(arch: str = "llama", seed: int = 0, vocab: int = VOCAB, hidden: int = 32, layers: int = 2, **extra):
-    torch.manual_seed(seed)
-    kwargs = dict(
-        vocab_size=vocab,
-        hidden_size=hidden,
-        intermediate_size=2 * hidden,
-        num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        tie_word_embeddings=False,
-        bos_token_id=1,
-        eos_token_id=2,
-        pad_token_id=PAD,
-    )
-    cfg = AutoConfig.for_model(arch, **{**kwargs, **extra})
-    return AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa").eval()
+    return tiny_target(arch, seed=seed, vocab=vocab, hidden=hidden, layers=layers, **extra)
 
 
-def reference(target, ids: torch.Tensor, max_new_tokens: int, eos=None) -> torch.Tensor:
-    return target.generate(
-        ids,
-        attention_mask=torch.ones_like(ids),
-        do_sample=False,
-        max_new_tokens=max_new_tokens,
-        pad_token_id=PAD,
-        eos_token_id=eos,
-    )
+reference = greedy_reference
 
 
 def prompts(vocab: int = VOCAB) -> list[torch.Tensor]:
