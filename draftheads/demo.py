@@ -70,11 +70,11 @@ class DemoTargetSpec:
     num_heads: int = 4
     num_kv_heads: int | None = None  # None: same as num_heads (plain multi-head attention)
     intermediate_size: int | None = None  # None: 8/3 * hidden, rounded up to a multiple of 64
-    tie_embeddings: bool = False
+    tie_embeddings: bool = True  # measured: no worse than untied at equal tokens, 2.1 M fewer params
     # Training.
     seq_len: int = 512
     batch_size: int = 4
-    max_tokens: int = 2_000_000
+    max_tokens: int = 1_500_000  # ~8 min at ~3200 tok/s on 2 idle cores; ~0.5 epoch
     lr: float = 2e-3
     min_lr_ratio: float = 0.1
     warmup_fraction: float = 0.05
@@ -284,7 +284,7 @@ def make_model(spec: DemoTargetSpec, tokenizer):
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
-        torch_dtype="float32",
+        dtype="float32",
     )
     return LlamaForCausalLM(config)
 
@@ -550,6 +550,7 @@ def _build_locked(target: pathlib.Path, spec: DemoTargetSpec, progress: bool, re
             return target
         _remove_stale_temps(target)
         tmp = pathlib.Path(tempfile.mkdtemp(prefix=f"{target.name}.tmp-", dir=target.parent))
+        tmp.chmod(0o755)  # mkdtemp makes it owner-only; the installed folder is an ordinary cache entry
         previous_threads = torch.get_num_threads()
         torch.set_num_threads(spec.num_threads)
         try:
@@ -624,7 +625,7 @@ def main(argv: list[str] | None = None) -> None:
     """``python -m draftheads.demo``: build the demo target and print its summary."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", help="output folder (default: the cache folder for these settings)")
-    parser.add_argument("--max-tokens", type=int, help="training tokens (default: %(default)s from the spec)")
+    parser.add_argument("--max-tokens", type=int, help=f"training tokens (default: {DemoTargetSpec.max_tokens:,})")
     parser.add_argument("--force", action="store_true", help="rebuild even if a finished build exists")
     args = parser.parse_args(argv)
     spec = DemoTargetSpec()
