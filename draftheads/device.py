@@ -78,3 +78,18 @@ def accelerator_kwargs(env: LaunchEnv | None = None) -> dict:
     if env.distributed:
         return {"cpu": True}
     return {}
+
+
+def cpu_threads_for_single_process(env: LaunchEnv | None = None) -> int | None:
+    """Threads a lone CPU process should use, or None to leave torch's setting alone.
+
+    `accelerate launch` without a config exports OMP_NUM_THREADS=1 to its child, which halves a
+    single-process CPU run on a 2-core machine. One process alone gets every core, unless the
+    user pins it with DRAFTHEADS_NUM_THREADS."""
+    env = env or launch_env()
+    if env.cuda or env.distributed:
+        return None
+    pinned = os.environ.get("DRAFTHEADS_NUM_THREADS")
+    if pinned:
+        return max(1, int(pinned))
+    return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1))

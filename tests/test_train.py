@@ -19,8 +19,9 @@ from draftheads.train.model import TargetWithHeads
 
 
 @pytest.fixture(autouse=True)
-def _one_thread():
+def _one_thread(monkeypatch):
     # Tiny matmuls: one thread is faster, and immune to other processes competing for the cores.
+    monkeypatch.setenv("DRAFTHEADS_NUM_THREADS", "1")  # what run() would otherwise widen to all cores
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     yield
@@ -241,6 +242,8 @@ def test_run_exports_heads_and_metrics(tmp_path, tiny_target_dir, tiny_text_json
     exported = load_heads(result.heads_dir)
     _assert_same_state(exported.state_dict(), {k: v.cpu() for k, v in result.heads.state_dict().items()})
     assert exported.config.num_heads == 3 and exported.config.lm_head == "own"
+    # every trained label was counted once: 8 steps x batch 4, each row's trainable tokens
+    assert 0 < int(exported.token_counts.sum()) <= 8 * 4 * cfg.data.max_length
     from transformers import AutoModelForCausalLM
 
     load_heads(result.heads_dir, target=AutoModelForCausalLM.from_pretrained(tiny_target_dir))  # binds

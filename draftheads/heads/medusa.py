@@ -111,12 +111,6 @@ class MedusaHeads(nn.Module):
         lm_head = self._target_lm_head[0]
         return lm_head(state.to(lm_head.weight.dtype))
 
-    @torch.no_grad()
-    def count_tokens(self, labels: torch.Tensor, mask: torch.Tensor | None = None) -> None:
-        """Add training labels (where ``mask`` is set) to ``token_counts``."""
-        ids = labels[mask.bool()] if mask is not None else labels.reshape(-1)
-        self.token_counts += torch.bincount(ids.reshape(-1), minlength=self.token_counts.numel())
-
     def draft_vocab(self, size: int | None) -> torch.Tensor | None:
         """The ``size`` most frequent training tokens (None: the whole vocabulary, also when the
         heads carry no counts)."""

@@ -25,7 +25,13 @@ import torch
 from torch.utils.data import DataLoader, Sampler
 
 from ..config import ExperimentConfig, HeadsSpec, TargetConfig
-from ..device import accelerator_kwargs, launch_env, resolve_dtype, resolve_mixed_precision
+from ..device import (
+    accelerator_kwargs,
+    cpu_threads_for_single_process,
+    launch_env,
+    resolve_dtype,
+    resolve_mixed_precision,
+)
 from .checkpoint import export_heads, load_checkpoint, register_heads_only, resolve_resume, save_checkpoint
 from .metrics import HeadStats, format_heads
 from .model import TargetWithHeads
@@ -70,9 +76,13 @@ def run(cfg: ExperimentConfig) -> TrainResult:
     if accelerator.is_main_process:
         output_dir.mkdir(parents=True, exist_ok=True)
         (output_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
+    threads = cpu_threads_for_single_process()
+    if threads is not None:
+        torch.set_num_threads(threads)
     say(
         f"draftheads: {accelerator.num_processes} process(es), {accelerator.distributed_type.value}, "
         f"device {accelerator.device}, mixed precision {accelerator.mixed_precision}"
+        + (f", {threads} CPU threads" if threads is not None else "")
     )
     checkpoint = resolve_resume(t.resume, output_dir)  # fail fast on a bad path, before loading anything
 
@@ -152,6 +162,7 @@ def run(cfg: ExperimentConfig) -> TrainResult:
     window = TrainWindow(num_heads, accelerator.device)  # statistics since the last log line
     progress = _progress(max_steps, step, accelerator)
     last_saved, batch_in_epoch, evals = (step if checkpoint is not None else -1), skip, []
+    label_counts = torch.zeros_like(heads.token_counts)  # this process's, since the last merge
     model.train()
     train_start = time.perf_counter()
 
@@ -169,6 +180,7 @@ def run(cfg: ExperimentConfig) -> TrainResult:
                 optimizer.zero_grad(set_to_none=True)
             batch_in_epoch += 1
             window.add(out)
+            label_counts += out["label_counts"]
             if not accelerator.sync_gradients:
                 continue
             scheduler.step()
@@ -188,6 +200,7 @@ def run(cfg: ExperimentConfig) -> TrainResult:
                 window.restart_clock()  # evaluation time is not training throughput
 
             if t.save_every and step % t.save_every == 0:
+                merge_label_counts(accelerator, heads, label_counts)
                 position = _position(epoch, batch_in_epoch, batches_per_epoch)
                 save_checkpoint(accelerator, output_dir, step, _trainer_state(step, position, max_steps, accelerator))
                 last_saved = step
@@ -202,6 +215,7 @@ def run(cfg: ExperimentConfig) -> TrainResult:
     timer.add("train", time.perf_counter() - train_start)
     progress.close()
 
+    merge_label_counts(accelerator, heads, label_counts)
     if t.save_every and last_saved != step:
         position = _position(epoch, batch_in_epoch, batches_per_epoch)
         save_checkpoint(accelerator, output_dir, step, _trainer_state(step, position, max_steps, accelerator))
@@ -354,6 +368,13 @@ def _train_line(step: int, max_steps: int, logs: dict[str, float]) -> str:
         f"| heads {format_heads(logs, 'loss', 'train/', '{:.3f}')} | top1 {format_heads(logs, 'top1', 'train/')} "
         f"| lr {logs['train/lr']:.2e} | {logs['train/tokens_per_second']:.0f} tok/s"
     )
+
+
+def merge_label_counts(accelerator, heads: torch.nn.Module, label_counts: torch.Tensor) -> None:
+    """Add every process's label counts to ``heads.token_counts`` (identical on all ranks after),
+    then restart the local tally. Called before each checkpoint and before the export."""
+    heads.token_counts += accelerator.reduce(label_counts, reduction="sum").to(heads.token_counts.device)
+    label_counts.zero_()
 
 
 def _eval_and_log(accelerator, model, eval_dl, t, num_heads: int, step: int, progress) -> dict[str, float]:

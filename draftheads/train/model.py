@@ -110,11 +110,6 @@ class TargetWithHeads(nn.Module):
     ) -> dict[str, torch.Tensor]:
         hidden = self.target_hidden(input_ids, attention_mask)
         labels = self.target_labels(input_ids, hidden) if self.labels == "target" else input_ids
-        if self.training:
-            mask = loss_mask if loss_mask is not None else torch.ones_like(labels)
-            if attention_mask is not None:
-                mask = mask * attention_mask
-            self.heads.count_tokens(labels, mask)
         out = medusa_loss(
             self.heads,
             hidden,
@@ -126,4 +121,10 @@ class TargetWithHeads(nn.Module):
             topk=self.topk,
         )
         tokens = attention_mask.sum() if attention_mask is not None else torch.tensor(input_ids.numel())
-        return {"loss": out.loss, "stats": out.stats(), "tokens": tokens.detach()}
+        mask = loss_mask if loss_mask is not None else torch.ones_like(labels)
+        if attention_mask is not None:
+            mask = mask * attention_mask
+        # How often each token was a label on this process; the loop sums these across processes
+        # into heads.token_counts (ranks the draft vocabulary at inference).
+        label_counts = torch.bincount(labels[mask.bool()], minlength=self.heads.token_counts.numel())
+        return {"loss": out.loss, "stats": out.stats(), "tokens": tokens.detach(), "label_counts": label_counts}
