@@ -5,8 +5,9 @@
 
 Prompts are code-completion prompts: the first --prompt-tokens tokens of each of the demo
 corpus' held-out files (never trained on, neither by the target nor the heads). For each prompt,
-plain greedy `target.generate` and `SpeculativeDecoder.generate` run back to back (after a
-warm-up of both), and the outputs must be identical. Reported: tokens/s of each, speedup
+plain greedy `target.generate` and `SpeculativeDecoder.generate` run back to back, --rounds
+times in alternating order (after a warm-up of both; per-prompt medians), and the outputs must
+be identical. Reported: tokens/s of each, speedup
 (median and spread over prompts), mean accepted tokens per target forward, time per step spent
 outside the target forward, and the "ideal" speedup = mean accepted length x one-token forward
 time / tree forward time (what a zero-overhead loop would reach with these acceptances).
@@ -42,6 +43,7 @@ def main() -> None:
     ap.add_argument("--num-prompts", type=int, default=12)
     ap.add_argument("--prompt-tokens", type=int, default=128)
     ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--rounds", type=int, default=3, help="timed runs per prompt and method (median taken)")
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     ap.add_argument("--out", default=None, help="folder for results.json and results.md")
     args = ap.parse_args()
@@ -72,17 +74,23 @@ def main() -> None:
         plain(prompts[0]), ours(prompts[0])  # warm-up, not timed
         rows = []
         for i, ids in enumerate(prompts):
-            t0 = time.perf_counter()
-            ref = plain(ids)
-            t1 = time.perf_counter()
-            out = ours(ids)
-            t2 = time.perf_counter()
+            plain_s, ours_s = [], []
+            for r in range(args.rounds):  # alternate the order so drifts hit both methods alike
+                for method in ((plain, ours) if r % 2 == 0 else (ours, plain)):
+                    t0 = time.perf_counter()
+                    result = method(ids)
+                    (plain_s if method is plain else ours_s).append(time.perf_counter() - t0)
+                    if method is plain:
+                        ref = result
+                    else:
+                        out = result
+            t_plain, t_ours = statistics.median(plain_s), statistics.median(ours_s)
             steps = len(out.accept_lengths)
             rows.append({
                 "prompt": i,
-                "plain_tok_s": args.max_new_tokens / (t1 - t0),
-                "ours_tok_s": args.max_new_tokens / (t2 - t1),
-                "speedup": (t1 - t0) / (t2 - t1),
+                "plain_tok_s": args.max_new_tokens / t_plain,
+                "ours_tok_s": args.max_new_tokens / t_ours,
+                "speedup": t_plain / t_ours,
                 "accept_length": out.mean_accept_length,
                 "overhead_ms_per_step": 1000 * (out.decode_seconds - out.target_seconds) / steps,
                 "target_ms_per_step": 1000 * out.target_seconds / steps,
@@ -98,7 +106,7 @@ def main() -> None:
     speed = quantiles([r["speedup"] for r in rows])
     summary = {
         "target": path, "heads": args.heads, "tree": [list(c) for c in shape.choices], "tree_nodes": shape.size,
-        "prompts": len(rows), "max_new_tokens": args.max_new_tokens, "threads": torch.get_num_threads(),
+        "prompts": len(rows), "rounds": args.rounds, "max_new_tokens": args.max_new_tokens, "threads": torch.get_num_threads(),
         "all_exact": all(r["exact"] for r in rows),
         "speedup": speed,
         "plain_tok_s": quantiles([r["plain_tok_s"] for r in rows]),

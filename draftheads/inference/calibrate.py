@@ -99,7 +99,7 @@ def measure_verify_times(
     target: torch.nn.Module,
     sizes: list[int],
     context: int = 256,
-    repeats: int = 7,
+    repeats: int = 15,
 ) -> dict[int, float]:
     """Median seconds of one tree forward with n nodes over a ``context``-token cache."""
     verifier = TreeVerifier(target)
