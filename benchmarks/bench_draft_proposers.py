@@ -106,25 +106,31 @@ def main() -> None:
     prompts = [p.to(device) for p in prompts]
     for run in rows.values():  # warm-up (kernels, caches, the adaptive draft's first estimates)
         run(prompts[0][:, :8])
-    reference, results = {}, {}
-    for name, run in rows.items():
-        seconds, tokens, accept, same = 0.0, 0, [], True
-        for i, ids in enumerate(prompts):
+    # Interleaved: every method runs on prompt i before any runs on prompt i+1, so drifts in the
+    # machine's speed hit all methods alike.
+    reference: dict[int, torch.Tensor] = {}
+    totals = {name: {"seconds": 0.0, "tokens": 0, "accept": [], "same": True} for name in rows}
+    for i, ids in enumerate(prompts):
+        for name, run in rows.items():
             if device.type == "cuda":
                 torch.cuda.synchronize()
             t0 = time.perf_counter()
             seqs, acc = run(ids)
             if device.type == "cuda":
                 torch.cuda.synchronize()
-            seconds += time.perf_counter() - t0
+            total = totals[name]
+            total["seconds"] += time.perf_counter() - t0
             new = seqs[0, ids.shape[1] :].cpu()
-            tokens += new.numel()
-            accept += acc or []
+            total["tokens"] += new.numel()
+            total["accept"] += acc or []
             if name == "hf-greedy":
                 reference[i] = new
             else:
-                same &= torch.equal(new, reference[i])
-        results[name] = (tokens / seconds, sum(accept) / len(accept) if accept else float("nan"), same)
+                total["same"] &= torch.equal(new, reference[i])
+    results = {
+        name: (t["tokens"] / t["seconds"], sum(t["accept"]) / len(t["accept"]) if t["accept"] else float("nan"), t["same"])
+        for name, t in totals.items()
+    }
     base = results["hf-greedy"][0]
     print(f"{'method':<18} {'tok/s':>9} {'vs greedy':>9} {'tok/fwd':>8}  same-as-greedy")
     for name, (rate, acc, same) in results.items():
