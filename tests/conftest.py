@@ -52,38 +52,13 @@ def make_tiny_tokenizer():
     )
 
 
-def tiny_config(arch: str = "llama", **overrides):
-    """A 2-layer, hidden-64 config of a real architecture (``llama`` or ``qwen2``)."""
-    from transformers import LlamaConfig, Qwen2Config
-
-    common = dict(
-        vocab_size=TINY_VOCAB,
-        hidden_size=TINY_HIDDEN,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        tie_word_embeddings=False,
-        bos_token_id=1,
-        eos_token_id=2,
-        pad_token_id=3,
-    )
-    common.update(overrides)
-    if arch == "llama":
-        return LlamaConfig(**common)
-    if arch == "qwen2":
-        return Qwen2Config(**common)
-    raise ValueError(f"unknown tiny architecture {arch!r}")
-
-
 def make_tiny_model(arch: str = "llama", seed: int = 0, **overrides):
-    """A tiny random ``AutoModelForCausalLM`` in eval mode, fp32, sdpa attention."""
-    from transformers import AutoModelForCausalLM
+    """A tiny random ``AutoModelForCausalLM`` (2 layers, hidden 64, vocab ``TINY_VOCAB``) in eval
+    mode, fp32, sdpa attention; built by the same helper as the inference tests' models."""
+    from inference_utils import tiny_target
 
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(tiny_config(arch, **overrides), attn_implementation="sdpa")
-    return model.eval()
+    overrides = {"max_position_embeddings": 512, "tie_word_embeddings": False, "pad_token_id": 3, **overrides}
+    return tiny_target(arch, seed=seed, vocab=TINY_VOCAB, hidden=TINY_HIDDEN, layers=2, **overrides)
 
 
 @pytest.fixture(params=["llama", "qwen2"])

@@ -29,8 +29,7 @@ def tiny_target(
 ) -> torch.nn.Module:
     """A tiny random causal LM of ``arch`` (``overrides`` replace config values)."""
     torch.manual_seed(seed)
-    cfg = AutoConfig.for_model(
-        arch,
+    config = dict(
         vocab_size=vocab,
         hidden_size=hidden,
         intermediate_size=2 * hidden,
@@ -41,8 +40,10 @@ def tiny_target(
         bos_token_id=1,
         eos_token_id=2,
         pad_token_id=0,
-        **{**ARCHS.get(arch, {}), **overrides},
     )
+    config.update(ARCHS.get(arch, {}))
+    config.update(overrides)
+    cfg = AutoConfig.for_model(arch, **config)
     return AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa").eval()
 
 
