@@ -12,13 +12,16 @@ from .config import HeadsConfig, TargetInfo
 
 
 class ResBlock(nn.Module):
-    """``x + SiLU(W x + b)`` with W zero-initialised, so a fresh head starts near the identity and a
-    fresh head with a copied LM head predicts roughly what the target's LM head predicts."""
+    """``x + SiLU(W x + b)`` with W and b zero-initialised: SiLU(0) = 0, so a fresh block is exactly
+    the identity and a fresh head with a copied LM head predicts exactly what the target's LM head
+    predicts (training starts from "repeat the next-token guess"). The gradient at zero is
+    SiLU'(0) x = x / 2, so the block still learns. (Medusa zero-inits W only, leaving b random.)"""
 
     def __init__(self, hidden_size: int) -> None:
         super().__init__()
         self.linear = nn.Linear(hidden_size, hidden_size)
         nn.init.zeros_(self.linear.weight)
+        nn.init.zeros_(self.linear.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x + nn.functional.silu(self.linear(x))

@@ -1,0 +1,103 @@
+"""Medusa heads: shapes, the zero-init identity, and the heads folder (save, strict load, errors)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import draftheads as dh
+from draftheads.heads.io import WEIGHTS_NAME
+
+from inference_utils import tiny_target
+
+
+@pytest.fixture
+def target():
+    return tiny_target("llama")
+
+
+def test_shapes_and_separate_blocks(target):
+    heads = dh.MedusaHeads.for_target(target, num_heads=3, num_layers=2)
+    assert heads(torch.randn(5, 64)).shape == (5, 3, 64)  # [positions, heads, vocab]
+    blocks = [block for head in heads.blocks for block in head]
+    assert len({id(b.linear.weight) for b in blocks}) == 6  # no `[block] * n` weight sharing
+
+
+@pytest.mark.parametrize("lm_head", ["own", "shared"])
+def test_fresh_heads_predict_what_the_target_lm_head_predicts(target, lm_head):
+    heads = dh.MedusaHeads.for_target(target, num_heads=3, num_layers=2, lm_head=lm_head)
+    hidden = torch.randn(7, 64)
+    expected = target.get_output_embeddings()(hidden)
+    for k in range(3):
+        torch.testing.assert_close(heads(hidden)[:, k], expected, rtol=0, atol=0)
+
+
+def test_save_load_round_trip_is_bit_exact(target, tmp_path):
+    heads = dh.MedusaHeads.for_target(target, num_heads=2)
+    with torch.no_grad():
+        for p in heads.parameters():
+            p.add_(torch.randn_like(p))
+    heads.save_pretrained(tmp_path / "h")
+    loaded = dh.load_heads(tmp_path / "h", target=target)
+    assert heads.state_dict().keys() == loaded.state_dict().keys()
+    for key, value in heads.state_dict().items():
+        assert torch.equal(value, loaded.state_dict()[key]), key
+    config = json.loads((tmp_path / "h" / "config.json").read_text())
+    assert config["format_version"] == 1 and config["target"]["hidden_size"] == 64
+
+
+def test_bad_heads_folders_are_refused_by_name(target, tmp_path):
+    heads = dh.MedusaHeads.for_target(target, num_heads=2)
+    good = heads.save_pretrained(tmp_path / "good")
+    with pytest.raises(FileNotFoundError, match="heads folder not found"):
+        dh.load_heads(tmp_path / "nowhere")
+
+    def copy(name):
+        import shutil
+
+        return shutil.copytree(good, tmp_path / name)
+
+    truncated = copy("truncated")
+    data = (truncated / WEIGHTS_NAME).read_bytes()
+    (truncated / WEIGHTS_NAME).write_bytes(data[: len(data) // 2])
+    with pytest.raises(ValueError, match="not a readable safetensors file"):
+        dh.load_heads(truncated)
+
+    pickled = copy("pickled")
+    (pickled / WEIGHTS_NAME).unlink()
+    torch.save(heads.state_dict(), pickled / "pytorch_model.bin")
+    with pytest.raises(FileNotFoundError, match="only safetensors weights are read"):
+        dh.load_heads(pickled)
+
+    unknown = copy("unknown")
+    cfg = json.loads((unknown / "config.json").read_text())
+    (unknown / "config.json").write_text(json.dumps({**cfg, "head_type": "eagle9"}))
+    with pytest.raises(ValueError, match="unknown head_type 'eagle9'; valid: medusa"):
+        dh.load_heads(unknown)
+
+    resized = copy("resized")
+    (resized / "config.json").write_text(json.dumps({**cfg, "num_heads": 3}))
+    with pytest.raises(ValueError, match="does not match its config.json .*missing"):
+        dh.load_heads(resized)
+
+    with pytest.raises(ValueError, match="vocab_size"):
+        dh.load_heads(good, target=tiny_target("llama", vocab=80))
+
+
+def test_failed_export_keeps_the_previous_good_one(target, tmp_path, monkeypatch):
+    heads = dh.MedusaHeads.for_target(target, num_heads=2)
+    path = heads.save_pretrained(tmp_path / "heads")
+    before = (path / WEIGHTS_NAME).read_bytes()
+
+    def fail(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr("draftheads.heads.io.save_file", fail)
+    with torch.no_grad():
+        next(heads.parameters()).add_(1.0)
+    with pytest.raises(OSError, match="disk full"):
+        heads.save_pretrained(path)
+    assert (path / WEIGHTS_NAME).read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["heads"]  # no temp folders left behind
+    dh.load_heads(path, target=target)
