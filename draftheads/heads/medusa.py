@@ -105,14 +105,19 @@ class MedusaHeads(nn.Module):
         hidden = hidden.to(self._param_dtype())
         return [blocks(hidden) for blocks in self.blocks]
 
-    def project(self, state: torch.Tensor, k: int) -> torch.Tensor:
-        """Vocab logits of head ``k`` for its hidden state (own projection, or the target's)."""
+    def projection_module(self, k: int) -> nn.Module:
+        """Head k's vocab projection: its own Linear, or the target's LM head it shares."""
         if self.lm_heads is not None:
-            return self.lm_heads[k](state)
+            return self.lm_heads[k]
         if not self._target_lm_head:
             raise RuntimeError("these heads share the target's LM head: call heads.bind_target(target) first")
-        lm_head = self._target_lm_head[0]
-        return lm_head(state.to(lm_head.weight.dtype))
+        return self._target_lm_head[0]
+
+    def project(self, state: torch.Tensor, k: int) -> torch.Tensor:
+        """Vocab logits of head ``k`` for its hidden state. Calls the module (not its raw weight)
+        so that ZeRO-3 gathers partitioned weights through its hooks."""
+        proj = self.projection_module(k)
+        return proj(state.to(proj.weight.dtype))
 
     def draft_vocab(self, size: int | None) -> torch.Tensor | None:
         """The ``size`` most frequent training tokens (None: the whole vocabulary, also when the
@@ -122,13 +127,9 @@ class MedusaHeads(nn.Module):
         return self.token_counts.topk(size).indices.sort().values
 
     def projection_weight(self, k: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Weight (and bias) of head k's vocab projection: its own, or the target's LM head."""
-        if self.lm_heads is not None:
-            return self.lm_heads[k].weight, None
-        if not self._target_lm_head:
-            raise RuntimeError("these heads share the target's LM head: call heads.bind_target(target) first")
-        lm_head = self._target_lm_head[0]
-        return lm_head.weight, getattr(lm_head, "bias", None)
+        """Weight (and bias) of head k's vocab projection, for drafting from a row subset."""
+        proj = self.projection_module(k)
+        return proj.weight, getattr(proj, "bias", None)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits of every head, stacked: [..., K, V]. Meant for a few positions at a time (the
