@@ -93,6 +93,12 @@ class MedusaHeads(nn.Module):
 
         return save_heads(self, path, tree=tree)
 
+    def proposer(self, tree: list[list[int]] | None = None):
+        """The drafting strategy for these heads: top-k of every head filling a static tree."""
+        from ..inference.proposers import MedusaProposer
+
+        return MedusaProposer(self, tree=tree)
+
     def bind_target(self, target: nn.Module) -> "MedusaHeads":
         """Check that ``target`` is the model these heads were trained for and remember its LM head."""
         check_target(self.config, target)

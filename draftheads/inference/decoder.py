@@ -12,10 +12,10 @@ import torch
 from transformers import DynamicCache
 
 from ..heads.config import text_config
-from .proposers import MedusaProposer, Proposer
+from .proposers import Proposer
 from .sampling import SamplingParams, sample
 from .tree import TreeShape
-from .verify import TreeVerifier, check_tree_attention, commit
+from .verify import TreeVerifier, check_tree_attention, commit, select_features
 
 
 @dataclass
@@ -63,14 +63,14 @@ class SpeculativeDecoder:
             if bind is None:
                 raise TypeError(f"expected heads or a Proposer, got {type(proposer).__name__}")
             bind(target)  # refuses heads trained for another target
-            proposer = MedusaProposer(proposer, tree=tree)
+            proposer = proposer.proposer(tree=tree)  # each head type drafts its own way
         elif tree is not None:
             raise ValueError("`tree` applies to heads; a Proposer brings its own tree")
         else:
             proposer.bind_target(target)
         self.target = target.eval()
         self.proposer = proposer
-        self.verifier = TreeVerifier(target)
+        self.verifier = TreeVerifier(target, feature_layers=getattr(proposer, "feature_layers", None))
         if check_model:
             check_tree_attention(target, self.verifier)
         self.max_positions = getattr(text_config(target), "max_position_embeddings", None)
@@ -116,7 +116,7 @@ class SpeculativeDecoder:
         )
         last_logits = out.logits[0, -1]
         root = int(last_logits.argmax()) if params.greedy else sample(params.probs(last_logits).cpu(), generator)
-        self.proposer.start(prompt, out.hidden_states[-1][0], params, generator)
+        self.proposer.start(prompt, select_features(out.hidden_states, self.verifier.feature_layers)[0], params, generator)
         new_tokens = [root]
         prefix_len = prompt.numel()
         if streamer is not None:

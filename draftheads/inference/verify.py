@@ -70,11 +70,23 @@ def cache_kwarg(model: torch.nn.Module) -> str:
     return "cache" if "cache" in params else "past_key_values"
 
 
-class TreeVerifier:
-    """Scores a tree with the target and decides which path is accepted."""
+def select_features(hidden_states: tuple[torch.Tensor, ...], layers: list[int] | None) -> torch.Tensor:
+    """What a proposer reads from the target: the last hidden state after the final norm (``None``),
+    or the hidden states entering the given layers, concatenated (EAGLE-3's fused features;
+    ``hidden_states[i]`` is the input of decoder layer i)."""
+    if layers is None:
+        return hidden_states[-1]
+    return torch.cat([hidden_states[i] for i in layers], dim=-1)
 
-    def __init__(self, target: torch.nn.Module) -> None:
+
+class TreeVerifier:
+    """Scores a tree with the target and decides which path is accepted.
+
+    ``feature_layers``: which hidden states `forward` returns (see `select_features`)."""
+
+    def __init__(self, target: torch.nn.Module, feature_layers: list[int] | None = None) -> None:
         self.target = target
+        self.feature_layers = feature_layers
         windows = _layer_windows(target)
         self.windows = sorted({w for w in windows}, key=lambda w: (w is not None, w or 0))
         self.mixed_layers = len(self.windows) > 1
@@ -97,7 +109,8 @@ class TreeVerifier:
         }
 
     def forward(self, cache: DynamicCache, tree: Tree, prefix_len: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Logits [n, V] and last hidden states [n, H] (after the final norm) of every tree node.
+        """Logits [n, V] and features [n, F] of every tree node (by default the last hidden states
+        after the final norm, F = H).
 
         The cache grows by n entries; `commit` then keeps only the accepted ones."""
         device = self.target.device
@@ -109,7 +122,7 @@ class TreeVerifier:
             output_hidden_states=True,
             **{self.cache_arg: cache},
         )
-        return out.logits[0], out.hidden_states[-1][0]
+        return out.logits[0], select_features(out.hidden_states, self.feature_layers)[0]
 
     # -- acceptance -------------------------------------------------------------------------------
     @staticmethod
