@@ -1,8 +1,9 @@
-"""`draftheads` command line: train, generate, calibrate.
+"""`draftheads` command line: train, generate, calibrate, bench.
 
     draftheads train --config configs/demo.yaml [key.sub=value ...]
     draftheads generate --target PATH_OR_ID --heads DIR --prompt "..."
     draftheads calibrate --target PATH_OR_ID --heads DIR [--prompts FILE]
+    draftheads bench --target PATH_OR_ID --heads DIR [--prompt-lookup] [--questions FILE.jsonl] --out results/
 """
 from __future__ import annotations
 
@@ -159,6 +160,12 @@ def cmd_calibrate(args) -> int:
     return 0
 
 
+def cmd_bench(args) -> int:
+    from .bench.command import run_bench
+
+    return run_bench(args, lambda path: _load_target(path, args.device, args.dtype, args.trust_remote_code))
+
+
 def cmd_train(args) -> int:
     from .config import load_config
     from .train.loop import run
@@ -212,6 +219,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-nodes", type=int, default=64)
     p.add_argument("--dry-run", action="store_true", help="print the chosen tree without saving it")
     p.set_defaults(func=cmd_calibrate)
+
+    from .bench.command import add_parser as add_bench_parser
+
+    add_bench_parser(sub, _add_target_args).set_defaults(func=cmd_bench)
     return parser
 
 

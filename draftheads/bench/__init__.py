@@ -1,0 +1,19 @@
+"""`draftheads bench`: speed, accepted tokens and exactness of every method against plain
+`generate`, measured interleaved on the same prompts, with Spec-Bench's definitions.
+
+    questions.py   what to ask (Spec-Bench jsonl, text files, demo held-out code)
+    methods.py     name -> decoder (heads of any type, draft model, prompt lookup)
+    runner.py      plain generate and every method, interleaved, timed, exactness checked
+    metrics.py     mean accepted tokens, tokens/s, speedup, spreads, by category
+    report.py      report.json and report.md;  plots.py: PNG plots;  environment.py: versions
+    command.py     the command line
+"""
+from .methods import Method, build_methods, resolve_compare
+from .metrics import summarize
+from .questions import Question, demo_questions, load_questions, select
+from .runner import Runner, Sample, Settings
+
+__all__ = [
+    "Method", "Question", "Runner", "Sample", "Settings", "build_methods", "demo_questions", "load_questions",
+    "resolve_compare", "select", "summarize",
+]

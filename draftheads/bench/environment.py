@@ -1,0 +1,51 @@
+"""Where a benchmark ran: numbers without their machine, versions and dtype cannot be compared."""
+from __future__ import annotations
+
+import platform
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def environment(target) -> dict[str, Any]:
+    import transformers
+
+    import draftheads
+
+    device = target.device
+    env: dict[str, Any] = {
+        "device": str(device),
+        "dtype": str(target.dtype).replace("torch.", ""),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "draftheads": draftheads.__version__,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cpu": cpu_name(),
+        "cpu_count": _cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
+        "target": getattr(target, "name_or_path", None),
+        "target_parameters": sum(p.numel() for p in target.parameters()),
+    }
+    return env
+
+
+def _cpu_count() -> int | None:
+    import os
+
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count()

@@ -1,0 +1,124 @@
+"""The decoders a benchmark compares, by name.
+
+Heads go through ``load_heads`` + ``SpeculativeDecoder(target, heads)`` and nothing else, so any
+head type the package knows (Medusa, and whatever ``load_heads`` learns later) is benchmarked
+the way users decode with it; the method is named after the folder's ``head_type``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+DRAFT_MODEL = "draft-model"
+PROMPT_LOOKUP = "prompt-lookup"
+PLAIN = "plain"
+
+
+class MethodError(ValueError):
+    """A --compare / --heads combination that names a method nobody configured."""
+
+
+@dataclass
+class Method:
+    name: str
+    decoder: Any  # SpeculativeDecoder
+    source: str | None = None  # heads folder or draft model path
+    info: dict[str, Any] = field(default_factory=dict)
+
+    def describe(self) -> dict[str, Any]:
+        """What the report records about the method: the proposer and the tree it drafts."""
+        proposer = self.decoder.proposer
+        out: dict[str, Any] = {"name": self.name, "proposer": type(proposer).__name__, "source": self.source, **self.info}
+        shape = getattr(proposer, "shape", None)
+        choices = getattr(shape, "choices", None)
+        if choices is not None:
+            out["tree"] = [list(c) for c in choices]
+            out["tree_nodes"] = int(getattr(shape, "size", len(choices) + 1))
+        vocab = getattr(proposer, "vocab_ids", None)
+        if vocab is not None:
+            out["draft_vocab_size"] = int(vocab.numel())
+        for attr in ("gamma", "max_gamma", "max_ngram", "num_tokens"):
+            value = getattr(proposer, attr, None)
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                out[attr] = value
+        return out
+
+
+def heads_method_names(heads_dirs: list[str]) -> list[str]:
+    """One name per heads folder: its head type ("medusa", "eagle", ...), or
+    ``type:folder`` when two folders share a type (e.g. two Medusa checkpoints)."""
+    from ..heads import read_config
+
+    types = [read_config(Path(d)).head_type for d in heads_dirs]
+    names = []
+    for d, t in zip(heads_dirs, types):
+        names.append(t if types.count(t) == 1 else f"{t}:{Path(d).name}")
+    if len(set(names)) != len(names):
+        names = [t if types.count(t) == 1 else f"{t}:{d}" for d, t in zip(heads_dirs, types)]
+    return names
+
+
+def resolve_compare(
+    compare: list[str] | None, heads_names: list[str], draft_model: str | None, prompt_lookup: bool
+) -> list[str]:
+    """The methods to run, in order. Without --compare: everything the flags configure. With
+    it: exactly those names; one that needs a flag nobody gave is an error saying which flag."""
+    configured = list(heads_names) + ([DRAFT_MODEL] if draft_model else []) + ([PROMPT_LOOKUP] if prompt_lookup else [])
+    if not compare:
+        if not configured:
+            raise MethodError("nothing to compare: give --heads DIR, --draft-model PATH or --prompt-lookup")
+        return configured
+    available = list(heads_names) + [DRAFT_MODEL, PROMPT_LOOKUP]
+    chosen: list[str] = []
+    for name in compare:
+        if name == PLAIN:
+            continue  # plain `generate` is always measured: it is the baseline
+        if name in chosen:
+            raise MethodError(f"--compare names {name!r} twice")
+        if name == DRAFT_MODEL and not draft_model:
+            raise MethodError("--compare draft-model needs --draft-model PATH_OR_ID")
+        if name not in available:
+            raise MethodError(
+                f"unknown method {name!r} in --compare; available: {', '.join(available)} "
+                "(heads methods are named after each --heads folder's head_type; give --heads DIR for more)"
+            )
+        chosen.append(name)
+    if not chosen:
+        raise MethodError("--compare names no method besides plain")
+    return chosen
+
+
+def build_methods(
+    names: list[str],
+    target,
+    tokenizer,
+    heads_dirs: list[str],
+    heads_names: list[str],
+    draft_model: str | None,
+    load_model: Callable[[str], tuple[Any, Any]],
+) -> list[Method]:
+    """Decoders for ``names``; ``load_model(path)`` returns (model, tokenizer) for a draft LM,
+    loaded the way the target was (device, dtype)."""
+    import draftheads as dh
+
+    from ..heads import read_config
+
+    methods = []
+    for name in names:
+        if name in heads_names:
+            folder = heads_dirs[heads_names.index(name)]
+            heads = dh.load_heads(folder, target=target)
+            config = read_config(Path(folder))
+            info = {"head_type": config.head_type, "num_heads": getattr(config, "num_heads", None)}
+            methods.append(Method(name, dh.SpeculativeDecoder(target, heads), folder, info))
+        elif name == DRAFT_MODEL:
+            draft, draft_tok = load_model(draft_model)
+            proposer = dh.DraftModelProposer(draft, gamma="auto", target_tokenizer=tokenizer, draft_tokenizer=draft_tok)
+            info = {"draft_parameters": sum(p.numel() for p in draft.parameters())}
+            methods.append(Method(name, dh.SpeculativeDecoder(target, proposer), draft_model, info))
+        elif name == PROMPT_LOOKUP:
+            methods.append(Method(name, dh.SpeculativeDecoder(target, dh.PromptLookupProposer())))
+        else:  # resolve_compare lets nothing else through
+            raise MethodError(f"unknown method {name!r}")
+    return methods

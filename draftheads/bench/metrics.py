@@ -1,0 +1,90 @@
+"""Spec-Bench's figures from the samples, per category and overall.
+
+- mean accepted tokens: the mean of the per-step accepted lengths over all steps, bonus token
+  included (plain decoding = 1.00 by definition);
+- tokens/s: new tokens / wall time of one sample (prefill included, as the user waits for it);
+- speedup: the mean per-sample tokens/s of the method divided by that of plain `generate`
+  (Spec-Bench averages rates, then divides);
+- per-sample speedups (same prompt, measured back to back): median and spread, which say how
+  much one prompt's experience can differ from the mean;
+- exactness: how many outputs equal plain greedy `generate`.
+"""
+from __future__ import annotations
+
+import statistics
+from collections import Counter
+from typing import Any
+
+from .methods import PLAIN
+from .runner import Sample
+
+OVERALL = "overall"
+
+
+def spread(values: list[float]) -> dict[str, float] | None:
+    """median, min, quartiles, max (None for no values)."""
+    if not values:
+        return None
+    q = statistics.quantiles(values, n=4, method="inclusive") if len(values) > 1 else [values[0]] * 3
+    return {"median": statistics.median(values), "min": min(values), "q1": q[0], "q3": q[2], "max": max(values)}
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else 0.0
+
+
+def _group(samples: list[Sample], plain_by_key: dict[tuple, Sample]) -> dict[str, Any]:
+    rates = [s.tokens_per_second for s in samples]
+    plain_rates = [plain_by_key[(s.question_id, s.turn)].tokens_per_second for s in samples]
+    steps = [a for s in samples for a in s.accept_lengths]
+    is_plain = bool(samples) and samples[0].method == PLAIN
+    per_sample = [r / p for r, p in zip(rates, plain_rates) if p > 0]
+    exact = [s.exact for s in samples if s.exact is not None]
+    base = _mean(plain_rates)
+    return {
+        "samples": len(samples),
+        "new_tokens": sum(s.new_tokens for s in samples),
+        "steps": sum(s.new_tokens for s in samples) if is_plain else len(steps),
+        "mean_accepted_tokens": 1.0 if is_plain else (_mean(steps) if steps else None),
+        "tokens_per_second": _mean(rates),
+        "speedup": _mean(rates) / base if base > 0 else None,
+        "per_sample_speedup": spread(per_sample),
+        "exact": None if is_plain or not exact else sum(exact),
+        "exact_of": None if is_plain or not exact else len(exact),
+    }
+
+
+def accept_length_histogram(samples: list[Sample]) -> dict[int, int]:
+    """How many target forwards committed 1, 2, 3, ... tokens."""
+    return dict(sorted(Counter(a for s in samples for a in s.accept_lengths).items()))
+
+
+def acceptance_by_depth(histogram: dict[int, int]) -> dict[int, float]:
+    """Fraction of steps whose accepted path reaches tree depth d (d drafted tokens accepted,
+    i.e. an accepted length of at least d + 1), for d = 1 .. the deepest seen."""
+    total = sum(histogram.values())
+    if not total:
+        return {}
+    deepest = max(histogram) - 1
+    return {d: sum(n for length, n in histogram.items() if length >= d + 1) / total for d in range(1, deepest + 1)}
+
+
+def summarize(samples: list[Sample], methods: list[str], categories: list[str]) -> dict[str, Any]:
+    """Per method: overall and per-category figures, the accepted-length histogram and the
+    acceptance rate by depth. Plain `generate` is included as the 1.00x reference row."""
+    plain_by_key = {(s.question_id, s.turn): s for s in samples if s.method == PLAIN}
+    out: dict[str, Any] = {}
+    for name in [PLAIN, *methods]:
+        mine = [s for s in samples if s.method == name]
+        groups = {OVERALL: _group(mine, plain_by_key)}
+        for c in categories:
+            in_c = [s for s in mine if s.category == c]
+            if in_c:
+                groups[c] = _group(in_c, plain_by_key)
+        hist = accept_length_histogram(mine)
+        out[name] = {
+            "by_category": groups,
+            "accept_length_histogram": {str(k): v for k, v in hist.items()},
+            "acceptance_by_depth": {str(k): v for k, v in acceptance_by_depth(hist).items()},
+        }
+    return out

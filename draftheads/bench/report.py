@@ -1,0 +1,102 @@
+"""report.json (everything, machine-readable) and report.md (the tables a person reads)."""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from .methods import PLAIN
+from .metrics import OVERALL
+
+REPORT_JSON = "report.json"
+REPORT_MD = "report.md"
+
+
+def write_text_atomically(path: Path, text: str) -> None:
+    """A crash mid-write never leaves half a report that looks complete."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _fmt(value: float | None, spec: str = ".2f", suffix: str = "") -> str:
+    return "-" if value is None else f"{value:{spec}}{suffix}"
+
+
+def _spread(s: dict[str, float] | None) -> str:
+    if not s:
+        return "-"
+    return f"{s['min']:.2f} / {s['q1']:.2f} / {s['q3']:.2f} / {s['max']:.2f}"
+
+
+def _exact(g: dict[str, Any]) -> str:
+    return "-" if g.get("exact_of") is None else f"{g['exact']}/{g['exact_of']}"
+
+
+def markdown(report: dict[str, Any]) -> str:
+    results, methods = report["results"], [m["name"] for m in report["methods"]]
+    env, settings, q = report["environment"], report["settings"], report["questions"]
+    truncated = f", {q['truncated']} prompts cut to fit the context" if q["truncated"] else ""
+    lines = [
+        "# draftheads bench",
+        "",
+        f"Target `{env['target']}` ({env['target_parameters'] / 1e6:.1f} M parameters), {env['dtype']} on "
+        f"{env['gpu'] or env['cpu']} ({env['device']}, {env['torch_threads']} torch threads); torch {env['torch']}, "
+        f"transformers {env['transformers']}, draftheads {env['draftheads']}.",
+        f"Questions: {q['source']}: {q['questions']} questions, {q['samples']} turns"
+        f"{truncated}; categories "
+        f"{', '.join(q['categories'])}. Up to {settings['max_new_tokens']} new tokens, temperature "
+        f"{settings['temperature']}, seed {settings['seed']}, {settings['warmup']} untimed warm-up run(s) per method, "
+        f"chat template {'on' if settings['use_chat_template'] else 'off'}. Plain `generate` and every method ran "
+        "interleaved on each prompt.",
+        "",
+        "## Overall",
+        "",
+        "| method | mean accepted tokens | tokens/s | speedup | per-sample speedup, median | spread (min / q1 / q3 / max) | exact |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name in [PLAIN, *methods]:
+        g = results[name]["by_category"][OVERALL]
+        lines.append(
+            f"| {name} | {_fmt(g['mean_accepted_tokens'])} | {_fmt(g['tokens_per_second'], '.1f')} | "
+            f"{_fmt(g['speedup'], '.2f', 'x')} | {_fmt((g['per_sample_speedup'] or {}).get('median'), '.2f', 'x')} | "
+            f"{_spread(g['per_sample_speedup'])} | {_exact(g)} |"
+        )
+    cats = q["categories"]
+    if len(cats) > 1:
+        lines += ["", "## By category: speedup (mean accepted tokens)", "",
+                  "| category | " + " | ".join(methods) + " |", "|---|" + "---|" * len(methods)]
+        for c in cats:
+            cells = []
+            for name in methods:
+                g = results[name]["by_category"].get(c)
+                cells.append("-" if g is None else f"{_fmt(g['speedup'], '.2f', 'x')} ({_fmt(g['mean_accepted_tokens'])})")
+            lines.append(f"| {c} | " + " | ".join(cells) + " |")
+    lines += ["", "## Methods", ""]
+    for m in report["methods"]:
+        details = ", ".join(f"{k} {v}" for k, v in m.items() if k not in ("name", "tree") and v is not None)
+        lines.append(f"- **{m['name']}**: {details}")
+        if "tree" in m:
+            lines.append(f"  tree ({m['tree_nodes']} nodes): `{json.dumps(m['tree'])}`")
+    exact = report["all_exact"]
+    lines += ["", "Exactness: " + ("not checked (temperature > 0: sampled outputs differ draw by draw)" if exact is None
+                                    else "every output equals plain greedy `generate`" if exact
+                                    else "**some outputs differ from plain greedy `generate`** (see report.json samples)")]
+    if report.get("plots"):
+        lines += ["", "## Plots", ""] + [f"![{p}]({p})" for p in report["plots"]]
+    elif report.get("plots_missing"):
+        lines += ["", f"Plots not written: {report['plots_missing']}"]
+    lines.append("")
+    return "\n".join(lines)
+
+
+def write_report(out: Path, report: dict[str, Any]) -> None:
+    write_text_atomically(out / REPORT_JSON, json.dumps(report, indent=2) + "\n")
+    write_text_atomically(out / REPORT_MD, markdown(report))
