@@ -152,7 +152,7 @@ def test_draft_probs_are_the_drafts_distribution(gamma, sampling):
     gets the q each draft was really sampled from."""
     target = tiny_lm("qwen2")
     draft = tiny_lm("qwen2", seed=1, hidden=16, layers=1)
-    proposer = CheckedDraftProposer(draft, gamma=gamma, max_gamma=4, probe_every=2)
+    proposer = CheckedDraftProposer(draft, gamma=gamma, max_gamma=4, probe_every=2, max_probe_every=2)
     ids = prompts()[0]
     out = dh.SpeculativeDecoder(target, proposer).generate(ids, max_new_tokens=25, seed=3, eos_token_id=[], **sampling)
     assert out.sequences.shape[1] == ids.shape[1] + 25
@@ -431,7 +431,7 @@ def test_choose_gamma():
 
 
 def test_adaptive_gamma_learns_falls_back_and_probes():
-    ad = AdaptiveGamma(max_gamma=6, initial_gamma=3, probe_every=8)
+    ad = AdaptiveGamma(max_gamma=6, initial_gamma=3, probe_every=8, max_probe_every=8)  # no backoff here
     assert ad.choose() == 3  # nothing measured yet
     # a cheap draft that is always accepted: gamma goes to the maximum
     for _ in range(30):
@@ -462,6 +462,30 @@ def test_adaptive_gamma_learns_falls_back_and_probes():
     # a limit of 0 (no room left) is not a fallback
     before = ad.fallback_steps
     assert ad.choose(0) == 0 and ad.fallback_steps == before
+
+
+def test_adaptive_gamma_probes_back_off_and_reset():
+    ad = AdaptiveGamma(max_gamma=4, initial_gamma=2, probe_every=4, max_probe_every=16)
+    ad.record_draft_time(0.001)
+    chosen = []
+    for _ in range(120):  # a useless draft: every probe fails
+        g = ad.choose()
+        chosen.append(g)
+        ad.record_step(g, 0, 0.02 + 0.0005 * g)
+    first_plain = chosen.index(0)  # alpha has decayed from its prior: plain decoding wins
+    probes = [i for i, g in enumerate(chosen) if g == 1 and i > first_plain]
+    gaps = [b - a for a, b in zip(probes, probes[1:])]
+    assert gaps[:3] == [8, 16, 16] and set(gaps[3:]) == {16}, gaps  # the wait doubles, capped at 16
+    assert ad.probe_interval == 16
+    assert ad.stats()["probe_interval"] == 16
+    # the draft turns perfect: the next probe succeeds, drafting resumes and the wait resets
+    for _ in range(40):
+        g = ad.choose()
+        ad.record_step(g, g, 0.02 + 0.0005 * g)
+    assert ad.choose() >= 1 and ad.probe_interval == 4
+    with pytest.raises(ValueError, match="max_probe_every"):
+        AdaptiveGamma(probe_every=8, max_probe_every=4)
+    assert AdaptiveGamma(probe_every=300).max_probe_every == 300
 
 
 def test_adaptive_gamma_verify_time_estimates():

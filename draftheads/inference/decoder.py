@@ -4,6 +4,7 @@ Read it top to bottom: everything a step does is in `generate`.
 """
 from __future__ import annotations
 
+import inspect
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -43,6 +44,20 @@ def _eos_set(target: torch.nn.Module, eos_token_id: int | list[int] | None) -> s
     if eos_token_id is None:
         return set()
     return {int(eos_token_id)} if isinstance(eos_token_id, int) else {int(e) for e in eos_token_id}
+
+
+def _last_logits_only(model: torch.nn.Module) -> dict[str, int]:
+    """``logits_to_keep=1`` where the forward takes it, as `generate` does in its prefill: only the
+    last prompt position's logits are used, and the LM head over a whole prompt is not free (for
+    the demo's 128-token prompts ~20% of the prefill). Hidden states are unaffected."""
+    forward = type(model).forward
+    keep = _KEEPS_LAST.get(forward)
+    if keep is None:
+        keep = _KEEPS_LAST[forward] = "logits_to_keep" in inspect.signature(model.forward).parameters
+    return {"logits_to_keep": 1} if keep else {}
+
+
+_KEEPS_LAST: dict[Any, bool] = {}
 
 
 class SpeculativeDecoder:
@@ -112,7 +127,8 @@ class SpeculativeDecoder:
         t0 = time.perf_counter()
         cache = DynamicCache()
         out = self.target(
-            input_ids=prompt[None], use_cache=True, output_hidden_states=True, **{self.verifier.cache_arg: cache}
+            input_ids=prompt[None], use_cache=True, output_hidden_states=True, **{self.verifier.cache_arg: cache},
+            **_last_logits_only(self.target),
         )
         last_logits = out.logits[0, -1]
         root = int(last_logits.argmax()) if params.greedy else sample(params.probs(last_logits).cpu(), generator)
