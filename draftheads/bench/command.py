@@ -46,6 +46,8 @@ def add_parser(sub, add_target_args: Callable[[argparse.ArgumentParser], None]) 
     p.add_argument("--warmup", type=int, default=1, metavar="N", help="untimed runs of every method before timing")
     p.add_argument("--out", default="results", help="output folder for report.json, report.md and plots")
     p.add_argument("--overwrite", action="store_true", help="write into --out even if it exists")
+    p.add_argument("--threads", type=int, default=None, metavar="N",
+                   help="torch CPU threads (default: torch's choice; fewer than cores is steadier on a shared machine)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     return p
 
@@ -67,6 +69,8 @@ def _check_args(args) -> None:
         raise SystemExit(f"error: --max-new-tokens must be >= 1, got {args.max_new_tokens}")
     if args.max_questions is not None and args.max_questions < 1:
         raise SystemExit(f"error: --max-questions must be >= 1, got {args.max_questions}")
+    if args.threads is not None and args.threads < 1:
+        raise SystemExit(f"error: --threads must be >= 1, got {args.threads}")
     if args.warmup < 0:
         raise SystemExit(f"error: --warmup must be >= 0, got {args.warmup}")
     if args.temperature < 0:
@@ -89,6 +93,10 @@ def _run(args, load_model) -> int:
     from .runner import Runner, Settings
 
     _check_args(args)
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
     questions = None
     if args.questions:
         questions = select(load_questions(args.questions), args.categories, args.max_questions)
@@ -124,6 +132,7 @@ def _run(args, load_model) -> int:
             "questions": len(questions),
             "samples": sum(len(q.turns) for q in questions),
             "categories": cats,
+            "raw": all(q.raw for q in questions),
             "truncated": sum(1 for s in samples if s.method == "plain" and s.truncated),
         },
         "methods": [m.describe() for m in methods],
@@ -138,7 +147,8 @@ def _run(args, load_model) -> int:
     for stale in (REPORT_JSON, REPORT_MD, plots.SPEEDUP_PNG, plots.ACCEPT_PNG, plots.DEPTH_PNG):
         (out / stale).unlink(missing_ok=True)  # never leave an earlier run's plot beside this report
     try:
-        title = f"{Path(str(report['environment']['target'])).name}, {source.split(' (')[0]}"
+        asked = Path(args.questions).name if args.questions else "demo held-out code"
+        title = f"{Path(str(report['environment']['target'])).name}, {asked}, {args.max_new_tokens} new tokens"
         report["plots"] = plots.write_plots(out, results, [m.name for m in methods], cats, title)
     except ImportError:
         report["plots_missing"] = 'matplotlib is not installed: pip install "draftheads[bench]"'

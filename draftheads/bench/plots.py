@@ -25,7 +25,8 @@ def write_plots(out: Path, results: dict[str, Any], methods: list[str], categori
 
     written = []
     for name, draw in ((SPEEDUP_PNG, _speedup), (ACCEPT_PNG, _accept_lengths), (DEPTH_PNG, _depth)):
-        fig, ax = plt.subplots(figsize=(max(6.0, 1.0 + 0.9 * len(categories) * max(1, len(methods)) / 2), 4.2))
+        bars = (len(categories) + 1) * max(1, len(methods)) if name == SPEEDUP_PNG else 0
+        fig, ax = plt.subplots(figsize=(min(12.0, max(6.5, 2.0 + 0.22 * bars)), 4.5))
         try:
             draw(ax, results, methods, categories)
             ax.set_title(f"{ax.get_title()}\n{title}", fontsize=9)

@@ -96,7 +96,8 @@ def demo_questions(tokenizer, num: int = 12, prompt_tokens: int = 128) -> list[Q
         text = path.read_text(encoding="utf-8")
         if len(text) <= 2000:
             continue
-        ids = tokenizer(text).input_ids[:prompt_tokens]
+        # A prefix is plenty for prompt_tokens tokens (and stays under the model's length warning).
+        ids = tokenizer(text[: 32 * prompt_tokens]).input_ids[:prompt_tokens]
         questions.append(Question(
             question_id=path.relative_to(root).as_posix(),
             category=CODE_CATEGORY,

@@ -44,6 +44,8 @@ def markdown(report: dict[str, Any]) -> str:
     results, methods = report["results"], [m["name"] for m in report["methods"]]
     env, settings, q = report["environment"], report["settings"], report["questions"]
     truncated = f", {q['truncated']} prompts cut to fit the context" if q["truncated"] else ""
+    template = ("code prompts as raw text" if q.get("raw") else
+                f"chat template {'on' if settings['use_chat_template'] else 'off'}")
     lines = [
         "# draftheads bench",
         "",
@@ -54,7 +56,7 @@ def markdown(report: dict[str, Any]) -> str:
         f"{truncated}; categories "
         f"{', '.join(q['categories'])}. Up to {settings['max_new_tokens']} new tokens, temperature "
         f"{settings['temperature']}, seed {settings['seed']}, {settings['warmup']} untimed warm-up run(s) per method, "
-        f"chat template {'on' if settings['use_chat_template'] else 'off'}. Plain `generate` and every method ran "
+        f"{template}. Plain `generate` and every method ran "
         "interleaved on each prompt.",
         "",
         "## Overall",
