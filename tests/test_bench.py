@@ -207,3 +207,26 @@ def test_unknown_or_unconfigured_method_is_refused(tiny_target_dir, questions_fi
         _bench(tiny_target_dir, "--compare", "draft-model", "--questions", questions_file, "--out", tmp_path / "r")
     with pytest.raises(SystemExit, match="nothing to compare"):
         _bench(tiny_target_dir, "--questions", questions_file, "--out", tmp_path / "r")
+
+
+def test_sampling_run_skips_exactness_and_text_prompt_files(tiny_target_dir, tmp_path):
+    """At temperature > 0 draws differ from generate's, so exactness is not claimed either way;
+    a .txt file gives one single-turn prompt per non-empty line."""
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("def f(self, x):\n\nfor x in y:\n")
+    assert [q.turns for q in load_questions(prompts)] == [("def f(self, x):",), ("for x in y:",)]
+    out = tmp_path / "r"
+    assert _bench(tiny_target_dir, "--prompt-lookup", "--questions", prompts, "--temperature", "0.8",
+                  "--warmup", "0", "--out", out) == 0
+    report = json.loads((out / "report.json").read_text())
+    assert report["all_exact"] is None and report["settings"]["temperature"] == 0.8
+    assert all(s["exact"] is None for s in report["samples"])
+    assert "not checked (temperature > 0" in (out / "report.md").read_text()
+
+
+def test_demo_questions_are_raw_code_prefixes(tiny_tokenizer):
+    from draftheads.bench.questions import demo_questions
+
+    qs = demo_questions(tiny_tokenizer, num=2, prompt_tokens=16)
+    assert len(qs) == 2 and all(q.category == "code" and q.raw and len(q.turns) == 1 for q in qs)
+    assert all(q.question_id.endswith(".py") for q in qs)
