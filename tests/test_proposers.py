@@ -430,6 +430,31 @@ def test_choose_gamma():
     assert choose_gamma(0.9, 0.001, verify, 3) == 3
 
 
+def test_choose_gamma_counts_the_per_step_overhead():
+    verify = linear_verify(0.010, 0.0005)
+    # a weak draft: not worth a 2 ms draft forward on top of a 10 ms step ...
+    assert choose_gamma(0.2, 0.002, verify, 8) == 0
+    # ... but worth it when every step also pays 5 ms of loop overhead, whatever its length
+    assert choose_gamma(0.2, 0.002, verify, 8, overhead=0.005) >= 1
+    ad = AdaptiveGamma(max_gamma=4)
+    ad.record_draft_time(0.002)
+    ad.record_step(0, 0, 0.010)
+    ad.record_step(1, 0, 0.0105)
+    ad._succ, ad._fail = 0.2, 0.8
+    assert ad.choose() == 0
+    ad.record_overhead(0.005)
+    assert ad.choose() >= 1 and ad.stats()["t_overhead"] == 0.005
+
+
+def test_draft_model_measures_the_loop_overhead():
+    target = tiny_lm("llama")
+    draft = tiny_lm("llama", seed=1, hidden=16, layers=1)
+    out = dh.SpeculativeDecoder(target, dh.DraftModelProposer(draft, gamma="auto")).generate(
+        prompts()[0], max_new_tokens=12, eos_token_id=[]
+    )
+    assert out.stats["t_overhead"] is not None and 0.0 <= out.stats["t_overhead"] < out.decode_seconds
+
+
 def test_adaptive_gamma_learns_falls_back_and_probes():
     ad = AdaptiveGamma(max_gamma=6, initial_gamma=3, probe_every=8, max_probe_every=8)  # no backoff here
     assert ad.choose() == 3  # nothing measured yet

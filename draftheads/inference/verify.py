@@ -99,10 +99,11 @@ class TreeVerifier:
         total = prefix_len + shape.max_depth + 1
         needs_window = [w for w in self.windows if w is not None and total > w]
         if not needs_window:
-            if shape.size == 1:
-                # A root-only tree (a plain decoding step) sees the whole prefix: no mask, exactly
-                # what `generate` passes, so the model takes its unmasked one-token path (building
-                # and applying a [1, 1, 1, prefix + 1] mask cost ~3% of a step on the demo target).
+            if all(p == i - 1 for i, p in enumerate(shape.parents)):
+                # A chain (draft-model and prompt-lookup drafts; a root-only tree is a plain decoding
+                # step) needs no tree mask: its tree mask IS the causal mask. Passing none, as
+                # `generate` does, lets the model build its own causal mask and take its fast paths
+                # (building and applying our 4D mask cost ~3% of a one-token step on the demo target).
                 return None
             return tree_attention_mask(shape, prefix_len, dtype, device)
         if not self.mixed_layers:
@@ -133,11 +134,19 @@ class TreeVerifier:
     @staticmethod
     def accept_greedy(tree: Tree, logits: torch.Tensor) -> Acceptance:
         """Longest root-to-node path whose tokens all equal the target's argmax at their parent."""
+        paths = tree.shape.paths  # [leaves, D+1], -1 padded
+        if paths.shape[0] == 1:
+            # A chain (one leaf; root-only included): walk it in Python, cheaper than the tensor
+            # ops below for the few nodes a chain has (every step of plain, draft-model and
+            # prompt-lookup decoding comes here).
+            predicted_list = logits.argmax(dim=-1).tolist()
+            chain = tree.tokens.tolist()
+            m = 1
+            while m < len(chain) and chain[m] == predicted_list[m - 1]:
+                m += 1
+            return Acceptance(torch.arange(m), predicted_list[m - 1])
         predicted = logits.argmax(dim=-1).cpu()
         tokens = tree.tokens.cpu()
-        paths = tree.shape.paths  # [leaves, D+1], -1 padded
-        if paths.shape[1] == 1:
-            return Acceptance(torch.zeros(1, dtype=torch.long), int(predicted[0]))
         child, parent = paths[:, 1:], paths[:, :-1]
         ok = (child >= 0) & (tokens[child.clamp(min=0)] == predicted[parent.clamp(min=0)])
         lengths = ok.long().cumprod(dim=1).sum(dim=1)

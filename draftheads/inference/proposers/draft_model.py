@@ -51,12 +51,17 @@ def expected_tokens(alpha: float, gamma: int) -> float:
     return (1.0 - alpha ** (gamma + 1)) / (1.0 - alpha)
 
 
-def choose_gamma(alpha: float, t_draft: float, verify_time: Callable[[int], float], max_gamma: int) -> int:
+def choose_gamma(
+    alpha: float, t_draft: float, verify_time: Callable[[int], float], max_gamma: int, overhead: float = 0.0
+) -> int:
     """The draft length in 0..max_gamma with the most expected tokens per second:
-    E[tokens](gamma) / (gamma * t_draft + verify_time(gamma + 1)). Ties go to the shorter draft."""
+    E[tokens](gamma) / (overhead + gamma * t_draft + verify_time(gamma + 1)). ``overhead`` is the
+    per-step time outside the draft and verify forwards (the decode loop's bookkeeping): the same
+    for every gamma, but leaving it out makes short steps look relatively cheaper than they are,
+    which biases the choice towards short drafts and fallback. Ties go to the shorter draft."""
     best, best_rate = 0, -1.0
     for gamma in range(max_gamma + 1):
-        seconds = gamma * t_draft + verify_time(gamma + 1)
+        seconds = overhead + gamma * t_draft + verify_time(gamma + 1)
         rate = expected_tokens(alpha, gamma) / max(seconds, 1e-12)
         if rate > best_rate * (1.0 + 1e-9):
             best, best_rate = gamma, rate
@@ -75,6 +80,8 @@ class AdaptiveGamma:
       nearest measured sizes; beyond the largest it is extrapolated along the slope of the two
       largest (constant if only one is known); below the smallest it is taken equal to the
       smallest (so a plain step never looks cheaper than measured, and fallback needs evidence).
+    - overhead: EMA of each step's time outside the draft and verify forwards (the loop's own
+      cost, measured by the proposer between consecutive steps), added to every gamma's step time.
     - Until both a draft time and a verify time are known, ``initial_gamma`` is used.
     - When gamma 0 (plain decoding) wins, a probe step drafts one token anyway after
       ``probe_every`` plain steps, refreshing alpha and t_draft so that a draft that becomes useful
@@ -114,6 +121,7 @@ class AdaptiveGamma:
         self._succ = initial_alpha  # one pseudo-observation at the prior rate
         self._fail = 1.0 - initial_alpha
         self.t_draft: float | None = None
+        self.overhead: float | None = None
         self._verify: dict[int, float] = {}
         self._since_probe = 0
         self.reset_counts()
@@ -134,6 +142,9 @@ class AdaptiveGamma:
 
     def record_draft_time(self, seconds_per_forward: float) -> None:
         self.t_draft = self._ema(self.t_draft, seconds_per_forward)
+
+    def record_overhead(self, seconds: float) -> None:
+        self.overhead = self._ema(self.overhead, max(seconds, 0.0))
 
     def record_step(self, num_drafted: int, accepted: int, verify_seconds: float) -> None:
         size = num_drafted + 1
@@ -172,7 +183,7 @@ class AdaptiveGamma:
         elif self.t_draft is None or not self._verify:
             gamma = min(self.initial_gamma, limit)
         else:
-            gamma = choose_gamma(self.alpha, self.t_draft, self.verify_time, limit)
+            gamma = choose_gamma(self.alpha, self.t_draft, self.verify_time, limit, self.overhead or 0.0)
             if gamma == 0:
                 self._since_probe += 1
                 if self._since_probe >= self.probe_interval:
@@ -200,6 +211,7 @@ class AdaptiveGamma:
             "probe_interval": self.probe_interval,
             "alpha": self.alpha,
             "t_draft": self.t_draft,
+            "t_overhead": self.overhead,
             "t_verify": dict(sorted(self._verify.items())),
         }
 
@@ -291,6 +303,9 @@ class DraftModelProposer(Proposer):
         self._params = SamplingParams()
         self._generator: torch.Generator | None = None
         self._draft_seconds = 0.0
+        self._step_start: float | None = None
+        self._step_draft = 0.0
+        self._step_verify: float | None = None
 
     # -- set-up ----------------------------------------------------------------------------------
     def bind_target(self, target: torch.nn.Module) -> None:
@@ -328,6 +343,9 @@ class DraftModelProposer(Proposer):
         self._params = params
         self._generator = generator
         self._draft_seconds = 0.0
+        self._step_start = None  # when the previous propose() began
+        self._step_draft = 0.0  # draft forward seconds of the previous step
+        self._step_verify = None  # its verify seconds (from observe)
         self.adaptive.reset_counts()
 
     # -- drafting ----------------------------------------------------------------------------------
@@ -359,6 +377,11 @@ class DraftModelProposer(Proposer):
             raise RuntimeError("propose() called twice without accepted(): the decode loop is out of step")
         if self._cache is None:
             raise RuntimeError("call start() before propose()")
+        now = time.perf_counter()
+        if self._step_start is not None and self._step_verify is not None:
+            # Wall time of the previous step minus its forwards: the loop's per-step overhead.
+            self.adaptive.record_overhead(now - self._step_start - self._step_draft - self._step_verify)
+        self._step_start, self._step_draft, self._step_verify = now, 0.0, None
         limit = min(max_depth, self.gamma if self.gamma is not None else self.adaptive.max_gamma)
         gamma = self.adaptive.choose(limit) if self.gamma is None else max(limit, 0)
         if self.gamma is not None:
@@ -383,7 +406,8 @@ class DraftModelProposer(Proposer):
             if q is not None:
                 rows.append(q)
             feed = [token]
-        self._draft_seconds += time.perf_counter() - start
+        self._step_draft = time.perf_counter() - start
+        self._draft_seconds += self._step_draft
         # The cache now holds the old prefix + pending + root + drafts[:-1].
         self._pending = []
         self._drafts = drafts
@@ -412,6 +436,7 @@ class DraftModelProposer(Proposer):
             self._pending = [self._drafts[-1]]  # accepted but never fed to the draft
 
     def observe(self, num_drafted: int, accepted_drafts: int, verify_seconds: float) -> None:
+        self._step_verify = verify_seconds
         self.adaptive.record_step(num_drafted, accepted_drafts, verify_seconds)
 
     def stats(self) -> dict:
