@@ -1,7 +1,9 @@
 """draftheads: train speculative-decoding draft heads on a frozen Hugging Face LM, decode losslessly."""
-from .heads import HeadsConfig, MedusaHeads, TargetInfo, load_heads, save_heads
+from .heads import Eagle3Head, EagleHead, HeadsConfig, HydraHeads, MedusaHeads, TargetInfo, load_heads, save_heads
 from .inference import (
     DraftModelProposer,
+    EagleProposer,
+    HydraProposer,
     MedusaProposer,
     PromptLookupProposer,
     Proposer,
@@ -18,7 +20,12 @@ __version__ = "0.1.0"
 
 __all__ = [
     "DraftModelProposer",
+    "Eagle3Head",
+    "EagleHead",
+    "EagleProposer",
     "HeadsConfig",
+    "HydraHeads",
+    "HydraProposer",
     "MedusaHeads",
     "MedusaProposer",
     "PromptLookupProposer",

@@ -46,10 +46,15 @@ class TargetConfig:
 class HeadsSpec:
     """Which draft heads to train (the architecture itself is fixed by the target's sizes)."""
 
-    type: str = "medusa"
+    type: str = "medusa"  # medusa | hydra | eagle | eagle3
+    # medusa/hydra: heads (one per future position); eagle/eagle3: draft steps unrolled in training
+    # (eagle: 1 = EAGLE-1's teacher-forced recipe; eagle3: training-time test, steps weighted 0.8^k).
     num_heads: int = 4
-    num_layers: int = 1
-    lm_head: Literal["auto", "own", "shared"] = "auto"
+    num_layers: int = 1  # residual blocks per head (medusa/hydra) or decoder layers (eagle/eagle3)
+    lm_head: Literal["auto", "own", "shared"] = "auto"  # medusa/hydra only
+    feature_layers: list[int] | None = None  # eagle3: target layers fused (default 2, L/2, L-3)
+    draft_vocab_size: int | None = None  # eagle3: size of its own LM head's vocabulary (default 32000)
+    noise: float = 0.1  # eagle: amplitude of the uniform noise added to target features in training
 
 
 @dataclass

@@ -116,7 +116,7 @@ def test_biased_acceptance_rule_is_caught(setup, params):
 
 
 # -- the whole decode loop: prefill sampling, trees, commit, several steps --------------------------
-NEW = 2
+NEW = 3  # the root comes from the prefill, so 3 new tokens leave room for one drafted level
 RUNS = 2500
 
 
@@ -176,6 +176,16 @@ def test_generate_samples_the_target_distribution(setup):
     counts = empirical_counts(decoder, prompt, params)
     stat, critical = chi_square(counts, dist, RUNS)
     assert stat < critical, f"chi-square {stat:.1f} >= {critical:.1f}: output distribution differs from the target's"
+    assert drafts_accepted(decoder, prompt, params) >= 5, "drafts were (almost) never accepted: the test would be vacuous"
+
+
+def drafts_accepted(decoder, prompt, params: SamplingParams, runs: int = 50) -> int:
+    """In how many of ``runs`` seeded generations a drafted token was accepted."""
+    return sum(
+        max(decoder.generate(prompt, max_new_tokens=NEW, temperature=params.temperature, top_k=params.top_k,
+                             top_p=params.top_p, eos_token_id=[], seed=s).accept_lengths, default=1) > 1
+        for s in range(runs)
+    )
 
 
 def biased_accept_sampling(tree, logits, params, generator):

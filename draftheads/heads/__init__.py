@@ -1,9 +1,14 @@
-"""Draft heads (Medusa today), their config, and their safetensors export."""
+"""Draft heads (Medusa, Hydra, EAGLE, EAGLE-3), their config, and their safetensors export."""
 from .config import FORMAT_VERSION, HeadsConfig, TargetInfo
 from .io import head_types, load_heads, read_config, save_heads
+from .eagle import Eagle3Head, EagleHead
+from .hydra import HydraHeads
 from .medusa import MedusaHeads, ResBlock, check_target
 
 __all__ = [
+    "Eagle3Head",
+    "EagleHead",
+    "HydraHeads",
     "FORMAT_VERSION",
     "HeadsConfig",
     "MedusaHeads",

@@ -26,9 +26,11 @@ TREE_NAME = "tree.json"
 
 def head_types() -> dict[str, type]:
     """Registered head classes by ``head_type`` name."""
+    from .eagle import Eagle3Head, EagleHead
+    from .hydra import HydraHeads
     from .medusa import MedusaHeads
 
-    return {cls.head_type: cls for cls in (MedusaHeads,)}
+    return {cls.head_type: cls for cls in (MedusaHeads, HydraHeads, EagleHead, Eagle3Head)}
 
 
 def write_folder_atomically(path: str | os.PathLike, files: dict[str, Any]) -> Path:
@@ -157,6 +159,12 @@ def load_heads(
             )
         raise ValueError(f"{weights} does not match its config.json ({'; '.join(details)})")
     heads.load_state_dict(state, strict=True)
+    validate = getattr(heads, "validate_loaded", None)
+    if validate is not None:
+        try:
+            validate()
+        except ValueError as e:
+            raise ValueError(f"{weights}: {e}") from None
     heads.tree, heads.draft_vocab_size = read_tree(path)
     if target is not None:
         heads.bind_target(target)

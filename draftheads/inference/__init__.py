@@ -1,6 +1,6 @@
 """Inference: trees, the verifier, proposers and the decode loop."""
 from .decoder import SpeculativeDecoder, SpeculativeOutput
-from .proposers import DraftModelProposer, MedusaProposer, PromptLookupProposer, Proposer
+from .proposers import DraftModelProposer, EagleProposer, HydraProposer, MedusaProposer, PromptLookupProposer, Proposer
 from .sampling import SamplingParams
 from .tokenizer_check import check_same_tokenizer
 from .tree import Tree, TreeShape, default_choices
@@ -8,6 +8,8 @@ from .verify import TreeVerifier, UnsupportedModelError, check_tree_attention, c
 
 __all__ = [
     "DraftModelProposer",
+    "EagleProposer",
+    "HydraProposer",
     "MedusaProposer",
     "PromptLookupProposer",
     "Proposer",

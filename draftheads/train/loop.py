@@ -101,6 +101,9 @@ def run(cfg: ExperimentConfig) -> TrainResult:
     # -- 3. heads, wrapper, optimizer, schedule --------------------------------------------------
     set_seed(t.seed)  # heads' init does not depend on what loading consumed from the RNG
     heads = build_heads(cfg.heads, target, zero3=zero3)
+    if hasattr(heads, "set_draft_vocab"):  # EAGLE-3: its own LM head covers the most frequent training tokens
+        heads.set_draft_vocab(training_token_counts(train_ds, heads.config.vocab_size))
+        say(f"draft vocabulary: the {heads.draft_to_target.numel()} most frequent training tokens")
     model = TargetWithHeads(
         target, heads, loss_decay=t.loss_decay, loss_chunk_size=t.loss_chunk_size, topk=t.topk, labels=t.labels
     )
@@ -285,8 +288,25 @@ def build_heads(spec: HeadsSpec, target: torch.nn.Module, zero3: bool = False) -
         import deepspeed
 
         ctx = deepspeed.zero.GatheredParameters([target.get_output_embeddings().weight], modifier_rank=None)
+    kwargs = {}
+    if spec.type == "eagle":
+        kwargs = {"noise": spec.noise}
+    elif spec.type == "eagle3":
+        kwargs = {"feature_layers": spec.feature_layers, "draft_vocab_size": spec.draft_vocab_size}
     with ctx:
-        return cls.for_target(target, num_heads=spec.num_heads, num_layers=spec.num_layers, lm_head=spec.lm_head)
+        return cls.for_target(
+            target, num_heads=spec.num_heads, num_layers=spec.num_layers, lm_head=spec.lm_head, **kwargs
+        )
+
+
+def training_token_counts(dataset, vocab_size: int) -> torch.Tensor:
+    """How often each token id is a trained (loss-masked) token in ``dataset``; the same on every
+    process (a full pass over the tokenized split, no randomness)."""
+    counts = torch.zeros(vocab_size, dtype=torch.long)
+    for row in dataset.with_format("torch").iter(batch_size=1024):
+        for ids, mask in zip(row["input_ids"], row["loss_mask"]):
+            counts += torch.bincount(ids[mask.bool()].long(), minlength=vocab_size)[:vocab_size]
+    return counts
 
 
 class EpochShuffleSampler(Sampler[int]):

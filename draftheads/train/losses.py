@@ -57,6 +57,21 @@ def medusa_targets(
     return targets
 
 
+def token_context(input_ids: torch.Tensor, num_heads: int) -> torch.Tensor:
+    """``[B, S, K]``: ``context[b, t, j] = input_ids[b, t+1+j]`` (0 past the end): the tokens a
+    Hydra head k reads (j <= k) when predicting t+2+k, teacher-forced from the labels."""
+    bsz, seq = input_ids.shape
+    context = torch.zeros(bsz, seq, num_heads, dtype=input_ids.dtype, device=input_ids.device)
+    for j in range(num_heads):
+        if 1 + j < seq:
+            context[:, : seq - 1 - j, j] = input_ids[:, 1 + j :]
+    return context
+
+
+def _head_states(heads: torch.nn.Module, hidden: torch.Tensor, context: torch.Tensor | None) -> list[torch.Tensor]:
+    return heads.head_states(hidden) if context is None else heads.head_states(hidden, context)
+
+
 def _project_ce(heads: torch.nn.Module, k: int, topk: int, state: torch.Tensor, target: torch.Tensor):
     """Head k's summed CE over ``state`` rows, plus top-1/top-k hit counts (no grad)."""
     logits = heads.project(state, k).float()
@@ -65,6 +80,10 @@ def _project_ce(heads: torch.nn.Module, k: int, topk: int, state: torch.Tensor, 
         top1 = (logits.argmax(-1) == target).sum()
         hits = (logits.topk(min(topk, logits.shape[-1]), dim=-1).indices == target[:, None]).any(-1).sum()
     return ce, top1, hits
+
+
+def _reads_tokens(heads: torch.nn.Module) -> bool:
+    return getattr(heads, "head_type", "medusa") == "hydra"
 
 
 def medusa_loss(
@@ -85,6 +104,8 @@ def medusa_loss(
     flat = hidden.reshape(-1, hidden.shape[-1])
     rows = (targets != IGNORE).any(-1).nonzero().squeeze(-1)
     flat, targets = flat[rows], targets[rows]
+    # Hydra heads also read the tokens before the one they predict.
+    context = token_context(input_ids, num_heads).reshape(-1, num_heads)[rows] if _reads_tokens(heads) else None
     count = (targets != IGNORE).sum(0)
     weights = [decay**k / max(int(count[k]), 1) for k in range(num_heads)]
 
@@ -94,7 +115,7 @@ def medusa_loss(
     use_ckpt = torch.is_grad_enabled()
     loss = hidden.new_zeros((), dtype=torch.float32)
     for start in range(0, flat.shape[0], chunk_size):
-        states = heads.head_states(flat[start : start + chunk_size])
+        states = _head_states(heads, flat[start : start + chunk_size], None if context is None else context[start : start + chunk_size])
         chunk_targets = targets[start : start + chunk_size]
         for k, state in enumerate(states):
             tk = chunk_targets[:, k]
@@ -114,7 +135,7 @@ def medusa_loss(
     idle = [k for k in range(num_heads) if int(count[k]) == 0]
     if idle and torch.is_grad_enabled():
         probe = hidden.reshape(-1, hidden.shape[-1])[:1]
-        states = heads.head_states(probe)
+        states = _head_states(heads, probe, None if context is None else input_ids.new_zeros(1, num_heads))
         for k in idle:
             loss = loss + 0.0 * heads.project(states[k], k).float().sum()
     return HeadLossOutput(loss=loss, ce_sum=ce_sum, count=count.to(torch.long), top1=top1, topk=hits)
@@ -130,7 +151,10 @@ def naive_medusa_loss(
     decay: float = 0.8,
 ) -> torch.Tensor:
     """Reference: full ``[B, S, K, V]`` logits and one masked mean CE per head (tests only)."""
-    logits = heads(hidden).float()  # [B, S, K, V]
+    if _reads_tokens(heads):
+        logits = heads(hidden, token_context(input_ids, heads.config.num_heads)).float()
+    else:
+        logits = heads(hidden).float()  # [B, S, K, V]
     targets = medusa_targets(input_ids, heads.config.num_heads, loss_mask, attention_mask)
     loss = hidden.new_zeros((), dtype=torch.float32)
     for k in range(heads.config.num_heads):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from .eagle_loss import eagle_loss
 from .losses import medusa_loss
 
 
@@ -72,6 +73,18 @@ class TargetWithHeads(nn.Module):
 
     # -- forward -------------------------------------------------------------------------------
     @torch.no_grad()
+    def target_features(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, layers: list[int]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(last hidden state after the final norm, the hidden states entering ``layers``
+        concatenated): EAGLE-3 reads several layers, and learns the target's final distribution."""
+        base = getattr(self.target, getattr(self.target, "base_model_prefix", ""), None)
+        model = base if isinstance(base, nn.Module) and base is not self.target else self.target
+        out = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, output_hidden_states=True)
+        last = out.last_hidden_state if hasattr(out, "last_hidden_state") and out.last_hidden_state is not None else out.hidden_states[-1]
+        return last, torch.cat([out.hidden_states[i] for i in layers], dim=-1)
+
+    @torch.no_grad()
     def target_hidden(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         """The target's last hidden state after the final norm: exactly what its LM head reads.
 
@@ -108,23 +121,25 @@ class TargetWithHeads(nn.Module):
         attention_mask: torch.Tensor | None = None,
         loss_mask: torch.Tensor | None = None,
     ) -> dict[str, torch.Tensor]:
-        hidden = self.target_hidden(input_ids, attention_mask)
-        labels = self.target_labels(input_ids, hidden) if self.labels == "target" else input_ids
-        out = medusa_loss(
-            self.heads,
-            hidden,
-            labels,
-            loss_mask,
-            attention_mask,
-            decay=self.loss_decay,
-            chunk_size=self.loss_chunk_size,
-            topk=self.topk,
-        )
+        layers = getattr(self.heads, "feature_layers", None)
+        if layers:
+            hidden, features = self.target_features(input_ids, attention_mask, layers)
+        else:
+            hidden = features = self.target_hidden(input_ids, attention_mask)
+        common = dict(decay=self.loss_decay, chunk_size=self.loss_chunk_size, topk=self.topk)
+        if self.heads.head_type in ("eagle", "eagle3"):
+            # EAGLE learns the target's distribution at every position (its own soft labels) from
+            # the data tokens it reads; `labels` does not apply.
+            labels = input_ids
+            out = eagle_loss(self.heads, features, hidden, input_ids, loss_mask, attention_mask, **common)
+        else:
+            labels = self.target_labels(input_ids, hidden) if self.labels == "target" else input_ids
+            out = medusa_loss(self.heads, hidden, labels, loss_mask, attention_mask, **common)
         tokens = attention_mask.sum() if attention_mask is not None else torch.tensor(input_ids.numel())
         mask = loss_mask if loss_mask is not None else torch.ones_like(labels)
         if attention_mask is not None:
             mask = mask * attention_mask
         # How often each token was a label on this process; the loop sums these across processes
         # into heads.token_counts (ranks the draft vocabulary at inference).
-        label_counts = torch.bincount(labels[mask.bool()], minlength=self.heads.token_counts.numel())
+        label_counts = torch.bincount(labels[mask.bool()], minlength=self.heads.config.vocab_size)
         return {"loss": out.loss, "stats": out.stats(), "tokens": tokens.detach(), "label_counts": label_counts}
