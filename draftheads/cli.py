@@ -133,6 +133,23 @@ def _calibration_prompts(args, tokenizer) -> list:
     return [_encode_prompt(tokenizer, t, not args.no_chat_template)[:, -args.prompt_tokens :] for t in texts]
 
 
+def _calibrate_dynamic(args, target, heads, prompts) -> int:
+    """EAGLE heads: time each (token budget, depth, top-k) setting and save the fastest."""
+    from .heads.io import TREE_NAME, write_json_atomically
+    from .inference.calibrate import calibrate_dynamic_tree
+
+    result = calibrate_dynamic_tree(target, heads, prompts, new_tokens=args.new_tokens)
+    print("setting (total tokens, depth, top-k): tokens/s, tokens per step")
+    for c in sorted(result.candidates, key=lambda c: -c["tokens_per_second"])[:8]:
+        print(f"  {c['total_tokens']:3d} {c['depth']:2d} {c['top_k']:2d}: {c['tokens_per_second']:7.1f}  {c['mean_accept_length']:.2f}")
+    print(f"chosen: {result.tree}, {result.mean_accept_length:.2f} tokens/step, "
+          f"{result.expected_speedup:.2f}x our plain one-token steps")
+    if not args.dry_run:
+        write_json_atomically(Path(args.heads) / TREE_NAME, {"tree": result.tree, "calibration": result.to_json()})
+        print(f"saved to {Path(args.heads) / TREE_NAME}: SpeculativeDecoder uses it by default")
+    return 0
+
+
 def cmd_calibrate(args) -> int:
     import draftheads as dh
     from .heads.io import TREE_NAME, write_json_atomically
@@ -141,6 +158,8 @@ def cmd_calibrate(args) -> int:
     target, tokenizer = _load_target(args.target, args.device, args.dtype, args.trust_remote_code)
     heads = dh.load_heads(args.heads, target=target)
     prompts = _calibration_prompts(args, tokenizer)
+    if heads.head_type in ("eagle", "eagle3"):
+        return _calibrate_dynamic(args, target, heads, prompts)
     result = calibrate(target, heads, prompts, new_tokens=args.new_tokens, max_nodes=args.max_nodes)
     print("head accuracy by rank (rows: heads):")
     for k, row in enumerate(result.accuracy):

@@ -222,3 +222,23 @@ def test_fresh_heads_start_from_the_targets_own_prediction():
         n = ids.shape[1]
         state, _ = eagle.run_layers(g, attn_in, torch.arange(n)[None], torch.ones(n, n, dtype=torch.bool).tril()[None])
         assert torch.allclose(eagle.logits(state), out.logits, atol=1e-5)
+
+
+def test_dynamic_tree_calibration_is_saved_and_used(tmp_path):
+    from draftheads.heads.io import TREE_NAME, write_json_atomically
+    from draftheads.inference.calibrate import calibrate_dynamic_tree
+
+    target = tiny_target("llama")
+    heads, prompts = trained_heads(target, "eagle", steps=40)
+    grid = [{"total_tokens": 4, "depth": 2, "top_k": 2}, {"total_tokens": 8, "depth": 4, "top_k": 2}]
+    result = calibrate_dynamic_tree(target, heads, [prompts[i : i + 1] for i in range(2)], new_tokens=12, grid=grid, rounds=1)
+    assert result.tree in grid and len(result.candidates) == 3  # plain decoding is measured too
+    assert result.candidates[0]["mean_accept_length"] == 1.0
+    heads.save_pretrained(tmp_path / "h")
+    write_json_atomically(tmp_path / "h" / TREE_NAME, {"tree": result.tree, "calibration": result.to_json()})
+    loaded = dh.load_heads(tmp_path / "h", target=target)
+    proposer = dh.SpeculativeDecoder(target, loaded).proposer
+    assert (proposer.total_tokens, proposer.depth, proposer.top_k) == tuple(result.tree[k] for k in ("total_tokens", "depth", "top_k"))
+    (tmp_path / "h" / TREE_NAME).write_text(json.dumps({"tree": {"total_tokens": 0, "depth": 3}}))
+    with pytest.raises(ValueError, match="positive integers"):
+        dh.load_heads(tmp_path / "h", target=target)

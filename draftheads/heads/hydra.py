@@ -38,10 +38,10 @@ class HydraHeads(MedusaHeads):
         self._target_embedding = (target.get_input_embeddings(),)
         return self
 
-    def proposer(self, tree=None):
+    def proposer(self, tree=None, draft_vocab_size: int | None = None):
         from ..inference.proposers.hydra import HydraProposer
 
-        return HydraProposer(self, tree=tree)
+        return HydraProposer(self, tree=tree, draft_vocab_size=draft_vocab_size)
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
         if not self._target_embedding:

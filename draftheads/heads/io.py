@@ -106,7 +106,7 @@ def read_config(path: str | os.PathLike) -> HeadsConfig:
     return HeadsConfig.from_dict(data)
 
 
-def read_tree(path: str | os.PathLike) -> tuple[list[list[int]] | None, int | None]:
+def read_tree(path: str | os.PathLike) -> tuple[list[list[int]] | dict | None, int | None]:
     """The calibrated tree and draft vocabulary size saved by `draftheads calibrate`, if any."""
     tree_file = Path(path) / TREE_NAME
     if not tree_file.is_file():
@@ -116,8 +116,16 @@ def read_tree(path: str | os.PathLike) -> tuple[list[list[int]] | None, int | No
         tree = data["tree"]
     except (json.JSONDecodeError, KeyError, TypeError) as e:
         raise ValueError(f"{tree_file} is not a valid tree file ({e!r})") from None
-    if not isinstance(tree, list) or not all(isinstance(p, list) and all(isinstance(r, int) for r in p) for p in tree):
-        raise ValueError(f"{tree_file}: 'tree' must be a list of paths (lists of ranks)")
+    if isinstance(tree, dict):  # a dynamic (EAGLE-2) tree: its settings
+        unknown = sorted(set(tree) - {"total_tokens", "depth", "top_k"})
+        bad = [k for k, v in tree.items() if not isinstance(v, int) or v < 1]
+        if unknown or bad:
+            raise ValueError(
+                f"{tree_file}: a dynamic tree takes positive integers total_tokens, depth, top_k "
+                f"(unknown: {unknown}, not positive integers: {bad})"
+            )
+    elif not isinstance(tree, list) or not all(isinstance(p, list) and all(isinstance(r, int) for r in p) for p in tree):
+        raise ValueError(f"{tree_file}: 'tree' must be a list of paths (lists of ranks) or dynamic-tree settings")
     vocab = data.get("draft_vocab_size")
     if vocab is not None and (not isinstance(vocab, int) or vocab < 1):
         raise ValueError(f"{tree_file}: 'draft_vocab_size' must be a positive integer or null, got {vocab!r}")

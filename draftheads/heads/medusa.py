@@ -93,11 +93,11 @@ class MedusaHeads(nn.Module):
 
         return save_heads(self, path, tree=tree)
 
-    def proposer(self, tree: list[list[int]] | None = None):
+    def proposer(self, tree: list[list[int]] | None = None, draft_vocab_size: int | None = None):
         """The drafting strategy for these heads: top-k of every head filling a static tree."""
         from ..inference.proposers import MedusaProposer
 
-        return MedusaProposer(self, tree=tree)
+        return MedusaProposer(self, tree=tree, draft_vocab_size=draft_vocab_size)
 
     def bind_target(self, target: nn.Module) -> "MedusaHeads":
         """Check that ``target`` is the model these heads were trained for and remember its LM head."""

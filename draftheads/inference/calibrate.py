@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 from transformers import DynamicCache
 
+from ..train.losses import token_context
 from .tree import Tree, TreeShape
 from .verify import TreeVerifier
 
@@ -45,7 +46,11 @@ def head_accuracy_table(
         seq = seq.to(device)
         start = skip_prompt[i] - 1 if skip_prompt else 0
         hidden = target(seq[None], output_hidden_states=True).hidden_states[-1][0]
-        for k, state in enumerate(heads.head_states(hidden)):
+        if getattr(heads, "head_type", "medusa") == "hydra":  # heads told the (correct) tokens before theirs
+            states = heads.head_states(hidden, token_context(seq[None], num_heads)[0])
+        else:
+            states = heads.head_states(hidden)
+        for k, state in enumerate(states):
             shift = k + 2
             if seq.numel() - shift <= start:
                 continue
@@ -217,11 +222,9 @@ def measure_draft_seconds(
     """Median seconds for the heads to draft from one hidden state, by the number of heads used
     (a tree d deep uses the first d heads; each costs a vocab-sized projection, which on a small
     target with a large vocabulary is as much as the target's own LM head)."""
-    from .proposers.medusa import MedusaProposer
-
     times = {0: 0.0}
     for depth in range(1, heads.config.num_heads + 1):
-        proposer = MedusaProposer(heads, tree=[[0] * d for d in range(1, depth + 1)], draft_vocab_size=draft_vocab_size)
+        proposer = heads.proposer(tree=[[0] * d for d in range(1, depth + 1)], draft_vocab_size=draft_vocab_size)
         param = next(heads.parameters())
         proposer._last_hidden = torch.randn(heads.config.hidden_size, device=param.device, dtype=param.dtype)
         samples = []
@@ -271,3 +274,80 @@ def calibrate(
         if best is None or result.expected_speedup > best.expected_speedup:
             best = result
     return best
+
+
+# -- dynamic (EAGLE-2) trees: measured end to end -----------------------------------------------------
+DYNAMIC_GRID = [
+    {"total_tokens": total, "depth": depth, "top_k": top_k}
+    for total in (6, 10, 16, 24)
+    for depth in (3, 5, 7)
+    for top_k in (2, 4)
+]
+
+
+@dataclass
+class CalibratedDynamicTree:
+    tree: dict  # total_tokens, depth, top_k
+    tokens_per_second: float
+    plain_tokens_per_second: float
+    mean_accept_length: float
+    device: str
+    candidates: list[dict] = field(default_factory=list)
+
+    @property
+    def expected_speedup(self) -> float:
+        return self.tokens_per_second / self.plain_tokens_per_second
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+@torch.no_grad()
+def calibrate_dynamic_tree(
+    target: torch.nn.Module,
+    heads: torch.nn.Module,
+    prompts: list[torch.Tensor],
+    new_tokens: int = 64,
+    grid: list[dict] | None = None,
+    rounds: int = 2,
+) -> CalibratedDynamicTree:
+    """The EAGLE tree settings (token budget, depth, top-k) that decode fastest on ``prompts``.
+
+    A dynamic tree's acceptance depends on the draft's confidence at every step, which no
+    per-rank table captures, so each setting is simply timed: greedy decoding of every prompt,
+    settings interleaved over ``rounds`` rounds so that machine drift hits them all alike, the
+    best total tokens / decode seconds wins. Plain decoding (a root-only tree) is measured the
+    same way, so the reported speedup is against our own one-token steps."""
+    from .decoder import SpeculativeDecoder
+
+    grid = grid or DYNAMIC_GRID
+    settings = [{"total_tokens": 1, "depth": 1, "top_k": 1}] + list(grid)  # first: plain decoding
+    decoders = [SpeculativeDecoder(target, heads, tree=s, check_model=(i == 0)) for i, s in enumerate(settings)]
+    for p in prompts[:1]:  # warm-up
+        for d in decoders:
+            d.generate(p, max_new_tokens=8, eos_token_id=[])
+    seconds = [0.0] * len(settings)
+    tokens = [0] * len(settings)
+    steps = [0] * len(settings)
+    for _ in range(rounds):
+        for p in prompts:
+            for i, d in enumerate(decoders):
+                out = d.generate(p, max_new_tokens=new_tokens, eos_token_id=[])
+                seconds[i] += out.decode_seconds
+                tokens[i] += out.num_new_tokens - 1  # the first token comes from the prefill
+                steps[i] += len(out.accept_lengths)
+    rates = [t / s for t, s in zip(tokens, seconds)]
+    best = max(range(1, len(settings)), key=lambda i: rates[i])
+    device = str(target.device) + (f" ({torch.cuda.get_device_name()})" if target.device.type == "cuda" else "")
+    candidates = [
+        {**s, "tokens_per_second": r, "mean_accept_length": t / max(n, 1)}
+        for s, r, t, n in zip(settings, rates, tokens, steps)
+    ]
+    return CalibratedDynamicTree(
+        tree=settings[best],
+        tokens_per_second=rates[best],
+        plain_tokens_per_second=rates[0],
+        mean_accept_length=tokens[best] / max(steps[best], 1),
+        device=device,
+        candidates=candidates,
+    )
