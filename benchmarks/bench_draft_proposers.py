@@ -10,6 +10,7 @@ Methods (greedy, one prompt at a time, same prompts for every method):
     hf-assisted        target.generate(assistant_model=draft)           transformers' speculative decoding
     hf-prompt-lookup   target.generate(prompt_lookup_num_tokens=10)
     dh-draft-gK        SpeculativeDecoder(target, DraftModelProposer(draft, gamma=K)) for K in --gammas
+                       (K = 0: plain decoding through our loop, the draft never runs)
     dh-draft-auto      ... gamma="auto"
     dh-prompt-lookup   SpeculativeDecoder(target, PromptLookupProposer(max_ngram=3, num_tokens=10))
 
@@ -256,7 +257,7 @@ def main() -> None:
             }
         summary[name] = entry
 
-    fixed = [m for m in names if m.startswith("dh-draft-g")]
+    fixed = [m for m in names if m.startswith("dh-draft-g") and m != "dh-draft-g0"]  # g0 = plain, our loop
     lines = [
         f"Prompts: {described}; {n} new tokens, greedy; threads {torch.get_num_threads()}; "
         f"{len(prompts)} prompts x {args.rounds} round(s) in {elapsed:.0f} s",

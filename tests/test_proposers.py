@@ -523,6 +523,16 @@ def test_adaptive_gamma_verify_time_estimates():
     assert ad.verify_time(2) == 0.030
 
 
+def test_adaptive_gamma_a_slow_plain_step_does_not_make_a_useless_draft_pay():
+    ad = AdaptiveGamma(max_gamma=4)
+    ad.record_draft_time(0.002)
+    ad.record_step(1, 0, 0.005)  # size 2: 5 ms
+    ad.record_step(0, 0, 0.009)  # size 1: one slow step (load spike) at 9 ms
+    ad._succ, ad._fail = 0.02, 0.98  # the draft is useless
+    assert ad.verify_time(1) == 0.005  # bounded by the larger size's measurement
+    assert ad.choose() == 0
+
+
 def test_draft_model_stats():
     target = tiny_lm("llama")
     draft = tiny_lm("llama", seed=1, hidden=16, layers=1)

@@ -80,6 +80,7 @@ class AdaptiveGamma:
       nearest measured sizes; beyond the largest it is extrapolated along the slope of the two
       largest (constant if only one is known); below the smallest it is taken equal to the
       smallest (so a plain step never looks cheaper than measured, and fallback needs evidence).
+      No size is estimated above a larger measured size (see `verify_time`).
     - overhead: EMA of each step's time outside the draft and verify forwards (the loop's own
       cost, measured by the proposer between consecutive steps), added to every gamma's step time.
     - Until both a draft time and a verify time are known, ``initial_gamma`` is used.
@@ -155,6 +156,15 @@ class AdaptiveGamma:
             self._fail = self.decay * self._fail + (1.0 - self.decay) * rejected
 
     def verify_time(self, size: int) -> float:
+        """Estimated verify seconds for ``size`` tokens, never above what a larger size measured:
+        a forward over fewer chain tokens does not cost more. Without this bound one slow one-token
+        step (the machine's load spikes) left a stale V(1) above V(2) + t_draft, and a useless draft
+        kept drafting, since only plain steps would have corrected V(1)."""
+        estimate = self._verify_raw(size)
+        larger = [t for s, t in self._verify.items() if s > size]
+        return min(estimate, *larger) if larger else estimate
+
+    def _verify_raw(self, size: int) -> float:
         known = sorted(self._verify)
         if not known:
             raise ValueError("no verify time measured yet")
