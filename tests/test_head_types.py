@@ -15,6 +15,7 @@ from safetensors.torch import load_file, save_file
 
 import draftheads as dh
 from draftheads.config import ConfigError, config_from_dict
+from draftheads.heads.eagle import default_feature_layers
 from draftheads.inference.sampling import SamplingParams
 from draftheads.train.model import TargetWithHeads
 
@@ -191,7 +192,8 @@ def test_feature_layers_outside_the_target_are_refused():
     target = tiny_target("llama", layers=2)
     with pytest.raises(ValueError, match=r"feature layer ids \[7\] are outside the target's layer range"):
         dh.Eagle3Head.for_target(target, feature_layers=[0, 1, 7])
-    assert dh.Eagle3Head.for_target(target, draft_vocab_size=8).feature_layers == [1, 1, 0]
+    assert dh.Eagle3Head.for_target(target, draft_vocab_size=8).feature_layers == [0, 1, 2]  # 2 layers: spread
+    assert default_feature_layers(32) == [2, 16, 29] and default_feature_layers(4) == [1, 2, 3]
 
 
 def test_unknown_head_type_lists_the_valid_ones(tmp_path):

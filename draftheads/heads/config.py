@@ -71,6 +71,8 @@ class TargetInfo:
 
 def weight_fingerprint(weight: torch.Tensor, rows: int = 64) -> list[float]:
     """A few order statistics of the first rows of a weight matrix, robust to bf16 rounding."""
+    if weight.is_meta:  # sizing heads for a model that was never loaded (no weights to compare)
+        return []
     with torch.no_grad():
         w = weight[:rows].detach().float().cpu()
         return [float(w.mean()), float(w.std()), float(w.abs().mean()), float(w[:, : w.shape[1] // 2].sum())]

@@ -116,8 +116,12 @@ class DraftLayer(nn.Module):
 
 
 def default_feature_layers(num_layers: int) -> list[int]:
-    """EAGLE-3's choice: the inputs of layers 2, L/2 and L-3 (clamped for very shallow targets)."""
-    return [min(2, num_layers - 1), num_layers // 2, max(num_layers - 3, 0)]
+    """EAGLE-3's choice: the inputs of layers 2, L/2 and L-3 (low, middle and high features).
+    Shallow targets, where those collide, get three distinct evenly spaced ids instead."""
+    layers = [2, num_layers // 2, num_layers - 3]
+    if len(set(layers)) == 3 and min(layers) >= 0:
+        return layers
+    return sorted({min(num_layers, max(0, round(i * num_layers / 4))) for i in (1, 2, 3)})
 
 
 def _layer_geometry(target: nn.Module) -> dict:
