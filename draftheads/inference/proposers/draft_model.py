@@ -76,11 +76,9 @@ class AdaptiveGamma:
       (exponentially weighted) maximum-likelihood estimate for this censored geometric count.
     - t_draft: EMA of the time of one single-token draft forward (catch-up forwards of many
       pending tokens are not counted).
-    - verify time: EMA per tree size. An unmeasured size is interpolated linearly between the
-      nearest measured sizes; beyond the largest it is extrapolated along the slope of the two
-      largest (constant if only one is known); below the smallest it is taken equal to the
-      smallest (so a plain step never looks cheaper than measured, and fallback needs evidence).
-      No size is estimated above a larger measured size (see `verify_time`).
+    - verify time: EMA per tree size, and an affine fit over the sizes (see `verify_time`);
+      below the smallest measured size it is taken equal to the smallest (so a plain step never
+      looks cheaper than measured, and fallback needs evidence).
     - overhead: EMA of each step's time outside the draft and verify forwards (the loop's own
       cost, measured by the proposer between consecutive steps), added to every gamma's step time.
     - Until both a draft time and a verify time are known, ``initial_gamma`` is used.
@@ -123,7 +121,9 @@ class AdaptiveGamma:
         self._fail = 1.0 - initial_alpha
         self.t_draft: float | None = None
         self.overhead: float | None = None
-        self._verify: dict[int, float] = {}
+        self._verify: dict[int, float] = {}  # EMA of the verify seconds per tree size
+        self._verify_count: dict[int, int] = {}
+        self._fit: tuple[float, float, int] | None = None  # (a, b, smallest size): see verify_time
         self._since_probe = 0
         self.reset_counts()
 
@@ -150,39 +150,41 @@ class AdaptiveGamma:
     def record_step(self, num_drafted: int, accepted: int, verify_seconds: float) -> None:
         size = num_drafted + 1
         self._verify[size] = self._ema(self._verify.get(size), verify_seconds)
+        self._verify_count[size] = self._verify_count.get(size, 0) + 1
+        self._refit()
         if num_drafted > 0:
             rejected = 1.0 if accepted < num_drafted else 0.0
             self._succ = self.decay * self._succ + (1.0 - self.decay) * accepted
             self._fail = self.decay * self._fail + (1.0 - self.decay) * rejected
 
     def verify_time(self, size: int) -> float:
-        """Estimated verify seconds for ``size`` tokens, never above what a larger size measured:
-        a forward over fewer chain tokens does not cost more. Without this bound one slow one-token
-        step (the machine's load spikes) left a stale V(1) above V(2) + t_draft, and a useless draft
-        kept drafting, since only plain steps would have corrected V(1)."""
-        estimate = self._verify_raw(size)
-        larger = [t for s, t in self._verify.items() if s > size]
-        return min(estimate, *larger) if larger else estimate
+        """Estimated verify seconds for ``size`` tokens: one measured size is taken as is; with
+        several, the affine fit a + b * size (b >= 0) weighted by each size's sample count (capped
+        at 32), evaluated no lower than the smallest measured size (a plain step never looks
+        cheaper than measured: fallback needs evidence).
 
-    def _verify_raw(self, size: int) -> float:
-        known = sorted(self._verify)
-        if not known:
+        A fit, not one EMA per size: per-size estimates on a loaded machine were non-monotone
+        (a one-token step estimated slower than a two-token one after one slow sample, and 9
+        tokens cheaper than 5), which made a useless draft look worth drafting, and a good one
+        jump to gamma 7-8; a fit pools every step's evidence and is monotone by construction."""
+        if self._fit is None:
             raise ValueError("no verify time measured yet")
-        if size in self._verify:
-            return self._verify[size]
-        below = [s for s in known if s < size]
-        above = [s for s in known if s > size]
-        if below and above:
-            lo, hi = below[-1], above[0]
-            w = (size - lo) / (hi - lo)
-            return (1.0 - w) * self._verify[lo] + w * self._verify[hi]
-        if above:  # smaller than anything measured
-            return self._verify[above[0]]
-        if len(below) == 1:
-            return self._verify[below[-1]]
-        a, b = below[-2], below[-1]
-        slope = max((self._verify[b] - self._verify[a]) / (b - a), 0.0)
-        return self._verify[b] + slope * (size - b)
+        a, b, smallest = self._fit
+        return a + b * max(size, smallest)
+
+    def _refit(self) -> None:
+        known = self._verify
+        smallest = min(known)
+        if len(known) == 1:
+            self._fit = (known[smallest], 0.0, smallest)
+            return
+        w = {s: min(self._verify_count[s], 32) for s in known}
+        total = sum(w.values())
+        mean_s = sum(w[s] * s for s in known) / total
+        mean_t = sum(w[s] * t for s, t in known.items()) / total
+        var = sum(w[s] * (s - mean_s) ** 2 for s in known)
+        b = max(sum(w[s] * (s - mean_s) * (t - mean_t) for s, t in known.items()) / var, 0.0)
+        self._fit = (mean_t - b * mean_s, b, smallest)
 
     # -- the decision -----------------------------------------------------------------------------
     def choose(self, limit: int | None = None) -> int:
