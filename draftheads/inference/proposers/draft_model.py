@@ -20,7 +20,9 @@ gamma 0 falls back to plain decoding and the draft is probed again now and then.
 from __future__ import annotations
 
 import inspect
+import statistics
 import time
+from collections import deque
 from typing import Any, Callable
 
 import torch
@@ -74,20 +76,23 @@ class AdaptiveGamma:
     - alpha: per-token acceptance. A chain step with k of g drafts accepted is k successes and,
       if k < g, one failure; alpha = EMA(successes) / (EMA(successes) + EMA(failures)) is the
       (exponentially weighted) maximum-likelihood estimate for this censored geometric count.
-    - t_draft: EMA of the time of one single-token draft forward (catch-up forwards of many
-      pending tokens are not counted).
-    - verify time: EMA per tree size, and an affine fit over the sizes (see `verify_time`);
+    - Times are medians of the last ``window`` samples, not EMAs: on a shared machine single
+      samples run 2-3x slow, and an EMA seeded by one such sample (t_draft is only refreshed by
+      probes while falling back) kept a good draft in fallback for a whole benchmark.
+    - t_draft: one single-token draft forward (catch-up forwards of many pending tokens are not
+      counted).
+    - verify time: per tree size, and an affine fit over the sizes (see `verify_time`);
       below the smallest measured size it is taken equal to the smallest (so a plain step never
       looks cheaper than measured, and fallback needs evidence).
-    - overhead: EMA of each step's time outside the draft and verify forwards (the loop's own
+    - overhead: each step's time outside the draft and verify forwards (the loop's own
       cost, measured by the proposer between consecutive steps), added to every gamma's step time.
     - Until both a draft time and a verify time are known, ``initial_gamma`` is used.
     - When gamma 0 (plain decoding) wins, a probe step drafts one token anyway after
       ``probe_every`` plain steps, refreshing alpha and t_draft so that a draft that becomes useful
       is picked up again. Each probe after which plain decoding still wins doubles the wait, up to
-      ``max_probe_every`` steps (default 256): a probe costs a catch-up draft forward and a 2-token verify (about
-      0.7 of a plain step with the demo's draft), and probing a useless draft every 16 steps alone
-      cost ~4% of plain speed. Once a draft length > 0 wins again the wait is reset.
+      ``max_probe_every`` steps (default 64): a probe costs a catch-up draft forward and a 2-token
+      verify (about 0.7 of a plain step with the demo's draft), so probing a useless draft every 16
+      steps cost ~4% of plain speed, every 64 ~1%. Once a draft length > 0 wins the wait is reset.
     """
 
     def __init__(
@@ -98,6 +103,7 @@ class AdaptiveGamma:
         decay: float = 0.9,
         probe_every: int = 16,
         max_probe_every: int | None = None,
+        window: int = 15,
     ) -> None:
         if max_gamma < 1:
             raise ValueError(f"max_gamma must be >= 1 for adaptive gamma, got {max_gamma}")
@@ -106,9 +112,11 @@ class AdaptiveGamma:
         if probe_every < 1:
             raise ValueError(f"probe_every must be >= 1, got {probe_every}")
         if max_probe_every is None:
-            max_probe_every = max(256, probe_every)
+            max_probe_every = max(64, probe_every)
         if max_probe_every < probe_every:
             raise ValueError(f"max_probe_every ({max_probe_every}) must be >= probe_every ({probe_every})")
+        if window < 1:
+            raise ValueError(f"window must be >= 1, got {window}")
         if not 0.0 <= initial_alpha < 1.0:
             raise ValueError(f"initial_alpha must be in [0, 1), got {initial_alpha}")
         self.max_gamma = max_gamma
@@ -119,9 +127,13 @@ class AdaptiveGamma:
         self.probe_interval = probe_every  # current wait between probes (backs off while falling back)
         self._succ = initial_alpha  # one pseudo-observation at the prior rate
         self._fail = 1.0 - initial_alpha
+        self.window = window
         self.t_draft: float | None = None
         self.overhead: float | None = None
-        self._verify: dict[int, float] = {}  # EMA of the verify seconds per tree size
+        self._draft_samples: deque[float] = deque(maxlen=window)
+        self._overhead_samples: deque[float] = deque(maxlen=window)
+        self._verify_samples: dict[int, deque[float]] = {}
+        self._verify: dict[int, float] = {}  # median verify seconds per tree size
         self._verify_count: dict[int, int] = {}
         self._fit: tuple[float, float, int] | None = None  # (a, b, smallest size): see verify_time
         self._since_probe = 0
@@ -138,18 +150,19 @@ class AdaptiveGamma:
     def alpha(self) -> float:
         return self._succ / max(self._succ + self._fail, 1e-12)
 
-    def _ema(self, old: float | None, new: float) -> float:
-        return new if old is None else self.decay * old + (1.0 - self.decay) * new
-
     def record_draft_time(self, seconds_per_forward: float) -> None:
-        self.t_draft = self._ema(self.t_draft, seconds_per_forward)
+        self._draft_samples.append(seconds_per_forward)
+        self.t_draft = statistics.median(self._draft_samples)
 
     def record_overhead(self, seconds: float) -> None:
-        self.overhead = self._ema(self.overhead, max(seconds, 0.0))
+        self._overhead_samples.append(max(seconds, 0.0))
+        self.overhead = statistics.median(self._overhead_samples)
 
     def record_step(self, num_drafted: int, accepted: int, verify_seconds: float) -> None:
         size = num_drafted + 1
-        self._verify[size] = self._ema(self._verify.get(size), verify_seconds)
+        samples = self._verify_samples.setdefault(size, deque(maxlen=self.window))
+        samples.append(verify_seconds)
+        self._verify[size] = statistics.median(samples)
         self._verify_count[size] = self._verify_count.get(size, 0) + 1
         self._refit()
         if num_drafted > 0:
