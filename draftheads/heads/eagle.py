@@ -93,10 +93,14 @@ class DraftLayer(nn.Module):
         positions: torch.Tensor,
         mask: torch.Tensor,
         past: tuple[torch.Tensor, torch.Tensor] | None = None,
+        cache: tuple[torch.Tensor, torch.Tensor, int] | None = None,
     ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
         """``x`` [B, n, d], ``attn_in`` [B, n, a], ``positions`` [B or 1, n], ``mask`` bool
         [B or 1, n, T + n] (True = attend; T = rows in ``past``). Returns the output [B, n, d] and
-        the keys/values [B, kv, n, hd] of the n new rows (the caller keeps or drops them)."""
+        the keys/values [B, kv, n, hd] of the n new rows (the caller keeps or drops them).
+
+        ``cache`` = (K, V, T): preallocated buffers [B, kv, capacity, hd] whose first T rows are
+        the past; the new rows are written at T..T+n in place (drafting: no copies per step)."""
         bsz, n, _ = attn_in.shape
         if self.input_layernorm is not None:
             attn_in = self.input_layernorm(attn_in)
@@ -105,7 +109,15 @@ class DraftLayer(nn.Module):
         v = self.v_proj(attn_in).view(bsz, n, self.num_kv_heads, self.head_dim).transpose(1, 2)
         cos, sin = rotary(positions, self.head_dim, self.theta, q.dtype)
         q, k = apply_rotary(q, cos[:, None], sin[:, None]), apply_rotary(k, cos[:, None], sin[:, None])
-        keys, values = (k, v) if past is None else (torch.cat([past[0], k], 2), torch.cat([past[1], v], 2))
+        if cache is not None:
+            keys_buf, values_buf, length = cache
+            keys_buf[:, :, length : length + n] = k
+            values_buf[:, :, length : length + n] = v
+            keys, values = keys_buf[:, :, : length + n], values_buf[:, :, : length + n]
+        elif past is not None:
+            keys, values = torch.cat([past[0], k], 2), torch.cat([past[1], v], 2)
+        else:
+            keys, values = k, v
         attn = F.scaled_dot_product_attention(
             q, keys, values, attn_mask=mask[:, None], enable_gqa=self.num_heads != self.num_kv_heads
         )
@@ -263,13 +275,30 @@ class EagleHead(nn.Module):
         positions: torch.Tensor,
         mask: torch.Tensor,
         past: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
+        cache: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
+        cache_length: int = 0,
     ) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
+        """All decoder layers; ``past`` (training) or preallocated ``cache`` buffers per layer
+        holding ``cache_length`` rows (drafting), see `DraftLayer.forward`."""
         new_kv = []
         x = g
         for i, layer in enumerate(self.layers):
-            x, kv = layer(x, attn_in if i == 0 else x, positions, mask, None if past is None else past[i])
+            x, kv = layer(
+                x,
+                attn_in if i == 0 else x,
+                positions,
+                mask,
+                past=None if past is None else past[i],
+                cache=None if cache is None else (*cache[i], cache_length),
+            )
             new_kv.append(kv)
         return x, new_kv
+
+    def new_cache(self, capacity: int, device, dtype) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Empty per-layer key/value buffers for drafting one sequence."""
+        ex = self.config.extra
+        shape = (1, ex["num_key_value_heads"], capacity, ex["head_dim"])
+        return [(torch.empty(shape, device=device, dtype=dtype), torch.empty(shape, device=device, dtype=dtype)) for _ in self.layers]
 
     def logits(self, state: torch.Tensor) -> torch.Tensor:
         """Logits over the draft vocabulary (EAGLE: the target's own LM head on the predicted feature)."""

@@ -46,7 +46,7 @@ class EagleProposer(Proposer):
         ids = head.vocab_ids()
         self.vocab_ids = None if ids is None else ids.cpu()  # draft index -> target id (EAGLE-3)
         self._vocab_ids_dev = None if ids is None else ids.to(self.device)
-        self._kv: list[tuple[torch.Tensor, torch.Tensor]] | None = None
+        self._cache: list[tuple[torch.Tensor, torch.Tensor]] | None = None
         self._cached = 0  # draft-cache rows: positions whose (feature, next token) were fed
 
     @property
@@ -56,7 +56,8 @@ class EagleProposer(Proposer):
     def start(self, input_ids, hidden, params: SamplingParams, generator) -> None:
         self._ids = input_ids.tolist()
         self._pending = [hidden]  # target features of committed positions not yet fed to the draft
-        self._kv, self._cached = None, 0
+        self._cached = 0
+        self._ensure_capacity(input_ids.numel() + 256)
 
     def accepted(self, tokens, hidden) -> None:
         self._ids.extend(tokens.tolist())
@@ -65,21 +66,33 @@ class EagleProposer(Proposer):
     def stats(self) -> dict:
         return {"eagle_tree": {"total_tokens": self.total_tokens, "depth": self.depth, "top_k": self.top_k}}
 
+    def _ensure_capacity(self, rows: int) -> None:
+        """Room for ``rows`` committed rows plus one step's tree, in preallocated buffers."""
+        need = rows + self.top_k * self.depth + 1
+        have = 0 if self._cache is None else self._cache[0][0].shape[2]
+        if need <= have:
+            return
+        w = self.head.fc.weight
+        new = self.head.new_cache(max(need, 2 * have), w.device, w.dtype)
+        if self._cache is not None and self._cached:
+            for (nk, nv), (ok, ov) in zip(new, self._cache):
+                nk[:, :, : self._cached] = ok[:, :, : self._cached]
+                nv[:, :, : self._cached] = ov[:, :, : self._cached]
+        self._cache = new
+
     # -- one step ---------------------------------------------------------------------------------
     def _catch_up(self, root: int) -> torch.Tensor:
         """Feed the newly committed positions; return the draft state at the last one [d]."""
         feats = torch.cat(self._pending).to(self.device)
         self._pending = []
         m, start = feats.shape[0], self._cached
+        self._ensure_capacity(start + m)
         nxt = torch.tensor(self._ids[start + 1 :] + [root], device=self.device)
         g, attn_in = self.head.first_input(feats[None], nxt[None])
         positions = torch.arange(start, start + m, device=self.device)[None]
-        mask = torch.ones(1, m, start + m, dtype=torch.bool, device=self.device)
-        mask[0, :, start:] = torch.ones(m, m, dtype=torch.bool, device=self.device).tril()
-        state, new_kv = self.head.run_layers(g, attn_in, positions, mask, self._kv)
-        self._kv = new_kv if self._kv is None else [
-            (torch.cat([pk, k], 2), torch.cat([pv, v], 2)) for (pk, pv), (k, v) in zip(self._kv, new_kv)
-        ]
+        mask = torch.ones(m, start + m, dtype=torch.bool, device=self.device)
+        mask[:, start:] = torch.ones(m, m, dtype=torch.bool, device=self.device).tril()
+        state, _ = self.head.run_layers(g, attn_in, positions, mask[None], cache=self._cache, cache_length=start)
         self._cached = start + m
         return state[0, -1]
 
@@ -94,78 +107,62 @@ class EagleProposer(Proposer):
 
         logp = head.logits(root_state[None]).float().log_softmax(-1)[0]
         top = logp.topk(k)
-        # Every created node (root excluded): draft-vocab token, parent (0 = root), joint log-prob.
-        tokens, parents, scores = [top.indices], [torch.zeros(k, dtype=torch.long)], [top.values]
-        frontier = torch.arange(1, k + 1)  # node ids (root = 0) of the nodes to expand next
+        # Every created node (root = node 0 excluded): draft-vocab token, parent node, joint log-prob.
+        tokens, parents, scores = [top.indices], [torch.zeros(k, dtype=torch.long, device=dev)], [top.values]
+        frontier = torch.arange(1, k + 1, device=dev)  # node ids of the nodes to expand next
         frontier_states = root_state[None].expand(k, -1)  # their parents' draft states
         frontier_tokens = top.indices
-        tree_kv: list[tuple[torch.Tensor, torch.Tensor]] | None = None
-        anc = torch.zeros(0, 0, dtype=torch.bool, device=dev)  # ancestor mask among expanded nodes
-        expanded_row: dict[int, int] = {}  # node id -> row in tree_kv
-        created = k
+        max_expanded = k * (depth - 1)
+        # anc[i, j]: expanded node j is node i's ancestor or itself (rows in the tree part of the cache)
+        anc = torch.zeros(max_expanded, max_expanded, dtype=torch.bool, device=dev)
+        row_of = torch.full((1 + k + (depth - 1) * k * k,), -1, dtype=torch.long, device=dev)
+        expanded, created = 0, k
+        arange_k = torch.arange(k, device=dev)
         for level in range(1, depth):
             n = frontier.numel()
-            # Each frontier node sees its expanded ancestors (its parent's row, and theirs) and itself.
-            parent_rows = [expanded_row.get(int(p)) for p in self._parents_of(parents, frontier)]
-            rows = torch.zeros(n, anc.shape[0] + n, dtype=torch.bool, device=dev)
-            for i, r in enumerate(parent_rows):
-                if r is not None:
-                    rows[i, : anc.shape[0]] = anc[r]
-                rows[i, anc.shape[0] + i] = True
-            mask = torch.cat([torch.ones(n, prefix, dtype=torch.bool, device=dev), rows], dim=1)[None]
-            past = self._kv if tree_kv is None else [
-                (torch.cat([ck, tk], 2), torch.cat([cv, tv], 2)) for (ck, cv), (tk, tv) in zip(self._kv, tree_kv)
-            ]
-            fed = frontier_tokens.to(dev)
-            if self._vocab_ids_dev is not None:
-                fed = self._vocab_ids_dev[fed]  # the embedding takes target ids
+            new_rows = expanded + arange_k[:n]
+            parent_row = row_of[torch.cat(parents)[frontier - 1]]
+            rows = torch.zeros(n, max_expanded, dtype=torch.bool, device=dev)
+            has_parent = parent_row >= 0
+            if bool(has_parent.any()):
+                rows[has_parent] = anc[parent_row[has_parent]]
+            rows[arange_k[:n], new_rows] = True
+            anc[new_rows] = rows
+            row_of[frontier] = new_rows
+            mask = torch.ones(n, prefix + expanded + n, dtype=torch.bool, device=dev)
+            mask[:, prefix:] = rows[:, : expanded + n]
+            fed = frontier_tokens if self._vocab_ids_dev is None else self._vocab_ids_dev[frontier_tokens]
             g, attn_in = head.next_input(frontier_states[None], fed[None])
             positions = torch.full((1, n), prefix + level - 1, device=dev)
-            out, new_kv = head.run_layers(g, attn_in, positions, mask, past)
-            tree_kv = new_kv if tree_kv is None else [
-                (torch.cat([tk, k_], 2), torch.cat([tv, v_], 2)) for (tk, tv), (k_, v_) in zip(tree_kv, new_kv)
-            ]
-            new_anc = torch.zeros(anc.shape[0] + n, anc.shape[0] + n, dtype=torch.bool, device=dev)
-            new_anc[: anc.shape[0], : anc.shape[0]] = anc
-            new_anc[anc.shape[0] :] = rows
-            for i, node in enumerate(frontier.tolist()):
-                expanded_row[node] = anc.shape[0] + i
-            anc = new_anc
+            out, _ = head.run_layers(g, attn_in, positions, mask[None], cache=self._cache, cache_length=prefix + expanded)
+            expanded += n
 
-            child_logp = head.logits(out[0]).float().log_softmax(-1)  # [n, V]
-            best = child_logp.topk(k, dim=-1)
-            parent_scores = torch.cat(scores)[frontier - 1]
-            cand_scores = (parent_scores[:, None] + best.values).reshape(-1)
-            cand_tokens = best.indices.reshape(-1)
-            cand_parents = frontier.repeat_interleave(k)
-            tokens.append(cand_tokens)
-            parents.append(cand_parents)
+            best = head.logits(out[0]).float().log_softmax(-1).topk(k, dim=-1)
+            cand_scores = (torch.cat(scores)[frontier - 1][:, None] + best.values).reshape(-1)
+            tokens.append(best.indices.reshape(-1))
+            parents.append(frontier.repeat_interleave(k))
             scores.append(cand_scores)
             keep = cand_scores.topk(k).indices
             frontier = created + 1 + keep
-            frontier_states = out[0].repeat_interleave(k, dim=0)[keep]
-            frontier_tokens = cand_tokens[keep]
+            frontier_states = out[0][keep // k]
+            frontier_tokens = tokens[-1][keep]
             created += cand_scores.numel()
 
         return self._select(root, torch.cat(tokens), torch.cat(parents), torch.cat(scores))
-
-    @staticmethod
-    def _parents_of(parents: list[torch.Tensor], nodes: torch.Tensor) -> list[int]:
-        flat = torch.cat(parents)
-        return flat[nodes - 1].tolist()
 
     def _select(self, root: int, tokens: torch.Tensor, parents: torch.Tensor, scores: torch.Tensor) -> Tree:
         """The best ``total_tokens - 1`` nodes, re-indexed into a tree (creation order keeps parents first)."""
         budget = min(self.total_tokens - 1, scores.numel())
         # Stable descending sort: on equal scores the earlier-created node (a parent) wins.
-        order = torch.sort(-scores, stable=True).indices[:budget]
+        order = torch.sort(-scores.cpu(), stable=True).indices[:budget]
         keep = order.sort().values  # creation order
         new_id = {0: 0}
         new_parents = [-1]
+        parent_list = parents.cpu().tolist()
         for j, node in enumerate((keep + 1).tolist(), start=1):
             new_id[node] = j
-            new_parents.append(new_id[int(parents[node - 1])])
-        drafted = tokens[keep].cpu()
+            new_parents.append(new_id[parent_list[node - 1]])
+        drafted = tokens.cpu()[keep]
         if self.vocab_ids is not None:
             drafted = self.vocab_ids[drafted]
         return Tree(TreeShape(tuple(new_parents)), torch.cat([torch.tensor([root]), drafted]))
