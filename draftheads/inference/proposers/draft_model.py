@@ -87,9 +87,12 @@ class AdaptiveGamma:
     - overhead: each step's time outside the draft and verify forwards (the loop's own
       cost, measured by the proposer between consecutive steps), added to every gamma's step time.
     - Until both a draft time and a verify time are known, ``initial_gamma`` is used.
-    - When gamma 0 (plain decoding) wins, a probe step drafts one token anyway after
-      ``probe_every`` plain steps, refreshing alpha and t_draft so that a draft that becomes useful
-      is picked up again. Each probe after which plain decoding still wins doubles the wait, up to
+    - When gamma 0 (plain decoding) wins, a probe step drafts two tokens anyway after
+      ``probe_every`` plain steps, refreshing alpha, t_draft and the verify times so that a draft
+      that becomes useful is picked up again. Two, not one: a probe's first draft forward catches
+      up on every token decoded since the last one and is no t_draft sample, so one-token probes
+      left t_draft frozen at its value when fallback began (a load spike then meant fallback for
+      good). Each probe after which plain decoding still wins doubles the wait, up to
       ``max_probe_every`` steps (default 64): a probe costs a catch-up draft forward and a 2-token
       verify (about 0.7 of a plain step with the demo's draft), so probing a useless draft every 16
       steps cost ~4% of plain speed, every 64 ~1%. Once a draft length > 0 wins the wait is reset.
@@ -216,7 +219,7 @@ class AdaptiveGamma:
                     self._since_probe = 0
                     self.probe_steps += 1
                     self.probe_interval = min(2 * self.probe_interval, self.max_probe_every)
-                    gamma = 1
+                    gamma = min(2, limit)
                 else:
                     self.fallback_steps += 1
             else:
