@@ -5,7 +5,8 @@
       2. target + tokenizer (frozen), datasets
       3. heads, the wrapper module, AdamW on the heads only, cosine schedule with warmup
       4. accelerator.prepare(...); resume from a checkpoint if asked
-      5. train: accumulate -> backward -> clip -> step; log, evaluate, checkpoint every N steps
+      5. train: accumulate -> backward -> clip -> step; log, evaluate, checkpoint every N steps;
+         the heads of the evaluation with the best simulated acceptance are exported to best/
       6. final evaluation, export the heads, metrics.json, tear down
 
 DDP / DeepSpeed ZeRO / mixed precision come from the ``accelerate launch`` config, not from here.
@@ -33,7 +34,7 @@ from ..device import (
     resolve_mixed_precision,
 )
 from .checkpoint import export_heads, load_checkpoint, register_heads_only, resolve_resume, save_checkpoint
-from .metrics import HeadStats, format_heads
+from .metrics import HeadStats, format_heads, ranks_for, static_tree
 from .model import TargetWithHeads
 from .tracking import init_trackers, prepare_tracker
 
@@ -144,10 +145,12 @@ def run(cfg: ExperimentConfig) -> TrainResult:
     assert len(train_dl) == batches_per_epoch, (len(train_dl), batches_per_epoch)
 
     step, epoch, skip = 0, 0, 0
+    best = BestHeads(output_dir / "best")
     if checkpoint is not None:
         with timer("resume"):
             state = load_checkpoint(accelerator, checkpoint, model)
         step, epoch, skip = state["step"], state["epoch"], state["batches_in_epoch"]
+        best.restore(state.get("best"))
         if state.get("num_processes", accelerator.num_processes) != accelerator.num_processes:
             say(f"warning: {checkpoint} was written by {state['num_processes']} processes; the data order will differ")
         say(f"resumed from {checkpoint}: step {step}, epoch {epoch}, {skip} batches into the epoch")
@@ -200,12 +203,13 @@ def run(cfg: ExperimentConfig) -> TrainResult:
 
             if eval_dl is not None and t.eval_every and step % t.eval_every == 0 and step < max_steps:
                 evals.append(_eval_and_log(accelerator, model, eval_dl, t, num_heads, step, progress))
+                best.offer(accelerator, model, heads, label_counts, evals[-1])
                 window.restart_clock()  # evaluation time is not training throughput
 
             if t.save_every and step % t.save_every == 0:
                 merge_label_counts(accelerator, heads, label_counts)
                 position = _position(epoch, batch_in_epoch, batches_per_epoch)
-                save_checkpoint(accelerator, output_dir, step, _trainer_state(step, position, max_steps, accelerator))
+                save_checkpoint(accelerator, output_dir, step, _trainer_state(step, position, max_steps, accelerator, best))
                 last_saved = step
                 window.restart_clock()
 
@@ -221,13 +225,15 @@ def run(cfg: ExperimentConfig) -> TrainResult:
     merge_label_counts(accelerator, heads, label_counts)
     if t.save_every and last_saved != step:
         position = _position(epoch, batch_in_epoch, batches_per_epoch)
-        save_checkpoint(accelerator, output_dir, step, _trainer_state(step, position, max_steps, accelerator))
+        save_checkpoint(accelerator, output_dir, step, _trainer_state(step, position, max_steps, accelerator, best))
 
     # -- 6. final evaluation, export, metrics --------------------------------------------------
     final_eval: dict[str, float] = {}
     if eval_dl is not None:
         with timer("eval"):
             final_eval = _eval_and_log(accelerator, model, eval_dl, t, num_heads, step, None)
+        with timer("export"):
+            best.offer(accelerator, model, heads, label_counts, final_eval)
     heads_dir = output_dir / "heads"
     with timer("export"):
         export_heads(accelerator, model, heads_dir)
@@ -238,6 +244,8 @@ def run(cfg: ExperimentConfig) -> TrainResult:
         "distributed_type": accelerator.distributed_type.value,
         "final_eval": final_eval,
         "evals": evals,
+        # the evaluation whose heads are in best/ (highest eval/simulated_acceptance); None without eval
+        "best": best.as_dict(),
         "train_tokens": window.total_tokens,
         # tokens over time spent in training steps (evaluation and checkpoint time excluded)
         "train_tokens_per_second": window.total_tokens / window.total_seconds if window.total_seconds else 0.0,
@@ -328,18 +336,59 @@ class EpochShuffleSampler(Sampler[int]):
 
 
 @torch.no_grad()
-def evaluate(accelerator, model, eval_dl, num_heads: int, topk: int, decay: float) -> dict[str, float]:
-    """Per-head loss / top-1 / top-k and simulated chain acceptance over the (fixed) eval set."""
-    stats = HeadStats(num_heads, accelerator.device)
+def evaluate(accelerator, model, eval_dl, num_heads: int, topk: int, decay: float) -> dict[str, Any]:
+    """Per-head loss / top-1 / top-k, simulated chain acceptance and the simulated acceptance of
+    the tree decoding will use (Medusa/Hydra: from per-rank accuracies, kept under
+    ``eval/rank_accuracy`` as a [heads, ranks] list) over the (fixed) eval set."""
+    tree = static_tree(accelerator.unwrap_model(model).heads)
+    ranks = ranks_for(tree)
+    stats = HeadStats(num_heads, accelerator.device, ranks=ranks)
     was_training = model.training
     model.eval()
     for batch in eval_dl:
-        stats.add(model(**batch)["stats"])
+        stats.add(model(**batch, rank_stats=ranks)["stats"])
     model.train(was_training)
-    summary = stats.reduced(accelerator).summary(topk, prefix="eval/")
+    reduced = stats.reduced(accelerator)
+    summary: dict[str, Any] = reduced.summary(topk, prefix="eval/", tree=tree)
     losses = [summary[f"eval/loss_head{k}"] for k in range(num_heads)]
     summary["eval/loss"] = sum(decay**k * v for k, v in enumerate(losses) if not math.isnan(v))
+    if ranks:
+        summary["eval/rank_accuracy"] = reduced.rank_accuracy().tolist()
     return summary
+
+
+class BestHeads:
+    """The heads of the evaluation with the highest ``eval/simulated_acceptance`` so far, exported
+    to ``path`` (atomically, by the heads' own writer) whenever an evaluation beats the previous
+    best. The loss is not what decoding pays for; the simulated acceptance of the tree is. Every
+    process calls ``offer`` with the same (reduced) summary, so all take the same decision and
+    meet in the export's collectives."""
+
+    KEY = "eval/simulated_acceptance"
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.step: int | None = None
+        self.value = -math.inf
+
+    def offer(self, accelerator, model, heads, label_counts: torch.Tensor, summary: dict[str, Any]) -> bool:
+        value = summary.get(self.KEY, math.nan)
+        if math.isnan(value) or value <= self.value:
+            return False
+        merge_label_counts(accelerator, heads, label_counts)  # the export carries the counts so far
+        export_heads(accelerator, model, self.path)
+        self.step, self.value = int(summary["step"]), float(value)
+        return True
+
+    def restore(self, state: dict[str, Any] | None) -> None:
+        """Continue from a checkpoint's record, so a resumed run only replaces best/ with better heads."""
+        if state:
+            self.step, self.value = int(state["step"]), float(state["simulated_acceptance"])
+
+    def as_dict(self) -> dict[str, Any] | None:
+        if self.step is None:
+            return None
+        return {"step": self.step, "simulated_acceptance": self.value, "path": str(self.path)}
 
 
 class TrainWindow:
@@ -397,14 +446,15 @@ def merge_label_counts(accelerator, heads: torch.nn.Module, label_counts: torch.
     label_counts.zero_()
 
 
-def _eval_and_log(accelerator, model, eval_dl, t, num_heads: int, step: int, progress) -> dict[str, float]:
+def _eval_and_log(accelerator, model, eval_dl, t, num_heads: int, step: int, progress) -> dict[str, Any]:
     summary = evaluate(accelerator, model, eval_dl, num_heads, t.topk, t.loss_decay)
-    accelerator.log(summary, step=step)
+    accelerator.log({k: v for k, v in summary.items() if isinstance(v, (int, float))}, step=step)  # scalars only
     _write(
         progress,
         f"eval @ {step} | loss {summary['eval/loss']:.4f} | top1 {format_heads(summary, 'top1', 'eval/')} "
         f"| top{t.topk} {format_heads(summary, f'top{t.topk}', 'eval/')} "
-        f"| chain acceptance {summary['eval/acceptance_length']:.3f} tokens/step",
+        f"| chain acceptance {summary['eval/acceptance_length']:.3f} "
+        f"| simulated acceptance {summary['eval/simulated_acceptance']:.3f} tokens/step",
     )
     return {"step": step, **summary}
 
@@ -414,7 +464,7 @@ def _position(epoch: int, batch_in_epoch: int, batches_per_epoch: int) -> tuple[
     return (epoch + 1, 0) if batch_in_epoch >= batches_per_epoch else (epoch, batch_in_epoch)
 
 
-def _trainer_state(step, position, max_steps, accelerator) -> dict[str, Any]:
+def _trainer_state(step, position, max_steps, accelerator, best: "BestHeads | None" = None) -> dict[str, Any]:
     epoch, batches = position
     return {
         "step": step,
@@ -423,6 +473,7 @@ def _trainer_state(step, position, max_steps, accelerator) -> dict[str, Any]:
         "max_steps": max_steps,
         "num_processes": accelerator.num_processes,
         "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "best": best.as_dict() if best is not None else None,
     }
 
 

@@ -7,7 +7,8 @@ and autograd keeps them for the backward pass. Here positions are flattened, onl
 at least one valid target are kept, and each (chunk, head) projection + cross-entropy runs under
 ``torch.utils.checkpoint``: autograd stores only the head's hidden state for the chunk and
 recomputes the logits during backward, one chunk at a time. Accuracy counts come from the same
-logits, for free.
+logits, for free; evaluation also asks for per-rank hit counts (``ranks``), which the simulated
+acceptance of a tree needs, while training steps skip that top-R sort.
 """
 from __future__ import annotations
 
@@ -30,10 +31,15 @@ class HeadLossOutput:
     count: torch.Tensor  # positions with a valid target
     top1: torch.Tensor  # positions whose target is the head's argmax
     topk: torch.Tensor  # positions whose target is in the head's top-k
+    rank_hits: torch.Tensor | None = None  # [K, R]: positions whose target is the head's rank-r candidate
 
     def stats(self) -> torch.Tensor:
-        """``[4, K]`` float64 stack (ce_sum, count, top1, topk): one tensor to reduce across processes."""
-        return torch.stack([self.ce_sum, self.count, self.top1, self.topk]).double()
+        """``[4 + R, K]`` float64 stack (ce_sum, count, top1, topk, then one row per rank when
+        counted): one tensor to reduce across processes."""
+        rows = torch.stack([self.ce_sum, self.count, self.top1, self.topk]).double()
+        if self.rank_hits is not None:
+            rows = torch.cat([rows, self.rank_hits.T.to(rows)])
+        return rows
 
 
 def medusa_targets(
@@ -72,14 +78,17 @@ def _head_states(heads: torch.nn.Module, hidden: torch.Tensor, context: torch.Te
     return heads.head_states(hidden) if context is None else heads.head_states(hidden, context)
 
 
-def _project_ce(heads: torch.nn.Module, k: int, topk: int, state: torch.Tensor, target: torch.Tensor):
-    """Head k's summed CE over ``state`` rows, plus top-1/top-k hit counts (no grad)."""
+def _project_ce(heads: torch.nn.Module, k: int, topk: int, ranks: int, state: torch.Tensor, target: torch.Tensor):
+    """Head k's summed CE over ``state`` rows, plus top-1/top-k hit counts and, if ``ranks``,
+    ``[ranks]`` per-rank hit counts (no grad)."""
     logits = heads.project(state, k).float()
     ce = F.cross_entropy(logits, target, reduction="sum")
     with torch.no_grad():
         top1 = (logits.argmax(-1) == target).sum()
-        hits = (logits.topk(min(topk, logits.shape[-1]), dim=-1).indices == target[:, None]).any(-1).sum()
-    return ce, top1, hits
+        top = logits.topk(min(max(topk, ranks), logits.shape[-1]), dim=-1).indices == target[:, None]
+        hits = top[:, :topk].any(-1).sum()
+        by_rank = F.pad(top[:, :ranks].sum(0), (0, max(0, ranks - top.shape[1]))) if ranks else None
+    return ce, top1, hits, by_rank
 
 
 def _reads_tokens(heads: torch.nn.Module) -> bool:
@@ -96,8 +105,10 @@ def medusa_loss(
     decay: float = 0.8,
     chunk_size: int = 1024,
     topk: int = 5,
+    ranks: int = 0,
 ) -> HeadLossOutput:
-    """Chunked Medusa loss of ``heads`` on the target's last hidden state ``hidden`` [B, S, H]."""
+    """Chunked Medusa loss of ``heads`` on the target's last hidden state ``hidden`` [B, S, H].
+    ``ranks`` > 0 also counts, per head, hits of each rank r < ``ranks`` (``rank_hits``)."""
     num_heads = heads.config.num_heads
     device = hidden.device
     targets = medusa_targets(input_ids, num_heads, loss_mask, attention_mask).reshape(-1, num_heads)
@@ -112,6 +123,7 @@ def medusa_loss(
     ce_sum = torch.zeros(num_heads, device=device, dtype=torch.float32)
     top1 = torch.zeros(num_heads, device=device, dtype=torch.long)
     hits = torch.zeros(num_heads, device=device, dtype=torch.long)
+    rank_hits = torch.zeros(num_heads, ranks, device=device, dtype=torch.long) if ranks else None
     use_ckpt = torch.is_grad_enabled()
     loss = hidden.new_zeros((), dtype=torch.float32)
     for start in range(0, flat.shape[0], chunk_size):
@@ -122,13 +134,15 @@ def medusa_loss(
             keep = (tk != IGNORE).nonzero().squeeze(-1)
             if keep.numel() == 0:
                 continue
-            fn = partial(_project_ce, heads, k, topk)
+            fn = partial(_project_ce, heads, k, topk, ranks)
             args = (state[keep], tk[keep])
-            ce, c1, ck = checkpoint(fn, *args, use_reentrant=False) if use_ckpt else fn(*args)
+            ce, c1, ck, by_rank = checkpoint(fn, *args, use_reentrant=False) if use_ckpt else fn(*args)
             loss = loss + weights[k] * ce
             ce_sum[k] += ce.detach()
             top1[k] += c1
             hits[k] += ck
+            if rank_hits is not None:
+                rank_hits[k] += by_rank
 
     # A head with no target in this batch still has to take part in the graph: DDP and ZeRO
     # expect a gradient (zero here) for every trainable parameter on every step.
@@ -138,7 +152,9 @@ def medusa_loss(
         states = _head_states(heads, probe, None if context is None else input_ids.new_zeros(1, num_heads))
         for k in idle:
             loss = loss + 0.0 * heads.project(states[k], k).float().sum()
-    return HeadLossOutput(loss=loss, ce_sum=ce_sum, count=count.to(torch.long), top1=top1, topk=hits)
+    return HeadLossOutput(
+        loss=loss, ce_sum=ce_sum, count=count.to(torch.long), top1=top1, topk=hits, rank_hits=rank_hits
+    )
 
 
 def naive_medusa_loss(

@@ -120,7 +120,10 @@ class TargetWithHeads(nn.Module):
         input_ids: torch.Tensor,
         attention_mask: torch.Tensor | None = None,
         loss_mask: torch.Tensor | None = None,
+        rank_stats: int = 0,
     ) -> dict[str, torch.Tensor]:
+        """``rank_stats`` > 0 (evaluation): Medusa/Hydra stats also count hits per rank r <
+        ``rank_stats``, for the simulated acceptance of a tree; EAGLE's steps ignore it."""
         layers = getattr(self.heads, "feature_layers", None)
         if layers:
             hidden, features = self.target_features(input_ids, attention_mask, layers)
@@ -134,7 +137,7 @@ class TargetWithHeads(nn.Module):
             out = eagle_loss(self.heads, features, hidden, input_ids, loss_mask, attention_mask, **common)
         else:
             labels = self.target_labels(input_ids, hidden) if self.labels == "target" else input_ids
-            out = medusa_loss(self.heads, hidden, labels, loss_mask, attention_mask, **common)
+            out = medusa_loss(self.heads, hidden, labels, loss_mask, attention_mask, ranks=rank_stats, **common)
         tokens = attention_mask.sum() if attention_mask is not None else torch.tensor(input_ids.numel())
         mask = loss_mask if loss_mask is not None else torch.ones_like(labels)
         if attention_mask is not None:
