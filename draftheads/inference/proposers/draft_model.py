@@ -93,9 +93,9 @@ class AdaptiveGamma:
       up on every token decoded since the last one and is no t_draft sample, so one-token probes
       left t_draft frozen at its value when fallback began (a load spike then meant fallback for
       good). Each probe after which plain decoding still wins doubles the wait, up to
-      ``max_probe_every`` steps (default 64): a probe costs a catch-up draft forward and a 2-token
-      verify (about 0.7 of a plain step with the demo's draft), so probing a useless draft every 16
-      steps cost ~4% of plain speed, every 64 ~1%. Once a draft length > 0 wins the wait is reset.
+      ``max_probe_every`` steps (default 64): a probe costs a catch-up draft forward, one more draft
+      forward and a 3-token verify (about one plain step with the demo's draft), so probing a
+      useless draft every 16 steps cost ~4-6% of plain speed, every 64 ~1.5%. Once a draft length > 0 wins the wait is reset.
     """
 
     def __init__(
