@@ -244,3 +244,21 @@ def test_dynamic_tree_calibration_is_saved_and_used(tmp_path):
     (tmp_path / "h" / TREE_NAME).write_text(json.dumps({"tree": {"total_tokens": 0, "depth": 3}}))
     with pytest.raises(ValueError, match="positive integers"):
         dh.load_heads(tmp_path / "h", target=target)
+
+
+def test_eagle_restricted_draft_vocabulary_drafts_only_frequent_tokens_and_stays_exact():
+    target = tiny_target("llama")
+    heads, prompts = trained_heads(target, "eagle", steps=40)
+    heads.token_counts.zero_()
+    frequent = torch.arange(3, 19)
+    heads.token_counts[frequent] = 10
+    decoder = dh.SpeculativeDecoder(target, heads, tree={"total_tokens": 8, "depth": 3, "top_k": 2, "draft_vocab_size": 16})
+    proposer = decoder.proposer
+    assert proposer.vocab_ids.tolist() == frequent.tolist()
+    ids = prompts[:1]
+    with torch.no_grad():
+        hidden = target(ids, output_hidden_states=True).hidden_states[-1][0]
+    proposer.start(ids[0], hidden, SamplingParams(), None)
+    tree = proposer.propose(root=5, max_depth=3)
+    assert set(tree.tokens[1:].tolist()) <= set(frequent.tolist())
+    assert torch.equal(decoder.generate(ids, max_new_tokens=30, eos_token_id=[]).sequences, greedy_reference(target, ids, 30))

@@ -117,11 +117,11 @@ def read_tree(path: str | os.PathLike) -> tuple[list[list[int]] | dict | None, i
     except (json.JSONDecodeError, KeyError, TypeError) as e:
         raise ValueError(f"{tree_file} is not a valid tree file ({e!r})") from None
     if isinstance(tree, dict):  # a dynamic (EAGLE-2) tree: its settings
-        unknown = sorted(set(tree) - {"total_tokens", "depth", "top_k"})
-        bad = [k for k, v in tree.items() if not isinstance(v, int) or v < 1]
+        unknown = sorted(set(tree) - {"total_tokens", "depth", "top_k", "draft_vocab_size"})
+        bad = [k for k, v in tree.items() if not (isinstance(v, int) and v >= 1) and not (k == "draft_vocab_size" and v is None)]
         if unknown or bad:
             raise ValueError(
-                f"{tree_file}: a dynamic tree takes positive integers total_tokens, depth, top_k "
+                f"{tree_file}: a dynamic tree takes positive integers total_tokens, depth, top_k (and draft_vocab_size) "
                 f"(unknown: {unknown}, not positive integers: {bad})"
             )
     elif not isinstance(tree, list) or not all(isinstance(p, list) and all(isinstance(r, int) for r in p) for p in tree):

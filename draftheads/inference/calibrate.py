@@ -280,9 +280,12 @@ def calibrate(
 DYNAMIC_GRID = [
     {"total_tokens": total, "depth": depth, "top_k": top_k}
     for total in (6, 10, 16, 24)
-    for depth in (3, 5, 7)
+    for depth in (3, 5)
     for top_k in (2, 4)
 ]
+# EAGLE (not EAGLE-3, whose own LM head is already small) also tries ranking only the most
+# frequent training tokens.
+DRAFT_VOCAB_SIZES = (None, 1024)
 
 
 @dataclass
@@ -320,7 +323,9 @@ def calibrate_dynamic_tree(
     same way, so the reported speedup is against our own one-token steps."""
     from .decoder import SpeculativeDecoder
 
-    grid = grid or DYNAMIC_GRID
+    if grid is None:
+        vocabs = DRAFT_VOCAB_SIZES if heads.vocab_ids() is None and int(heads.token_counts.sum()) > 0 else (None,)
+        grid = [{**g, "draft_vocab_size": v} for g in DYNAMIC_GRID for v in vocabs]
     settings = [{"total_tokens": 1, "depth": 1, "top_k": 1}] + list(grid)  # first: plain decoding
     decoders = [SpeculativeDecoder(target, heads, tree=s, check_model=(i == 0)) for i, s in enumerate(settings)]
     for p in prompts[:1]:  # warm-up

@@ -34,8 +34,12 @@ class EagleProposer(Proposer):
         total_tokens: int = DEFAULT_TOTAL_TOKENS,
         depth: int = DEFAULT_DEPTH,
         top_k: int = DEFAULT_TOP_K,
+        draft_vocab_size: int | None = None,
     ) -> None:
-        for name, value in (("total_tokens", total_tokens), ("depth", depth), ("top_k", top_k)):
+        settings = (("total_tokens", total_tokens), ("depth", depth), ("top_k", top_k))
+        if draft_vocab_size is not None:
+            settings += (("draft_vocab_size", draft_vocab_size),)
+        for name, value in settings:
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"EAGLE tree setting {name} must be a positive integer, got {value!r}")
         self.head = head.eval()
@@ -44,7 +48,18 @@ class EagleProposer(Proposer):
         if hasattr(head, "check_vocab_mapping"):
             head.check_vocab_mapping()
         ids = head.vocab_ids()
-        self.vocab_ids = None if ids is None else ids.cpu()  # draft index -> target id (EAGLE-3)
+        self._logits = head.logits
+        self.draft_vocab_size = draft_vocab_size
+        if ids is None and draft_vocab_size is not None:
+            # EAGLE scores with the target's whole LM head; ranking only the most frequent training
+            # tokens makes each level's projection V/N times cheaper (on a small target it is the
+            # largest part of drafting). Rarer tokens are never drafted; the verifier decides.
+            counts = head.token_counts
+            if int(counts.sum()) > 0 and draft_vocab_size < counts.numel():
+                ids = counts.topk(draft_vocab_size).indices.sort().values
+                weight = head._target(1).weight[ids.to(head._target(1).weight.device)].detach()
+                self._logits = lambda state: torch.nn.functional.linear(state.to(weight.dtype), weight)
+        self.vocab_ids = None if ids is None else ids.cpu()  # draft index -> target id
         self._vocab_ids_dev = None if ids is None else ids.to(self.device)
         self._cache: list[tuple[torch.Tensor, torch.Tensor]] | None = None
         self._cached = 0  # draft-cache rows: positions whose (feature, next token) were fed
@@ -64,7 +79,8 @@ class EagleProposer(Proposer):
         self._pending.append(hidden)
 
     def stats(self) -> dict:
-        return {"eagle_tree": {"total_tokens": self.total_tokens, "depth": self.depth, "top_k": self.top_k}}
+        return {"eagle_tree": {"total_tokens": self.total_tokens, "depth": self.depth, "top_k": self.top_k,
+                               "draft_vocab_size": self.draft_vocab_size}}
 
     def _ensure_capacity(self, rows: int) -> None:
         """Room for ``rows`` committed rows plus one step's tree, in preallocated buffers."""
@@ -105,7 +121,7 @@ class EagleProposer(Proposer):
         root_state = self._catch_up(root)
         prefix = self._cached
 
-        logp = head.logits(root_state[None]).float().log_softmax(-1)[0]
+        logp = self._logits(root_state[None]).float().log_softmax(-1)[0]
         top = logp.topk(k)
         # Every created node (root = node 0 excluded): draft-vocab token, parent node, joint log-prob.
         tokens, parents, scores = [top.indices], [torch.zeros(k, dtype=torch.long, device=dev)], [top.values]
@@ -137,7 +153,7 @@ class EagleProposer(Proposer):
             out, _ = head.run_layers(g, attn_in, positions, mask[None], cache=self._cache, cache_length=prefix + expanded)
             expanded += n
 
-            best = head.logits(out[0]).float().log_softmax(-1).topk(k, dim=-1)
+            best = self._logits(out[0]).float().log_softmax(-1).topk(k, dim=-1)
             cand_scores = (torch.cat(scores)[frontier - 1][:, None] + best.values).reshape(-1)
             tokens.append(best.indices.reshape(-1))
             parents.append(frontier.repeat_interleave(k))
