@@ -326,7 +326,8 @@ def calibrate_dynamic_tree(
     if grid is None:
         vocabs = DRAFT_VOCAB_SIZES if heads.vocab_ids() is None and int(heads.token_counts.sum()) > 0 else (None,)
         grid = [{**g, "draft_vocab_size": v} for g in DYNAMIC_GRID for v in vocabs]
-    settings = [{"total_tokens": 1, "depth": 1, "top_k": 1}] + list(grid)  # first: plain decoding
+    # First: plain decoding through the same loop (total_tokens=1 drafts nothing at all).
+    settings = [{"total_tokens": 1, "depth": 1, "top_k": 1}] + list(grid)
     decoders = [SpeculativeDecoder(target, heads, tree=s, check_model=(i == 0)) for i, s in enumerate(settings)]
     for p in prompts[:1]:  # warm-up
         for d in decoders:
@@ -342,7 +343,8 @@ def calibrate_dynamic_tree(
                 tokens[i] += out.num_new_tokens - 1  # the first token comes from the prefill
                 steps[i] += len(out.accept_lengths)
     rates = [t / s for t, s in zip(tokens, seconds)]
-    best = max(range(1, len(settings)), key=lambda i: rates[i])
+    # Plain decoding is a candidate too: if no tree pays for its drafting here, say so.
+    best = max(range(len(settings)), key=lambda i: rates[i])
     device = str(target.device) + (f" ({torch.cuda.get_device_name()})" if target.device.type == "cuda" else "")
     candidates = [
         {**s, "tokens_per_second": r, "mean_accept_length": t / max(n, 1)}

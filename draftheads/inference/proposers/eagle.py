@@ -115,7 +115,7 @@ class EagleProposer(Proposer):
     @torch.inference_mode()
     def propose(self, root: int, max_depth: int) -> Tree:
         depth = min(self.depth, max_depth)
-        if depth < 1:
+        if depth < 1 or self.total_tokens == 1:  # nothing to draft (total_tokens=1 = plain decoding)
             return Tree(TreeShape((-1,)), torch.tensor([root]))
         head, k, dev = self.head, self.top_k, self.device
         root_state = self._catch_up(root)
