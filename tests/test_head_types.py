@@ -263,3 +263,24 @@ def test_eagle_restricted_draft_vocabulary_drafts_only_frequent_tokens_and_stays
     tree = proposer.propose(root=5, max_depth=3)
     assert set(tree.tokens[1:].tolist()) <= set(frequent.tolist())
     assert torch.equal(decoder.generate(ids, max_new_tokens=30, eos_token_id=[]).sequences, greedy_reference(target, ids, 30))
+
+
+def test_draft_layer_fast_inference_path_matches_the_training_path():
+    """Drafting fuses q/k/v and gate/up and looks RoPE up in a table; training uses the plain
+    modules: both must compute the same layer (and the fused weights follow weight updates)."""
+    from draftheads.heads.eagle import DraftLayer
+
+    torch.manual_seed(0)
+    layer = DraftLayer(32, 64, 4, 2, 8, 48, 1e-6, 10000.0, input_norm=True)
+    torch.nn.init.normal_(layer.o_proj.weight, std=0.05)
+    torch.nn.init.normal_(layer.down_proj.weight, std=0.05)
+    x, attn_in = torch.randn(1, 5, 32), torch.randn(1, 5, 64)
+    positions = torch.tensor([[3, 4, 5, 5, 6]])
+    mask = torch.ones(5, 5, dtype=torch.bool).tril()[None]
+    for _ in range(2):
+        slow, (k_slow, _) = layer(x, attn_in, positions, mask)
+        with torch.no_grad():
+            fast, (k_fast, _) = layer(x, attn_in, positions, mask)
+        assert torch.allclose(slow, fast, atol=1e-5) and torch.allclose(k_slow, k_fast, atol=1e-5)
+        with torch.no_grad():
+            layer.k_proj.weight.add_(0.1)  # an optimizer step: the fused copy must not go stale

@@ -85,6 +85,28 @@ class DraftLayer(nn.Module):
             nn.init.normal_(lin.weight, std=0.02)
         nn.init.zeros_(self.o_proj.weight)
         nn.init.zeros_(self.down_proj.weight)
+        self._rope: tuple[torch.Tensor, torch.Tensor] | None = None  # cos/sin by position
+        self._fused_cache: dict[str, tuple[tuple, torch.Tensor]] = {}
+
+    # Drafting runs this layer once per tree depth on a handful of tokens, where the number of
+    # kernel calls, not FLOPs, sets the cost: without autograd, q/k/v and gate/up are one matmul
+    # each and RoPE is a table lookup.
+    def _fused(self, name: str, *linears: nn.Linear) -> torch.Tensor:
+        key = tuple((id(lin.weight), lin.weight._version, lin.weight.device, lin.weight.dtype) for lin in linears)
+        hit = self._fused_cache.get(name)
+        if hit is None or hit[0] != key:
+            hit = (key, torch.cat([lin.weight.detach() for lin in linears]))
+            self._fused_cache[name] = hit
+        return hit[1]
+
+    def _rotary(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        if torch.is_grad_enabled():
+            return rotary(positions, self.head_dim, self.theta, dtype)
+        needed = int(positions.max()) + 1
+        if self._rope is None or self._rope[0].shape[0] < needed or self._rope[0].dtype != dtype or self._rope[0].device != positions.device:
+            size = max(needed, 2 * (0 if self._rope is None else self._rope[0].shape[0]), 512)
+            self._rope = rotary(torch.arange(size, device=positions.device), self.head_dim, self.theta, dtype)
+        return self._rope[0][positions], self._rope[1][positions]
 
     def forward(
         self,
@@ -104,10 +126,17 @@ class DraftLayer(nn.Module):
         bsz, n, _ = attn_in.shape
         if self.input_layernorm is not None:
             attn_in = self.input_layernorm(attn_in)
-        q = self.q_proj(attn_in).view(bsz, n, self.num_heads, self.head_dim).transpose(1, 2)
-        k = self.k_proj(attn_in).view(bsz, n, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        v = self.v_proj(attn_in).view(bsz, n, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        cos, sin = rotary(positions, self.head_dim, self.theta, q.dtype)
+        sizes = (self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim, self.num_kv_heads * self.head_dim)
+        # Not under autograd, nor under ZeRO-3 (its hooks gather a weight only when its module runs).
+        fast = not torch.is_grad_enabled() and not hasattr(self.q_proj.weight, "ds_id")
+        if not fast:
+            q, k, v = self.q_proj(attn_in), self.k_proj(attn_in), self.v_proj(attn_in)
+        else:
+            q, k, v = F.linear(attn_in, self._fused("qkv", self.q_proj, self.k_proj, self.v_proj)).split(sizes, -1)
+        q = q.view(bsz, n, self.num_heads, self.head_dim).transpose(1, 2)
+        k = k.view(bsz, n, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        v = v.view(bsz, n, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        cos, sin = self._rotary(positions, q.dtype)
         q, k = apply_rotary(q, cos[:, None], sin[:, None]), apply_rotary(k, cos[:, None], sin[:, None])
         if cache is not None:
             keys_buf, values_buf, length = cache
@@ -123,7 +152,11 @@ class DraftLayer(nn.Module):
         )
         h = x + self.o_proj(attn.transpose(1, 2).reshape(bsz, n, -1))
         mlp_in = self.post_attention_layernorm(h)
-        out = h + self.down_proj(F.silu(self.gate_proj(mlp_in)) * self.up_proj(mlp_in))
+        if not fast:
+            gate, up = self.gate_proj(mlp_in), self.up_proj(mlp_in)
+        else:
+            gate, up = F.linear(mlp_in, self._fused("gate_up", self.gate_proj, self.up_proj)).chunk(2, -1)
+        out = h + self.down_proj(F.silu(gate) * up)
         return out, (k, v)
 
 
