@@ -242,7 +242,7 @@ class EagleHead(nn.Module):
         target: nn.Module,
         num_heads: int = 1,
         num_layers: int = 1,
-        lm_head: str = "auto",
+        lm_head: str = "auto",  # accepted for a uniform signature; EAGLE always scores with the target's
         **extra,
     ) -> "EagleHead":
         info = TargetInfo.from_model(target)
@@ -342,8 +342,6 @@ class EagleHead(nn.Module):
         """Target id of each draft-vocabulary index (None: the draft vocabulary is the target's)."""
         return None
 
-    def target_distribution_ids(self) -> torch.Tensor | None:
-        return None
 
 
 class Eagle3Head(EagleHead):
@@ -379,7 +377,9 @@ class Eagle3Head(EagleHead):
         nn.init.normal_(self.fc.weight, std=0.02)
 
     @classmethod
-    def for_target(cls, target, num_heads=4, num_layers=1, lm_head="auto", feature_layers=None, draft_vocab_size=None, **extra):
+    def for_target(
+        cls, target, num_heads=4, num_layers=1, lm_head="auto", feature_layers=None, draft_vocab_size=None, **extra
+    ):
         layers = int(text_config(target).num_hidden_layers)
         feature_layers = list(feature_layers) if feature_layers else default_feature_layers(layers)
         check_feature_layers(feature_layers, layers)
@@ -431,8 +431,6 @@ class Eagle3Head(EagleHead):
     def vocab_ids(self):
         return self.draft_to_target
 
-    def target_distribution_ids(self):
-        return self.draft_to_target
 
 
 def check_feature_layers(layers: list[int], num_layers: int) -> None:

@@ -34,7 +34,7 @@ def _chunk_terms(heads, lm_head, topk: int, state: torch.Tensor, target_hidden: 
     with torch.no_grad():
         target_logits = lm_head(target_hidden.to(lm_head.weight.dtype)).float()
         target_top = target_logits.argmax(-1)
-        ids = heads.target_distribution_ids()
+        ids = heads.vocab_ids()  # EAGLE-3: its draft vocabulary's target ids; EAGLE: None
         if ids is not None:  # restrict to the draft vocabulary and renormalise
             inside = heads.target_to_draft[target_top] >= 0
             target_logits = target_logits[:, ids]
