@@ -21,6 +21,7 @@ from .medusa import MedusaHeads
 
 class HydraHeads(MedusaHeads):
     head_type = "hydra"
+    reads_tokens = True
 
     def __init__(self, config) -> None:
         super().__init__(config)

@@ -29,6 +29,8 @@ class ResBlock(nn.Module):
 
 class MedusaHeads(nn.Module):
     head_type = "medusa"
+    #: Whether head_states also takes the tokens before each head's target (Hydra).
+    reads_tokens = False
 
     def __init__(self, config: HeadsConfig) -> None:
         super().__init__()

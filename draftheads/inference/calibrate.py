@@ -46,7 +46,7 @@ def head_accuracy_table(
         seq = seq.to(device)
         start = skip_prompt[i] - 1 if skip_prompt else 0
         hidden = target(seq[None], output_hidden_states=True).hidden_states[-1][0]
-        if getattr(heads, "head_type", "medusa") == "hydra":  # heads told the (correct) tokens before theirs
+        if heads.reads_tokens:  # Hydra heads are told the (correct) tokens before theirs
             states = heads.head_states(hidden, token_context(seq[None], num_heads)[0])
         else:
             states = heads.head_states(hidden)

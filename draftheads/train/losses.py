@@ -91,10 +91,6 @@ def _project_ce(heads: torch.nn.Module, k: int, topk: int, ranks: int, state: to
     return ce, top1, hits, by_rank
 
 
-def _reads_tokens(heads: torch.nn.Module) -> bool:
-    return getattr(heads, "head_type", "medusa") == "hydra"
-
-
 def medusa_loss(
     heads: torch.nn.Module,
     hidden: torch.Tensor,
@@ -116,7 +112,7 @@ def medusa_loss(
     rows = (targets != IGNORE).any(-1).nonzero().squeeze(-1)
     flat, targets = flat[rows], targets[rows]
     # Hydra heads also read the tokens before the one they predict.
-    context = token_context(input_ids, num_heads).reshape(-1, num_heads)[rows] if _reads_tokens(heads) else None
+    context = token_context(input_ids, num_heads).reshape(-1, num_heads)[rows] if heads.reads_tokens else None
     count = (targets != IGNORE).sum(0)
     weights = [decay**k / max(int(count[k]), 1) for k in range(num_heads)]
 
@@ -167,7 +163,7 @@ def naive_medusa_loss(
     decay: float = 0.8,
 ) -> torch.Tensor:
     """Reference: full ``[B, S, K, V]`` logits and one masked mean CE per head (tests only)."""
-    if _reads_tokens(heads):
+    if heads.reads_tokens:
         logits = heads(hidden, token_context(input_ids, heads.config.num_heads)).float()
     else:
         logits = heads(hidden).float()  # [B, S, K, V]
