@@ -410,6 +410,10 @@ def test_expected_tokens():
     assert expected_tokens(0.0, 5) == 1.0
     assert expected_tokens(1.0, 5) == 6.0
     assert math.isclose(expected_tokens(0.5, 2), 1.75)
+    # one rate per position: 1 + a0 + a0 a1 + ...; a constant list is the geometric count
+    assert math.isclose(expected_tokens([0.5, 0.5, 0.5], 2), 1.75)
+    assert math.isclose(expected_tokens([0.9, 0.5, 1.0], 3), 1 + 0.9 + 0.45 + 0.45)
+    assert expected_tokens([0.9, 0.5], 0) == 1.0
 
 
 def linear_verify(base: float, per_token: float):
@@ -440,7 +444,9 @@ def test_choose_gamma_counts_the_per_step_overhead():
     ad.record_draft_time(0.002)
     ad.record_step(0, 0, 0.010)
     ad.record_step(1, 0, 0.0105)
-    ad._succ, ad._fail = 0.2, 0.8
+    ad._succ, ad._fail = 0.2, 0.8  # acceptance 0.2 at every position (the pooled rate, no per-position trials)
+    ad._position_hits, ad._position_trials = [0.0] * 4, [0.0] * 4
+    assert ad.acceptance_rates() == pytest.approx([0.2] * 4)
     assert ad.choose() == 0
     ad.record_overhead(0.005)
     assert ad.choose() >= 1 and ad.stats()["t_overhead"] == 0.005
@@ -511,6 +517,51 @@ def test_adaptive_gamma_probes_back_off_and_reset():
     with pytest.raises(ValueError, match="max_probe_every"):
         AdaptiveGamma(probe_every=8, max_probe_every=4)
     assert AdaptiveGamma(probe_every=300).max_probe_every == 300
+
+
+def test_adaptive_gamma_learns_acceptance_by_position():
+    """The demo's draft on code: the first draft is accepted ~90% of the time, the second ~50%,
+    later ones ~95%. One pooled rate (~0.8) makes 2+ drafts look worth it; the rates per
+    position say one draft token is best, and the loop settles there."""
+    import random
+
+    rnd = random.Random(0)
+    rates = [0.9, 0.5, 0.95, 0.95, 0.95, 0.95]
+
+    def accepted(g: int) -> int:
+        k = 0
+        while k < g and rnd.random() < rates[k]:
+            k += 1
+        return k
+
+    def verify(n):  # a CPU-like target: every verified token costs a fifth of a forward
+        return 0.010 + 0.002 * (n - 1)
+
+    t_draft = 0.003
+    ad = AdaptiveGamma(max_gamma=6, initial_gamma=4)
+    chosen = []
+    for _ in range(400):
+        g = ad.choose()
+        chosen.append(g)
+        if g:
+            ad.record_draft_time(t_draft)
+        ad.record_step(g, accepted(g), verify(g + 1))
+    learned = ad.acceptance_rates()
+    assert learned[0] == pytest.approx(0.9, abs=0.12) and learned[1] == pytest.approx(0.5, abs=0.2)
+    assert ad.stats()["acceptance_by_position"] == learned
+    # What each choice is worth under the true rates: gamma 1 is the best, by 7% over gamma 2.
+    rate = {g: expected_tokens(rates, g) / (g * t_draft + verify(g + 1)) for g in range(7)}
+    assert max(rate, key=rate.get) == 1 and rate[1] > 1.05 * rate[2]
+    assert max(rate, key=lambda g: expected_tokens(0.8, g) / (g * t_draft + verify(g + 1))) >= 2  # pooled: wrong
+    assert chosen[-200:].count(1) >= 180
+    # the counts at a position move only when a step reaches it
+    before = list(ad._position_trials)
+    ad.record_step(3, 0, verify(4))
+    assert ad._position_trials[1:] == before[1:] and ad._position_trials[0] != before[0]
+    with pytest.raises(ValueError, match="position_decay"):
+        AdaptiveGamma(position_decay=1.0)
+    with pytest.raises(ValueError, match="prior_strength"):
+        AdaptiveGamma(prior_strength=0.0)
 
 
 def test_adaptive_gamma_verify_time_estimates():
