@@ -63,6 +63,35 @@ def expected_tokens(alpha: float | Sequence[float], gamma: int) -> float:
     return (1.0 - alpha ** (gamma + 1)) / (1.0 - alpha)
 
 
+def predicted_rates(
+    alpha: float | Sequence[float],
+    t_draft: float,
+    verify_time: Callable[[int], float],
+    max_gamma: int,
+    overhead: float = 0.0,
+) -> list[float]:
+    """Expected tokens per second for each draft length 0..max_gamma:
+    E[tokens](gamma) / (overhead + gamma * t_draft + verify_time(gamma + 1)), ``alpha`` one rate
+    or one per position (see `expected_tokens`). ``overhead`` is the per-step time outside the
+    draft and verify forwards (the decode loop's bookkeeping): the same for every gamma, but
+    leaving it out makes short steps look relatively cheaper than they are, which biases the
+    choice towards short drafts and fallback."""
+    rates = []
+    for gamma in range(max_gamma + 1):
+        seconds = overhead + gamma * t_draft + verify_time(gamma + 1)
+        rates.append(expected_tokens(alpha, gamma) / max(seconds, 1e-12))
+    return rates
+
+
+def best_gamma(rates: Sequence[float]) -> int:
+    """The draft length with the highest predicted rate; ties go to the shorter draft."""
+    best = 0
+    for gamma, rate in enumerate(rates):
+        if rate > rates[best] * (1.0 + 1e-9):
+            best = gamma
+    return best
+
+
 def choose_gamma(
     alpha: float | Sequence[float],
     t_draft: float,
@@ -70,19 +99,8 @@ def choose_gamma(
     max_gamma: int,
     overhead: float = 0.0,
 ) -> int:
-    """The draft length in 0..max_gamma with the most expected tokens per second:
-    E[tokens](gamma) / (overhead + gamma * t_draft + verify_time(gamma + 1)), ``alpha`` one rate
-    or one per position (see `expected_tokens`). ``overhead`` is the per-step time outside the
-    draft and verify forwards (the decode loop's bookkeeping): the same for every gamma, but
-    leaving it out makes short steps look relatively cheaper than they are, which biases the
-    choice towards short drafts and fallback. Ties go to the shorter draft."""
-    best, best_rate = 0, -1.0
-    for gamma in range(max_gamma + 1):
-        seconds = overhead + gamma * t_draft + verify_time(gamma + 1)
-        rate = expected_tokens(alpha, gamma) / max(seconds, 1e-12)
-        if rate > best_rate * (1.0 + 1e-9):
-            best, best_rate = gamma, rate
-    return best
+    """The draft length in 0..max_gamma with the most expected tokens per second (`predicted_rates`)."""
+    return best_gamma(predicted_rates(alpha, t_draft, verify_time, max_gamma, overhead))
 
 
 class AdaptiveGamma:
@@ -90,10 +108,12 @@ class AdaptiveGamma:
 
     - acceptance by position: ``acceptance_rates()[k]`` estimates the probability that draft
       k + 1 is accepted given that the k before it were. Every step that reaches position k
-      (drafted it, all earlier drafts accepted) is one trial there; hits and trials are decayed
-      counts (``position_decay`` per trial at that position), shrunk towards the pooled rate
-      below with ``prior_strength`` pseudo-trials, so a position not yet (or rarely) reached
-      gets the pooled rate. One rate for every position (a geometric count) was wrong in both
+      (drafted it, all earlier drafts accepted) is one trial there; hits and trials are counts
+      that every drafting step decays by ``position_decay`` (at every position), shrunk towards
+      the pooled rate below with ``prior_strength`` pseudo-trials. So a position not reached
+      lately drifts back to the pooled rate and gets tried again: acceptance is a property of
+      the current text (one demo prompt accepted the second draft 2% of the time, the next 100%),
+      and evidence from a previous prompt must not pin the draft length. One rate for every position (a geometric count) was wrong in both
       directions on the demo: on code the draft's first token was accepted 88% of the time, the
       second 44-65%, the third and later 85-99% (the same figures from teacher-forced agreement,
       so a property of the text, not of the loop). A single rate, pulled down by the second
@@ -116,13 +136,18 @@ class AdaptiveGamma:
     - Until both a draft time and a verify time are known, ``initial_gamma`` is used.
     - When gamma 0 (plain decoding) wins, a probe step drafts two tokens anyway after
       ``probe_every`` plain steps, refreshing alpha, t_draft and the verify times so that a draft
-      that becomes useful is picked up again. Two, not one: a probe's first draft forward catches
+      that becomes useful is picked up again (acceptance is local: on the demo's code prompts
+      some stretches accept every draft and others alternate hit/miss). Two, not one: a probe's first draft forward catches
       up on every token decoded since the last one and is no t_draft sample, so one-token probes
       left t_draft frozen at its value when fallback began (a load spike then meant fallback for
-      good). Each probe after which plain decoding still wins doubles the wait, up to
-      ``max_probe_every`` steps (default 64): a probe costs a catch-up draft forward, one more draft
-      forward and a 3-token verify (about one plain step with the demo's draft), so probing a
-      useless draft every 16 steps cost ~4-6% of plain speed, every 64 ~1.5%. Once a draft length > 0 wins the wait is reset.
+      good). A probe after which plain decoding is still predicted clearly faster (the best draft
+      length's rate below ``marginal`` x plain's) doubles the wait, up to ``max_probe_every``
+      steps (default 64): a probe costs a catch-up draft forward, one more draft forward and a
+      3-token verify (about one plain step with the demo's draft), so probing a useless draft every
+      16 steps cost ~4-6% of plain speed, every 64 ~1.5%. A marginal draft (within that factor) keeps
+      the short wait: there fallback is as likely a noisy estimate as a real loss, and each
+      needless plain step forgoes what the draft would have gained. Once a draft length > 0 wins
+      the wait is reset.
     """
 
     def __init__(
@@ -134,7 +159,8 @@ class AdaptiveGamma:
         probe_every: int = 16,
         max_probe_every: int | None = None,
         window: int = 15,
-        position_decay: float = 0.95,
+        marginal: float = 0.85,
+        position_decay: float = 0.9,
         prior_strength: float = 2.0,
     ) -> None:
         if max_gamma < 1:
@@ -158,8 +184,11 @@ class AdaptiveGamma:
         self.max_gamma = max_gamma
         self.initial_gamma = min(max_gamma, 4) if initial_gamma is None else min(max(initial_gamma, 0), max_gamma)
         self.decay = decay
+        if not 0.0 < marginal <= 1.0:
+            raise ValueError(f"marginal must be in (0, 1], got {marginal}")
         self.probe_every = probe_every
         self.max_probe_every = max_probe_every
+        self.marginal = marginal
         self.probe_interval = probe_every  # current wait between probes (backs off while falling back)
         self._succ = initial_alpha  # one pseudo-observation at the prior rate
         self._fail = 1.0 - initial_alpha
@@ -209,9 +238,11 @@ class AdaptiveGamma:
             rejected = 1.0 if accepted < num_drafted else 0.0
             self._succ = self.decay * self._succ + (1.0 - self.decay) * accepted
             self._fail = self.decay * self._fail + (1.0 - self.decay) * rejected
-            # Positions 1..accepted were hits; position accepted + 1 (if drafted) the miss.
-            for k in range(min(accepted + 1, num_drafted, self.max_gamma)):
-                self._position_trials[k] = self.position_decay * self._position_trials[k] + 1.0
+            # Every position's evidence ages each drafting step; positions 1..accepted were hits,
+            # position accepted + 1 (if drafted) the miss.
+            reached = min(accepted + 1, num_drafted, self.max_gamma)
+            for k in range(self.max_gamma):
+                self._position_trials[k] = self.position_decay * self._position_trials[k] + (1.0 if k < reached else 0.0)
                 self._position_hits[k] = self.position_decay * self._position_hits[k] + (1.0 if k < accepted else 0.0)
 
     def acceptance_rates(self) -> list[float]:
@@ -257,14 +288,21 @@ class AdaptiveGamma:
         elif self.t_draft is None or not self._verify:
             gamma = min(self.initial_gamma, limit)
         else:
-            gamma = choose_gamma(self.acceptance_rates(), self.t_draft, self.verify_time, limit, self.overhead or 0.0)
+            rates = predicted_rates(
+                self.acceptance_rates(), self.t_draft, self.verify_time, limit, self.overhead or 0.0
+            )
+            gamma = best_gamma(rates)
             if gamma == 0:
                 self._since_probe += 1
                 if self._since_probe >= self.probe_interval:
-                    # A probe; if plain decoding still wins after it, the next one waits twice as long.
+                    # A probe. If the estimates so far put plain decoding clearly ahead (a draft that
+                    # keeps failing its probes), the next one waits twice as long.
                     self._since_probe = 0
                     self.probe_steps += 1
-                    self.probe_interval = min(2 * self.probe_interval, self.max_probe_every)
+                    if max(rates[1:]) < self.marginal * rates[0]:
+                        self.probe_interval = min(2 * self.probe_interval, self.max_probe_every)
+                    else:
+                        self.probe_interval = self.probe_every
                     gamma = min(2, limit)
                 else:
                     self.fallback_steps += 1
