@@ -103,9 +103,6 @@ def choose_gamma(
     return best_gamma(predicted_rates(alpha, t_draft, verify_time, max_gamma, overhead))
 
 
-LEVEL_WINDOW = 5  # steps behind AdaptiveGamma.level
-
-
 class AdaptiveGamma:
     """Online estimates for `choose_gamma`, plus the probing that keeps a fallback revisable.
 
@@ -131,16 +128,6 @@ class AdaptiveGamma:
       probes while falling back) kept a good draft in fallback for a whole benchmark.
     - t_draft: one single-token draft forward (catch-up forwards of many pending tokens are not
       counted).
-    - machine speed (``level``): every time sample is stored divided by the current level, the
-      median over the last 5 steps of (verify seconds / the fit's estimate for that size),
-      counting only sizes already measured 3+ times (so that the level does not absorb a new
-      size's real cost). 5 steps, fewer than the ``window`` samples behind each per-size median:
-      a change of speed moves the level before it can move the medians (the other way round, the
-      medians absorb the change and the level never learns it). Estimates are reported and compared at the current level. Only ratios
-      of times decide the draft length, but they were compared across time: while falling back
-      only the plain verify is measured, while drafting never, and this VM's speed drifts by
-      20-50% over seconds. A draft time from a slow spell (2.4 ms against 1.5 ms typical) next
-      to a plain step from a fast one kept a prompt in fallback where one draft token paid 5%.
     - verify time: per tree size, and an affine fit over the sizes (see `verify_time`);
       below the smallest measured size it is taken equal to the smallest (so a plain step never
       looks cheaper than measured, and fallback needs evidence).
@@ -210,14 +197,12 @@ class AdaptiveGamma:
         self._position_hits = [0.0] * max_gamma  # decayed counts per draft position
         self._position_trials = [0.0] * max_gamma
         self.window = window
-        # Time samples are divided by the machine's speed level at the time (see the docstring).
-        self.level = 1.0
-        self._level_samples: deque[float] = deque(maxlen=LEVEL_WINDOW)
-        self._draft_unpaired: list[float] = []  # this step's draft forwards, until its level is known
+        self.t_draft: float | None = None
+        self.overhead: float | None = None
         self._draft_samples: deque[float] = deque(maxlen=window)
         self._overhead_samples: deque[float] = deque(maxlen=window)
         self._verify_samples: dict[int, deque[float]] = {}
-        self._verify: dict[int, float] = {}  # median verify seconds per tree size, at level 1
+        self._verify: dict[int, float] = {}  # median verify seconds per tree size
         self._verify_count: dict[int, int] = {}
         self._fit: tuple[float, float, int] | None = None  # (a, b, smallest size): see verify_time
         self._since_probe = 0
@@ -235,34 +220,20 @@ class AdaptiveGamma:
         return self._succ / max(self._succ + self._fail, 1e-12)
 
     def record_draft_time(self, seconds_per_forward: float) -> None:
-        """One draft forward of the current step (stored once `record_step` has its level)."""
-        self._draft_unpaired.append(seconds_per_forward)
-
-    @property
-    def t_draft(self) -> float | None:
-        """Seconds per draft forward at the current speed (None until one was measured)."""
-        return self.level * statistics.median(self._draft_samples) if self._draft_samples else None
-
-    @property
-    def overhead(self) -> float | None:
-        """The loop's own seconds per step at the current speed (None until measured)."""
-        return self.level * statistics.median(self._overhead_samples) if self._overhead_samples else None
+        self._draft_samples.append(seconds_per_forward)
+        self.t_draft = statistics.median(self._draft_samples)
 
     def record_overhead(self, seconds: float) -> None:
-        self._overhead_samples.append(max(seconds, 0.0) / self.level)
+        self._overhead_samples.append(max(seconds, 0.0))
+        self.overhead = statistics.median(self._overhead_samples)
 
     def record_step(self, num_drafted: int, accepted: int, verify_seconds: float) -> None:
         size = num_drafted + 1
-        if self._verify_count.get(size, 0) >= 3:  # a well-measured size: how fast is the machine now?
-            self._level_samples.append(verify_seconds / max(self._fitted(size), 1e-12))
-            self.level = statistics.median(self._level_samples)
         samples = self._verify_samples.setdefault(size, deque(maxlen=self.window))
-        samples.append(verify_seconds / self.level)
+        samples.append(verify_seconds)
         self._verify[size] = statistics.median(samples)
         self._verify_count[size] = self._verify_count.get(size, 0) + 1
         self._refit()
-        self._draft_samples.extend(seconds / self.level for seconds in self._draft_unpaired)
-        self._draft_unpaired = []
         if num_drafted > 0:
             rejected = 1.0 if accepted < num_drafted else 0.0
             self._succ = self.decay * self._succ + (1.0 - self.decay) * accepted
@@ -289,10 +260,6 @@ class AdaptiveGamma:
         (a one-token step estimated slower than a two-token one after one slow sample, and 9
         tokens cheaper than 5), which made a useless draft look worth drafting, and a good one
         jump to gamma 7-8; a fit pools every step's evidence and is monotone by construction."""
-        return self.level * self._fitted(size)
-
-    def _fitted(self, size: int) -> float:
-        """`verify_time` at level 1."""
         if self._fit is None:
             raise ValueError("no verify time measured yet")
         a, b, smallest = self._fit
@@ -358,8 +325,7 @@ class AdaptiveGamma:
             "acceptance_by_position": self.acceptance_rates(),
             "t_draft": self.t_draft,
             "t_overhead": self.overhead,
-            "t_verify": {size: self.level * t for size, t in sorted(self._verify.items())},
-            "speed_level": self.level,
+            "t_verify": dict(sorted(self._verify.items())),
         }
 
 
