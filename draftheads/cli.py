@@ -158,7 +158,7 @@ def cmd_calibrate(args) -> int:
     target, tokenizer = _load_target(args.target, args.device, args.dtype, args.trust_remote_code)
     heads = dh.load_heads(args.heads, target=target)
     prompts = _calibration_prompts(args, tokenizer)
-    if heads.head_type in ("eagle", "eagle3"):
+    if heads.dynamic_tree:
         return _calibrate_dynamic(args, target, heads, prompts)
     result = calibrate(target, heads, prompts, new_tokens=args.new_tokens, max_nodes=args.max_nodes)
     print("head accuracy by rank (rows: heads):")

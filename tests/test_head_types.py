@@ -284,3 +284,24 @@ def test_draft_layer_fast_inference_path_matches_the_training_path():
         assert torch.allclose(slow, fast, atol=1e-5) and torch.allclose(k_slow, k_fast, atol=1e-5)
         with torch.no_grad():
             layer.k_proj.weight.add_(0.1)  # an optimizer step: the fused copy must not go stale
+
+
+def test_every_head_type_declares_its_traits():
+    """Training and calibration ask the head class what it is (no lists of type names): each
+    registered type names HeadsSpec fields that exist and a known training objective."""
+    import dataclasses
+
+    from draftheads.config import HeadsSpec
+    from draftheads.heads import head_types
+    from draftheads.train.loop import build_heads
+
+    fields = {f.name for f in dataclasses.fields(HeadsSpec)}
+    for name, cls in head_types().items():
+        assert set(cls.spec_options) <= fields, name
+        assert cls.training_objective in ("future_tokens", "draft_steps"), name
+        assert cls.dynamic_tree == (cls.training_objective == "draft_steps"), name
+    target = tiny_target("llama")
+    heads = build_heads(HeadsSpec(type="eagle3", num_heads=2, feature_layers=[0, 1], draft_vocab_size=16), target)
+    assert heads.feature_layers == [0, 1] and heads.draft_to_target.numel() == 16
+    heads = build_heads(HeadsSpec(type="eagle", noise=0.3), target)
+    assert heads.config.extra["noise"] == 0.3

@@ -191,6 +191,12 @@ class EagleHead(nn.Module):
     teacher-forced recipe); ``config.num_layers`` the number of decoder layers (1 in EAGLE)."""
 
     head_type = "eagle"
+    reads_tokens = False
+    dynamic_tree = True
+    training_objective = "draft_steps"
+    spec_options: tuple[str, ...] = ("noise",)
+    #: EAGLE-3: the input fuses several target layers (no single feature to regress onto).
+    fuses_layers = False
 
     def __init__(self, config: HeadsConfig) -> None:
         super().__init__()
@@ -198,7 +204,7 @@ class EagleHead(nn.Module):
         ex = config.extra
         d = config.hidden_size
         self.feature_layers: list[int] | None = ex.get("feature_layers")
-        fused = self.head_type == "eagle3"
+        fused = self.fuses_layers
         feat = d * len(self.feature_layers) if fused else d
         self.fc = nn.Linear(feat if fused else feat + d, d, bias=not fused)
         attn_in = 2 * d if fused else d
@@ -253,7 +259,7 @@ class EagleHead(nn.Module):
             num_layers=num_layers,
             hidden_size=info.hidden_size,
             vocab_size=info.vocab_size,
-            lm_head="own" if cls.head_type == "eagle3" else "shared",
+            lm_head="own" if cls.fuses_layers else "shared",
             target=info,
             extra=extra,
         )
@@ -353,6 +359,8 @@ class Eagle3Head(EagleHead):
     are refused when drafting, never silently treated as an identity."""
 
     head_type = "eagle3"
+    spec_options = ("feature_layers", "draft_vocab_size")
+    fuses_layers = True
 
     def __init__(self, config: HeadsConfig) -> None:
         ex = config.extra

@@ -31,6 +31,14 @@ class MedusaHeads(nn.Module):
     head_type = "medusa"
     #: Whether head_states also takes the tokens before each head's target (Hydra).
     reads_tokens = False
+    #: Drafts a tree whose shape is fixed per heads folder (calibrated from rank accuracies), not
+    #: grown per step from draft confidences (EAGLE).
+    dynamic_tree = False
+    #: "future_tokens": head k is trained on the token k+1 ahead (train/losses.py);
+    #: "draft_steps": draft steps unrolled on their own outputs (train/eagle_loss.py).
+    training_objective = "future_tokens"
+    #: The `HeadsSpec` (config ``heads:``) fields that `for_target` takes besides num_heads/num_layers.
+    spec_options: tuple[str, ...] = ("lm_head",)
 
     def __init__(self, config: HeadsConfig) -> None:
         super().__init__()

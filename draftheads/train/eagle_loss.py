@@ -76,7 +76,8 @@ def eagle_loss(
     lm = torch.ones_like(input_ids, dtype=torch.bool) if loss_mask is None else loss_mask.bool()
     am = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
     lm_head = heads._target(1)
-    noise = float(heads.config.extra.get("noise", 0.0)) if heads.head_type == "eagle" else 0.0
+    regress = not heads.fuses_layers  # EAGLE-1/2 also regress onto the next feature; EAGLE-3 has none
+    noise = float(heads.config.extra.get("noise", 0.0)) if regress else 0.0
 
     feats = features[:, :n]
     if heads.training and noise > 0:
@@ -137,7 +138,7 @@ def eagle_loss(
             hits[k] += ck
         count[k] = step_count
         ce_sum[k] = step_ce.detach()
-        if heads.head_type == "eagle":
+        if regress:
             step_loss = (step_reg + SOFT_CE_WEIGHT * step_ce) / max(idx.numel(), 1)
         else:
             step_loss = step_ce / max(step_count, 1)

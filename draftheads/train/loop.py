@@ -296,15 +296,9 @@ def build_heads(spec: HeadsSpec, target: torch.nn.Module, zero3: bool = False) -
         import deepspeed
 
         ctx = deepspeed.zero.GatheredParameters([target.get_output_embeddings().weight], modifier_rank=None)
-    kwargs = {}
-    if spec.type == "eagle":
-        kwargs = {"noise": spec.noise}
-    elif spec.type == "eagle3":
-        kwargs = {"feature_layers": spec.feature_layers, "draft_vocab_size": spec.draft_vocab_size}
+    options = {name: getattr(spec, name) for name in cls.spec_options}  # what this head type takes
     with ctx:
-        return cls.for_target(
-            target, num_heads=spec.num_heads, num_layers=spec.num_layers, lm_head=spec.lm_head, **kwargs
-        )
+        return cls.for_target(target, num_heads=spec.num_heads, num_layers=spec.num_layers, **options)
 
 
 def training_token_counts(dataset, vocab_size: int) -> torch.Tensor:

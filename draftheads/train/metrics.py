@@ -44,7 +44,7 @@ BASE_ROWS = 4  # ce_sum, count, top1, topk
 def static_tree(heads: torch.nn.Module) -> list[list[int]] | None:
     """The static tree decoding will use with ``heads`` (the one they carry, else the default for
     their number of heads), or None for heads that draft dynamic trees (EAGLE)."""
-    if getattr(heads, "head_type", "medusa") not in ("medusa", "hydra"):
+    if getattr(heads, "dynamic_tree", False):
         return None
     tree = getattr(heads, "tree", None)
     if isinstance(tree, list):

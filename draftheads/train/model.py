@@ -130,7 +130,7 @@ class TargetWithHeads(nn.Module):
         else:
             hidden = features = self.target_hidden(input_ids, attention_mask)
         common = dict(decay=self.loss_decay, chunk_size=self.loss_chunk_size, topk=self.topk)
-        if self.heads.head_type in ("eagle", "eagle3"):
+        if self.heads.training_objective == "draft_steps":
             # EAGLE learns the target's distribution at every position (its own soft labels) from
             # the data tokens it reads; `labels` does not apply.
             labels = input_ids
