@@ -447,6 +447,8 @@ def test_choose_gamma_counts_the_per_step_overhead():
     ad._succ, ad._fail = 0.2, 0.8  # acceptance 0.2 at every position (the pooled rate, no per-position trials)
     ad._position_hits, ad._position_trials = [0.0] * 4, [0.0] * 4
     assert ad.acceptance_rates() == pytest.approx([0.2] * 4)
+    assert ad.choose() == 1  # plain decoding predicted ahead by 4%: within fallback_margin, keep drafting
+    ad.fallback_margin = 0.0
     assert ad.choose() == 0
     ad.record_overhead(0.005)
     assert ad.choose() >= 1 and ad.stats()["t_overhead"] == 0.005
