@@ -110,15 +110,16 @@ class AdaptiveGamma:
       k + 1 is accepted given that the k before it were. Every step that reaches position k
       (drafted it, all earlier drafts accepted) is one trial there; hits and trials are counts
       that every drafting step decays by ``position_decay`` (at every position), shrunk towards
-      the pooled rate below with ``prior_strength`` pseudo-trials. So a position not reached
-      lately drifts back to the pooled rate and gets tried again: acceptance is a property of
-      the current text (one demo prompt accepted the second draft 2% of the time, the next 100%),
-      and evidence from a previous prompt must not pin the draft length. One rate for every position (a geometric count) was wrong in both
-      directions on the demo: on code the draft's first token was accepted 88% of the time, the
-      second 44-65%, the third and later 85-99% (the same figures from teacher-forced agreement,
-      so a property of the text, not of the loop). A single rate, pulled down by the second
-      position, made plain decoding look as good as one draft token (fallback while gamma 1 paid
-      ~7%), and pulled up by the first, made 3-8 drafts look worth it.
+      the pooled rate below with ``prior_strength`` pseudo-trials.
+      Why per position: one rate for every position (a geometric count) was wrong both ways on
+      the demo. On code its draft's first token is accepted 88% of the time, the second 44-65%,
+      later ones 85-99% (`benchmarks/draft_acceptance_by_position.py` gets the same figures
+      from teacher forcing: a property of the text, not of the loop). A single rate, pulled down
+      by the second position, made plain decoding look as good as one draft token; pulled up by
+      the first, it made 3-8 drafts look worth it.
+      Why decay every step: the rates belong to the current text (one prompt accepted the second
+      draft 2% of the time, the next 100%). A position not reached lately drifts back to the
+      pooled rate and is tried again, instead of a previous prompt's verdict pinning the length.
     - alpha (pooled): a chain step with k of g drafts accepted is k successes and, if k < g, one
       failure; alpha = EMA(successes) / (EMA(successes) + EMA(failures)) is the (exponentially
       weighted) maximum-likelihood estimate for this censored geometric count. Reported, and the
@@ -141,18 +142,16 @@ class AdaptiveGamma:
       whole prompt where one draft token paid 13%.
     - When gamma 0 (plain decoding) wins, a probe step drafts two tokens anyway after
       ``probe_every`` plain steps, refreshing alpha, t_draft and the verify times so that a draft
-      that becomes useful is picked up again (acceptance is local: on the demo's code prompts
-      some stretches accept every draft and others alternate hit/miss). Two, not one: a probe's first draft forward catches
+      that becomes useful is picked up again. Two, not one: a probe's first draft forward catches
       up on every token decoded since the last one and is no t_draft sample, so one-token probes
       left t_draft frozen at its value when fallback began (a load spike then meant fallback for
-      good). A probe after which plain decoding is still predicted clearly faster (the best draft
-      length's rate below ``marginal`` x plain's) doubles the wait, up to ``max_probe_every``
-      steps (default 64): a probe costs a catch-up draft forward, one more draft forward and a
-      3-token verify (about one plain step with the demo's draft), so probing a useless draft every
-      16 steps cost ~4-6% of plain speed, every 64 ~1.5%. A marginal draft (within that factor) keeps
-      the short wait: there fallback is as likely a noisy estimate as a real loss, and each
-      needless plain step forgoes what the draft would have gained. Once a draft length > 0 wins
-      the wait is reset.
+      good). A probe while plain decoding is predicted clearly faster (the best draft length's
+      rate below ``marginal`` x plain's) doubles the wait, up to ``max_probe_every`` steps
+      (default 64): a probe costs a catch-up draft forward, one more draft forward and a 3-token
+      verify (about one plain step with the demo's draft), so probing a useless draft every 16
+      steps cost ~4-6% of plain speed, every 64 ~1.5%. A marginal draft (within that factor)
+      keeps the short wait: there fallback is as likely a noisy estimate as a real loss. Once a
+      draft length > 0 wins the wait is reset.
     """
 
     def __init__(
@@ -187,13 +186,13 @@ class AdaptiveGamma:
             raise ValueError(f"prior_strength must be > 0, got {prior_strength}")
         if not 0.0 <= initial_alpha < 1.0:
             raise ValueError(f"initial_alpha must be in [0, 1), got {initial_alpha}")
-        self.max_gamma = max_gamma
-        self.initial_gamma = min(max_gamma, 4) if initial_gamma is None else min(max(initial_gamma, 0), max_gamma)
-        self.decay = decay
         if not 0.0 < marginal <= 1.0:
             raise ValueError(f"marginal must be in (0, 1], got {marginal}")
         if fallback_margin < 0.0:
             raise ValueError(f"fallback_margin must be >= 0, got {fallback_margin}")
+        self.max_gamma = max_gamma
+        self.initial_gamma = min(max_gamma, 4) if initial_gamma is None else min(max(initial_gamma, 0), max_gamma)
+        self.decay = decay
         self.fallback_margin = fallback_margin
         self.probe_every = probe_every
         self.max_probe_every = max_probe_every
@@ -250,9 +249,10 @@ class AdaptiveGamma:
             # Every position's evidence ages each drafting step; positions 1..accepted were hits,
             # position accepted + 1 (if drafted) the miss.
             reached = min(accepted + 1, num_drafted, self.max_gamma)
+            d = self.position_decay
             for k in range(self.max_gamma):
-                self._position_trials[k] = self.position_decay * self._position_trials[k] + (1.0 if k < reached else 0.0)
-                self._position_hits[k] = self.position_decay * self._position_hits[k] + (1.0 if k < accepted else 0.0)
+                self._position_trials[k] = d * self._position_trials[k] + (1.0 if k < reached else 0.0)
+                self._position_hits[k] = d * self._position_hits[k] + (1.0 if k < accepted else 0.0)
 
     def acceptance_rates(self) -> list[float]:
         """Estimated acceptance of draft k + 1 given the k before it were accepted, k < max_gamma."""
