@@ -227,7 +227,7 @@ def main() -> None:
             out = info[name]["out"]
             if out is not None:
                 row["mean_accept_length"] = out.mean_accept_length
-                row["stats"] = {k: v for k, v in out.stats.items() if isinstance(v, (int, float, str, dict))}
+                row["stats"] = {k: v for k, v in out.stats.items() if isinstance(v, (int, float, str, dict, list))}
             per_prompt[name].append(row)
         print(f"prompt {i + 1}/{len(prompts)} ({ids.shape[1]} tokens): "
               + " ".join(f"{name}={per_prompt[name][-1]['speedup']:.2f}" for name in names[1:]), flush=True)

@@ -414,6 +414,8 @@ def test_expected_tokens():
     assert math.isclose(expected_tokens([0.5, 0.5, 0.5], 2), 1.75)
     assert math.isclose(expected_tokens([0.9, 0.5, 1.0], 3), 1 + 0.9 + 0.45 + 0.45)
     assert expected_tokens([0.9, 0.5], 0) == 1.0
+    with pytest.raises(ValueError, match="2 acceptance rates for a chain of 3"):
+        expected_tokens([0.9, 0.5], 3)
 
 
 def linear_verify(base: float, per_token: float):

@@ -14,8 +14,8 @@ as the target) and ``Tree.draft_probs`` carries q, so the verifier applies min(1
 residual norm(max(p - q, 0)): the output is exactly the target's distribution whatever the draft.
 
 ``gamma="auto"`` picks the draft length each step to maximise expected tokens per second from the
-measured acceptance rate, draft step time and verify time per tree size (see `AdaptiveGamma`);
-gamma 0 falls back to plain decoding and the draft is probed again now and then.
+measured acceptance rate of each draft position, draft step time and verify time per tree size
+(see `AdaptiveGamma`); gamma 0 falls back to plain decoding and the draft is probed again now and then.
 """
 from __future__ import annotations
 
@@ -53,6 +53,8 @@ def expected_tokens(alpha: float | Sequence[float], gamma: int) -> float:
     probability that draft k + 1 is accepted given that the k before it were:
     1 + a0 + a0 a1 + ... + a0 ... a(gamma-1)."""
     if not isinstance(alpha, (int, float)):
+        if len(alpha) < gamma:
+            raise ValueError(f"{len(alpha)} acceptance rates for a chain of {gamma} drafts")
         total, reach = 1.0, 1.0
         for rate in alpha[:gamma]:
             reach *= rate
