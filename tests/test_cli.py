@@ -40,6 +40,21 @@ def test_generate_matches_plain_generate_text(tiny_target_dir, heads_dir, tiny_t
     assert printed == tiny_tokenizer.decode(ref[0, ids.shape[1]:], skip_special_tokens=True).strip()
 
 
+def test_generate_with_a_draft_model_reports_its_draft_lengths(tiny_target_dir, tiny_tokenizer, capsys):
+    """The target as its own draft (same tokenizer, always accepted): exact text, and a second
+    report line with the adaptive draft length's choices."""
+    main(["generate", "--target", str(tiny_target_dir), "--draft-model", str(tiny_target_dir), "--prompt", "for x in y:",
+          "--max-new-tokens", "10", "--no-chat-template", "--quiet"])
+    captured = capsys.readouterr()
+    target = AutoModelForCausalLM.from_pretrained(tiny_target_dir)
+    ids = tiny_tokenizer("for x in y:", return_tensors="pt").input_ids
+    ref = target.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=10,
+                          pad_token_id=tiny_tokenizer.pad_token_id)
+    assert captured.out.strip() == tiny_tokenizer.decode(ref[0, ids.shape[1]:], skip_special_tokens=True).strip()
+    assert "draft length: mean" in captured.err and "plain (fallback) steps 0" in captured.err
+    assert "acceptance by draft position" in captured.err
+
+
 def test_generate_needs_exactly_one_proposer(tiny_target_dir):
     with pytest.raises(SystemExit, match="exactly one of"):
         main(["generate", "--target", str(tiny_target_dir), "--prompt", "x"])
