@@ -303,11 +303,11 @@ class AdaptiveGamma:
                 self.acceptance_rates(), self.t_draft, self.verify_time, limit, self.overhead or 0.0
             )
             gamma = best_gamma(rates)
-            # The margin needs a measured plain step: unmeasured, its cost is taken as the smallest
-            # measured size's (see verify_time), and with a margin on top it would never be measured.
-            margin = self.fallback_margin if 1 in self._verify else 0.0
             if gamma == 0:
-                drafting = 1 + best_gamma(rates[1:])
+                drafting = 1 + best_gamma(rates[1:])  # the best draft length, and its rate below
+                # The margin needs a measured plain step: unmeasured, its cost is taken as the smallest
+                # measured size's (see verify_time), and with a margin on top it would never be measured.
+                margin = self.fallback_margin if 1 in self._verify else 0.0
                 if rates[drafting] * (1.0 + margin) >= rates[0]:
                     gamma = drafting  # plain decoding not clearly ahead: keep drafting (see docstring)
             if gamma == 0:
@@ -317,7 +317,7 @@ class AdaptiveGamma:
                     # keeps failing its probes), the next one waits twice as long.
                     self._since_probe = 0
                     self.probe_steps += 1
-                    if max(rates[1:]) < self.marginal * rates[0]:
+                    if rates[drafting] < self.marginal * rates[0]:
                         self.probe_interval = min(2 * self.probe_interval, self.max_probe_every)
                     else:
                         self.probe_interval = self.probe_every
