@@ -195,14 +195,9 @@ def cmd_bench(args) -> int:
 
 
 def cmd_train(args) -> int:
-    from .config import load_config
-    from .train.loop import run
+    from .train.command import run_command
 
-    cfg = load_config(args.config, args.overrides)
-    if args.resume:
-        cfg.train.resume = "auto"
-    run(cfg)
-    return 0
+    return run_command(args)
 
 
 def _add_target_args(p: argparse.ArgumentParser) -> None:
@@ -217,11 +212,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="draftheads", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("train", help="train draft heads (same as train.py)")
-    p.add_argument("--config", required=True)
-    p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in output_dir")
-    p.add_argument("overrides", nargs="*", help="key.sub=value overrides")
-    p.set_defaults(func=cmd_train)
+    from .train.command import add_arguments as add_train_arguments
+
+    add_train_arguments(sub.add_parser("train", help="train draft heads (same as train.py)")).set_defaults(func=cmd_train)
 
     p = sub.add_parser("generate", help="decode a prompt speculatively, streaming the text")
     _add_target_args(p)

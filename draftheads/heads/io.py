@@ -67,6 +67,12 @@ def write_json_atomically(path: str | os.PathLike, data: Any) -> None:
 def save_heads(heads: torch.nn.Module, path: str | os.PathLike, tree: list[list[int]] | None = None) -> Path:
     """Export heads only (never the target's weights) as a versioned safetensors folder."""
     state = {k: v.detach().contiguous().cpu() for k, v in heads.state_dict().items()}
+    bad = [k for k, v in state.items() if v.is_floating_point() and not bool(torch.isfinite(v).all())]
+    if bad:
+        raise ValueError(
+            f"refusing to export heads to {path}: non-finite values (NaN/inf) in {', '.join(bad[:5])}"
+            f"{' ...' if len(bad) > 5 else ''} ({len(bad)} of {len(state)} tensors); did the training diverge?"
+        )
     config = heads.config.to_dict()
     tree = tree if tree is not None else getattr(heads, "tree", None)
 

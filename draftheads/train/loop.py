@@ -33,9 +33,18 @@ from ..device import (
     resolve_dtype,
     resolve_mixed_precision,
 )
-from .checkpoint import export_heads, load_checkpoint, register_heads_only, resolve_resume, save_checkpoint
+from .checkpoint import (
+    export_heads,
+    load_checkpoint,
+    read_state,
+    register_heads_only,
+    resolve_resume,
+    save_checkpoint,
+)
 from .metrics import HeadStats, format_heads, ranks_for, static_tree
 from .model import TargetWithHeads
+from .stability import MAX_NONFINITE_STEPS, NonFiniteGuard
+from .run_dir import RunFolderError, check_resume_config, check_writable, clear_run, guard_fresh_run
 from .tracking import init_trackers, prepare_tracker
 
 
@@ -48,14 +57,26 @@ class TrainResult:
     heads: torch.nn.Module = field(repr=False)  # the trained heads (unwrapped), on every process
 
 
-def run(cfg: ExperimentConfig) -> TrainResult:
-    """Train heads as configured; return where they were exported and the final metrics."""
+def run(cfg: ExperimentConfig, overwrite: bool = False) -> TrainResult:
+    """Train heads as configured; return where they were exported and the final metrics.
+
+    ``overwrite``: replace a previous run's files in ``train.output_dir`` (otherwise a fresh run
+    into a folder that holds a run is refused; see run_dir.py)."""
     from accelerate import Accelerator
     from accelerate.utils import DistributedType, set_seed
 
     t = cfg.train
     output_dir = Path(t.output_dir)
     timer = StageTimer()
+    # fail fast, before loading anything: a bad output folder, another run's files, a bad resume
+    check_writable(output_dir)
+    if overwrite and t.resume is not None:
+        raise RunFolderError("--overwrite and --resume (train.resume) contradict each other: choose one")
+    checkpoint = resolve_resume(t.resume, output_dir)
+    if checkpoint is not None:
+        check_resume_config(checkpoint, read_state(checkpoint).get("config"), cfg.to_dict())
+    elif not overwrite:
+        guard_fresh_run(output_dir, False, t.resume)
 
     # -- 1. accelerator, seed, tracker --------------------------------------------------------
     log_with = prepare_tracker(cfg.tracking, announce=_main_print)
@@ -74,8 +95,13 @@ def run(cfg: ExperimentConfig) -> TrainResult:
     zero3 = deepspeed and accelerator.state.deepspeed_plugin.zero_stage == 3
     say = accelerator.print
     set_seed(t.seed)
+    accelerator.wait_for_everyone()  # every process has checked the folder before it changes
     if accelerator.is_main_process:
         output_dir.mkdir(parents=True, exist_ok=True)
+        if overwrite:
+            removed = clear_run(output_dir)
+            if removed:
+                say(f"--overwrite: removed the previous run's {', '.join(removed)} from {output_dir}")
         (output_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
     threads = cpu_threads_for_single_process()
     if threads is not None:
@@ -85,7 +111,6 @@ def run(cfg: ExperimentConfig) -> TrainResult:
         f"device {accelerator.device}, mixed precision {accelerator.mixed_precision}"
         + (f", {threads} CPU threads" if threads is not None else "")
     )
-    checkpoint = resolve_resume(t.resume, output_dir)  # fail fast on a bad path, before loading anything
 
     # -- 2. target, tokenizer, data ------------------------------------------------------------
     with timer("load_target"):
@@ -169,6 +194,7 @@ def run(cfg: ExperimentConfig) -> TrainResult:
     progress = _progress(max_steps, step, accelerator)
     last_saved, batch_in_epoch, evals = (step if checkpoint is not None else -1), skip, []
     label_counts = torch.zeros_like(heads.token_counts)  # this process's, since the last merge
+    guard = NonFiniteGuard(1 if deepspeed else MAX_NONFINITE_STEPS)
     model.train()
     train_start = time.perf_counter()
 
@@ -180,9 +206,13 @@ def run(cfg: ExperimentConfig) -> TrainResult:
             with accelerator.accumulate(model):
                 out = model(**batch)
                 accelerator.backward(out["loss"])
-                if accelerator.sync_gradients and t.max_grad_norm:
-                    accelerator.clip_grad_norm_(params, t.max_grad_norm)
-                optimizer.step()  # no-op between accumulation boundaries
+                guard.add(out["loss"])
+                if accelerator.sync_gradients and guard.step_is_bad(accelerator, step + 1, scheduler.get_last_lr()[0]):
+                    pass  # a non-finite loss somewhere: no update (stability.py)
+                else:
+                    if accelerator.sync_gradients and t.max_grad_norm:
+                        accelerator.clip_grad_norm_(params, t.max_grad_norm)
+                    optimizer.step()  # no-op between accumulation boundaries
                 optimizer.zero_grad(set_to_none=True)
             batch_in_epoch += 1
             window.add(out)
@@ -209,7 +239,7 @@ def run(cfg: ExperimentConfig) -> TrainResult:
             if t.save_every and step % t.save_every == 0:
                 merge_label_counts(accelerator, heads, label_counts)
                 position = _position(epoch, batch_in_epoch, batches_per_epoch)
-                save_checkpoint(accelerator, output_dir, step, _trainer_state(step, position, max_steps, accelerator, best))
+                save_checkpoint(accelerator, output_dir, step, _trainer_state(step, position, max_steps, accelerator, best, cfg))
                 last_saved = step
                 window.restart_clock()
 
@@ -225,7 +255,7 @@ def run(cfg: ExperimentConfig) -> TrainResult:
     merge_label_counts(accelerator, heads, label_counts)
     if t.save_every and last_saved != step:
         position = _position(epoch, batch_in_epoch, batches_per_epoch)
-        save_checkpoint(accelerator, output_dir, step, _trainer_state(step, position, max_steps, accelerator, best))
+        save_checkpoint(accelerator, output_dir, step, _trainer_state(step, position, max_steps, accelerator, best, cfg))
 
     # -- 6. final evaluation, export, metrics --------------------------------------------------
     final_eval: dict[str, float] = {}
@@ -345,7 +375,9 @@ def evaluate(accelerator, model, eval_dl, num_heads: int, topk: int, decay: floa
     reduced = stats.reduced(accelerator)
     summary: dict[str, Any] = reduced.summary(topk, prefix="eval/", tree=tree)
     losses = [summary[f"eval/loss_head{k}"] for k in range(num_heads)]
-    summary["eval/loss"] = sum(decay**k * v for k, v in enumerate(losses) if not math.isnan(v))
+    # NaN when a head's loss is NaN (diverged, or no eval position reaches that far): never a
+    # partial sum that looks like a loss
+    summary["eval/loss"] = sum(decay**k * v for k, v in enumerate(losses))
     if ranks:
         summary["eval/rank_accuracy"] = reduced.rank_accuracy().tolist()
     return summary
@@ -368,6 +400,9 @@ class BestHeads:
     def offer(self, accelerator, model, heads, label_counts: torch.Tensor, summary: dict[str, Any]) -> bool:
         value = summary.get(self.KEY, math.nan)
         if math.isnan(value) or value <= self.value:
+            return False
+        if not math.isfinite(summary.get("eval/loss", math.nan)):
+            accelerator.print(f"warning: eval @ {summary['step']}: the loss is not finite; best/ keeps its heads")
             return False
         merge_label_counts(accelerator, heads, label_counts)  # the export carries the counts so far
         export_heads(accelerator, model, self.path)
@@ -458,7 +493,7 @@ def _position(epoch: int, batch_in_epoch: int, batches_per_epoch: int) -> tuple[
     return (epoch + 1, 0) if batch_in_epoch >= batches_per_epoch else (epoch, batch_in_epoch)
 
 
-def _trainer_state(step, position, max_steps, accelerator, best: "BestHeads | None" = None) -> dict[str, Any]:
+def _trainer_state(step, position, max_steps, accelerator, best: "BestHeads | None" = None, cfg=None) -> dict[str, Any]:
     epoch, batches = position
     return {
         "step": step,
@@ -468,6 +503,8 @@ def _trainer_state(step, position, max_steps, accelerator, best: "BestHeads | No
         "num_processes": accelerator.num_processes,
         "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
         "best": best.as_dict() if best is not None else None,
+        # what a resume compares against (run_dir.check_resume_config)
+        "config": cfg.to_dict() if cfg is not None else None,
     }
 
 

@@ -1,0 +1,137 @@
+"""The output folder of a training run: refuse to mix two runs in one folder.
+
+Checkpoint rotation keeps the highest step numbers, so a new run written over an old one would lose
+its own checkpoints to the old run's, and ``--resume`` would then continue the wrong run. Hence:
+a fresh run into a folder that already holds a run is refused unless ``--overwrite`` clears the
+old run's files (only those a run writes, nothing else), and a resume is refused when the
+checkpoint was written with another config (anything but the step budget and where things go).
+"""
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+# What a run writes into its output folder; --overwrite removes exactly these.
+RUN_ARTEFACTS = ("checkpoints", "heads", "best", "metrics.json", "config.json")
+# Their presence means a run already lives here (config.json alone is only a run that started
+# and saved nothing: replacing it loses nothing).
+RUN_MARKERS = ("checkpoints", "heads", "best", "metrics.json")
+
+# Config keys a resumed run may change: the step budget, and where outputs, caches and logs go.
+RESUMABLE_KEYS = (
+    "train.max_steps",
+    "train.num_epochs",
+    "train.resume",
+    "train.output_dir",
+    "train.log_every",
+    "data.cache_dir",
+    "tracking.",
+)
+
+
+class RunFolderError(ValueError):
+    """The output folder cannot take this run (another run's files, a file, not writable)."""
+
+
+def check_writable(output_dir: Path) -> None:
+    """Fail before any model is loaded if ``output_dir`` is a file or cannot be written."""
+    if output_dir.exists() and not output_dir.is_dir():
+        raise RunFolderError(f"train.output_dir {output_dir} is a file, not a folder: choose another train.output_dir")
+    probe_dir = output_dir
+    while not probe_dir.exists():  # the nearest existing ancestor is where the folder gets created
+        probe_dir = probe_dir.parent
+    if not probe_dir.is_dir():
+        raise RunFolderError(f"train.output_dir {output_dir}: {probe_dir} is a file, not a folder")
+    if not os.access(probe_dir, os.W_OK | os.X_OK):
+        raise RunFolderError(
+            f"train.output_dir {output_dir}: {probe_dir} is not writable by this user; "
+            "choose another train.output_dir or fix its permissions"
+        )
+
+
+def existing_run(output_dir: Path) -> list[str]:
+    """The names of another run's files in ``output_dir`` (empty: no run there)."""
+    found = []
+    for name in RUN_MARKERS:
+        path = output_dir / name
+        if path.is_dir() and any(path.iterdir()) or path.is_file():
+            found.append(name + ("/" if path.is_dir() else ""))
+    return found
+
+
+def guard_fresh_run(output_dir: Path, has_checkpoint: bool, resume: str | None) -> None:
+    """Refuse to start from scratch in a folder that holds another run (see the module doc)."""
+    if has_checkpoint:
+        return
+    found = existing_run(output_dir)
+    if not found:
+        return
+    what = "holds a run" if resume is None else "holds a run with no checkpoint to resume from"
+    raise RunFolderError(
+        f"train.output_dir {output_dir} already {what} ({', '.join(found)}); "
+        "pass --resume to continue it, --overwrite to replace it, or choose another train.output_dir"
+    )
+
+
+def clear_run(output_dir: Path) -> list[str]:
+    """Remove the files a previous run wrote into ``output_dir`` (only those); return their names."""
+    removed = []
+    for name in RUN_ARTEFACTS:
+        path = output_dir / name
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        elif path.exists() or path.is_symlink():
+            path.unlink()
+        else:
+            continue
+        removed.append(name)
+    # and any leftovers of interrupted writes of those (".heads.tmp-*", ".metrics.json.*" ...)
+    for child in output_dir.glob(".*"):
+        if any(child.name.startswith(f".{name}.") for name in RUN_ARTEFACTS):
+            shutil.rmtree(child) if child.is_dir() and not child.is_symlink() else child.unlink()
+    return removed
+
+
+def _flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        if isinstance(value, dict) and value:
+            out.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def config_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """Dotted keys whose values differ between two config dicts, except those a resume may change."""
+    a, b = _flatten(saved), _flatten(current)
+    keys = sorted(set(a) | set(b))
+    return [
+        k for k in keys
+        if not any(k == r or (r.endswith(".") and k.startswith(r)) for r in RESUMABLE_KEYS)
+        and _normal(a.get(k)) != _normal(b.get(k))
+    ]  # fmt: skip
+
+
+def _normal(value: Any) -> Any:
+    """JSON round-trips turn tuples into lists: compare them alike."""
+    if isinstance(value, (list, tuple)):
+        return [_normal(v) for v in value]
+    return value
+
+
+def check_resume_config(checkpoint: Path, saved: dict[str, Any] | None, current: dict[str, Any]) -> None:
+    """Refuse to resume ``checkpoint`` under a config that differs in more than the step budget."""
+    if saved is None:
+        return  # written before checkpoints carried their config: nothing to compare
+    diff = config_differences(saved, current)
+    if diff:
+        a, b = _flatten(saved), _flatten(current)
+        details = "; ".join(f"{k}: {a.get(k)!r} in the checkpoint, {b.get(k)!r} now" for k in diff[:8])
+        raise RunFolderError(
+            f"cannot resume from {checkpoint}: it was written with another config ({details}). "
+            "Only the step budget (train.max_steps, train.num_epochs) may change on resume; "
+            "use the original settings, or start a new run (--overwrite, or another train.output_dir)"
+        )

@@ -1,0 +1,157 @@
+"""Training reliability: one run per output folder, resume only under the same config, diverged
+runs stop without exporting, and the shared `train` entry's error handling."""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from draftheads import MedusaHeads
+from draftheads.train.run_dir import RunFolderError
+from draftheads.train.stability import NonFiniteGuard, TrainingDiverged
+from test_train import _cfg
+
+
+@pytest.fixture(autouse=True)
+def _one_thread(monkeypatch):
+    monkeypatch.setenv("DRAFTHEADS_NUM_THREADS", "1")
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def _steps(out: Path) -> list[str]:
+    return sorted(p.name for p in (out / "checkpoints").iterdir())
+
+
+# ---------------------------------------------------------------------------------------------
+# One run per output folder
+# ---------------------------------------------------------------------------------------------
+
+
+def test_fresh_run_into_a_folder_with_a_run_is_refused(tmp_path, tiny_target_dir, tiny_text_jsonl):
+    from draftheads.train.loop import run
+
+    first = _cfg(tmp_path, tiny_target_dir, tiny_text_jsonl, max_steps=4, save_every=2, eval_every=0)
+    run(first)
+    out = Path(first.train.output_dir)
+    before = (out / "heads" / "model.safetensors").read_bytes()
+
+    again = _cfg(tmp_path, tiny_target_dir, tiny_text_jsonl, max_steps=2, save_every=1, eval_every=0)
+    with pytest.raises(RunFolderError, match="already holds a run") as err:
+        run(again)
+    assert str(out) in str(err.value) and "--resume" in str(err.value) and "--overwrite" in str(err.value)
+    assert _steps(out) == ["step-2", "step-4"]  # untouched
+    assert (out / "heads" / "model.safetensors").read_bytes() == before
+
+    # resume=auto in a folder whose run kept no checkpoint: nothing to continue, refused as well
+    no_ckpt = _cfg(tmp_path / "n", tiny_target_dir, tiny_text_jsonl, max_steps=2, save_every=0, eval_every=0)
+    run(no_ckpt)
+    no_ckpt.train.resume = "auto"
+    with pytest.raises(RunFolderError, match="no checkpoint to resume from"):
+        run(no_ckpt)
+
+
+def test_overwrite_replaces_only_the_previous_runs_files(tmp_path, tiny_target_dir, tiny_text_jsonl):
+    from draftheads.train.loop import run
+
+    first = _cfg(tmp_path, tiny_target_dir, tiny_text_jsonl, max_steps=4, save_every=2, eval_every=2)
+    run(first)
+    out = Path(first.train.output_dir)
+    assert (out / "best").is_dir()
+    (out / "notes.txt").write_text("mine")
+
+    second = _cfg(tmp_path, tiny_target_dir, tiny_text_jsonl, max_steps=2, save_every=1, eval_every=0)
+    result = run(second, overwrite=True)
+    assert result.step == 2
+    assert _steps(out) == ["step-1", "step-2"]  # the old step-4 cannot outlive the new run's checkpoints
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["step"] == 2 and metrics["best"]["step"] == 2  # best/ is this run's, not the old step-4
+    assert (out / "notes.txt").read_text() == "mine"
+
+    second.train.resume = "auto"
+    with pytest.raises(RunFolderError, match="contradict"):
+        run(second, overwrite=True)
+
+
+def test_resume_refuses_a_checkpoint_written_with_another_config(tmp_path, tiny_target_dir, tiny_text_jsonl):
+    from draftheads.train.loop import run
+
+    cfg = _cfg(tmp_path, tiny_target_dir, tiny_text_jsonl, max_steps=2, save_every=2, eval_every=0)
+    run(cfg)
+    other = _cfg(tmp_path, tiny_target_dir, tiny_text_jsonl, "heads.num_layers=2",
+                 max_steps=4, save_every=2, eval_every=0, lr=5e-3, resume="auto")  # fmt: skip
+    with pytest.raises(RunFolderError, match="another config") as err:
+        run(other)
+    assert "heads.num_layers" in str(err.value) and "train.lr" in str(err.value)
+    assert "train.max_steps: " not in str(err.value)  # the step budget is not a difference
+
+    # the step budget may change: continue the same run to 4 steps
+    more = _cfg(tmp_path, tiny_target_dir, tiny_text_jsonl, max_steps=4, save_every=2, eval_every=0, resume="auto")
+    assert run(more).step == 4
+    assert _steps(Path(cfg.train.output_dir)) == ["step-2", "step-4"]
+
+
+# ---------------------------------------------------------------------------------------------
+# A diverged run
+# ---------------------------------------------------------------------------------------------
+
+
+class _Acc:
+    device = torch.device("cpu")
+
+    @staticmethod
+    def reduce(t, reduction="sum"):
+        return t
+
+    @staticmethod
+    def print(*args):
+        print(*args)
+
+
+def test_guard_skips_a_single_bad_step_and_stops_after_three_in_a_row():
+    guard = NonFiniteGuard(3)
+    guard.add(torch.tensor(float("nan")))
+    assert guard.step_is_bad(_Acc, 1, 1e-3)
+    guard.add(torch.tensor(1.0))
+    assert not guard.step_is_bad(_Acc, 2, 1e-3) and guard.consecutive == 0
+    for step in (3, 4):
+        guard.add(torch.tensor(float("inf")))
+        assert guard.step_is_bad(_Acc, step, 1e-3)
+    guard.add(torch.tensor(float("nan")))
+    with pytest.raises(TrainingDiverged, match="3 consecutive"):
+        guard.step_is_bad(_Acc, 5, 1e-3)
+
+
+def test_diverged_run_stops_nonzero_and_exports_nothing(tmp_path, tiny_target_dir, tiny_text_jsonl, capsys):
+    from draftheads.train.command import add_arguments, run_command
+
+    cfg = _cfg(tmp_path, tiny_target_dir, tiny_text_jsonl, max_steps=8, eval_every=1, save_every=0)
+    cfg.train.lr = math.inf
+    config_file = tmp_path / "diverge.yaml"
+    config_file.write_text(yaml.safe_dump(cfg.to_dict()))
+    import argparse
+
+    args = add_arguments(argparse.ArgumentParser()).parse_args(["--config", str(config_file)])
+    assert run_command(args) == 1
+    printed = capsys.readouterr()
+    assert "training diverged" in printed.err and "3 consecutive" in printed.err
+    out = Path(cfg.train.output_dir)
+    assert not (out / "heads").exists() and not (out / "best").exists()
+    assert not (out / "metrics.json").exists()
+    # the evaluations after the first update saw NaN weights: their loss is reported as such
+    assert "eval @ 1 | loss nan" in printed.out
+
+
+def test_export_refuses_non_finite_weights(tmp_path, tiny_llama):
+    heads = MedusaHeads.for_target(tiny_llama, num_heads=2)
+    with torch.no_grad():
+        next(heads.parameters())[0, 0] = float("nan")
+    with pytest.raises(ValueError, match="non-finite"):
+        heads.save_pretrained(tmp_path / "h")
+    assert not (tmp_path / "h").exists()
