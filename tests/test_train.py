@@ -262,21 +262,33 @@ def test_run_exports_heads_and_metrics(tmp_path, tiny_target_dir, tiny_text_json
     assert "eval @ 8" in printed.out + printed.err and "heads exported to" in printed.out
 
 
-def test_resume_continues_bit_exact(tmp_path, tiny_target_dir, tiny_text_jsonl):
-    """A straight 10-step run (checkpoints every 5) vs. a run resumed from its step-5 checkpoint.
-    Gradient accumulation 2 and an epoch boundary inside the resumed half (4 steps per epoch)."""
+HEAD_TYPE_OVERRIDES = {
+    "medusa": (),
+    "hydra": ("heads.type=hydra",),
+    "eagle": ("heads.type=eagle", "heads.lm_head=auto"),
+    "eagle3": ("heads.type=eagle3", "heads.lm_head=auto", "heads.draft_vocab_size=64"),
+}
+
+
+@pytest.mark.parametrize("head_type", list(HEAD_TYPE_OVERRIDES))
+def test_resume_continues_bit_exact(tmp_path, tiny_target_dir, tiny_text_jsonl, head_type):
+    """A straight 10-step run (checkpoints every 5) vs. a run resumed from its step-5 checkpoint,
+    which lies mid-epoch (9 steps per epoch). Gradient accumulation 2 and an epoch boundary inside
+    the resumed half. Every head type: EAGLE's training noise must not depend on the global RNG,
+    which a resume consumes differently (DataLoader iterators)."""
     from draftheads.train.loop import run
 
-    straight = _cfg(tmp_path / "a", tiny_target_dir, tiny_text_jsonl, max_steps=10, save_every=5, grad_accum=2)
+    extra = HEAD_TYPE_OVERRIDES[head_type]
+    straight = _cfg(tmp_path / "a", tiny_target_dir, tiny_text_jsonl, *extra, max_steps=10, save_every=5, grad_accum=2)
     run(straight)
     ckpts = Path(straight.train.output_dir) / "checkpoints"
     assert sorted(p.name for p in ckpts.iterdir()) == ["step-10", "step-5"]
     state = json.loads((ckpts / "step-5" / "trainer_state.json").read_text())
-    assert state["step"] == 5
+    assert state["step"] == 5 and state["epoch"] == 0 and state["batches_in_epoch"] == 10  # mid-epoch
     saved = load_file(str(ckpts / "step-5" / "model.safetensors"))
     assert saved and all(k.startswith("heads.") for k in saved), "the frozen target is not checkpointed"
 
-    resumed = _cfg(tmp_path / "b", tiny_target_dir, tiny_text_jsonl, max_steps=10, save_every=5, grad_accum=2)
+    resumed = _cfg(tmp_path / "b", tiny_target_dir, tiny_text_jsonl, *extra, max_steps=10, save_every=5, grad_accum=2)
     shutil.copytree(ckpts / "step-5", Path(resumed.train.output_dir) / "checkpoints" / "step-5")
     resumed.train.resume = "auto"
     result = run(resumed)

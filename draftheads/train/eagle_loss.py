@@ -65,10 +65,13 @@ def eagle_loss(
     decay: float = 0.8,
     chunk_size: int = 1024,
     topk: int = 5,
+    noise_generator: torch.Generator | None = None,
 ) -> HeadLossOutput:
     """``features`` [B, S, F]: what the head reads (eagle: = ``last_hidden``; eagle3: fused layers);
     ``last_hidden`` [B, S, H]: the target's final hidden states (its distribution, EAGLE's feature
-    label); ``input_ids`` [B, S] the data tokens."""
+    label); ``input_ids`` [B, S] the data tokens. ``noise_generator``: where EAGLE's feature noise
+    comes from (the loop reseeds it per batch so a resumed run draws the same noise; None: the
+    global RNG)."""
     steps = heads.config.num_heads
     bsz, seq = input_ids.shape
     n = seq - 1  # rows t = 0 .. S-2 (row t's first prediction is position t+1)
@@ -81,7 +84,8 @@ def eagle_loss(
 
     feats = features[:, :n]
     if heads.training and noise > 0:
-        feats = feats + (torch.rand_like(feats) - 0.5) * (2 * noise)
+        uniform = torch.rand(feats.shape, generator=noise_generator, device=feats.device, dtype=feats.dtype)
+        feats = feats + (uniform - 0.5) * (2 * noise)
     rows = torch.arange(n, device=device)
     causal = (rows[None, :] <= rows[:, None])[None] & am[:, None, :n]  # [B, n, n]
     eye = torch.eye(n, dtype=torch.bool, device=device)[None].expand(bsz, n, n)

@@ -194,6 +194,7 @@ def run(cfg: ExperimentConfig, overwrite: bool = False) -> TrainResult:
     progress = _progress(max_steps, step, accelerator)
     last_saved, batch_in_epoch, evals = (step if checkpoint is not None else -1), skip, []
     label_counts = torch.zeros_like(heads.token_counts)  # this process's, since the last merge
+    core = accelerator.unwrap_model(model)  # TargetWithHeads, under any wrapper
     guard = NonFiniteGuard(1 if deepspeed else MAX_NONFINITE_STEPS)
     model.train()
     train_start = time.perf_counter()
@@ -203,6 +204,7 @@ def run(cfg: ExperimentConfig, overwrite: bool = False) -> TrainResult:
         batches = accelerator.skip_first_batches(train_dl, skip) if skip else train_dl
         batch_in_epoch, skip = skip, 0
         for batch in batches:
+            core.reseed_noise(_noise_seed(t.seed, accelerator.process_index, epoch, batch_in_epoch), accelerator.device)
             with accelerator.accumulate(model):
                 out = model(**batch)
                 accelerator.backward(out["loss"])
@@ -506,6 +508,12 @@ def _trainer_state(step, position, max_steps, accelerator, best: "BestHeads | No
         # what a resume compares against (run_dir.check_resume_config)
         "config": cfg.to_dict() if cfg is not None else None,
     }
+
+
+def _noise_seed(seed: int, process: int, epoch: int, batch_in_epoch: int) -> int:
+    """A seed for the training noise of one micro-batch: a function of where the batch is in the
+    run (not of what consumed the global RNG before), different on every process."""
+    return (((seed * 1_000_003 + process) * 1_000_003 + epoch) * 1_000_003 + batch_in_epoch) % (2**63 - 1)
 
 
 def _numel(p: torch.Tensor) -> int:

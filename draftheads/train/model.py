@@ -35,6 +35,7 @@ class TargetWithHeads(nn.Module):
         self.topk = topk
         # DeepSpeed sizes its "auto" buckets from `model.config.hidden_size`.
         self.config = target.config
+        self.noise_generator: torch.Generator | None = None  # see reseed_noise
         target.requires_grad_(False)
         target.eval()
         self.check_frozen()
@@ -70,6 +71,15 @@ class TargetWithHeads(nn.Module):
         super().train(mode)
         self.target.eval()
         return self
+
+    def reseed_noise(self, seed: int, device: torch.device) -> None:
+        """Draw training noise (EAGLE's feature noise) from a generator seeded by the caller, not
+        from the global RNG: the loop seeds it from the batch's position in the run, so a run
+        resumed mid-epoch draws exactly the noise a straight run would have (the global RNG is
+        also consumed by DataLoader iterators, which a resume creates at other moments)."""
+        if self.noise_generator is None or self.noise_generator.device != device:
+            self.noise_generator = torch.Generator(device=device)
+        self.noise_generator.manual_seed(seed)
 
     # -- forward -------------------------------------------------------------------------------
     @torch.no_grad()
@@ -134,7 +144,10 @@ class TargetWithHeads(nn.Module):
             # EAGLE learns the target's distribution at every position (its own soft labels) from
             # the data tokens it reads; `labels` does not apply.
             labels = input_ids
-            out = eagle_loss(self.heads, features, hidden, input_ids, loss_mask, attention_mask, **common)
+            out = eagle_loss(
+                self.heads, features, hidden, input_ids, loss_mask, attention_mask,
+                noise_generator=self.noise_generator, **common,
+            )  # fmt: skip
         else:
             labels = self.target_labels(input_ids, hidden) if self.labels == "target" else input_ids
             out = medusa_loss(self.heads, hidden, labels, loss_mask, attention_mask, ranks=rank_stats, **common)
