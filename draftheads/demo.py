@@ -27,13 +27,14 @@ import pathlib
 import shutil
 import sys
 import sysconfig
-import tempfile
 import time
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Iterator
 
 import torch
+
+from .atomic import install_folder, recover, temp_folder
 
 DEMO_TARGET = "demo"
 """The sentinel that configs use for "the embedded demo target" instead of a hub id or a path."""
@@ -446,25 +447,6 @@ def _build_lock(target: pathlib.Path) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def _remove_stale_temps(target: pathlib.Path) -> None:
-    """Delete leftovers of interrupted builds; only called with the build lock held."""
-    for leftover in target.parent.glob(f"{target.name}.tmp-*"):
-        shutil.rmtree(leftover, ignore_errors=True)
-    for leftover in target.parent.glob(f"{target.name}.old-*"):
-        shutil.rmtree(leftover, ignore_errors=True)
-
-
-def _install(built: pathlib.Path, target: pathlib.Path) -> None:
-    """Move a finished build into place with renames, displacing any previous folder."""
-    if target.exists():
-        displaced = pathlib.Path(tempfile.mkdtemp(prefix=f"{target.name}.old-", dir=target.parent))
-        os.replace(target, displaced / "previous")
-        os.replace(built, target)
-        shutil.rmtree(displaced, ignore_errors=True)
-    else:
-        os.replace(built, target)
-
-
 def _build_into(folder: pathlib.Path, spec: DemoTargetSpec, progress: bool) -> dict:
     """Run every stage (tokenizer, packing, training, evaluation) and save into ``folder``."""
     device = pick_device()
@@ -546,21 +528,22 @@ def _build_into(folder: pathlib.Path, spec: DemoTargetSpec, progress: bool) -> d
 def _build_locked(target: pathlib.Path, spec: DemoTargetSpec, progress: bool, reuse: bool) -> pathlib.Path:
     """Build ``spec`` into ``target`` under the lock (reusing a finished one when ``reuse``)."""
     with _build_lock(target):
+        recover(target)  # a build killed mid-install: its previous copy back; leftovers removed
+        for legacy in [*target.parent.glob(f"{target.name}.tmp-*"), *target.parent.glob(f"{target.name}.old-*")]:
+            shutil.rmtree(legacy, ignore_errors=True)  # leftovers named by earlier versions
         if reuse and is_complete(target, spec):
             return target
-        _remove_stale_temps(target)
-        tmp = pathlib.Path(tempfile.mkdtemp(prefix=f"{target.name}.tmp-", dir=target.parent))
-        tmp.chmod(0o755)  # mkdtemp makes it owner-only; the installed folder is an ordinary cache entry
+        tmp = temp_folder(target)  # also removes leftovers of interrupted builds (we hold the lock)
         previous_threads = torch.get_num_threads()
         torch.set_num_threads(spec.num_threads)
         try:
             _build_into(tmp, spec, progress)
-            _install(tmp, target)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
         finally:
             torch.set_num_threads(previous_threads)
+        install_folder(tmp, target)
     return target
 
 

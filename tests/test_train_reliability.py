@@ -155,3 +155,68 @@ def test_export_refuses_non_finite_weights(tmp_path, tiny_llama):
     with pytest.raises(ValueError, match="non-finite"):
         heads.save_pretrained(tmp_path / "h")
     assert not (tmp_path / "h").exists()
+
+
+# ---------------------------------------------------------------------------------------------
+# Checkpoints: disk full, truncated files, RNG states that do not load
+# ---------------------------------------------------------------------------------------------
+
+
+def test_disk_full_during_a_checkpoint_leaves_nothing_behind(tmp_path, tiny_target_dir, tiny_text_jsonl, monkeypatch):
+    import errno
+
+    import accelerate.checkpointing as ac
+
+    from draftheads.train.checkpoint import CheckpointError
+    from draftheads.train.loop import run
+
+    real_save = ac.save
+
+    def save(obj, f, *args, **kwargs):  # the optimizer/scheduler/RNG writer inside save_state
+        if "step-4" in str(f):
+            Path(f).write_bytes(b"partial")
+            raise OSError(errno.ENOSPC, "No space left on device", str(f))
+        return real_save(obj, f, *args, **kwargs)
+
+    monkeypatch.setattr(ac, "save", save)
+    cfg = _cfg(tmp_path, tiny_target_dir, tiny_text_jsonl, max_steps=4, save_every=2, eval_every=0)
+    with pytest.raises(CheckpointError, match="disk is full") as err:
+        run(cfg)
+    assert "step-4" in str(err.value) and "intact" in str(err.value)
+    root = Path(cfg.train.output_dir) / "checkpoints"
+    assert sorted(p.name for p in root.iterdir()) == ["step-2"]  # no .step-4.tmp-*, no half step-4
+
+
+@pytest.mark.parametrize("damage", ["model.safetensors", "optimizer.bin", "trainer_state.json", "random_states_0.pkl"])
+def test_unreadable_latest_checkpoint_falls_back_to_the_previous(tmp_path, tiny_target_dir, tiny_text_jsonl, damage, capsys):
+    from draftheads.train.loop import run
+
+    cfg = _cfg(tmp_path, tiny_target_dir, tiny_text_jsonl, max_steps=4, save_every=2, eval_every=0)
+    run(cfg)
+    out = Path(cfg.train.output_dir)
+    file = out / "checkpoints" / "step-4" / damage
+    data = file.read_bytes()
+    file.write_bytes(data[: len(data) // 2])  # truncated, as by a full disk or a killed copy
+    capsys.readouterr()
+
+    more = _cfg(tmp_path, tiny_target_dir, tiny_text_jsonl, max_steps=6, save_every=2, eval_every=0, resume="auto")
+    result = run(more)
+    printed = capsys.readouterr().out
+    assert result.step == 6
+    assert f"checkpoint {out / 'checkpoints' / 'step-4'} cannot be loaded" in printed and damage in printed
+    assert f"resumed from {out / 'checkpoints' / 'step-2'}: step 2" in printed
+    if damage == "random_states_0.pkl":
+        assert "would not be bit-exact" in printed
+
+
+def test_unloadable_rng_state_refuses_an_explicit_resume(tmp_path, tiny_target_dir, tiny_text_jsonl):
+    from draftheads.train.checkpoint import CheckpointError
+    from draftheads.train.loop import run
+
+    cfg = _cfg(tmp_path, tiny_target_dir, tiny_text_jsonl, max_steps=2, save_every=2, eval_every=0)
+    run(cfg)
+    ckpt = Path(cfg.train.output_dir) / "checkpoints" / "step-2"
+    (ckpt / "random_states_0.pkl").write_bytes(b"not a pickle")
+    again = _cfg(tmp_path, tiny_target_dir, tiny_text_jsonl, max_steps=4, save_every=2, eval_every=0, resume=str(ckpt))
+    with pytest.raises(CheckpointError, match="random_states_0.pkl does not load.*not be bit-exact"):
+        run(again)

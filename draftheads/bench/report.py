@@ -2,28 +2,15 @@
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
+from ..atomic import write_text_atomically
 from .methods import PLAIN
 from .metrics import OVERALL
 
 REPORT_JSON = "report.json"
 REPORT_MD = "report.md"
-
-
-def write_text_atomically(path: Path, text: str) -> None:
-    """A crash mid-write never leaves half a report that looks complete."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def _fmt(value: float | None, spec: str = ".2f", suffix: str = "") -> str:

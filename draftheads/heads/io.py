@@ -1,15 +1,13 @@
 """Saving and loading heads folders: ``config.json`` + ``model.safetensors`` (+ optional ``tree.json``).
 
-Writes are atomic (a temp folder renamed into place), so an interrupted export never leaves a
-half-written folder where a good one was. Loads are strict: safetensors only, every key present
+Writes are atomic (draftheads/atomic.py: a temp folder swapped into place), so an interrupted
+export never leaves a half-written folder where a good one was. Loads are strict: safetensors only, every key present
 and of the right shape, the target checked when one is given.
 """
 from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +15,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from ..atomic import restore_interrupted_swap, write_folder_atomically, write_json_atomically  # noqa: F401 (re-exported)
 from .config import FORMAT_VERSION, HeadsConfig
 
 CONFIG_NAME = "config.json"
@@ -31,37 +30,6 @@ def head_types() -> dict[str, type]:
     from .medusa import MedusaHeads
 
     return {cls.head_type: cls for cls in (MedusaHeads, HydraHeads, EagleHead, Eagle3Head)}
-
-
-def write_folder_atomically(path: str | os.PathLike, files: dict[str, Any]) -> Path:
-    """Write ``files`` (name -> callable(dest_path)) into a fresh folder, then swap it in place of ``path``."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
-    try:
-        for name, write in files.items():
-            write(tmp / name)
-        if path.exists():
-            # Keep the previous export until the new one is in place.
-            old = Path(tempfile.mkdtemp(prefix=f".{path.name}.old-", dir=path.parent))
-            os.replace(path, old / "previous")
-            os.replace(tmp, path)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, path)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return path
-
-
-def write_json_atomically(path: str | os.PathLike, data: Any) -> None:
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    with os.fdopen(fd, "w") as f:
-        json.dump(data, f, indent=2)
-        f.write("\n")
-    os.replace(tmp, path)
 
 
 def save_heads(heads: torch.nn.Module, path: str | os.PathLike, tree: list[list[int]] | None = None) -> Path:
@@ -89,6 +57,7 @@ def save_heads(heads: torch.nn.Module, path: str | os.PathLike, tree: list[list[
 
 def read_config(path: str | os.PathLike) -> HeadsConfig:
     path = Path(path)
+    restore_interrupted_swap(path)  # an export killed between its two renames: put the old copy back
     if not path.is_dir():
         raise FileNotFoundError(f"heads folder not found: {path}")
     cfg_file = path / CONFIG_NAME

@@ -1,10 +1,13 @@
 """Training checkpoints (resumable state) and the final heads export.
 
 A checkpoint is ``accelerator.save_state`` (heads weights, optimizer, scheduler, RNG states; under
-DeepSpeed its own sharded format) plus ``trainer_state.json`` (step, epoch, position in the epoch),
-written into ``checkpoints/.tmp-step-N`` and renamed to ``checkpoints/step-N`` only when complete,
-so a crash mid-save never leaves a folder that ``resume: auto`` would pick. The frozen target is
-never written: it is reloaded from its own source on resume.
+DeepSpeed its own sharded format) plus ``trainer_state.json`` (step, epoch, position in the epoch,
+the config), built in a temporary sibling of ``checkpoints/step-N`` and swapped into place only
+when complete (draftheads/atomic.py), so a crash mid-save never leaves a folder that
+``resume: auto`` would pick. A save that fails (disk full) removes its temporary and says so; the
+earlier checkpoints stay. On resume, a checkpoint that cannot be read (truncated files, an RNG
+state that does not load) is reported, and ``resume: auto`` falls back to the previous one. The
+frozen target is never written: it is reloaded from its own source on resume.
 """
 from __future__ import annotations
 
@@ -12,10 +15,13 @@ import json
 import os
 import re
 import shutil
+import zipfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
+
+from ..atomic import install_folder, recover, temp_folder
 
 CHECKPOINTS = "checkpoints"
 STATE_FILE = "trainer_state.json"
@@ -45,24 +51,42 @@ def latest_checkpoint(output_dir: str | os.PathLike) -> Path | None:
     return found[-1] if found else None
 
 
-def resolve_resume(resume: str | None, output_dir: str | os.PathLike) -> Path | None:
-    """``None`` -> no resume; ``"auto"`` -> the latest checkpoint in ``output_dir`` (or none yet);
-    a path -> that checkpoint, which must exist."""
+class CheckpointError(RuntimeError):
+    """A checkpoint could not be written or read; the message says which and what to do."""
+
+
+def resume_candidates(resume: str | None, output_dir: str | os.PathLike) -> list[Path]:
+    """The checkpoints to try, best first: ``None`` -> none; ``"auto"`` -> every complete
+    checkpoint in ``output_dir``, newest first (an unreadable one falls back to the next);
+    a path -> that checkpoint alone, which must exist."""
     if resume is None:
-        return None
+        return []
     if resume == "auto":
-        return latest_checkpoint(output_dir)
+        return list_checkpoints(output_dir)[::-1]
     path = Path(resume)
     if not (path / STATE_FILE).is_file():
         raise FileNotFoundError(
             f"train.resume={resume!r} is not a checkpoint folder (no {STATE_FILE}); "
             f"use 'auto' or one of {[str(p) for p in list_checkpoints(output_dir)] or 'the step-N folders under checkpoints/'}"
         )
-    return path
+    return [path]
+
+
+def resolve_resume(resume: str | None, output_dir: str | os.PathLike) -> Path | None:
+    """The first of ``resume_candidates`` (None: start fresh)."""
+    found = resume_candidates(resume, output_dir)
+    return found[0] if found else None
 
 
 def read_state(path: str | os.PathLike) -> dict[str, Any]:
-    return json.loads((Path(path) / STATE_FILE).read_text())
+    file = Path(path) / STATE_FILE
+    try:
+        state = json.loads(file.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"{file} cannot be read ({e})") from None
+    if not isinstance(state, dict):
+        raise CheckpointError(f"{file} is not a trainer state (a JSON object)")
+    return state
 
 
 def _is_deepspeed(accelerator) -> bool:
@@ -86,40 +110,140 @@ def register_heads_only(accelerator) -> None:
 
 
 def save_checkpoint(accelerator, output_dir: str | os.PathLike, step: int, state: dict[str, Any], keep: int = 2) -> Path:
-    """Save a resumable checkpoint atomically on every process; keep the newest ``keep``."""
+    """Save a resumable checkpoint atomically on every process; keep the newest ``keep``.
+
+    A failure on any process (disk full, a read-only folder) stops every process with a
+    ``CheckpointError`` that names the folder; the temporary is removed, earlier checkpoints stay."""
     root = checkpoint_root(output_dir)
     final = root / f"step-{step}"
-    tmp = root / f".tmp-step-{step}"
+    # one name every process agrees on (they all write into it); removed by any later write
+    tmp = final.parent / f".{final.name}.tmp-save"
+    error: BaseException | None = None
     if accelerator.is_main_process:
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-    accelerator.wait_for_everyone()
-    if _is_deepspeed(accelerator):
-        accelerator.save_state(str(tmp), exclude_frozen_parameters=True)
-    else:
-        accelerator.save_state(str(tmp))
+        try:
+            for stale in [*root.glob(".step-*.tmp-*"), *root.glob(".tmp-step-*")]:  # earlier saves, killed
+                shutil.rmtree(stale, ignore_errors=True)
+            tmp = temp_folder(final, token="save")
+        except OSError as e:
+            error = e
+    _agree_or_fail(accelerator, error, final, tmp)
+    try:
+        if _is_deepspeed(accelerator):
+            accelerator.save_state(str(tmp), exclude_frozen_parameters=True)
+        else:
+            accelerator.save_state(str(tmp))
+        if accelerator.is_main_process:
+            (tmp / STATE_FILE).write_text(json.dumps(state, indent=2) + "\n")
+    except OSError as e:
+        error = e
+    _agree_or_fail(accelerator, error, final, tmp)
     if accelerator.is_main_process:
-        (tmp / STATE_FILE).write_text(json.dumps(state, indent=2) + "\n")
-    accelerator.wait_for_everyone()
-    if accelerator.is_main_process:
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-        for old in list_checkpoints(output_dir)[:-keep] if keep > 0 else []:
-            shutil.rmtree(old, ignore_errors=True)
-    accelerator.wait_for_everyone()
+        try:
+            install_folder(tmp, final)
+        except OSError as e:
+            error = e
+        else:
+            for old in list_checkpoints(output_dir)[:-keep] if keep > 0 else []:
+                shutil.rmtree(old, ignore_errors=True)
+    _agree_or_fail(accelerator, error, final, tmp)
     return final
 
 
-def load_checkpoint(accelerator, path: str | os.PathLike, model: torch.nn.Module) -> dict[str, Any]:
-    """Restore heads, optimizer, scheduler and RNG states from ``path``; return its trainer state."""
-    path = Path(path)
-    if _is_deepspeed(accelerator):
-        accelerator.load_state(str(path), load_module_strict=False)
-    else:
-        _check_heads_keys(path, accelerator.unwrap_model(model))
-        accelerator.load_state(str(path), strict=False)
-    return read_state(path)
+def _agree_or_fail(accelerator, error: BaseException | None, final: Path, tmp: Path) -> None:
+    """A collective: if any process failed to write, clean up and raise on every process."""
+    failed = accelerator.reduce(torch.tensor(float(error is not None), device=accelerator.device), "sum").item()
+    if not failed:
+        return
+    if accelerator.is_main_process:
+        recover(final)  # removes the temporary (and restores a displaced old copy, if any)
+        shutil.rmtree(tmp, ignore_errors=True)
+    accelerator.wait_for_everyone()
+    reason = f"{type(error).__name__}: {error}" if error is not None else "it failed on another process"
+    hint = " (the disk is full: free space or save elsewhere)" if getattr(error, "errno", None) == 28 else ""
+    raise CheckpointError(
+        f"could not write checkpoint {final}: {reason}{hint}; nothing was left half-written and the "
+        f"earlier checkpoints in {final.parent} are intact"
+    ) from error
+
+
+def load_checkpoint(
+    accelerator,
+    candidates: list[Path],
+    model: torch.nn.Module,
+    check: Callable[[Path, dict[str, Any]], None] | None = None,
+    say: Callable[[str], None] = print,
+) -> tuple[Path, dict[str, Any]]:
+    """Restore heads, optimizer, scheduler and RNG states from the first readable checkpoint of
+    ``candidates``; return it and its trainer state. ``check(path, state)`` may refuse one (its
+    error propagates). An unreadable checkpoint (truncated or corrupt files, an RNG state that
+    does not load) is reported and the next candidate tried; none left: ``CheckpointError``."""
+    problems = []
+    for path in candidates:
+        problem, state = None, {}
+        try:
+            state = read_state(path)
+        except CheckpointError as e:
+            problem = str(e)
+        if problem is None and check is not None:
+            check(path, state)
+        if problem is None:
+            problem = _unreadable(path, accelerator, model)
+        if not _any_failed(accelerator, problem):
+            try:
+                if _is_deepspeed(accelerator):
+                    accelerator.load_state(str(path), load_module_strict=False)
+                else:
+                    accelerator.load_state(str(path), strict=False)
+            except Exception as e:  # noqa: BLE001 (any library's error for a damaged file)
+                problem = f"{type(e).__name__}: {str(e)[:300]}"
+            if not _any_failed(accelerator, problem):
+                return path, state
+        problems.append(f"{path}: {problem or 'unreadable on another process'}")
+        rest = candidates[candidates.index(path) + 1 :]
+        if rest:
+            say(f"warning: checkpoint {path} cannot be loaded ({problem or 'on another process'}); "
+                f"falling back to the previous one, {rest[0]}")  # fmt: skip
+    raise CheckpointError(
+        "no loadable checkpoint to resume from: " + "; ".join(problems)
+        + ". Resume from another checkpoint (train.resume=PATH) or start over (--overwrite)"
+    )
+
+
+def _any_failed(accelerator, problem: str | None) -> bool:
+    """Every process takes the same decision (a collective)."""
+    flag = torch.tensor(float(problem is not None), device=accelerator.device)
+    return accelerator.reduce(flag, "sum").item() > 0
+
+
+def _unreadable(path: Path, accelerator, model: torch.nn.Module) -> str | None:
+    """Why ``path`` cannot be resumed from exactly on this process, or None. accelerate would
+    skip an RNG state that fails to load with an info-level log line and continue with another
+    random stream (a resume that is silently not bit-exact): refuse it here instead."""
+    from accelerate.utils import RNG_STATE_NAME
+    from accelerate.utils.other import load
+
+    rng = path / f"{RNG_STATE_NAME}_{accelerator.process_index}.pkl"
+    try:
+        states = load(rng)
+        if not isinstance(states, dict) or "torch_manual_seed" not in states:
+            raise ValueError("not an RNG state")
+    except Exception as e:  # noqa: BLE001
+        return f"{rng.name} does not load ({type(e).__name__}: {str(e)[:200]}), so the resumed run would not be bit-exact"
+    for file in sorted(path.iterdir()):  # torch.save files are zip archives: a cut one has no central directory
+        if file.suffix in (".bin", ".pt", ".pkl") and file.is_file():
+            try:
+                with zipfile.ZipFile(file) as archive:
+                    archive.namelist()
+            except (zipfile.BadZipFile, OSError) as e:
+                return f"{file.name} is truncated or corrupt ({e})"
+    if not _is_deepspeed(accelerator):
+        try:
+            _check_heads_keys(path, accelerator.unwrap_model(model))
+        except (OSError, ValueError) as e:
+            if "does not match these heads" in str(e):
+                raise  # another heads config: an error, not a damaged file
+            return str(e)
+    return None
 
 
 def _check_heads_keys(path: Path, model: torch.nn.Module) -> None:
@@ -130,8 +254,13 @@ def _check_heads_keys(path: Path, model: torch.nn.Module) -> None:
     file = path / "model.safetensors"
     if not file.is_file():
         raise FileNotFoundError(f"{file} is missing: {path} is not a complete checkpoint")
-    with safe_open(str(file), "pt") as f:
-        saved = {k.removeprefix("module.") for k in f.keys()}
+    try:
+        with safe_open(str(file), "pt") as f:
+            saved = {k.removeprefix("module.") for k in f.keys()}
+            for k in f.keys():
+                f.get_tensor(k)  # a truncated file fails here, with a readable message
+    except Exception as e:  # noqa: BLE001 (SafetensorError and friends)
+        raise OSError(f"{file} is truncated or corrupt ({type(e).__name__}: {e})") from None
     expected = {k for k in model.state_dict() if k.startswith(HEADS_PREFIX)}
     if saved != expected:
         missing, extra = sorted(expected - saved), sorted(saved - expected)

@@ -24,6 +24,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
 def run_command(args: argparse.Namespace) -> int:
     """Load the config, train, print where the heads went; 2 for a setup error, 1 for a failed run."""
     from ..config import ConfigError, load_config
+    from .checkpoint import CheckpointError
     from .run_dir import RunFolderError
     from .stability import TrainingDiverged
 
@@ -36,7 +37,7 @@ def run_command(args: argparse.Namespace) -> int:
     except (ConfigError, RunFolderError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    except TrainingDiverged as e:
+    except (TrainingDiverged, CheckpointError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     if os.environ.get("RANK", "0") != "0":

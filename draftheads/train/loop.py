@@ -14,7 +14,6 @@ DDP / DeepSpeed ZeRO / mixed precision come from the ``accelerate launch`` confi
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import os
 import time
@@ -25,6 +24,7 @@ from typing import Any, Iterator
 import torch
 from torch.utils.data import DataLoader, Sampler
 
+from ..atomic import write_json_atomically
 from ..config import ExperimentConfig, HeadsSpec, TargetConfig
 from ..device import (
     accelerator_kwargs,
@@ -34,11 +34,12 @@ from ..device import (
     resolve_mixed_precision,
 )
 from .checkpoint import (
+    CheckpointError,
     export_heads,
     load_checkpoint,
     read_state,
     register_heads_only,
-    resolve_resume,
+    resume_candidates,
     save_checkpoint,
 )
 from .metrics import HeadStats, format_heads, ranks_for, static_tree
@@ -72,9 +73,11 @@ def run(cfg: ExperimentConfig, overwrite: bool = False) -> TrainResult:
     check_writable(output_dir)
     if overwrite and t.resume is not None:
         raise RunFolderError("--overwrite and --resume (train.resume) contradict each other: choose one")
-    checkpoint = resolve_resume(t.resume, output_dir)
-    if checkpoint is not None:
-        check_resume_config(checkpoint, read_state(checkpoint).get("config"), cfg.to_dict())
+    candidates = resume_candidates(t.resume, output_dir)
+    check_config = lambda path, state: check_resume_config(path, state.get("config"), cfg.to_dict())  # noqa: E731
+    if candidates:
+        with contextlib.suppress(CheckpointError):  # unreadable: load_checkpoint reports it and falls back
+            check_config(candidates[0], read_state(candidates[0]))
     elif not overwrite:
         guard_fresh_run(output_dir, False, t.resume)
 
@@ -102,7 +105,7 @@ def run(cfg: ExperimentConfig, overwrite: bool = False) -> TrainResult:
             removed = clear_run(output_dir)
             if removed:
                 say(f"--overwrite: removed the previous run's {', '.join(removed)} from {output_dir}")
-        (output_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
+        write_json_atomically(output_dir / "config.json", cfg.to_dict())
     threads = cpu_threads_for_single_process()
     if threads is not None:
         torch.set_num_threads(threads)
@@ -171,9 +174,10 @@ def run(cfg: ExperimentConfig, overwrite: bool = False) -> TrainResult:
 
     step, epoch, skip = 0, 0, 0
     best = BestHeads(output_dir / "best")
-    if checkpoint is not None:
+    checkpoint = None
+    if candidates:
         with timer("resume"):
-            state = load_checkpoint(accelerator, checkpoint, model)
+            checkpoint, state = load_checkpoint(accelerator, candidates, model, check=check_config, say=say)
         step, epoch, skip = state["step"], state["epoch"], state["batches_in_epoch"]
         best.restore(state.get("best"))
         if state.get("num_processes", accelerator.num_processes) != accelerator.num_processes:
@@ -285,7 +289,7 @@ def run(cfg: ExperimentConfig, overwrite: bool = False) -> TrainResult:
         "data": data_stats.as_dict(),
     }
     if accelerator.is_main_process:
-        _write_json(output_dir / "metrics.json", metrics)
+        write_json_atomically(output_dir / "metrics.json", metrics, default=float)
         say(f"heads exported to {heads_dir}")
     trained_heads = accelerator.unwrap_model(model).heads
     _teardown(accelerator)
@@ -556,12 +560,6 @@ def _write(progress, line: str) -> None:
 def _main_print(line: str) -> None:
     if int(os.environ.get("RANK", "0")) == 0:
         print(line, flush=True)
-
-
-def _write_json(path: Path, data: Any) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(data, indent=2, default=float) + "\n")
-    os.replace(tmp, path)
 
 
 def _teardown(accelerator) -> None:
