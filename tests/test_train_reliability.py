@@ -220,3 +220,29 @@ def test_unloadable_rng_state_refuses_an_explicit_resume(tmp_path, tiny_target_d
     again = _cfg(tmp_path, tiny_target_dir, tiny_text_jsonl, max_steps=4, save_every=2, eval_every=0, resume=str(ckpt))
     with pytest.raises(CheckpointError, match="random_states_0.pkl does not load.*not be bit-exact"):
         run(again)
+
+
+# ---------------------------------------------------------------------------------------------
+# Evaluation rows never the training rows
+# ---------------------------------------------------------------------------------------------
+
+
+def test_eval_split_on_a_local_file_is_refused(tmp_path, tiny_target_dir, tiny_text_jsonl):
+    from draftheads.train.loop import run
+
+    cfg = _cfg(tmp_path, tiny_target_dir, tiny_text_jsonl, "data.eval_split=validation", max_steps=2)
+    with pytest.raises(ValueError, match="local file has no named splits.*eval_fraction"):
+        run(cfg)
+    same = _cfg(tmp_path, tiny_target_dir, tiny_text_jsonl, f"data.eval_path={tiny_text_jsonl}", max_steps=2)
+    with pytest.raises(ValueError, match="eval_path is the training file"):
+        run(same)
+    assert not (tmp_path / "run").exists()  # refused before anything was loaded or written
+
+
+def test_demo_config_keeps_its_heldout_split():
+    from draftheads.config import load_config
+    from draftheads.data.load import check_eval_source
+
+    cfg = load_config(Path(__file__).resolve().parents[1] / "configs" / "demo.yaml")
+    assert cfg.data.path == "demo" and cfg.data.eval_split == "heldout"
+    check_eval_source(cfg.data)  # the demo corpus has real named splits

@@ -39,10 +39,32 @@ def load_raw_dataset(cfg: DataConfig, *, eval: bool = False) -> datasets.Dataset
     if eval:
         if not cfg.has_eval_source:
             raise ValueError("this DataConfig has no eval_path/eval_split; the eval rows are a share of the train rows")
+        check_eval_source(cfg)
         path, split = cfg.eval_path or cfg.path, cfg.eval_split or cfg.split
     else:
         path, split = cfg.path, cfg.split
     return load_source(path, split, cache_dir=cfg.cache_dir)
+
+
+def check_eval_source(cfg: DataConfig) -> None:
+    """Refuse an eval source that would be the training rows: a local file has no named splits
+    (``datasets`` reads any of them as the whole file), so ``eval_split`` alone cannot select
+    held-out rows from it, and an ``eval_path`` that is the training file is no held-out set."""
+    local = cfg.path != DEMO_PATH and Path(cfg.path).expanduser().exists()
+    if not local:
+        return
+    if cfg.eval_path is None and cfg.eval_split is not None:
+        raise ValueError(
+            f"data.eval_split={cfg.eval_split!r} with the local data.path {cfg.path!r}: a local file has no named "
+            f"splits, so this would evaluate on the training rows. Remove data.eval_split to hold out "
+            f"data.eval_fraction (now {cfg.eval_fraction}) of the rows, disjoint from training, or give "
+            "data.eval_path (a separate file)"
+        )
+    if cfg.eval_path is not None and Path(cfg.eval_path).expanduser().resolve() == Path(cfg.path).expanduser().resolve():
+        raise ValueError(
+            f"data.eval_path is the training file {cfg.path!r}: evaluation would run on the training rows. "
+            "Remove data.eval_path to hold out data.eval_fraction of the rows, or give a separate file"
+        )
 
 
 def load_source(path: str, split: str = "train", *, cache_dir: str | None = None) -> datasets.Dataset:

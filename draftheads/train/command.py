@@ -34,7 +34,7 @@ def run_command(args: argparse.Namespace) -> int:
         from .loop import run
 
         result = run(cfg, overwrite=args.overwrite)
-    except (ConfigError, RunFolderError, FileNotFoundError) as e:
+    except (ConfigError, RunFolderError, FileNotFoundError, ValueError) as e:  # bad settings or data: named
         print(f"error: {e}", file=sys.stderr)
         return 2
     except (TrainingDiverged, CheckpointError) as e:

@@ -71,6 +71,9 @@ def run(cfg: ExperimentConfig, overwrite: bool = False) -> TrainResult:
     timer = StageTimer()
     # fail fast, before loading anything: a bad output folder, another run's files, a bad resume
     check_writable(output_dir)
+    from ..data.load import check_eval_source
+
+    check_eval_source(cfg.data)  # never evaluate (and pick best/) on the training rows
     if overwrite and t.resume is not None:
         raise RunFolderError("--overwrite and --resume (train.resume) contradict each other: choose one")
     candidates = resume_candidates(t.resume, output_dir)
