@@ -1,4 +1,4 @@
-"""Two-process training on CPU through `accelerate launch`: DDP and DeepSpeed ZeRO-2 (gloo).
+"""Two-process training on CPU through `accelerate launch`: DDP and DeepSpeed ZeRO-2/ZeRO-3 (gloo).
 
 Each rank saves its heads' weights after training; both ranks must hold identical weights, equal
 to the rank-0 export. The first DeepSpeed run on a machine JIT-builds its `deepspeed_shm_comm` op
@@ -15,6 +15,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import torch
 from safetensors.torch import load_file
 
 REPO = Path(__file__).resolve().parents[1]
@@ -41,16 +42,21 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _launch(tmp_path: Path, accelerate_config: str, target_dir: Path, data: Path, timeout: int = 240) -> Path:
-    out = tmp_path / "run"
-    cfg = {
+def _config(tmp_path: Path, target_dir: Path, data: Path, **train) -> dict:
+    # 10 eval rows: not a multiple of batch 4 x 2 processes, so the eval shards are uneven
+    return {
         "target": {"name_or_path": str(target_dir), "dtype": "float32"},
         "heads": {"num_heads": 3, "num_layers": 1, "lm_head": "own"},
-        "data": {"path": str(data), "format": "text", "max_length": 48, "eval_fraction": 0.1,
+        "data": {"path": str(data), "format": "text", "max_length": 48, "eval_fraction": 0.125,
                  "cache_dir": str(tmp_path / "hf-cache")},
-        "train": {"output_dir": str(out), "max_steps": 6, "batch_size": 4, "grad_accum": 2, "lr": 1e-2,
-                  "warmup_steps": 1, "eval_every": 3, "eval_batches": 1, "save_every": 3, "log_every": 3},
+        "train": {"output_dir": str(tmp_path / "run"), "max_steps": 6, "batch_size": 4, "grad_accum": 2, "lr": 1e-2,
+                  "warmup_steps": 1, "eval_every": 3, "eval_batches": 0, "save_every": 3, "log_every": 3, **train},
     }
+
+
+def _launch(tmp_path: Path, accelerate_config: str, target_dir: Path, data: Path, timeout: int = 240, **train) -> Path:
+    cfg = _config(tmp_path, target_dir, data, **train)
+    out = Path(cfg["train"]["output_dir"])
     driver = tmp_path / "driver.py"
     driver.write_text(DRIVER)
     env = {
@@ -84,16 +90,58 @@ def _check_ranks_agree(out: Path, distributed_type: str) -> None:
     assert metrics["distributed_type"] == distributed_type
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-3", "step-6"]
     assert "eval/acceptance_length" in metrics["final_eval"]
+    assert metrics["final_eval"]["eval/tokens"] == _eval_targets(out), "every eval row counted exactly once"
+
+
+def _eval_targets(out: Path) -> int:
+    """Head 0's targets over the whole eval split, counted here from the data alone."""
+    from transformers import AutoTokenizer
+
+    from draftheads.config import config_from_dict
+    from draftheads.data import build_datasets
+    from draftheads.train.losses import medusa_target_counts
+
+    cfg = config_from_dict(json.loads((out / "config.json").read_text()))
+    _, eval_ds, _ = build_datasets(cfg.data, AutoTokenizer.from_pretrained(cfg.target.name_or_path))
+    assert len(eval_ds) == 10
+    total = 0
+    for row in eval_ds:
+        ids = torch.tensor([row["input_ids"]])
+        total += int(medusa_target_counts(ids, 3, torch.tensor([row["loss_mask"]]))[0])
+    return total
 
 
 @pytest.mark.slow
 def test_ddp_two_processes_on_cpu(tmp_path, tiny_target_dir, tiny_text_jsonl):
-    out = _launch(tmp_path, "cpu_ddp.yaml", tiny_target_dir, tiny_text_jsonl)
+    """2 processes x 1 micro-batch must make the same updates as 1 process x grad_accum 2 (the
+    same rows per step): the loss is normalised by the step's global token count."""
+    out = _launch(tmp_path, "cpu_ddp.yaml", tiny_target_dir, tiny_text_jsonl, grad_accum=1)
     _check_ranks_agree(out, "MULTI_CPU")
+
+    from draftheads.config import config_from_dict
+    from draftheads.train.loop import run
+
+    single = config_from_dict(_config(tmp_path / "single", tiny_target_dir, tiny_text_jsonl, grad_accum=2))
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        heads_dir = run(single).heads_dir
+    finally:
+        torch.set_num_threads(before)
+    one, two = load_file(str(heads_dir / "model.safetensors")), load_file(str(out / "heads" / "model.safetensors"))
+    for k in one:
+        torch.testing.assert_close(one[k], two[k], rtol=1e-4, atol=2e-6, msg=k)
 
 
 @pytest.mark.slow
 def test_deepspeed_zero2_two_processes_on_cpu(tmp_path, tiny_target_dir, tiny_text_jsonl):
     pytest.importorskip("deepspeed")
     out = _launch(tmp_path, "cpu_zero2.yaml", tiny_target_dir, tiny_text_jsonl)
+    _check_ranks_agree(out, "DEEPSPEED")
+
+
+@pytest.mark.slow
+def test_deepspeed_zero3_two_processes_on_cpu(tmp_path, tiny_target_dir, tiny_text_jsonl):
+    pytest.importorskip("deepspeed")
+    out = _launch(tmp_path, "cpu_zero3.yaml", tiny_target_dir, tiny_text_jsonl)
     _check_ranks_agree(out, "DEEPSPEED")

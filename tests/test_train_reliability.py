@@ -246,3 +246,94 @@ def test_demo_config_keeps_its_heldout_split():
     cfg = load_config(Path(__file__).resolve().parents[1] / "configs" / "demo.yaml")
     assert cfg.data.path == "demo" and cfg.data.eval_split == "heldout"
     check_eval_source(cfg.data)  # the demo corpus has real named splits
+
+
+# ---------------------------------------------------------------------------------------------
+# The loss is a mean over the step's tokens, however they fall into micro-batches
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("head_type", ["medusa", "eagle"])
+def test_update_does_not_depend_on_the_micro_batch_split(tmp_path, tiny_target_dir, tiny_text_jsonl, head_type):
+    """4 steps of 8 rows each: one micro-batch of 8 vs two of 4 (grad_accum 2). The rows and their
+    padding differ per micro-batch, so a per-micro-batch mean would weight tokens differently."""
+    from safetensors.torch import load_file
+
+    from draftheads.train.loop import run
+
+    extra = () if head_type == "medusa" else ("heads.type=eagle", "heads.lm_head=auto", "heads.noise=0")
+    common = dict(max_steps=4, eval_every=0, save_every=0, warmup_steps=0)
+    one = _cfg(tmp_path / "one", tiny_target_dir, tiny_text_jsonl, *extra, batch_size=8, grad_accum=1, **common)
+    two = _cfg(tmp_path / "two", tiny_target_dir, tiny_text_jsonl, *extra, batch_size=4, grad_accum=2, **common)
+    a = load_file(str(run(one).heads_dir / "model.safetensors"))
+    b = load_file(str(run(two).heads_dir / "model.safetensors"))
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=1e-4, atol=2e-6, msg=k)
+
+
+def test_eval_shards_count_every_row_once_and_have_equal_lengths():
+    from draftheads.train.loop import EvalShard
+
+    rows = [{"input_ids": [5, 6, 7 + i], "loss_mask": [0, 1, 1]} for i in range(10)]
+    shards = [EvalShard(rows, rank, 4) for rank in range(4)]  # 10 rows over 4 processes: 3, 3, 2, 2
+    assert {len(s) for s in shards} == {3}
+    seen = [s[i]["input_ids"][-1] for s in shards for i in range(len(s)) if any(s[i]["loss_mask"])]
+    assert sorted(seen) == [7 + i for i in range(10)]
+    padding = [s[i] for s in shards for i in range(len(s)) if not any(s[i]["loss_mask"])]
+    assert len(padding) == 2
+
+
+# ---------------------------------------------------------------------------------------------
+# The train entry and its output folder
+# ---------------------------------------------------------------------------------------------
+
+
+def test_draftheads_train_prints_config_errors_without_a_traceback(tmp_path, capsys):
+    from draftheads.cli import main
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("train:\n  max_stepz: 3\n")
+    assert main(["train", "--config", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "max_stepz" in err and "Traceback" not in err
+    assert main(["train", "--config", str(tmp_path / "missing.yaml")]) == 2
+    assert "config file not found" in capsys.readouterr().err
+
+
+def test_output_dir_that_is_a_file_is_refused_before_training(tmp_path, tiny_target_dir, tiny_text_jsonl):
+    from draftheads.train.loop import run
+
+    cfg = _cfg(tmp_path, tiny_target_dir, tiny_text_jsonl, max_steps=2)
+    Path(cfg.train.output_dir).write_text("not a folder")
+    with pytest.raises(RunFolderError, match="is a file, not a folder"):
+        run(cfg)
+
+
+def test_read_only_output_folder_is_refused_before_training(tmp_path, tiny_target_dir, tiny_text_jsonl, monkeypatch):
+    import tempfile
+
+    from draftheads.train import run_dir
+    from draftheads.train.loop import run
+
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    cfg = _cfg(tmp_path, tiny_target_dir, tiny_text_jsonl, max_steps=2, output_dir=str(locked / "run"))
+    real_mkstemp = tempfile.mkstemp
+
+    def read_only(*args, dir=None, **kwargs):  # what a read-only mount does (root ignores chmod)
+        if dir is not None and Path(dir) == locked:
+            raise OSError(30, "Read-only file system")
+        return real_mkstemp(*args, dir=dir, **kwargs)
+
+    monkeypatch.setattr(run_dir.tempfile, "mkstemp", read_only)
+    with pytest.raises(RunFolderError, match="is not writable"):
+        run(cfg)
+    assert list(locked.iterdir()) == []
+
+
+def test_max_length_above_the_targets_context_warns(tmp_path, tiny_target_dir, tiny_text_jsonl, capsys):
+    from draftheads.train.loop import run
+
+    cfg = _cfg(tmp_path, tiny_target_dir, tiny_text_jsonl, "data.max_length=600", max_steps=1, eval_every=0)
+    run(cfg)
+    assert "data.max_length=600 is above the target's context (max_position_embeddings=512)" in capsys.readouterr().out

@@ -270,27 +270,36 @@ def _check_heads_keys(path: Path, model: torch.nn.Module) -> None:
         )
 
 
-def export_heads(accelerator, model: torch.nn.Module, path: str | os.PathLike) -> Path | None:
-    """Write the trained heads as a heads folder (``heads.save_pretrained``) on the main process.
-
-    Under ZeRO-3 each process holds a shard of every parameter: gather the heads' (small) params
-    only, rather than ``get_state_dict`` on the whole model, which would gather the target too."""
+def heads_state(accelerator, model: torch.nn.Module, everywhere: bool = False) -> dict[str, torch.Tensor] | None:
+    """The trained heads' full state dict on CPU: on the main process (or on every process with
+    ``everywhere``), else None. Under ZeRO-3 each process holds a shard of every parameter:
+    gather the heads' (small) params only, rather than ``get_state_dict`` on the whole model,
+    which would gather the target too (a collective then: call on every process)."""
     heads = accelerator.unwrap_model(model).heads
-    state = None
+    wanted = everywhere or accelerator.is_main_process
     if _is_deepspeed(accelerator) and accelerator.state.deepspeed_plugin.zero_stage == 3:
         import deepspeed
 
         with deepspeed.zero.GatheredParameters(list(heads.parameters()), modifier_rank=None):
-            if accelerator.is_main_process:
-                state = {k: v.detach().clone().cpu() for k, v in heads.state_dict().items()}
-    elif accelerator.is_main_process:
-        state = {k: v.detach().cpu() for k, v in heads.state_dict().items()}
+            return {k: v.detach().clone().cpu() for k, v in heads.state_dict().items()} if wanted else None
+    return {k: v.detach().clone().cpu() for k, v in heads.state_dict().items()} if wanted else None
+
+
+def heads_from_state(heads: torch.nn.Module, state: dict[str, torch.Tensor]) -> torch.nn.Module:
+    """A fresh heads module of ``heads``' type and config holding ``state`` (no RNG draws)."""
+    with torch.device("meta"):  # no RNG draws, no second allocation: weights are assigned
+        copy = type(heads)(heads.config)
+    copy.load_state_dict(state, strict=True, assign=True)
+    copy.tree = getattr(heads, "tree", None)
+    return copy
+
+
+def export_heads(accelerator, model: torch.nn.Module, path: str | os.PathLike) -> Path | None:
+    """Write the trained heads as a heads folder (``heads.save_pretrained``) on the main process."""
+    state = heads_state(accelerator, model)
     out = None
     if accelerator.is_main_process:
-        with torch.device("meta"):  # no RNG draws, no second allocation: weights are assigned
-            copy = type(heads)(heads.config)
-        copy.load_state_dict(state, strict=True, assign=True)
-        copy.tree = getattr(heads, "tree", None)
+        copy = heads_from_state(accelerator.unwrap_model(model).heads, state)
         out = Path(copy.save_pretrained(path))
     accelerator.wait_for_everyone()
     return out

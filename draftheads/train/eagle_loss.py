@@ -66,12 +66,15 @@ def eagle_loss(
     chunk_size: int = 1024,
     topk: int = 5,
     noise_generator: torch.Generator | None = None,
+    denominators: torch.Tensor | None = None,
 ) -> HeadLossOutput:
     """``features`` [B, S, F]: what the head reads (eagle: = ``last_hidden``; eagle3: fused layers);
     ``last_hidden`` [B, S, H]: the target's final hidden states (its distribution, EAGLE's feature
     label); ``input_ids`` [B, S] the data tokens. ``noise_generator``: where EAGLE's feature noise
     comes from (the loop reseeds it per batch so a resumed run draws the same noise; None: the
-    global RNG)."""
+    global RNG). ``denominators`` [steps]: divide step k's summed terms by this instead of this
+    batch's count of rows (the loop passes ``eagle_target_counts`` over the whole optimizer step:
+    every micro-batch and process)."""
     steps = heads.config.num_heads
     bsz, seq = input_ids.shape
     n = seq - 1  # rows t = 0 .. S-2 (row t's first prediction is position t+1)
@@ -142,9 +145,29 @@ def eagle_loss(
             hits[k] += ck
         count[k] = step_count
         ce_sum[k] = step_ce.detach()
-        if regress:
+        if denominators is not None:  # the rows of the whole step (EAGLE-3: rows outside its vocabulary add 0)
+            den = float(denominators[k])
+            terms = step_reg + SOFT_CE_WEIGHT * step_ce if regress else step_ce
+            step_loss = terms / den if den > 0 else 0.0 * terms
+        elif regress:
             step_loss = (step_reg + SOFT_CE_WEIGHT * step_ce) / max(idx.numel(), 1)
         else:
             step_loss = step_ce / max(step_count, 1)
         loss = loss + decay**k * step_loss
     return HeadLossOutput(loss=loss, ce_sum=ce_sum, count=count, top1=top1, topk=hits)
+
+
+def eagle_target_counts(
+    steps: int, input_ids: torch.Tensor, loss_mask: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None
+) -> torch.Tensor:
+    """``[steps]``: the rows step k is trained on in this batch (those whose predicted token
+    t+2+k is a training token), from the masks alone: the loss's denominators."""
+    seq = input_ids.shape[1]
+    lm = torch.ones_like(input_ids, dtype=torch.bool) if loss_mask is None else loss_mask.bool()
+    am = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
+    counts = torch.zeros(steps, dtype=torch.long, device=input_ids.device)
+    for k in range(steps):
+        shift = 2 + k
+        if shift < seq:
+            counts[k] = (lm[:, shift:] & am[:, shift:]).sum()
+    return counts

@@ -14,6 +14,7 @@ DDP / DeepSpeed ZeRO / mixed precision come from the ``accelerate launch`` confi
 from __future__ import annotations
 
 import contextlib
+import itertools
 import math
 import os
 import time
@@ -36,6 +37,8 @@ from ..device import (
 from .checkpoint import (
     CheckpointError,
     export_heads,
+    heads_from_state,
+    heads_state,
     load_checkpoint,
     read_state,
     register_heads_only,
@@ -45,7 +48,7 @@ from .checkpoint import (
 from .metrics import HeadStats, format_heads, ranks_for, static_tree
 from .model import TargetWithHeads
 from .stability import MAX_NONFINITE_STEPS, NonFiniteGuard
-from .run_dir import RunFolderError, check_resume_config, check_writable, clear_run, guard_fresh_run
+from .run_dir import RunFolderError, check_context, check_resume_config, check_writable, clear_run, guard_fresh_run
 from .tracking import init_trackers, prepare_tracker
 
 
@@ -64,7 +67,7 @@ def run(cfg: ExperimentConfig, overwrite: bool = False) -> TrainResult:
     ``overwrite``: replace a previous run's files in ``train.output_dir`` (otherwise a fresh run
     into a folder that holds a run is refused; see run_dir.py)."""
     from accelerate import Accelerator
-    from accelerate.utils import DistributedType, set_seed
+    from accelerate.utils import DistributedType, GradientAccumulationPlugin, set_seed
 
     t = cfg.train
     output_dir = Path(t.output_dir)
@@ -87,7 +90,9 @@ def run(cfg: ExperimentConfig, overwrite: bool = False) -> TrainResult:
     # -- 1. accelerator, seed, tracker --------------------------------------------------------
     log_with = prepare_tracker(cfg.tracking, announce=_main_print)
     accelerator = Accelerator(
-        gradient_accumulation_steps=t.grad_accum,
+        # The loop groups micro-batches into steps itself (see step_denominators): accumulate()
+        # must not also end a step where the dataloader ends.
+        gradient_accumulation_plugin=GradientAccumulationPlugin(num_steps=t.grad_accum, sync_with_dataloader=False),
         mixed_precision=resolve_mixed_precision(t.mixed_precision),
         log_with=log_with,
         project_dir=str(output_dir),
@@ -123,6 +128,7 @@ def run(cfg: ExperimentConfig, overwrite: bool = False) -> TrainResult:
         # Straight onto the GPU (not through host RAM once per process), unless ZeRO-3 shards it.
         device = accelerator.device if accelerator.device.type == "cuda" and not zero3 else None
         target, tokenizer = load_target(cfg.target, accelerator, device=device)
+    check_context(cfg.data.max_length, target.config, say)
     with timer("build_data"):
         from ..data import Collator, build_datasets
 
@@ -154,7 +160,10 @@ def run(cfg: ExperimentConfig, overwrite: bool = False) -> TrainResult:
     if eval_ds is not None and len(eval_ds) > 0:
         if t.eval_batches:  # a fixed subset, always iterated to the end (no early break)
             eval_ds = eval_ds.select(range(min(len(eval_ds), t.eval_batches * t.batch_size * accelerator.num_processes)))
-        eval_dl = DataLoader(eval_ds, batch_size=t.batch_size, shuffle=False, collate_fn=collator)
+        eval_dl = DataLoader(
+            EvalShard(eval_ds, accelerator.process_index, accelerator.num_processes),
+            batch_size=t.batch_size, shuffle=False, collate_fn=collator,
+        )  # fmt: skip
 
     batches_per_epoch = math.ceil(math.ceil(len(train_ds) / t.batch_size) / accelerator.num_processes)
     steps_per_epoch = math.ceil(batches_per_epoch / t.grad_accum)
@@ -171,8 +180,6 @@ def run(cfg: ExperimentConfig, overwrite: bool = False) -> TrainResult:
     else:
         register_heads_only(accelerator)
     model, optimizer, train_dl, scheduler = accelerator.prepare(model, optimizer, train_dl, scheduler)
-    if eval_dl is not None:
-        eval_dl = accelerator.prepare(eval_dl)
     assert len(train_dl) == batches_per_epoch, (len(train_dl), batches_per_epoch)
 
     step, epoch, skip = 0, 0, 0
@@ -208,28 +215,38 @@ def run(cfg: ExperimentConfig, overwrite: bool = False) -> TrainResult:
 
     while step < max_steps:
         train_dl.set_epoch(epoch)  # seeds this epoch's shuffle (also inside skip_first_batches)
-        batches = accelerator.skip_first_batches(train_dl, skip) if skip else train_dl
+        batches = iter(accelerator.skip_first_batches(train_dl, skip) if skip else train_dl)
         batch_in_epoch, skip = skip, 0
-        for batch in batches:
-            core.reseed_noise(_noise_seed(t.seed, accelerator.process_index, epoch, batch_in_epoch), accelerator.device)
-            with accelerator.accumulate(model):
-                out = model(**batch)
-                accelerator.backward(out["loss"])
-                guard.add(out["loss"])
-                if accelerator.sync_gradients and guard.step_is_bad(accelerator, step + 1, scheduler.get_last_lr()[0]):
-                    pass  # a non-finite loss somewhere: no update (stability.py)
-                else:
-                    if accelerator.sync_gradients and t.max_grad_norm:
-                        accelerator.clip_grad_norm_(params, t.max_grad_norm)
-                    optimizer.step()  # no-op between accumulation boundaries
-                optimizer.zero_grad(set_to_none=True)
-            batch_in_epoch += 1
-            window.add(out)
-            label_counts += out["label_counts"]
-            if not accelerator.sync_gradients:
-                continue
+        epoch_done = False
+        while step < max_steps:
+            # One optimizer step: grad_accum micro-batches (fewer at the end of an epoch), drawn
+            # first so the loss can be normalised by the step's token count on every process.
+            group = list(itertools.islice(batches, t.grad_accum))
+            if not group:
+                epoch_done = True
+                break
+            denominators = step_denominators(accelerator, core, group, t.grad_accum)
+            accelerator.step = t.grad_accum - len(group)  # accumulate() syncs at the group's last batch
+            for batch in group:
+                core.reseed_noise(_noise_seed(t.seed, accelerator.process_index, epoch, batch_in_epoch), accelerator.device)
+                with accelerator.accumulate(model):
+                    out = model(**batch, loss_denominators=denominators)
+                    accelerator.backward(out["loss"])
+                    guard.add(out["loss"])
+                    if accelerator.sync_gradients and guard.step_is_bad(accelerator, step + 1, scheduler.get_last_lr()[0]):
+                        pass  # a non-finite loss somewhere: no update (stability.py)
+                    else:
+                        if accelerator.sync_gradients and t.max_grad_norm:
+                            accelerator.clip_grad_norm_(params, t.max_grad_norm)
+                        optimizer.step()  # no-op between accumulation boundaries
+                    optimizer.zero_grad(set_to_none=True)
+                batch_in_epoch += 1
+                window.add(out, scale=t.grad_accum * accelerator.num_processes)
+                label_counts += out["label_counts"]
+            assert accelerator.sync_gradients, "the last micro-batch of a step must sync"
             scheduler.step()
             step += 1
+            window.steps += 1
             progress.update(1)
 
             if step % t.log_every == 0 or step == max_steps:
@@ -251,13 +268,9 @@ def run(cfg: ExperimentConfig, overwrite: bool = False) -> TrainResult:
                 save_checkpoint(accelerator, output_dir, step, _trainer_state(step, position, max_steps, accelerator, best, cfg))
                 last_saved = step
                 window.restart_clock()
-
-            if step >= max_steps:
-                break
-        else:
-            epoch += 1  # the epoch ran out before max_steps
-            continue
-        break
+        if not epoch_done:
+            break
+        epoch += 1  # the epoch ran out before max_steps
     timer.add("train", time.perf_counter() - train_start)
     progress.close()
 
@@ -295,6 +308,8 @@ def run(cfg: ExperimentConfig, overwrite: bool = False) -> TrainResult:
         write_json_atomically(output_dir / "metrics.json", metrics, default=float)
         say(f"heads exported to {heads_dir}")
     trained_heads = accelerator.unwrap_model(model).heads
+    if zero3:  # each process holds shards: return whole heads, like every other setup
+        trained_heads = heads_from_state(trained_heads, heads_state(accelerator, model, everywhere=True))
     _teardown(accelerator)
     return TrainResult(output_dir=output_dir, heads_dir=heads_dir, step=step, metrics=metrics, heads=trained_heads)
 
@@ -379,6 +394,7 @@ def evaluate(accelerator, model, eval_dl, num_heads: int, topk: int, decay: floa
     was_training = model.training
     model.eval()
     for batch in eval_dl:
+        batch = {k: v.to(accelerator.device) for k, v in batch.items()}
         stats.add(model(**batch, rank_stats=ranks)["stats"])
     model.train(was_training)
     reduced = stats.reduced(accelerator)
@@ -390,6 +406,28 @@ def evaluate(accelerator, model, eval_dl, num_heads: int, topk: int, decay: floa
     if ranks:
         summary["eval/rank_accuracy"] = reduced.rank_accuracy().tolist()
     return summary
+
+
+class EvalShard(torch.utils.data.Dataset):
+    """This process's share of the eval rows (rows ``rank``, ``rank + world``, ...), padded to
+    the same length on every process with rows that carry no loss-masked token. Every process
+    runs the same number of forward passes (ZeRO-3 and DDP need that), and each eval row is
+    counted exactly once: ``accelerate.prepare`` would pad uneven shards with repeated rows,
+    which the summed metrics would count twice."""
+
+    def __init__(self, dataset, rank: int, world: int) -> None:
+        self.dataset = dataset
+        self.rows = list(range(rank, len(dataset), world))
+        self.length = math.ceil(len(dataset) / world)
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        if i < len(self.rows):
+            return self.dataset[self.rows[i]]
+        ids = list(self.dataset[0]["input_ids"])[:2]
+        return {"input_ids": ids, "loss_mask": [0] * len(ids)}  # padding: nothing to count
 
 
 class BestHeads:
@@ -440,24 +478,25 @@ class TrainWindow:
 
     def _reset(self) -> None:
         self.stats.reset()
-        self.loss_sum, self.micro_batches, self.tokens = 0.0, 0, 0
+        self.loss_sum, self.steps, self.tokens = 0.0, 0, 0
         self.restart_clock()
 
     def restart_clock(self) -> None:
         self.start = time.perf_counter()
 
-    def add(self, out: dict[str, torch.Tensor]) -> None:
+    def add(self, out: dict[str, torch.Tensor], scale: int = 1) -> None:
+        """One micro-batch; ``scale``: grad_accum x processes, what its loss was multiplied by
+        (see ``step_denominators``), so the sum over a step's micro-batches and processes is the
+        step's loss. The loop counts ``steps``."""
         self.stats.add(out["stats"])
-        self.loss_sum += out["loss"].item()
-        self.micro_batches += 1
+        self.loss_sum += out["loss"].item() / scale
         self.tokens += int(out["tokens"])
 
     def flush(self, accelerator, topk: int) -> dict[str, float]:
         """Loss, per-head loss and top-1, tokens/s over all processes (a collective: call on all)."""
         elapsed = time.perf_counter() - self.start
         tokens = accelerator.reduce(torch.tensor(self.tokens, device=self.device), "sum").item()
-        loss = self.loss_sum / max(self.micro_batches, 1)
-        loss = accelerator.reduce(torch.tensor(loss, device=self.device), "mean").item()
+        loss = accelerator.reduce(torch.tensor(self.loss_sum, device=self.device), "sum").item() / max(self.steps, 1)
         summary = self.stats.reduced(accelerator).summary(topk, prefix="train/")
         self.total_tokens += tokens
         self.total_seconds += elapsed
@@ -475,6 +514,20 @@ def _train_line(step: int, max_steps: int, logs: dict[str, float]) -> str:
         f"| heads {format_heads(logs, 'loss', 'train/', '{:.3f}')} | top1 {format_heads(logs, 'top1', 'train/')} "
         f"| lr {logs['train/lr']:.2e} | {logs['train/tokens_per_second']:.0f} tok/s"
     )
+
+
+def step_denominators(accelerator, core: TargetWithHeads, group: list[dict], grad_accum: int) -> torch.Tensor:
+    """The loss denominators of one optimizer step (a collective: call on every process).
+
+    Each head's loss is its summed cross-entropy over the step's tokens divided by their count
+    over every micro-batch and process (the step's token-level mean), not a mean per micro-batch
+    and process, which would weight a token by how full its micro-batch happened to be. The count
+    is divided by ``grad_accum x processes`` because ``backward`` divides the loss by
+    ``grad_accum`` and DDP/ZeRO average gradients over processes: the summed gradient is then
+    exactly the gradient of the step's mean."""
+    local = sum(core.loss_counts(b["input_ids"], b.get("attention_mask"), b.get("loss_mask")) for b in group)
+    total = accelerator.reduce(local.to(accelerator.device, torch.float64), reduction="sum")
+    return (total / (grad_accum * accelerator.num_processes)).float()
 
 
 def merge_label_counts(accelerator, heads: torch.nn.Module, label_counts: torch.Tensor) -> None:

@@ -102,9 +102,13 @@ def medusa_loss(
     chunk_size: int = 1024,
     topk: int = 5,
     ranks: int = 0,
+    denominators: torch.Tensor | None = None,
 ) -> HeadLossOutput:
     """Chunked Medusa loss of ``heads`` on the target's last hidden state ``hidden`` [B, S, H].
-    ``ranks`` > 0 also counts, per head, hits of each rank r < ``ranks`` (``rank_hits``)."""
+    ``ranks`` > 0 also counts, per head, hits of each rank r < ``ranks`` (``rank_hits``).
+    ``denominators`` [K]: divide head k's summed CE by this instead of this batch's own count
+    (the training loop passes the count over every micro-batch and process of the step, so the
+    gradient does not depend on how tokens fall across them)."""
     num_heads = heads.config.num_heads
     device = hidden.device
     targets = medusa_targets(input_ids, num_heads, loss_mask, attention_mask).reshape(-1, num_heads)
@@ -114,7 +118,7 @@ def medusa_loss(
     # Hydra heads also read the tokens before the one they predict.
     context = token_context(input_ids, num_heads).reshape(-1, num_heads)[rows] if heads.reads_tokens else None
     count = (targets != IGNORE).sum(0)
-    weights = [decay**k / max(int(count[k]), 1) for k in range(num_heads)]
+    weights = _weights(decay, count, denominators)
 
     ce_sum = torch.zeros(num_heads, device=device, dtype=torch.float32)
     top1 = torch.zeros(num_heads, device=device, dtype=torch.long)
@@ -151,6 +155,20 @@ def medusa_loss(
     return HeadLossOutput(
         loss=loss, ce_sum=ce_sum, count=count.to(torch.long), top1=top1, topk=hits, rank_hits=rank_hits
     )
+
+
+def _weights(decay: float, count: torch.Tensor, denominators: torch.Tensor | None) -> list[float]:
+    """``decay**k / n_k``: n_k this batch's count of head k's targets, or the given denominator."""
+    n = count.tolist() if denominators is None else denominators.tolist()
+    return [decay**k / n[k] if n[k] > 0 else 0.0 for k in range(len(n))]
+
+
+def medusa_target_counts(
+    input_ids: torch.Tensor, num_heads: int, loss_mask: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None
+) -> torch.Tensor:
+    """``[K]``: how many positions of the batch have a target for head k (the loss's denominators),
+    from the masks alone (no model)."""
+    return (medusa_targets(input_ids, num_heads, loss_mask, attention_mask) != IGNORE).sum((0, 1))
 
 
 def naive_medusa_loss(

@@ -9,8 +9,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .eagle_loss import eagle_loss
-from .losses import medusa_loss
+from .eagle_loss import eagle_loss, eagle_target_counts
+from .losses import medusa_loss, medusa_target_counts
 
 
 class TargetWithHeads(nn.Module):
@@ -72,6 +72,17 @@ class TargetWithHeads(nn.Module):
         self.target.eval()
         return self
 
+    def loss_counts(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, loss_mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """``[K]``: the positions each head (EAGLE: each step) is trained on in this batch, from
+        the masks alone. Summed over a step's micro-batches and processes, they are the
+        ``loss_denominators`` that make the loss a mean over the step's tokens, wherever they fell."""
+        k = self.heads.config.num_heads
+        if self.heads.training_objective == "draft_steps":
+            return eagle_target_counts(k, input_ids, loss_mask, attention_mask)
+        return medusa_target_counts(input_ids, k, loss_mask, attention_mask)
+
     def reseed_noise(self, seed: int, device: torch.device) -> None:
         """Draw training noise (EAGLE's feature noise) from a generator seeded by the caller, not
         from the global RNG: the loop seeds it from the batch's position in the run, so a run
@@ -131,15 +142,17 @@ class TargetWithHeads(nn.Module):
         attention_mask: torch.Tensor | None = None,
         loss_mask: torch.Tensor | None = None,
         rank_stats: int = 0,
+        loss_denominators: torch.Tensor | None = None,
     ) -> dict[str, torch.Tensor]:
         """``rank_stats`` > 0 (evaluation): Medusa/Hydra stats also count hits per rank r <
-        ``rank_stats``, for the simulated acceptance of a tree; EAGLE's steps ignore it."""
+        ``rank_stats``, for the simulated acceptance of a tree; EAGLE's steps ignore it.
+        ``loss_denominators``: see ``loss_counts``."""
         layers = getattr(self.heads, "feature_layers", None)
         if layers:
             hidden, features = self.target_features(input_ids, attention_mask, layers)
         else:
             hidden = features = self.target_hidden(input_ids, attention_mask)
-        common = dict(decay=self.loss_decay, chunk_size=self.loss_chunk_size, topk=self.topk)
+        common = dict(decay=self.loss_decay, chunk_size=self.loss_chunk_size, topk=self.topk, denominators=loss_denominators)
         if self.heads.training_objective == "draft_steps":
             # EAGLE learns the target's distribution at every position (its own soft labels) from
             # the data tokens it reads; `labels` does not apply.

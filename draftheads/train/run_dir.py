@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -44,11 +45,24 @@ def check_writable(output_dir: Path) -> None:
         probe_dir = probe_dir.parent
     if not probe_dir.is_dir():
         raise RunFolderError(f"train.output_dir {output_dir}: {probe_dir} is a file, not a folder")
-    if not os.access(probe_dir, os.W_OK | os.X_OK):
+    if not _writable(probe_dir):
         raise RunFolderError(
             f"train.output_dir {output_dir}: {probe_dir} is not writable by this user; "
             "choose another train.output_dir or fix its permissions"
         )
+
+
+def _writable(folder: Path) -> bool:
+    """Whether this process can create files in ``folder`` (permissions, a read-only mount)."""
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return False
+    try:  # os.access does not see read-only file systems everywhere; a real create does
+        fd, probe = tempfile.mkstemp(prefix=".draftheads-write-probe-", dir=folder)
+    except OSError:
+        return False
+    os.close(fd)
+    os.unlink(probe)
+    return True
 
 
 def existing_run(output_dir: Path) -> list[str]:
@@ -134,4 +148,18 @@ def check_resume_config(checkpoint: Path, saved: dict[str, Any] | None, current:
             f"cannot resume from {checkpoint}: it was written with another config ({details}). "
             "Only the step budget (train.max_steps, train.num_epochs) may change on resume; "
             "use the original settings, or start a new run (--overwrite, or another train.output_dir)"
+        )
+
+
+def check_context(max_length: int, target_config: Any, say) -> None:
+    """Warn when training windows are longer than the target's declared context: positions past
+    it are ones the target was not trained on (its hidden states there, and so what the heads
+    learn from them, are unreliable). A warning, not an error: with RoPE scaling a model may
+    legitimately run past the figure its config declares."""
+    limit = getattr(target_config, "max_position_embeddings", None)
+    if isinstance(limit, int) and max_length > limit:
+        say(
+            f"warning: data.max_length={max_length} is above the target's context "
+            f"(max_position_embeddings={limit}); windows are trained past what the target saw in "
+            f"pre-training. Set data.max_length <= {limit} unless the target's RoPE scaling covers it"
         )
