@@ -5,8 +5,11 @@
       2. target + tokenizer (frozen), datasets
       3. heads, the wrapper module, AdamW on the heads only, cosine schedule with warmup
       4. accelerator.prepare(...); resume from a checkpoint if asked
-      5. train: accumulate -> backward -> clip -> step; log, evaluate, checkpoint every N steps;
-         the heads of the evaluation with the best simulated acceptance are exported to best/
+      5. train, one optimizer step at a time: draw its micro-batches, count their loss tokens over
+         every process (the loss is the step's token mean, however tokens fall), accumulate ->
+         backward -> clip -> step (skipped, then stopped, on non-finite losses); log, evaluate,
+         checkpoint every N steps; the heads of the evaluation with the best simulated
+         acceptance are exported to best/
       6. final evaluation, export the heads, metrics.json, tear down
 
 DDP / DeepSpeed ZeRO / mixed precision come from the ``accelerate launch`` config, not from here.
