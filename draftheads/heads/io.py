@@ -18,6 +18,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from .config import FORMAT_VERSION, HeadsConfig
+from .tree_check import tree_problem
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
@@ -107,29 +108,17 @@ def read_config(path: str | os.PathLike) -> HeadsConfig:
 
 
 def read_tree(path: str | os.PathLike) -> tuple[list[list[int]] | dict | None, int | None]:
-    """The calibrated tree and draft vocabulary size saved by `draftheads calibrate`, if any."""
+    """The calibrated tree and draft vocabulary size saved by `draftheads calibrate`, if any
+    (parsed only: `load_heads` checks that they fit the heads)."""
     tree_file = Path(path) / TREE_NAME
     if not tree_file.is_file():
         return None, None
     try:
         data = json.loads(tree_file.read_text())
         tree = data["tree"]
-    except (json.JSONDecodeError, KeyError, TypeError) as e:
-        raise ValueError(f"{tree_file} is not a valid tree file ({e!r})") from None
-    if isinstance(tree, dict):  # a dynamic (EAGLE-2) tree: its settings
-        unknown = sorted(set(tree) - {"total_tokens", "depth", "top_k", "draft_vocab_size"})
-        bad = [k for k, v in tree.items() if not (isinstance(v, int) and v >= 1) and not (k == "draft_vocab_size" and v is None)]
-        if unknown or bad:
-            raise ValueError(
-                f"{tree_file}: a dynamic tree takes positive integers total_tokens, depth, top_k (and draft_vocab_size) "
-                f"(unknown: {unknown}, not positive integers: {bad})"
-            )
-    elif not isinstance(tree, list) or not all(isinstance(p, list) and all(isinstance(r, int) for r in p) for p in tree):
-        raise ValueError(f"{tree_file}: 'tree' must be a list of paths (lists of ranks) or dynamic-tree settings")
-    vocab = data.get("draft_vocab_size")
-    if vocab is not None and (not isinstance(vocab, int) or vocab < 1):
-        raise ValueError(f"{tree_file}: 'draft_vocab_size' must be a positive integer or null, got {vocab!r}")
-    return tree, vocab
+    except (json.JSONDecodeError, KeyError, TypeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{tree_file} is not a valid tree file ({e!r}); delete it or run draftheads calibrate again") from None
+    return tree, data.get("draft_vocab_size")
 
 
 def load_heads(
@@ -174,6 +163,10 @@ def load_heads(
         except ValueError as e:
             raise ValueError(f"{weights}: {e}") from None
     heads.tree, heads.draft_vocab_size = read_tree(path)
+    if heads.tree is not None or heads.draft_vocab_size is not None:
+        problem = tree_problem(heads, heads.tree, heads.draft_vocab_size)
+        if problem:
+            raise ValueError(f"{path / TREE_NAME}: {problem}; fix it, delete it or run draftheads calibrate again")
     if target is not None:
         heads.bind_target(target)
         ref = target.get_output_embeddings().weight
