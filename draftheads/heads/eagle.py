@@ -195,6 +195,10 @@ class EagleHead(nn.Module):
     dynamic_tree = True
     training_objective = "draft_steps"
     spec_options: tuple[str, ...] = ("noise",)
+    #: config.json "extra" keys the draft layer is built from (checked at load).
+    required_extra: tuple[str, ...] = (
+        "num_attention_heads", "num_key_value_heads", "head_dim", "intermediate_size", "rms_norm_eps", "rope_theta"
+    )
     #: EAGLE-3: the input fuses several target layers (no single feature to regress onto).
     fuses_layers = False
 
@@ -360,6 +364,7 @@ class Eagle3Head(EagleHead):
 
     head_type = "eagle3"
     spec_options = ("feature_layers", "draft_vocab_size")
+    required_extra = EagleHead.required_extra + ("feature_layers", "draft_vocab_size")
     fuses_layers = True
 
     def __init__(self, config: HeadsConfig) -> None:

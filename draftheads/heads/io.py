@@ -82,29 +82,74 @@ def save_heads(heads: torch.nn.Module, path: str | os.PathLike, tree: list[list[
     return write_folder_atomically(path, files)
 
 
+def _not_heads_folder(path: Path, data: Any) -> str | None:
+    """What ``path`` is when it is not a heads folder but something a user easily passes instead."""
+    if (path / "heads" / CONFIG_NAME).is_file():
+        best = " (the best evaluation's in best/)" if (path / "best" / CONFIG_NAME).is_file() else ""
+        return f"this is a training run folder: the heads are in {path / 'heads'}{best}"
+    if isinstance(data, dict) and isinstance(data.get("train"), dict) and isinstance(data.get("heads"), dict):
+        return (
+            "this is a training run folder (its config.json is the run's experiment config) and it holds no "
+            f"exported heads yet: training writes them to {path / 'heads'} when it finishes"
+        )
+    if isinstance(data, dict) and "head_type" not in data and ("model_type" in data or "architectures" in data):
+        kind = data.get("model_type") or (data.get("architectures") or ["?"])[0]
+        return (
+            f"this is a model folder (a {kind} model's config.json), not a heads folder: pass the model as the "
+            "target and the folder `draftheads train` exported (config.json with head_type) as heads"
+        )
+    return None
+
+
 def read_config(path: str | os.PathLike) -> HeadsConfig:
     path = Path(path)
+    if path.is_file():
+        raise FileNotFoundError(f"{path} is a file: pass the heads folder that holds {CONFIG_NAME} and {WEIGHTS_NAME}")
     if not path.is_dir():
         raise FileNotFoundError(f"heads folder not found: {path}")
     cfg_file = path / CONFIG_NAME
     if not cfg_file.is_file():
-        raise FileNotFoundError(f"{cfg_file} is missing: {path} is not a draftheads heads folder")
+        other = _not_heads_folder(path, None)
+        raise FileNotFoundError(f"{cfg_file} is missing: {path} is not a draftheads heads folder" + (f"; {other}" if other else ""))
     try:
         data = json.loads(cfg_file.read_text())
-    except json.JSONDecodeError as e:
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ValueError(f"{cfg_file} is not valid JSON ({e})") from None
+    other = _not_heads_folder(path, data)
+    if other:
+        raise ValueError(f"{cfg_file} is not a heads config: {other}")
+    if not isinstance(data, dict):
+        raise ValueError(f"{cfg_file}: expected a JSON object of heads settings, got a JSON list or value")
     version = data.get("format_version")
-    if not isinstance(version, int) or version > FORMAT_VERSION:
+    if isinstance(version, int) and not isinstance(version, bool) and version > FORMAT_VERSION:
         raise ValueError(
-            f"{cfg_file} has format_version {version!r}; this draftheads reads versions up to "
+            f"{cfg_file} has format_version {version}; this draftheads reads versions up to "
             f"{FORMAT_VERSION}: upgrade draftheads"
         )
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+        missing = "no format_version" if version is None else f"format_version {version!r}"
+        raise ValueError(
+            f"{cfg_file} has {missing}: a draftheads heads config has an integer format_version 1..{FORMAT_VERSION} "
+            "(is this folder an export of draftheads?)"
+        )
     types = head_types()
+    if "head_type" not in data:
+        raise ValueError(f"{cfg_file}: missing key head_type (one of {', '.join(sorted(types))})")
     if data.get("head_type") not in types:
         raise ValueError(
             f"{cfg_file}: unknown head_type {data.get('head_type')!r}; valid: {', '.join(sorted(types))}"
         )
-    return HeadsConfig.from_dict(data)
+    try:
+        config = HeadsConfig.from_dict(data)
+    except (ValueError, TypeError) as e:
+        raise ValueError(f"{cfg_file}: {e}") from None
+    missing = [k for k in getattr(types[config.head_type], "required_extra", ()) if k not in config.extra]
+    if missing:
+        raise ValueError(
+            f"{cfg_file}: {config.head_type} heads need key(s) {', '.join('extra.' + k for k in missing)} "
+            "(their draft layer's geometry and inputs); re-export the heads with draftheads"
+        )
+    return config
 
 
 def read_tree(path: str | os.PathLike) -> tuple[list[list[int]] | dict | None, int | None]:
@@ -138,7 +183,10 @@ def load_heads(
         state = load_file(str(weights))
     except (SafetensorError, OSError, ValueError) as e:
         raise ValueError(f"{weights} is not a readable safetensors file (truncated or corrupt?): {e}") from None
-    heads = head_types()[config.head_type](config)
+    try:
+        heads = head_types()[config.head_type](config)
+    except (ValueError, TypeError, KeyError) as e:
+        raise ValueError(f"{path / CONFIG_NAME}: {config.head_type} heads cannot be built from it ({e})") from None
     expected = heads.state_dict()
     missing = sorted(set(expected) - set(state))
     unexpected = sorted(set(state) - set(expected))
