@@ -374,6 +374,8 @@ class Eagle3Head(EagleHead):
         n_vocab = ex.get("draft_vocab_size")
         if not isinstance(n_vocab, int) or not 1 <= n_vocab <= config.vocab_size:
             raise ValueError(f"eagle3 draft_vocab_size must be an integer in 1..{config.vocab_size}, got {n_vocab!r}")
+        if config.target is not None:  # known at build time: refuse here, not in the first forward
+            check_feature_layers(list(ex["feature_layers"]), config.target.num_hidden_layers)
         super().__init__(config)
         d = config.hidden_size
         eps = ex["rms_norm_eps"]
@@ -397,7 +399,12 @@ class Eagle3Head(EagleHead):
         feature_layers = list(feature_layers) if feature_layers else default_feature_layers(layers)
         check_feature_layers(feature_layers, layers)
         vocab = TargetInfo.from_model(target).vocab_size
-        size = min(int(draft_vocab_size or 32_000), vocab)
+        if draft_vocab_size is not None and (isinstance(draft_vocab_size, bool) or not isinstance(draft_vocab_size, int)
+                                             or draft_vocab_size < 1):
+            raise ValueError(
+                f"draft_vocab_size must be a positive integer (None: 32000, capped at the vocabulary), got {draft_vocab_size!r}"
+            )
+        size = min(draft_vocab_size or 32_000, vocab)
         return super().for_target(
             target, num_heads, num_layers, feature_layers=feature_layers, draft_vocab_size=size, **extra
         )
