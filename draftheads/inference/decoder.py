@@ -5,6 +5,7 @@ Read it top to bottom: everything a step does is in `generate`.
 from __future__ import annotations
 
 import inspect
+import operator
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -58,6 +59,17 @@ def _last_logits_only(model: torch.nn.Module) -> dict[str, int]:
 
 
 _KEEPS_LAST: dict[Any, bool] = {}
+
+
+def _whole_number(value: Any, name: str) -> int:
+    """``value`` as an int if it is one (numpy and 0-d tensor ints too), else a named error: a
+    float like 2.5 must not be truncated or break the loop's bookkeeping halfway."""
+    try:
+        if isinstance(value, bool):
+            raise TypeError
+        return operator.index(value)
+    except TypeError:
+        raise ValueError(f"{name} must be a whole number, got {type(value).__name__} {value!r}") from None
 
 
 class SpeculativeDecoder:
@@ -119,6 +131,7 @@ class SpeculativeDecoder:
         params = resolve_sampling(getattr(self.target, "generation_config", None), do_sample, temperature, top_k, top_p)
         if acceptance == "typical" and params.greedy:
             raise ValueError("typical acceptance needs temperature > 0 (at temperature 0 decoding is greedy and exact)")
+        max_new_tokens = _whole_number(max_new_tokens, "max_new_tokens")
         input_ids = self._check_inputs(input_ids, max_new_tokens)
         if generator is None and seed is not None:
             generator = torch.Generator().manual_seed(seed)
