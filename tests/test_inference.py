@@ -263,3 +263,14 @@ def test_model_failing_in_the_probe_prefill_is_refused():
     heads = dh.MedusaHeads.for_target(target, num_heads=2)
     with pytest.raises(dh.UnsupportedModelError, match="failed on a prefill .*IndexError"):
         dh.SpeculativeDecoder(target, heads)
+
+
+def test_probe_looks_around_every_window_and_chunk_the_model_uses():
+    from draftheads.inference.verify import PROBE_PREFIX, probe_prefix_lengths
+
+    assert probe_prefix_lengths(tiny_target("llama", max_position_embeddings=4096)) == [4, PROBE_PREFIX]
+    assert probe_prefix_lengths(tiny_target("mistral")) == [4, 23, 26, 254]  # window 24; clipped to the context
+    assert probe_prefix_lengths(tiny_target("llama4_text")) == [4, 15, 18, 254]  # chunk 16
+    # Qwen2 declares a window it does not use: probing there would be a pointless 4k-token prefill.
+    unused = tiny_target("qwen2", sliding_window=4096, max_position_embeddings=32768)
+    assert probe_prefix_lengths(unused) == [4, PROBE_PREFIX]

@@ -308,9 +308,18 @@ def probe_prefix_lengths(target: torch.nn.Module) -> list[int]:
     from the verifier being checked): prefix s-1 puts the root on the last position of the first
     window/chunk and its children on the first outside, prefix s+2 puts the whole tree past it."""
     cfg = text_config(target)
+    layer_types = getattr(cfg, "layer_types", None) or ()
+    sizes = []
+    # Only spans the config switches on: Qwen2 declares a sliding_window of 32k-128k that it does
+    # not use (use_sliding_window false), and probing there would cost a 32k-token prefill.
+    window = getattr(cfg, "sliding_window", None)
+    if getattr(cfg, "use_sliding_window", True) is not False and (not layer_types or "sliding_attention" in layer_types):
+        sizes.append(window)
+    chunk = getattr(cfg, "attention_chunk_size", None)
+    if not layer_types or "chunked_attention" in layer_types:
+        sizes.append(chunk)
     lengths = {4, PROBE_PREFIX}
-    for name in ("sliding_window", "attention_chunk_size"):
-        size = getattr(cfg, name, None)
+    for size in sizes:
         if isinstance(size, int) and size > 0:
             lengths |= {size - 1, size + 2}
     max_positions = getattr(cfg, "max_position_embeddings", None)
