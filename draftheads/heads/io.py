@@ -103,9 +103,9 @@ def _not_heads_folder(path: Path, data: Any) -> str | None:
 
 def read_config(path: str | os.PathLike) -> HeadsConfig:
     path = Path(path)
-    if path.is_file():
-        raise FileNotFoundError(f"{path} is a file: pass the heads folder that holds {CONFIG_NAME} and {WEIGHTS_NAME}")
     if not path.is_dir():
+        if path.is_file():
+            raise FileNotFoundError(f"{path} is a file: pass the heads folder that holds {CONFIG_NAME} and {WEIGHTS_NAME}")
         raise FileNotFoundError(f"heads folder not found: {path}")
     cfg_file = path / CONFIG_NAME
     if not cfg_file.is_file():
