@@ -168,7 +168,7 @@ def main() -> None:
         decoders[name] = decoder = dh.SpeculativeDecoder(target, proposer)
 
         def run(ids):
-            out = decoder.generate(ids, max_new_tokens=n, eos_token_id=[])
+            out = decoder.generate(ids, max_new_tokens=n, temperature=0.0, eos_token_id=[])
             return out.sequences, out
         return run
 

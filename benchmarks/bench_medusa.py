@@ -68,7 +68,7 @@ def main() -> None:
         )
 
     def ours(ids):
-        return decoder.generate(ids, max_new_tokens=args.max_new_tokens, eos_token_id=[])
+        return decoder.generate(ids, max_new_tokens=args.max_new_tokens, temperature=0.0, eos_token_id=[])
 
     with torch.inference_mode():
         plain(prompts[0]), ours(prompts[0])  # warm-up, not timed

@@ -89,7 +89,7 @@ def main() -> None:
             continue
         decoder = dh.SpeculativeDecoder(target, heads, tree=tree)
         t0 = time.perf_counter()
-        outs = [decoder.generate(p, max_new_tokens=args.new_tokens, eos_token_id=[]) for p in prompts]
+        outs = [decoder.generate(p, max_new_tokens=args.new_tokens, temperature=0.0, eos_token_id=[]) for p in prompts]
         lengths = [n for o in outs for n in o.accept_lengths]
         measured = sum(lengths) / len(lengths)
         acc = head_accuracy_table(target, heads, [o.sequences[0] for o in outs], max_rank=10,

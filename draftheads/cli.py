@@ -110,6 +110,53 @@ def cmd_generate(args) -> int:
     return 0
 
 
+def _calibration_text(row, where: str) -> str:
+    """The first user turn of a questions row (``turns``, a list of strings as in Spec-Bench and
+    `draftheads bench`), else its ``prompt`` or ``text``. A string ``turns`` is refused, as bench
+    refuses it, rather than guessed at (it used to calibrate on its first character)."""
+    if not isinstance(row, dict):
+        raise SystemExit(f"error: {where}: expected a JSON object with 'turns', 'prompt' or 'text', got {type(row).__name__}")
+    if "turns" in row:
+        turns = row["turns"]
+        if not isinstance(turns, list) or not turns or not all(isinstance(t, str) and t.strip() for t in turns):
+            raise SystemExit(f"error: {where}: 'turns' must be a non-empty list of non-empty strings, got {turns!r:.80}")
+        return turns[0]
+    for key in ("prompt", "text"):
+        if key in row:
+            if not isinstance(row[key], str) or not row[key].strip():
+                raise SystemExit(f"error: {where}: '{key}' must be a non-empty string, got {row[key]!r:.80}")
+            return row[key]
+    raise SystemExit(f"error: {where} has no 'turns', 'prompt' or 'text' field")
+
+
+def _check_writable(folder: Path) -> None:
+    """Fail before a long calibration, not after it, when its result could not be saved."""
+    import os
+    import tempfile
+
+    if not folder.is_dir():
+        return  # load_heads names a missing folder
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".write-check-", dir=folder)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise SystemExit(
+            f"error: cannot write tree.json into {folder} ({e.strerror or e}): make the heads folder writable, "
+            "or use --dry-run to calibrate without saving"
+        ) from None
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
 def _calibration_prompts(args, tokenizer) -> list:
     """Prompts from a text/jsonl file (one prompt per line or `turns`/`prompt`/`text` fields), or
     the demo corpus' held-out files (the default: code-completion prompts)."""
@@ -126,10 +173,7 @@ def _calibration_prompts(args, tokenizer) -> list:
                     row = json.loads(line)
                 except json.JSONDecodeError as e:
                     raise SystemExit(f"error: {path}:{n} is not valid JSON ({e})") from None
-                text = (row.get("turns") or [None])[0] or row.get("prompt") or row.get("text")
-                if not text:
-                    raise SystemExit(f"error: {path}:{n} has no 'turns', 'prompt' or 'text' field")
-                texts.append(text)
+                texts.append(_calibration_text(row, f"{path}:{n}"))
             else:
                 texts.append(line)
     else:
@@ -164,6 +208,8 @@ def cmd_calibrate(args) -> int:
     from .heads.io import TREE_NAME, write_json_atomically
     from .inference.calibrate import calibrate
 
+    if not args.dry_run:
+        _check_writable(Path(args.heads))
     target, tokenizer = _load_target(args.target, args.device, args.dtype, args.trust_remote_code)
     heads = dh.load_heads(args.heads, target=target)
     prompts = _calibration_prompts(args, tokenizer)
@@ -222,10 +268,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--draft-model", help="a small LM with the same tokenizer (classic speculative sampling)")
     p.add_argument("--prompt-lookup", action="store_true", help="draft by n-gram lookup in the prompt")
     p.add_argument("--prompt", required=True)
-    p.add_argument("--max-new-tokens", type=int, default=256)
-    p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--top-k", type=int, default=0)
-    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--max-new-tokens", type=_positive_int, default=256)
+    p.add_argument("--temperature", type=float, help="0 = greedy; default: the model's generation config, as generate()")
+    p.add_argument("--top-k", type=int, help="0 = off; default: the model's generation config (else 50), as generate()")
+    p.add_argument("--top-p", type=float, help="default: the model's generation config (else 1.0), as generate()")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quiet", action="store_true", help="print the text at the end instead of streaming it")
     p.set_defaults(func=cmd_generate)
@@ -234,10 +280,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_target_args(p)
     p.add_argument("--heads", required=True)
     p.add_argument("--prompts", help="text file (one prompt per line) or Spec-Bench jsonl; default: demo held-out code")
-    p.add_argument("--num-prompts", type=int, default=12)
-    p.add_argument("--prompt-tokens", type=int, default=128, help="keep the last N tokens of each prompt")
-    p.add_argument("--new-tokens", type=int, default=64)
-    p.add_argument("--max-nodes", type=int, default=64)
+    p.add_argument("--num-prompts", type=_positive_int, default=12)
+    p.add_argument("--prompt-tokens", type=_positive_int, default=128, help="keep the last N tokens of each prompt")
+    p.add_argument("--new-tokens", type=_positive_int, default=64)
+    p.add_argument("--max-nodes", type=_positive_int, default=64)
     p.add_argument("--dry-run", action="store_true", help="print the chosen tree without saving it")
     p.set_defaults(func=cmd_calibrate)
 

@@ -351,6 +351,7 @@ def validate(cfg: ExperimentConfig) -> None:
     types_ = head_types()
     if cfg.heads.type not in types_:
         raise ConfigError(f"heads.type: unknown head type {cfg.heads.type!r}; valid: {', '.join(sorted(types_))}")
+    _validate_heads_spec(cfg.heads, types_)
     t = cfg.train
     checks = [
         ("heads.num_heads", cfg.heads.num_heads >= 1, ">= 1"),
@@ -375,3 +376,35 @@ def validate(cfg: ExperimentConfig) -> None:
         if not ok:
             section, name = key.split(".")
             raise ConfigError(f"{key} must be {what}, got {getattr(getattr(cfg, section), name)!r}")
+
+
+def _validate_heads_spec(spec: HeadsSpec, types_: dict[str, type]) -> None:
+    """Options of other head types are an error, not silently ignored: a user who sets
+    ``feature_layers`` for Medusa heads expects them to matter, and training for hours on a
+    configuration other than the one written down is the failure this module exists to prevent
+    (the same reason an unknown key is an error). Only values different from the default count,
+    so a shared config keeping ``noise: 0.1`` still works for every type."""
+    defaults = HeadsSpec()
+    takes = types_[spec.type].spec_options
+    for f in dataclasses.fields(HeadsSpec):
+        value = getattr(spec, f.name)
+        if f.name in ("type", "num_heads", "num_layers") or f.name in takes or value == getattr(defaults, f.name):
+            continue
+        users = sorted(name for name, cls in types_.items() if f.name in cls.spec_options)
+        raise ConfigError(
+            f"heads.{f.name} is set ({value!r}) but {spec.type} heads do not use it: it applies to "
+            f"{', '.join(users)} heads only; remove it or change heads.type"
+        )
+    if spec.draft_vocab_size is not None and spec.draft_vocab_size < 1:
+        raise ConfigError(
+            f"heads.draft_vocab_size must be >= 1 or null (null: 32000, capped at the target's vocabulary), "
+            f"got {spec.draft_vocab_size}"
+        )
+    if spec.feature_layers is not None and (not spec.feature_layers or min(spec.feature_layers) < 0):
+        raise ConfigError(
+            f"heads.feature_layers must be a non-empty list of target layer ids >= 0 (i = the hidden state entering "
+            f"layer i; null = default), got {spec.feature_layers!r}; the upper bound, the target's layer count, is "
+            "checked when the target is loaded"
+        )
+    if spec.noise < 0:
+        raise ConfigError(f"heads.noise must be >= 0, got {spec.noise!r}")

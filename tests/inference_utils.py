@@ -21,6 +21,16 @@ ARCHS: dict[str, dict] = {
     "gemma": {"head_dim": 16},
     # Gemma 3 mixes sliding and full-attention layers: one mask per layer type.
     "gemma3_text": {"head_dim": 16, "sliding_window": 24, "layer_types": ["sliding_attention", "full_attention"]},
+    # Llama 4 text: chunked attention (a token sees only its own chunk of 16 positions) in the
+    # RoPE layers, full attention in the NoPE layer; a tiny mixture of experts.
+    "llama4_text": {
+        "head_dim": 16,
+        "attention_chunk_size": 16,
+        "no_rope_layers": [1, 0],
+        "intermediate_size_mlp": 128,
+        "num_local_experts": 2,
+        "num_experts_per_tok": 1,
+    },
 }
 
 

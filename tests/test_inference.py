@@ -190,3 +190,87 @@ def test_model_ignoring_4d_masks_is_refused():
     heads = dh.MedusaHeads.for_target(target, num_heads=2)
     with pytest.raises(dh.UnsupportedModelError, match="does not honour a custom 4D attention mask"):
         dh.SpeculativeDecoder(target, heads)
+
+
+def test_mask_wrong_only_far_into_a_sequence_is_refused():
+    """A model that honours the tree mask for short prefixes but not past position 100 (as a model
+    with an undeclared window or chunking would) must fail the probe, not decode wrongly."""
+    target = tiny_target("llama")
+    original_forward = target.forward
+
+    def forward_wrong_past_100(*args, attention_mask=None, position_ids=None, **kwargs):
+        if isinstance(attention_mask, torch.Tensor) and position_ids is not None and int(position_ids.max()) >= 100:
+            attention_mask = torch.zeros_like(attention_mask)  # every node sees every other: siblings too
+        return original_forward(*args, attention_mask=attention_mask, position_ids=position_ids, **kwargs)
+
+    target.forward = forward_wrong_past_100
+    heads = dh.MedusaHeads.for_target(target, num_heads=2)
+    with pytest.raises(dh.UnsupportedModelError, match=r"after a \d+-token prefix \(correct after 4 tokens"):
+        dh.SpeculativeDecoder(target, heads)
+
+
+def test_probe_catches_a_chunked_model_decoded_with_full_attention_masks():
+    """The original bug: Llama 4's chunked layers given a plain tree mask. Chains and short
+    prefixes agree; the probe must look past the chunk size and refuse."""
+    target = tiny_target("llama4_text")
+    verifier = TreeVerifier(target)
+    assert verifier.spans["chunked_attention"].chunk == 16
+    dh.inference.check_tree_attention(target, verifier)  # the real masks pass
+    verifier.spans = {name: dh.inference.verify.AttentionSpan() for name in verifier.spans}
+    with pytest.raises(dh.UnsupportedModelError, match="after a 15-token prefix"):
+        dh.inference.check_tree_attention(target, verifier)
+
+
+HYBRIDS = {
+    "qwen3_next": dict(
+        head_dim=16, linear_num_value_heads=2, linear_num_key_heads=2, linear_key_head_dim=16,
+        linear_value_head_dim=16, num_experts=2, num_experts_per_tok=1, moe_intermediate_size=32,
+        shared_expert_intermediate_size=32, layer_types=["linear_attention", "full_attention"],
+    ),
+    "lfm2": dict(layer_types=["conv", "full_attention"]),
+    "mamba": dict(state_size=4, expand=2),
+}
+
+
+@pytest.mark.parametrize("arch", list(HYBRIDS))
+def test_hybrid_and_recurrent_models_are_refused_by_name(arch):
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    config = AutoConfig.for_model(
+        arch, vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, **HYBRIDS[arch],
+    )
+    target = AutoModelForCausalLM.from_config(config).eval()  # default attention: mamba has no sdpa
+    heads = dh.MedusaHeads.for_target(target, num_heads=2)
+    kind = {"qwen3_next": "linear_attention", "lfm2": "conv", "mamba": "linear_attention"}[arch]
+    with pytest.raises(dh.UnsupportedModelError, match=rf"model_type '{arch}'\) has layers of type \['{kind}'\]"):
+        dh.SpeculativeDecoder(target, heads)
+    with pytest.raises(dh.UnsupportedModelError, match="recurrent state"):
+        dh.SpeculativeDecoder(target, heads, check_model=False)  # refused even without the probe
+
+
+def test_model_failing_in_the_probe_prefill_is_refused():
+    target = tiny_target("llama")
+    original_forward = target.forward
+
+    def forward_without_4d_support(*args, **kwargs):
+        if kwargs.get("position_ids") is None:
+            raise IndexError("list index out of range")  # as hybrid caches fail on a plain DynamicCache
+        return original_forward(*args, **kwargs)
+
+    target.forward = forward_without_4d_support
+    heads = dh.MedusaHeads.for_target(target, num_heads=2)
+    with pytest.raises(dh.UnsupportedModelError, match="failed on a prefill .*IndexError"):
+        dh.SpeculativeDecoder(target, heads)
+
+
+def test_probe_looks_around_every_window_and_chunk_the_model_uses():
+    from draftheads.inference.verify import PROBE_PREFIX, probe_prefix_lengths
+
+    assert probe_prefix_lengths(tiny_target("llama", max_position_embeddings=4096)) == [4, PROBE_PREFIX]
+    assert probe_prefix_lengths(tiny_target("mistral")) == [4, 23, 26, 254]  # window 24; clipped to the context
+    assert probe_prefix_lengths(tiny_target("llama4_text")) == [4, 15, 18, 254]  # chunk 16
+    # Qwen2 declares a window it does not use: probing there would be a pointless 4k-token prefill.
+    unused = tiny_target("qwen2", sliding_window=4096, max_position_embeddings=32768)
+    assert probe_prefix_lengths(unused) == [4, PROBE_PREFIX]

@@ -145,7 +145,8 @@ class CheckedDraftProposer(dh.DraftModelProposer):
 
 
 @pytest.mark.parametrize("gamma", [3, "auto"])
-@pytest.mark.parametrize("sampling", [dict(temperature=1.0), dict(temperature=0.7, top_k=20, top_p=0.9)])
+# top_k=0 explicit: left unset it would be the generation config default (50), as in `generate`
+@pytest.mark.parametrize("sampling", [dict(temperature=1.0, top_k=0), dict(temperature=0.7, top_k=20, top_p=0.9)])
 def test_draft_probs_are_the_drafts_distribution(gamma, sampling):
     """Row i of draft_probs is the draft's processed distribution after the root and drafts < i,
     computed from scratch (no cache): the cache holds exactly the committed tokens, and the verifier

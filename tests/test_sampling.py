@@ -232,3 +232,87 @@ def test_typical_acceptance_is_opt_in_and_follows_its_threshold(setup):
         decoder.generate(prompt, max_new_tokens=4, acceptance="typical")
     with pytest.raises(ValueError, match="'exact' or 'typical'"):
         decoder.generate(prompt, max_new_tokens=4, temperature=1.0, acceptance="fast")
+
+
+# -- defaults: like `generate`, every unset setting comes from the target's generation config -----------
+def generate_law(target, prompt) -> dict[tuple[int, ...], float]:
+    """P(x1, ..., x_NEW | prompt) by the chain rule over the distributions that `target.generate`
+    itself samples from with DEFAULT arguments: its processed scores (after its own warpers)."""
+
+    def step(seq: tuple[int, ...]) -> torch.Tensor:
+        ids = torch.cat([prompt, torch.tensor([seq], dtype=torch.long)], dim=1) if seq else prompt
+        out = target.generate(
+            ids, attention_mask=torch.ones_like(ids), max_new_tokens=1, output_scores=True,
+            return_dict_in_generate=True, pad_token_id=0,
+        )
+        return torch.softmax(out.scores[0][0].float(), dim=-1)
+
+    law: dict[tuple[int, ...], float] = {}
+    with torch.no_grad():
+        firsts = step(())
+        for a in range(VOCAB):
+            seconds = step((a,))
+            for b in range(VOCAB):
+                thirds = step((a, b)) if float(firsts[a] * seconds[b]) > 0 else torch.zeros(VOCAB)
+                for c in range(VOCAB):
+                    law[(a, b, c)] = float(firsts[a] * seconds[b] * thirds[c])
+    return law
+
+
+def test_default_sampling_draws_what_generate_draws_by_default(setup):
+    """A model whose generation config asks for sampling with its own temperature, top-k, top-p:
+    `SpeculativeDecoder.generate` with no sampling arguments must draw what `generate` draws."""
+    from transformers import GenerationConfig
+
+    _, _, prompt = setup
+    target = tiny_target("llama", seed=3, vocab=VOCAB, hidden=32, layers=1)
+    with torch.no_grad():
+        target.get_output_embeddings().weight.mul_(4.0)
+    target.generation_config = GenerationConfig(
+        do_sample=True, temperature=0.7, top_k=4, top_p=0.9, bos_token_id=1, eos_token_id=2, pad_token_id=0
+    )
+    law = generate_law(target, prompt)
+    assert abs(sum(law.values()) - 1) < 1e-5
+    assert sum(p == 0 for p in law.values()) > VOCAB**NEW // 2, "top-k/top-p should cut most sequences"
+    decoder = dh.SpeculativeDecoder(target, dh.MedusaHeads.for_target(target, num_heads=2), tree=TREE)
+    gen = torch.Generator().manual_seed(1234)
+    counts: Counter = Counter()
+    drafted = 0
+    for _ in range(RUNS):
+        out = decoder.generate(prompt, max_new_tokens=NEW, eos_token_id=[], generator=gen)
+        counts[tuple(out.sequences[0, prompt.shape[1] :].tolist())] += 1
+        drafted += max(out.accept_lengths, default=1) > 1
+    stat, critical = chi_square(counts, law, RUNS)
+    assert stat < critical, f"chi-square {stat:.1f} >= {critical:.1f}: default sampling differs from generate's"
+    assert drafted >= 50, "drafts were (almost) never accepted: the test would be vacuous"
+
+
+def test_sampling_settings_resolve_like_generate():
+    from transformers import GenerationConfig
+
+    from draftheads.inference.sampling import resolve_sampling
+
+    unset = GenerationConfig()
+    assert resolve_sampling(unset).greedy  # generate's default: greedy
+    assert resolve_sampling(None).greedy
+    assert resolve_sampling(unset, do_sample=True) == SamplingParams(1.0, 50, 1.0)  # transformers' defaults
+    assert resolve_sampling(unset, temperature=0.5) == SamplingParams(0.5, 50, 1.0)  # temperature > 0 samples
+    assert resolve_sampling(unset, temperature=0.5, top_k=0) == SamplingParams(0.5, 0, 1.0)  # 0 = top-k off
+    chat = GenerationConfig(do_sample=True, temperature=0.6, top_p=0.9)
+    assert resolve_sampling(chat) == SamplingParams(0.6, 50, 0.9)
+    assert resolve_sampling(chat, top_k=5, top_p=1.0) == SamplingParams(0.6, 5, 1.0)
+    assert resolve_sampling(chat, temperature=0).greedy  # temperature 0 is always greedy
+    assert resolve_sampling(chat, do_sample=False).greedy
+    with pytest.raises(ValueError, match="do_sample=False contradicts temperature=0.5"):
+        resolve_sampling(chat, do_sample=False, temperature=0.5)
+    with pytest.raises(ValueError, match="do_sample=True contradicts temperature=0"):
+        resolve_sampling(chat, do_sample=True, temperature=0)
+
+
+def test_generation_settings_we_do_not_apply_are_named():
+    from transformers import GenerationConfig
+
+    target = tiny_target("llama", seed=3, vocab=VOCAB, hidden=32, layers=1)
+    target.generation_config = GenerationConfig(do_sample=True, repetition_penalty=1.05, min_p=0.1)
+    with pytest.warns(UserWarning, match=r"repetition_penalty=1\.05, min_p=0\.1: SpeculativeDecoder applies only"):
+        dh.SpeculativeDecoder(target, dh.MedusaHeads.for_target(target, num_heads=2))

@@ -131,7 +131,8 @@ class Runner:
     def speculative(self, method: Method, ids: torch.Tensor, seed: int):
         generator = torch.Generator().manual_seed(seed)
         return method.decoder.generate(
-            ids, max_new_tokens=self.settings.max_new_tokens, temperature=self.settings.temperature, generator=generator
+            ids, max_new_tokens=self.settings.max_new_tokens, temperature=self.settings.temperature, top_k=0, top_p=1.0,
+            generator=generator,
         )
 
     def _timed(self, fn, *args):

@@ -14,6 +14,7 @@ from pathlib import Path
 import datasets
 
 from .config import DataConfig
+from .json_check import json_problem, utf8_problem
 
 DEMO_PATH = "demo"
 
@@ -83,9 +84,15 @@ def load_source(path: str, split: str = "train", *, cache_dir: str | None = None
         except Exception as err:  # name the file: datasets' own messages talk about builders and splits
             if "corresponds to no data" in str(err):  # how datasets reports a file with no rows
                 raise ValueError(f"the data {path!r} has 0 rows; point data.path at a non-empty dataset") from err
+            problem = _first_problem(files, json_problem) if builder == "json" else None
             raise ValueError(
-                f"cannot read {path!r} as {builder} ({type(err).__name__}: {err}); is the file corrupt?"
+                problem or f"cannot read {path!r} as {builder} ({type(err).__name__}: {err}); is the file corrupt?"
             ) from err
+        if builder == "json":
+            # pyarrow keeps bytes that are not UTF-8; they would fail inside tokenization, unnamed.
+            problem = _first_problem(files, utf8_problem)
+            if problem:
+                raise ValueError(problem)
         return _as_dataset(ds, path)
     if not looks_like_hub_id(path):
         raise FileNotFoundError(
@@ -94,6 +101,14 @@ def load_source(path: str, split: str = "train", *, cache_dir: str | None = None
         )
     ds = datasets.load_dataset(path, split=split, cache_dir=cache_dir)
     return _as_dataset(ds, path)
+
+
+def _first_problem(files: list[str], check) -> str | None:
+    for f in files:
+        problem = check(f)
+        if problem:
+            return problem
+    return None
 
 
 def looks_like_hub_id(path: str) -> bool:

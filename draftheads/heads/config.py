@@ -113,11 +113,66 @@ class HeadsConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "HeadsConfig":
+        """Build from parsed JSON, refusing (with the key named) anything missing, unknown or of
+        the wrong type instead of failing later with a bare TypeError/KeyError."""
+        if not isinstance(data, dict):
+            raise ValueError(f"expected a JSON object of heads settings, got a JSON {_json_kind(data)}")
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
             raise ValueError(f"unknown field(s) in heads config.json: {', '.join(unknown)}")
+        _check_keys(data, _CONFIG_KEYS, "")
+        target = data.get("target")
+        if target is not None:
+            if not isinstance(target, dict):
+                raise ValueError(f"key 'target' must be an object describing the target model, got a JSON {_json_kind(target)}")
+            unknown = sorted(set(target) - {f.name for f in dataclasses.fields(TargetInfo)})
+            if unknown:
+                raise ValueError(f"unknown key(s) in 'target': {', '.join(unknown)}")
+            _check_keys(target, _TARGET_KEYS, "target.")
         return cls(**data)
 
     def digest(self) -> str:
         return hashlib.sha1(repr(sorted(self.to_dict().items())).encode()).hexdigest()[:10]
+
+
+# (type, required) of each key of config.json and of its "target" object.
+_CONFIG_KEYS: dict[str, tuple[type | tuple[type, ...], bool]] = {
+    "head_type": (str, True),
+    "num_heads": (int, True),
+    "num_layers": (int, True),
+    "hidden_size": (int, True),
+    "vocab_size": (int, True),
+    "lm_head": (str, False),
+    "format_version": (int, False),
+    "extra": (dict, False),
+}
+_TARGET_KEYS: dict[str, tuple[type | tuple[type, ...], bool]] = {
+    "model_type": (str, True),
+    "architecture": (str, True),
+    "hidden_size": (int, True),
+    "vocab_size": (int, True),
+    "num_hidden_layers": (int, True),
+    "name_or_path": (str, False),
+    "lm_head_fingerprint": (list, False),
+}
+
+
+def _json_kind(value: Any) -> str:
+    kinds = {dict: "object", list: "list", str: "string", bool: "boolean", int: "integer", float: "number"}
+    return "null" if value is None else kinds.get(type(value), type(value).__name__)
+
+
+def _check_keys(data: dict, spec: dict, prefix: str) -> None:
+    missing = [f"{prefix}{k}" for k, (_, required) in spec.items() if required and k not in data]
+    if missing:
+        raise ValueError(f"missing key(s) {', '.join(missing)}")
+    for key, (kind, _) in spec.items():
+        if key not in data:
+            continue
+        value = data[key]
+        if isinstance(value, bool) or not isinstance(value, kind):
+            want = _json_kind(kind())
+            raise ValueError(f"key {prefix}{key} must be a JSON {want}, got {_json_kind(value)} {value!r}")
+        if kind is int and key in ("num_heads", "hidden_size", "vocab_size", "num_hidden_layers") and value < 1:
+            raise ValueError(f"key {prefix}{key} must be >= 1, got {value}")

@@ -195,6 +195,10 @@ class EagleHead(nn.Module):
     dynamic_tree = True
     training_objective = "draft_steps"
     spec_options: tuple[str, ...] = ("noise",)
+    #: config.json "extra" keys the draft layer is built from (checked at load).
+    required_extra: tuple[str, ...] = (
+        "num_attention_heads", "num_key_value_heads", "head_dim", "intermediate_size", "rms_norm_eps", "rope_theta"
+    )
     #: EAGLE-3: the input fuses several target layers (no single feature to regress onto).
     fuses_layers = False
 
@@ -360,6 +364,7 @@ class Eagle3Head(EagleHead):
 
     head_type = "eagle3"
     spec_options = ("feature_layers", "draft_vocab_size")
+    required_extra = EagleHead.required_extra + ("feature_layers", "draft_vocab_size")
     fuses_layers = True
 
     def __init__(self, config: HeadsConfig) -> None:
@@ -369,6 +374,8 @@ class Eagle3Head(EagleHead):
         n_vocab = ex.get("draft_vocab_size")
         if not isinstance(n_vocab, int) or not 1 <= n_vocab <= config.vocab_size:
             raise ValueError(f"eagle3 draft_vocab_size must be an integer in 1..{config.vocab_size}, got {n_vocab!r}")
+        if config.target is not None:  # known at build time: refuse here, not in the first forward
+            check_feature_layers(list(ex["feature_layers"]), config.target.num_hidden_layers)
         super().__init__(config)
         d = config.hidden_size
         eps = ex["rms_norm_eps"]
@@ -392,7 +399,12 @@ class Eagle3Head(EagleHead):
         feature_layers = list(feature_layers) if feature_layers else default_feature_layers(layers)
         check_feature_layers(feature_layers, layers)
         vocab = TargetInfo.from_model(target).vocab_size
-        size = min(int(draft_vocab_size or 32_000), vocab)
+        if draft_vocab_size is not None and (isinstance(draft_vocab_size, bool) or not isinstance(draft_vocab_size, int)
+                                             or draft_vocab_size < 1):
+            raise ValueError(
+                f"draft_vocab_size must be a positive integer (None: 32000, capped at the vocabulary), got {draft_vocab_size!r}"
+            )
+        size = min(draft_vocab_size or 32_000, vocab)
         return super().for_target(
             target, num_heads, num_layers, feature_layers=feature_layers, draft_vocab_size=size, **extra
         )

@@ -17,6 +17,7 @@ from safetensors.torch import load_file, save_file
 
 from ..atomic import restore_interrupted_swap, write_folder_atomically, write_json_atomically  # noqa: F401 (re-exported)
 from .config import FORMAT_VERSION, HeadsConfig
+from .tree_check import tree_problem
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
@@ -55,56 +56,89 @@ def save_heads(heads: torch.nn.Module, path: str | os.PathLike, tree: list[list[
     return write_folder_atomically(path, files)
 
 
+def _not_heads_folder(path: Path, data: Any) -> str | None:
+    """What ``path`` is when it is not a heads folder but something a user easily passes instead."""
+    if (path / "heads" / CONFIG_NAME).is_file():
+        best = " (the best evaluation's in best/)" if (path / "best" / CONFIG_NAME).is_file() else ""
+        return f"this is a training run folder: the heads are in {path / 'heads'}{best}"
+    if isinstance(data, dict) and isinstance(data.get("train"), dict) and isinstance(data.get("heads"), dict):
+        return (
+            "this is a training run folder (its config.json is the run's experiment config) and it holds no "
+            f"exported heads yet: training writes them to {path / 'heads'} when it finishes"
+        )
+    if isinstance(data, dict) and "head_type" not in data and ("model_type" in data or "architectures" in data):
+        kind = data.get("model_type") or (data.get("architectures") or ["?"])[0]
+        return (
+            f"this is a model folder (a {kind} model's config.json), not a heads folder: pass the model as the "
+            "target and the folder `draftheads train` exported (config.json with head_type) as heads"
+        )
+    return None
+
+
 def read_config(path: str | os.PathLike) -> HeadsConfig:
     path = Path(path)
     restore_interrupted_swap(path)  # an export killed between its two renames: put the old copy back
     if not path.is_dir():
+        if path.is_file():
+            raise FileNotFoundError(f"{path} is a file: pass the heads folder that holds {CONFIG_NAME} and {WEIGHTS_NAME}")
         raise FileNotFoundError(f"heads folder not found: {path}")
     cfg_file = path / CONFIG_NAME
     if not cfg_file.is_file():
-        raise FileNotFoundError(f"{cfg_file} is missing: {path} is not a draftheads heads folder")
+        other = _not_heads_folder(path, None)
+        raise FileNotFoundError(f"{cfg_file} is missing: {path} is not a draftheads heads folder" + (f"; {other}" if other else ""))
     try:
         data = json.loads(cfg_file.read_text())
-    except json.JSONDecodeError as e:
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ValueError(f"{cfg_file} is not valid JSON ({e})") from None
+    other = _not_heads_folder(path, data)
+    if other:
+        raise ValueError(f"{cfg_file} is not a heads config: {other}")
+    if not isinstance(data, dict):
+        raise ValueError(f"{cfg_file}: expected a JSON object of heads settings, got a JSON list or value")
     version = data.get("format_version")
-    if not isinstance(version, int) or version > FORMAT_VERSION:
+    if isinstance(version, int) and not isinstance(version, bool) and version > FORMAT_VERSION:
         raise ValueError(
-            f"{cfg_file} has format_version {version!r}; this draftheads reads versions up to "
+            f"{cfg_file} has format_version {version}; this draftheads reads versions up to "
             f"{FORMAT_VERSION}: upgrade draftheads"
         )
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+        missing = "no format_version" if version is None else f"format_version {version!r}"
+        raise ValueError(
+            f"{cfg_file} has {missing}: a draftheads heads config has an integer format_version 1..{FORMAT_VERSION} "
+            "(is this folder an export of draftheads?)"
+        )
     types = head_types()
+    if "head_type" not in data:
+        raise ValueError(f"{cfg_file}: missing key head_type (one of {', '.join(sorted(types))})")
     if data.get("head_type") not in types:
         raise ValueError(
             f"{cfg_file}: unknown head_type {data.get('head_type')!r}; valid: {', '.join(sorted(types))}"
         )
-    return HeadsConfig.from_dict(data)
+    try:
+        config = HeadsConfig.from_dict(data)
+    except (ValueError, TypeError) as e:
+        raise ValueError(f"{cfg_file}: {e}") from None
+    missing = [k for k in getattr(types[config.head_type], "required_extra", ()) if k not in config.extra]
+    if missing:
+        raise ValueError(
+            f"{cfg_file}: {config.head_type} heads need key(s) {', '.join('extra.' + k for k in missing)} "
+            "(their draft layer's geometry and inputs); re-export the heads with draftheads"
+        )
+    return config
 
 
 def read_tree(path: str | os.PathLike) -> tuple[list[list[int]] | dict | None, int | None]:
-    """The calibrated tree and draft vocabulary size saved by `draftheads calibrate`, if any."""
+    """The calibrated tree and draft vocabulary size saved by `draftheads calibrate`, if any
+    (parsed only: `load_heads` checks that they fit the heads)."""
     tree_file = Path(path) / TREE_NAME
     if not tree_file.is_file():
         return None, None
     try:
         data = json.loads(tree_file.read_text())
         tree = data["tree"]
-    except (json.JSONDecodeError, KeyError, TypeError) as e:
-        raise ValueError(f"{tree_file} is not a valid tree file ({e!r})") from None
-    if isinstance(tree, dict):  # a dynamic (EAGLE-2) tree: its settings
-        unknown = sorted(set(tree) - {"total_tokens", "depth", "top_k", "draft_vocab_size"})
-        bad = [k for k, v in tree.items() if not (isinstance(v, int) and v >= 1) and not (k == "draft_vocab_size" and v is None)]
-        if unknown or bad:
-            raise ValueError(
-                f"{tree_file}: a dynamic tree takes positive integers total_tokens, depth, top_k (and draft_vocab_size) "
-                f"(unknown: {unknown}, not positive integers: {bad})"
-            )
-    elif not isinstance(tree, list) or not all(isinstance(p, list) and all(isinstance(r, int) for r in p) for p in tree):
-        raise ValueError(f"{tree_file}: 'tree' must be a list of paths (lists of ranks) or dynamic-tree settings")
-    vocab = data.get("draft_vocab_size")
-    if vocab is not None and (not isinstance(vocab, int) or vocab < 1):
-        raise ValueError(f"{tree_file}: 'draft_vocab_size' must be a positive integer or null, got {vocab!r}")
-    return tree, vocab
+    except (json.JSONDecodeError, KeyError, TypeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{tree_file} is not a valid tree file ({e!r}); delete it or run draftheads calibrate again") from None
+    return tree, data.get("draft_vocab_size")
 
 
 def load_heads(
@@ -124,7 +158,10 @@ def load_heads(
         state = load_file(str(weights))
     except (SafetensorError, OSError, ValueError) as e:
         raise ValueError(f"{weights} is not a readable safetensors file (truncated or corrupt?): {e}") from None
-    heads = head_types()[config.head_type](config)
+    try:
+        heads = head_types()[config.head_type](config)
+    except (ValueError, TypeError, KeyError) as e:
+        raise ValueError(f"{path / CONFIG_NAME}: {config.head_type} heads cannot be built from it ({e})") from None
     expected = heads.state_dict()
     missing = sorted(set(expected) - set(state))
     unexpected = sorted(set(state) - set(expected))
@@ -149,6 +186,10 @@ def load_heads(
         except ValueError as e:
             raise ValueError(f"{weights}: {e}") from None
     heads.tree, heads.draft_vocab_size = read_tree(path)
+    if heads.tree is not None or heads.draft_vocab_size is not None:
+        problem = tree_problem(heads, heads.tree, heads.draft_vocab_size)
+        if problem:
+            raise ValueError(f"{path / TREE_NAME}: {problem}; fix it, delete it or run draftheads calibrate again")
     if target is not None:
         heads.bind_target(target)
         ref = target.get_output_embeddings().weight

@@ -253,7 +253,7 @@ def calibrate(
     from .decoder import SpeculativeDecoder
 
     decoder = SpeculativeDecoder(target, heads)  # the continuation is the target's, only faster
-    sequences = [decoder.generate(p, max_new_tokens=new_tokens, eos_token_id=[]).sequences[0] for p in prompts]
+    sequences = [decoder.generate(p, max_new_tokens=new_tokens, temperature=0.0, eos_token_id=[]).sequences[0] for p in prompts]
     skip = [p.shape[-1] for p in prompts]
     sizes = sizes or [n for n in (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64) if n <= max_nodes + 1]
     context = min(256, max(int(s.numel()) for s in sequences))
@@ -331,14 +331,14 @@ def calibrate_dynamic_tree(
     decoders = [SpeculativeDecoder(target, heads, tree=s, check_model=(i == 0)) for i, s in enumerate(settings)]
     for p in prompts[:1]:  # warm-up
         for d in decoders:
-            d.generate(p, max_new_tokens=8, eos_token_id=[])
+            d.generate(p, max_new_tokens=8, temperature=0.0, eos_token_id=[])
     seconds = [0.0] * len(settings)
     tokens = [0] * len(settings)
     steps = [0] * len(settings)
     for _ in range(rounds):
         for p in prompts:
             for i, d in enumerate(decoders):
-                out = d.generate(p, max_new_tokens=new_tokens, eos_token_id=[])
+                out = d.generate(p, max_new_tokens=new_tokens, temperature=0.0, eos_token_id=[])
                 seconds[i] += out.decode_seconds
                 tokens[i] += out.num_new_tokens - 1  # the first token comes from the prefill
                 steps[i] += len(out.accept_lengths)

@@ -5,6 +5,7 @@ Read it top to bottom: everything a step does is in `generate`.
 from __future__ import annotations
 
 import inspect
+import operator
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -14,7 +15,7 @@ from transformers import DynamicCache
 
 from ..heads.config import text_config
 from .proposers import Proposer
-from .sampling import SamplingParams, sample
+from .sampling import resolve_sampling, sample, warn_unapplied_settings
 from .tree import TreeShape
 from .verify import TreeVerifier, check_tree_attention, commit, select_features
 
@@ -60,6 +61,17 @@ def _last_logits_only(model: torch.nn.Module) -> dict[str, int]:
 _KEEPS_LAST: dict[Any, bool] = {}
 
 
+def _whole_number(value: Any, name: str) -> int:
+    """``value`` as an int if it is one (numpy and 0-d tensor ints too), else a named error: a
+    float like 2.5 must not be truncated or break the loop's bookkeeping halfway."""
+    try:
+        if isinstance(value, bool):
+            raise TypeError
+        return operator.index(value)
+    except TypeError:
+        raise ValueError(f"{name} must be a whole number, got {type(value).__name__} {value!r}") from None
+
+
 class SpeculativeDecoder:
     """Lossless speculative decoding of ``target`` with any proposer (or heads, wrapped as one).
 
@@ -89,32 +101,38 @@ class SpeculativeDecoder:
         if check_model:
             check_tree_attention(target, self.verifier)
         self.max_positions = getattr(text_config(target), "max_position_embeddings", None)
+        warn_unapplied_settings(getattr(target, "generation_config", None))
 
     @torch.inference_mode()
     def generate(
         self,
         input_ids: torch.Tensor,
         max_new_tokens: int = 128,
-        temperature: float = 0.0,
-        top_p: float = 1.0,
-        top_k: int = 0,
+        temperature: float | None = None,
+        top_p: float | None = None,
+        top_k: int | None = None,
         eos_token_id: int | list[int] | None = None,
         streamer: Any = None,
         generator: torch.Generator | None = None,
         seed: int | None = None,
         acceptance: str = "exact",
+        do_sample: bool | None = None,
     ) -> SpeculativeOutput:
-        """Like ``target.generate`` for one sequence. ``eos_token_id=None`` uses the target's
-        generation config, as `generate` does; pass ``[]`` to never stop early.
+        """Like ``target.generate`` for one sequence. Every setting left ``None`` comes from the
+        target's generation config, as in `generate`: ``eos_token_id`` (pass ``[]`` to never stop
+        early), greedy or sampling (``do_sample``; unset = greedy), and when sampling its
+        ``temperature``, ``top_k``, ``top_p`` (transformers' defaults 1.0, 50, 1.0 where it has none).
+        ``temperature=0`` is always greedy, an explicit ``temperature > 0`` always samples.
 
         ``acceptance="typical"`` switches sampling to Medusa's typical acceptance: more tokens per
         step, but LOSSY (not the target's distribution). The default, "exact", is lossless."""
         if acceptance not in ("exact", "typical"):
             raise ValueError(f"acceptance must be 'exact' or 'typical', got {acceptance!r}")
-        if acceptance == "typical" and temperature == 0:
+        params = resolve_sampling(getattr(self.target, "generation_config", None), do_sample, temperature, top_k, top_p)
+        if acceptance == "typical" and params.greedy:
             raise ValueError("typical acceptance needs temperature > 0 (at temperature 0 decoding is greedy and exact)")
+        max_new_tokens = _whole_number(max_new_tokens, "max_new_tokens")
         input_ids = self._check_inputs(input_ids, max_new_tokens)
-        params = SamplingParams(temperature, top_k, top_p)
         if generator is None and seed is not None:
             generator = torch.Generator().manual_seed(seed)
         eos = _eos_set(self.target, eos_token_id)

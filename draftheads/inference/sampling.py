@@ -6,7 +6,9 @@ than re-deriving their tie and threshold rules.
 """
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from transformers.generation.logits_process import (
@@ -53,6 +55,89 @@ class SamplingParams:
         scores = scores.reshape(-1, shape[-1])
         scores = self.warpers()(None, scores)
         return torch.softmax(scores, dim=-1).reshape(shape)
+
+
+#: transformers' global defaults for what a model's generation config leaves unset
+#: (`GenerationConfig._get_default_generation_params`): greedy unless asked, and when sampling
+#: temperature 1, top-k 50, top-p 1.
+GENERATE_DEFAULTS = {"do_sample": False, "temperature": 1.0, "top_k": 50, "top_p": 1.0}
+
+#: Generation-config settings that make `generate` apply a logits processor we do not apply, with
+#: their neutral values (None always neutral): decoding ignores them and says so.
+_UNAPPLIED = {
+    "repetition_penalty": (1.0,),
+    "encoder_repetition_penalty": (1.0,),
+    "no_repeat_ngram_size": (0,),
+    "min_length": (0,),
+    "min_new_tokens": (0,),
+    "min_p": (),
+    "typical_p": (1.0,),
+    "epsilon_cutoff": (0.0,),
+    "eta_cutoff": (0.0,),
+    "top_h": (),
+    "bad_words_ids": (),
+    "suppress_tokens": (),
+    "begin_suppress_tokens": (),
+    "sequence_bias": (),
+    "exponential_decay_length_penalty": (),
+}
+
+
+def _setting(generation_config: Any, name: str) -> Any:
+    value = getattr(generation_config, name, None)
+    return GENERATE_DEFAULTS[name] if value is None else value
+
+
+def resolve_sampling(
+    generation_config: Any,
+    do_sample: bool | None = None,
+    temperature: float | None = None,
+    top_k: int | None = None,
+    top_p: float | None = None,
+) -> SamplingParams:
+    """The sampling settings `target.generate(...)` would use for the same arguments: each one left
+    ``None`` comes from the target's generation config, then from transformers' defaults.
+
+    Greedy or sampling: an explicit ``temperature`` decides it (0 = greedy, > 0 = sampling, as
+    this API always meant); otherwise ``do_sample``, otherwise the generation config's
+    ``do_sample`` (unset = greedy, as in `generate`). A sampling temperature of 0 from the config
+    is greedy too. When greedy, top-k/top-p do not matter and are ignored, as `generate` does."""
+    if do_sample is not None and temperature is not None and do_sample != (temperature > 0):
+        raise ValueError(
+            f"do_sample={do_sample} contradicts temperature={temperature} (temperature 0 means greedy, > 0 "
+            "means sampling): give one of them"
+        )
+    if temperature is not None:
+        sampling = temperature > 0
+    elif do_sample is not None:
+        sampling = bool(do_sample)
+    else:
+        sampling = bool(_setting(generation_config, "do_sample"))
+    if not sampling:
+        return SamplingParams(0.0)
+    return SamplingParams(
+        temperature=float(_setting(generation_config, "temperature") if temperature is None else temperature),
+        top_k=int(_setting(generation_config, "top_k") if top_k is None else top_k),
+        top_p=float(_setting(generation_config, "top_p") if top_p is None else top_p),
+    )
+
+
+def warn_unapplied_settings(generation_config: Any) -> None:
+    """Warn about generation-config settings whose logits processors `generate` would apply and we
+    do not: with them, "the same tokens/distribution as `generate`" holds only without them."""
+    found = {}
+    for name, neutral in _UNAPPLIED.items():
+        value = getattr(generation_config, name, None)
+        if value is not None and value not in neutral and value != []:
+            found[name] = value
+    if found:
+        settings = ", ".join(f"{k}={v!r}" for k, v in found.items())
+        warnings.warn(
+            f"the target's generation config sets {settings}: SpeculativeDecoder applies only temperature, "
+            "top-k and top-p, so its output follows the target's distribution WITHOUT these settings "
+            "(target.generate would apply them)",
+            stacklevel=3,
+        )
 
 
 def sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:

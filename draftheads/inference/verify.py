@@ -30,17 +30,63 @@ class Acceptance:
     next_token: int  # the target's token after the path (bonus or residual sample): next step's root
 
 
-def _layer_windows(model: torch.nn.Module) -> list[int | None]:
-    """Sliding window of each attention layer (None = full attention), read from the config."""
+#: Layer types whose attention a tree mask can express; anything else (linear attention, state-space
+#: or convolution layers) keeps a recurrent state that cannot branch over a tree.
+ATTENTION_LAYER_TYPES = ("full_attention", "sliding_attention", "chunked_attention")
+
+
+@dataclass(frozen=True)
+class AttentionSpan:
+    """What one attention layer lets a query at position q see besides causality: the last
+    ``window`` positions (sliding window: k > q - window), or only its own chunk of ``chunk``
+    positions (chunked attention, Llama 4: k // chunk == q // chunk). Neither = full attention."""
+
+    window: int | None = None
+    chunk: int | None = None
+
+    @property
+    def size(self) -> int | None:
+        return self.window or self.chunk
+
+    def limits(self, end: int) -> bool:
+        """Whether the span hides anything from queries at positions below ``end``."""
+        return self.size is not None and end > self.size
+
+
+def _model_name(model: torch.nn.Module) -> str:
+    model_type = getattr(text_config(model), "model_type", None)
+    return f"{type(model).__name__} (model_type {model_type!r})" if model_type else type(model).__name__
+
+
+def layer_spans(model: torch.nn.Module) -> dict[str, AttentionSpan]:
+    """The attention span of each layer type of ``model`` (read from its config), keyed by the
+    name its forward uses for a per-layer-type mask dict (``""`` for models without layer types).
+
+    Refuses models with non-attention layers: a tree forward would feed every node through their
+    recurrent state in sequence (siblings would see each other) and there is no cheap way to roll
+    that state back to the accepted path."""
     cfg = text_config(model)
-    n = cfg.num_hidden_layers
     window = getattr(cfg, "sliding_window", None)
+    chunk = getattr(cfg, "attention_chunk_size", None)
     layer_types = getattr(cfg, "layer_types", None)
     if layer_types:
-        return [window if t == "sliding_attention" else None for t in layer_types]
+        other = sorted(set(layer_types) - set(ATTENTION_LAYER_TYPES))
+        if other:
+            raise UnsupportedModelError(
+                f"{_model_name(model)} has layers of type {other} (linear attention, state-space, convolution "
+                "or hybrid layers): they carry a recurrent state that one forward over a tree of candidates would "
+                "run through every node in order (siblings would see each other), and that cannot be rolled back "
+                "to the accepted path. Speculative decoding with draftheads needs a model whose layers are all "
+                f"attention ({', '.join(ATTENTION_LAYER_TYPES)})"
+            )
+        spans = {"full_attention": AttentionSpan(), "sliding_attention": AttentionSpan(window=window),
+                 "chunked_attention": AttentionSpan(chunk=chunk)}
+        return {t: spans[t] for t in dict.fromkeys(layer_types)}
+    if chunk:
+        return {"": AttentionSpan(chunk=chunk)}
     if window and getattr(cfg, "use_sliding_window", True):
-        return [window] * n
-    return [None] * n
+        return {"": AttentionSpan(window=window)}
+    return {"": AttentionSpan()}
 
 
 def tree_attention_mask(
@@ -49,15 +95,20 @@ def tree_attention_mask(
     dtype: torch.dtype,
     device: torch.device,
     window: int | None = None,
+    chunk: int | None = None,
 ) -> torch.Tensor:
-    """Additive mask [1, 1, n, prefix_len + n] for one tree forward."""
+    """Additive mask [1, 1, n, prefix_len + n] for one tree forward; ``window``/``chunk`` as in
+    `AttentionSpan`, applied to the nodes' positions (prefix length + depth)."""
     n = shape.size
     visible = torch.ones(n, prefix_len + n, dtype=torch.bool)
     visible[:, prefix_len:] = shape.ancestor_mask
-    if window is not None:
+    if window is not None or chunk is not None:
         q_pos = prefix_len + shape.depth
         k_pos = torch.cat([torch.arange(prefix_len), prefix_len + shape.depth])
-        visible &= (q_pos[:, None] - k_pos[None, :]) < window
+        if window is not None:
+            visible &= (q_pos[:, None] - k_pos[None, :]) < window
+        if chunk is not None:
+            visible &= (q_pos[:, None] // chunk) == (k_pos[None, :] // chunk)
     mask = torch.zeros(n, prefix_len + n, dtype=dtype)
     mask.masked_fill_(~visible, torch.finfo(dtype).min)
     return mask.to(device)[None, None]
@@ -87,9 +138,7 @@ class TreeVerifier:
     def __init__(self, target: torch.nn.Module, feature_layers: list[int] | None = None) -> None:
         self.target = target
         self.feature_layers = feature_layers
-        windows = _layer_windows(target)
-        self.windows = sorted({w for w in windows}, key=lambda w: (w is not None, w or 0))
-        self.mixed_layers = len(self.windows) > 1
+        self.spans = layer_spans(target)  # refuses models with non-attention layers
         self.cache_arg = cache_kwarg(target)
 
     # -- the forward ------------------------------------------------------------------------------
@@ -97,8 +146,8 @@ class TreeVerifier:
         dtype = self.target.dtype
         device = self.target.device
         total = prefix_len + shape.max_depth + 1
-        needs_window = [w for w in self.windows if w is not None and total > w]
-        if not needs_window:
+        limiting = {name: span for name, span in self.spans.items() if span.limits(total)}
+        if not limiting:
             if all(p == i - 1 for i, p in enumerate(shape.parents)):
                 # A chain (draft-model and prompt-lookup drafts; a root-only tree is a plain decoding
                 # step) needs no tree mask: its tree mask IS the causal mask. Passing none, as
@@ -106,12 +155,17 @@ class TreeVerifier:
                 # (building and applying our 4D mask cost ~3% of a one-token step on the demo target).
                 return None
             return tree_attention_mask(shape, prefix_len, dtype, device)
-        if not self.mixed_layers:
-            return tree_attention_mask(shape, prefix_len, dtype, device, window=self.windows[0])
-        # Models mixing full and sliding layers (Gemma 2/3, Qwen2 with windows) take one mask per layer type.
+        if len(self.spans) == 1:
+            (span,) = self.spans.values()
+            return tree_attention_mask(shape, prefix_len, dtype, device, window=span.window, chunk=span.chunk)
+        # Models mixing layer types (Gemma 2/3, Qwen2 with windows: sliding + full; Llama 4: chunked +
+        # full) take one mask per layer type.
+        none = AttentionSpan()
         return {
-            "full_attention": tree_attention_mask(shape, prefix_len, dtype, device),
-            "sliding_attention": tree_attention_mask(shape, prefix_len, dtype, device, window=needs_window[0]),
+            name: tree_attention_mask(
+                shape, prefix_len, dtype, device, window=limiting.get(name, none).window, chunk=limiting.get(name, none).chunk
+            )
+            for name in self.spans
         }
 
     def forward(self, cache: DynamicCache, tree: Tree, prefix_len: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -243,38 +297,88 @@ def commit(cache: DynamicCache, prefix_len: int, path: torch.Tensor) -> None:
         layer.values = values[..., : prefix_len + m, :]
 
 
-def check_tree_attention(target: torch.nn.Module, verifier: TreeVerifier | None = None) -> None:
-    """Probe once that ``target`` honours a custom 4D mask: score a 3-node tree (root with two
-    sibling children) and compare the second child's logits with a plain forward over its path.
+#: The probe always looks this far into a sequence, besides every declared window and chunk size:
+#: a model whose mask goes wrong only past some undeclared position is caught if that is below it.
+PROBE_PREFIX = 256
 
-    A model that ignores or rebuilds the mask lets the second child see its sibling and fails."""
+
+def probe_prefix_lengths(target: torch.nn.Module) -> list[int]:
+    """Prefix lengths at which `check_tree_attention` scores its tree: a short one, `PROBE_PREFIX`,
+    and around every window/chunk size s the config declares (read from the config itself, not
+    from the verifier being checked): prefix s-1 puts the root on the last position of the first
+    window/chunk and its children on the first outside, prefix s+2 puts the whole tree past it."""
+    cfg = text_config(target)
+    layer_types = getattr(cfg, "layer_types", None) or ()
+    sizes = []
+    # Only spans the config switches on: Qwen2 declares a sliding_window of 32k-128k that it does
+    # not use (use_sliding_window false), and probing there would cost a 32k-token prefill.
+    window = getattr(cfg, "sliding_window", None)
+    if getattr(cfg, "use_sliding_window", True) is not False and (not layer_types or "sliding_attention" in layer_types):
+        sizes.append(window)
+    chunk = getattr(cfg, "attention_chunk_size", None)
+    if not layer_types or "chunked_attention" in layer_types:
+        sizes.append(chunk)
+    lengths = {4, PROBE_PREFIX}
+    for size in sizes:
+        if isinstance(size, int) and size > 0:
+            lengths |= {size - 1, size + 2}
+    max_positions = getattr(cfg, "max_position_embeddings", None)
+    if max_positions is not None:  # the tree adds two positions after the prefix
+        lengths = {min(n, max_positions - 2) for n in lengths}
+    return sorted(n for n in lengths if n >= 1)
+
+
+def _keep_last(model: torch.nn.Module, n: int) -> dict[str, int]:
+    """Ask only for the last ``n`` positions' logits where the forward allows it (a long probe
+    prefix times a large vocabulary would otherwise allocate gigabytes of fp32 logits)."""
+    return {"logits_to_keep": n} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
+
+
+def check_tree_attention(target: torch.nn.Module, verifier: TreeVerifier | None = None) -> None:
+    """Probe once that ``target`` honours our tree masks: score a 3-node tree (root with two
+    sibling children) after prefixes of several lengths (`probe_prefix_lengths`) and compare every
+    node's logits with a plain forward over its path.
+
+    A model that ignores or rebuilds the mask lets the second child see its sibling and fails; a
+    mask that is wrong only far into a sequence (a window or chunk we do not apply) fails at the
+    longer prefixes."""
     verifier = verifier or TreeVerifier(target)
     device = target.device
     vocab = target.get_output_embeddings().weight.shape[0]
+    lengths = probe_prefix_lengths(target)
     gen = torch.Generator().manual_seed(1234)
-    prompt = torch.randint(0, vocab, (1, 4), generator=gen).to(device)
+    sequence = torch.randint(0, vocab, (1, lengths[-1]), generator=gen).to(device)
     tokens = torch.randint(0, vocab, (3,), generator=gen)
     tree = Tree(TreeShape((-1, 0, 0)), tokens)
-    with torch.no_grad():
-        cache = DynamicCache()
-        target(input_ids=prompt, use_cache=True, **{verifier.cache_arg: cache})
-        try:
-            tree_logits, _ = verifier.forward(cache, tree, prompt.shape[1])
-        except Exception as e:  # noqa: BLE001 - any failure here means the same thing to the user
-            raise UnsupportedModelError(
-                f"{type(target).__name__} failed on a forward with a custom 4D attention mask "
-                f"({type(e).__name__}: {e}); tree verification needs a model whose forward accepts "
-                "`attention_mask` of shape [batch, 1, q_len, kv_len]"
-            ) from e
-        path_ids = torch.cat([prompt, tokens[[0, 2]].to(device)[None]], dim=1)
-        reference = target(input_ids=path_ids).logits[0, -1].float()
-    got = tree_logits[2].float()
-    err = float((got - reference).abs().max())
-    scale = float(reference.abs().max()) + 1e-6
     tol = 1e-3 if target.dtype == torch.float32 else 5e-2
-    if err > tol * scale:
-        raise UnsupportedModelError(
-            f"{type(target).__name__} does not honour a custom 4D attention mask (a tree node's logits "
-            f"differ from a plain forward over its path by {err:.3g}); tree verification would be wrong. "
-            "Try attn_implementation='eager' or 'sdpa', or a model whose forward accepts a 4D mask."
-        )
+    for prefix_len in lengths:
+        prompt = sequence[:, :prefix_len]
+        with torch.no_grad():
+            try:
+                cache = DynamicCache()
+                target(input_ids=prompt, use_cache=True, **{verifier.cache_arg: cache}, **_keep_last(target, 1))
+                tree_logits, _ = verifier.forward(cache, tree, prefix_len)
+            except Exception as e:  # noqa: BLE001 - any failure here means the same thing to the user
+                raise UnsupportedModelError(
+                    f"{_model_name(target)} failed on a prefill and a forward with a custom 4D attention mask "
+                    f"({type(e).__name__}: {e}); tree verification needs a model whose forward takes a "
+                    f"`{verifier.cache_arg}` cache and an `attention_mask` of shape [batch, 1, q_len, kv_len]"
+                ) from e
+            first = torch.cat([prompt, tokens[[0, 1]].to(device)[None]], dim=1)
+            second = torch.cat([prompt, tokens[[0, 2]].to(device)[None]], dim=1)
+            ref_01 = target(input_ids=first, **_keep_last(target, 2)).logits[0, -2:]
+            ref_2 = target(input_ids=second, **_keep_last(target, 1)).logits[0, -1:]
+        reference = torch.cat([ref_01, ref_2]).float()
+        err = float((tree_logits.float() - reference).abs().max())
+        scale = float(reference.abs().max()) + 1e-6
+        if err > tol * scale:
+            where = (
+                "" if prefix_len == lengths[0] else
+                f" after a {prefix_len}-token prefix (correct after {lengths[0]} tokens: the model limits attention "
+                "far into a sequence, e.g. a sliding window or chunks, in a way draftheads does not reproduce)"
+            )
+            raise UnsupportedModelError(
+                f"{_model_name(target)} does not honour a custom 4D attention mask{where}: a tree node's logits "
+                f"differ from a plain forward over its path by {err:.3g}, so tree verification would be wrong. "
+                "Try attn_implementation='eager' or 'sdpa', or a model whose forward accepts a 4D mask."
+            )

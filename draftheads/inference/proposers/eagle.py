@@ -60,6 +60,9 @@ class EagleProposer(Proposer):
                 weight = head._target(1).weight[ids.to(head._target(1).weight.device)].detach()
                 self._logits = lambda state: torch.nn.functional.linear(state.to(weight.dtype), weight)
         self.vocab_ids = None if ids is None else ids.cpu()  # draft index -> target id
+        drafted = head.config.vocab_size if ids is None else ids.numel()
+        if top_k > drafted:  # topk would fail in the first decode step
+            raise ValueError(f"EAGLE tree setting top_k {top_k} exceeds the {drafted} tokens the head drafts from")
         self._vocab_ids_dev = None if ids is None else ids.to(self.device)
         self._cache: list[tuple[torch.Tensor, torch.Tensor]] | None = None
         self._cached = 0  # draft-cache rows: positions whose (feature, next token) were fed

@@ -40,6 +40,13 @@ class MedusaProposer(Proposer):
         self.vocab_ids = heads.draft_vocab(draft_vocab_size)
         if self.vocab_ids is not None:
             self.vocab_ids = self.vocab_ids.to(self.heads_device)
+        drafted = heads.config.vocab_size if self.vocab_ids is None else self.vocab_ids.numel()
+        rank = max(self.shape.ranks[1:], default=-1)
+        if rank >= drafted:  # topk would fail in the first decode step
+            raise ValueError(
+                f"the tree takes rank {rank}, but the heads draft from {drafted} tokens "
+                f"({'the whole vocabulary' if self.vocab_ids is None else 'draft_vocab_size'}): ranks are 0..{drafted - 1}"
+            )
         self._projections = [self._projection(k) for k in range(heads.config.num_heads)]
         self._last_hidden: torch.Tensor | None = None
         self._index_cache: dict[int, tuple[TreeShape, torch.Tensor, torch.Tensor, int]] = {}
