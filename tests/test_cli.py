@@ -1,3 +1,4 @@
+import re
 """`draftheads generate` and `draftheads calibrate` end to end on a tiny saved model."""
 from __future__ import annotations
 
@@ -51,7 +52,9 @@ def test_generate_with_a_draft_model_reports_its_draft_lengths(tiny_target_dir, 
     ref = target.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=10,
                           pad_token_id=tiny_tokenizer.pad_token_id)
     assert captured.out.strip() == tiny_tokenizer.decode(ref[0, ids.shape[1]:], skip_special_tokens=True).strip()
-    assert "draft length: mean" in captured.err and "plain (fallback) steps 0" in captured.err
+    # How many steps fall back to plain decoding is a timing decision (adaptive draft length
+    # compares measured step times), so the test checks that the count is reported, not its value.
+    assert "draft length: mean" in captured.err and re.search(r"plain \(fallback\) steps \d+", captured.err)
     assert "acceptance by draft position" in captured.err
 
 
