@@ -1,8 +1,8 @@
-import re
 """`draftheads generate` and `draftheads calibrate` end to end on a tiny saved model."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
