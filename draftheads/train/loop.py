@@ -34,6 +34,7 @@ from ..device import (
     resolve_mixed_precision,
 )
 from .checkpoint import export_heads, load_checkpoint, register_heads_only, resolve_resume, save_checkpoint
+from .export_tree import SAMPLE_ROWS, write_export_tree
 from .metrics import HeadStats, format_heads, ranks_for, static_tree
 from .model import TargetWithHeads
 from .tracking import init_trackers, prepare_tracker
@@ -237,6 +238,13 @@ def run(cfg: ExperimentConfig) -> TrainResult:
     heads_dir = output_dir / "heads"
     with timer("export"):
         export_heads(accelerator, model, heads_dir)
+    with timer("choose_tree"):  # heads leave training ready to decode fast: tree + draft vocabulary
+        sample_ds = eval_ds if eval_ds is not None and len(eval_ds) else train_ds
+        rows = [torch.as_tensor(sample_ds[i]["input_ids"]) for i in range(min(SAMPLE_ROWS, len(sample_ds)))]
+        chosen_tree = write_export_tree(
+            accelerator, model, heads_dir, rows, final_eval.get("eval/rank_accuracy"),
+            skip_reason="ZeRO-3 shards the target across processes" if zero3 else None,
+        )
     metrics = {
         "step": step,
         "max_steps": max_steps,
@@ -251,6 +259,7 @@ def run(cfg: ExperimentConfig) -> TrainResult:
         "train_tokens_per_second": window.total_tokens / window.total_seconds if window.total_seconds else 0.0,
         "stage_seconds": timer.seconds,
         "data": data_stats.as_dict(),
+        "tree": chosen_tree,  # what write_export_tree put in heads/tree.json (None: device default)
     }
     if accelerator.is_main_process:
         _write_json(output_dir / "metrics.json", metrics)
