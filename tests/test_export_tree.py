@@ -11,7 +11,7 @@ import torch
 
 import draftheads as dh
 from draftheads.heads.io import read_tree
-from draftheads.inference.default_tree import DYNAMIC_DEFAULTS, device_default, large_static_choices, resolve_tree
+from draftheads.inference.default_tree import DYNAMIC_DEFAULTS, large_static_choices, resolve_tree, tree_source
 from draftheads.inference.tree import default_choices
 from draftheads.train import export_tree
 
@@ -60,9 +60,11 @@ def test_a_tree_chosen_by_training_applies_on_its_device_type_only(tmp_path):
     tree_file = tmp_path / "h" / "tree.json"
     chosen = [[0], [0, 0]]
 
+    assert tree_source(heads, "cpu") == "device default"
     tree_file.write_text(json.dumps({"tree": chosen, "chosen_by": "training", "device_type": "cuda"}))
     loaded = dh.load_heads(tmp_path / "h", target=target)
     assert _choices(dh.SpeculativeDecoder(target, loaded)) == _sorted(default_choices(3))  # chosen for a GPU
+    assert tree_source(loaded, "cpu") == "device default" and tree_source(loaded, "cuda") == "training"
     assert resolve_tree(loaded, "cuda") == chosen
 
     tree_file.write_text(json.dumps({"tree": chosen, "chosen_by": "training", "device_type": "cpu"}))
@@ -71,6 +73,7 @@ def test_a_tree_chosen_by_training_applies_on_its_device_type_only(tmp_path):
     tree_file.write_text(json.dumps({"tree": chosen}))  # calibrated: used whatever the device
     loaded = dh.load_heads(tmp_path / "h", target=target)
     assert resolve_tree(loaded, "cuda") == chosen and resolve_tree(loaded, "cpu") == chosen
+    assert tree_source(loaded, "cuda") == "calibration"
 
 
 def test_a_dynamic_tree_for_another_device_keeps_its_draft_vocabulary():

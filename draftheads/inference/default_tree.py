@@ -47,6 +47,18 @@ def device_default(heads: torch.nn.Module, device: torch.device | str) -> list[l
     return large_static_choices(num_heads) if kind == "cuda" else default_choices(num_heads)
 
 
+def tree_source(heads: torch.nn.Module, device: torch.device | str) -> str:
+    """Where ``resolve_tree``'s answer comes from: "calibration" (or a tree set by hand),
+    "training" or "device default" (for reports)."""
+    saved = getattr(heads, "tree", None)
+    origin = getattr(heads, "tree_origin", None) or {}
+    if saved is None:
+        return "device default"
+    if origin.get("chosen_by") != CHOSEN_BY_TRAINING:
+        return "calibration"
+    return "training" if origin.get("device_type") in (None, torch.device(device).type) else "device default"
+
+
 def resolve_tree(heads: torch.nn.Module, device: torch.device | str) -> list[list[int]] | dict:
     """The tree ``heads`` should draft on ``device`` when the caller gave none.
 
@@ -54,10 +66,7 @@ def resolve_tree(heads: torch.nn.Module, device: torch.device | str) -> list[lis
     device default. For dynamic trees the saved draft vocabulary restriction is kept either way
     (it trades acceptance for drafting cost and does not depend on the tree's size)."""
     saved = getattr(heads, "tree", None)
-    origin = getattr(heads, "tree_origin", None) or {}
-    kind = torch.device(device).type
-    stale = origin.get("chosen_by") == CHOSEN_BY_TRAINING and origin.get("device_type") not in (None, kind)
-    if saved is not None and not stale:
+    if tree_source(heads, device) != "device default":
         return saved
     tree = device_default(heads, device)
     if isinstance(tree, dict) and isinstance(saved, dict) and saved.get("draft_vocab_size"):
