@@ -175,6 +175,7 @@ def test_training_exports_heads_with_a_tree_chosen_by_training(tmp_path, tiny_ta
     }, [])
     result = run(cfg)
     data = json.loads((result.heads_dir / "tree.json").read_text())
+    assert (result.heads_dir / "tree.json").stat().st_mode & 0o044 == 0o044  # readable like the weights
     assert data["chosen_by"] == "training" and data["device_type"] == "cpu"
     assert "draft_vocab_size" in data and "expected_speedup" in data
     final = json.loads((Path(cfg.train.output_dir) / "metrics.json").read_text())

@@ -61,6 +61,7 @@ def write_json_atomically(path: str | os.PathLike, data: Any) -> None:
     with os.fdopen(fd, "w") as f:
         json.dump(data, f, indent=2)
         f.write("\n")
+    os.chmod(tmp, 0o644)  # mkstemp creates owner-only files; this is an ordinary file of the heads folder
     os.replace(tmp, path)
 
 
