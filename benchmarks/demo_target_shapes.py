@@ -176,6 +176,34 @@ def measure_costs(probes: dict[str, CostProbe], rounds: int) -> dict[str, dict]:
     return out
 
 
+def train_cpu_ms_per_token(shape: str, steps: int) -> float:
+    """CPU milliseconds per training token (process time, 1 thread) of the build recipe's step
+    (batch x seq_len, AdamW) on random weights: process time hardly moves with other jobs'
+    load, so it estimates the build time on free cores (divide by the thread speed-up)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    spec = spec_for(shape)
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=spec.vocab_size, hidden_size=spec.hidden_size, intermediate_size=spec.resolved_intermediate_size(),
+        num_hidden_layers=spec.num_layers, num_attention_heads=spec.num_heads,
+        num_key_value_heads=spec.num_kv_heads or spec.num_heads, max_position_embeddings=spec.seq_len,
+        tie_word_embeddings=spec.tie_embeddings, attn_implementation="sdpa",
+    )
+    model = LlamaForCausalLM(config).train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    batch = torch.randint(3, spec.vocab_size, (spec.batch_size, spec.seq_len))
+    times = []
+    for i in range(steps + 1):
+        t0 = time.process_time()
+        model(input_ids=batch, labels=batch).loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if i:  # the first step allocates
+            times.append(time.process_time() - t0)
+    return statistics.median(times) * 1000 / batch.numel()
+
+
 # -- quality ----------------------------------------------------------------------------------------
 def heldout_prompts(tokenizer, count: int, prompt_tokens: int) -> list[torch.Tensor]:
     """The bench's default prompts: the first ``prompt_tokens`` tokens of held-out files."""
@@ -239,6 +267,7 @@ def main() -> None:
     parser.add_argument("--prompt-tokens", type=int, default=128)
     parser.add_argument("--new-tokens", type=int, default=96)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--train-steps", type=int, default=0, help="also time N build-recipe training steps per shape")
     parser.add_argument("--out", help="folder for results.json and results.md")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -252,6 +281,8 @@ def main() -> None:
     for s, (model, tok, meta) in loaded.items():
         row = {"shape": s, "built": meta is not None, "parameters": sum(p.numel() for p in model.parameters()),
                **costs[s]}
+        if args.train_steps:
+            row["train_cpu_ms_per_token"] = train_cpu_ms_per_token(s, args.train_steps)
         if meta is not None:
             row.update(heldout_loss=meta["heldout_loss"], tokens_trained=meta["tokens_trained"],
                        build_seconds=meta["wall_time_s"], train_tokens_per_second=meta["train_tokens_per_second"],
