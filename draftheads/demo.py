@@ -604,16 +604,33 @@ def summary(folder: str | os.PathLike) -> str:
     )
 
 
+_SPEC_FLAGS = {
+    "max_tokens": "training tokens",
+    "num_layers": "decoder layers",
+    "hidden_size": "hidden width",
+    "num_heads": "attention heads",
+    "intermediate_size": "MLP width (default: 8/3 of the hidden width, rounded up to a multiple of 64)",
+    "num_threads": "torch threads while building",
+}
+
+
+def spec_from_args(args: argparse.Namespace) -> DemoTargetSpec:
+    """The default spec with the fields given on the command line replaced (a new cache folder)."""
+    changes = {name: getattr(args, name) for name in _SPEC_FLAGS if getattr(args, name, None) is not None}
+    return dataclasses.replace(DemoTargetSpec(), **changes)
+
+
 def main(argv: list[str] | None = None) -> None:
     """``python -m draftheads.demo``: build the demo target and print its summary."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", help="output folder (default: the cache folder for these settings)")
-    parser.add_argument("--max-tokens", type=int, help=f"training tokens (default: {DemoTargetSpec.max_tokens:,})")
     parser.add_argument("--force", action="store_true", help="rebuild even if a finished build exists")
+    for name, help_text in _SPEC_FLAGS.items():
+        default = getattr(DemoTargetSpec, name)
+        suffix = "" if default is None else f" (default: {default:,})"
+        parser.add_argument(f"--{name.replace('_', '-')}", type=int, help=help_text + suffix)
     args = parser.parse_args(argv)
-    spec = DemoTargetSpec()
-    if args.max_tokens is not None:
-        spec = dataclasses.replace(spec, max_tokens=args.max_tokens)
+    spec = spec_from_args(args)
     target = pathlib.Path(args.out).expanduser() if args.out else default_target_dir(spec)
     folder = target if is_complete(target, spec) and not args.force else build_demo_target(target, spec)
     print(summary(folder))

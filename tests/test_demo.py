@@ -175,3 +175,16 @@ def test_learning_rate_schedule() -> None:
     assert lrs[0] < lrs[9] == pytest.approx(1e-3)
     assert all(a >= b for a, b in zip(lrs[10:], lrs[11:]))
     assert lrs[-1] == pytest.approx(1e-4, rel=0.05)
+
+
+def test_command_line_shape_flags_make_their_own_spec() -> None:
+    import argparse
+
+    from draftheads.demo import spec_from_args
+
+    args = argparse.Namespace(num_layers=8, hidden_size=192, max_tokens=None, num_heads=None,
+                              intermediate_size=None, num_threads=None)
+    spec = spec_from_args(args)
+    default = demo.DemoTargetSpec()
+    assert (spec.num_layers, spec.hidden_size, spec.max_tokens) == (8, 192, default.max_tokens)
+    assert spec.build_key() != default.build_key()  # its own cache folder

@@ -103,6 +103,7 @@ def build_methods(
     import draftheads as dh
 
     from ..heads import read_config
+    from ..inference.default_tree import tree_source
 
     methods = []
     for name in names:
@@ -110,7 +111,8 @@ def build_methods(
             folder = heads_dirs[heads_names.index(name)]
             heads = dh.load_heads(folder, target=target)
             config = read_config(Path(folder))
-            info = {"head_type": config.head_type, "num_heads": getattr(config, "num_heads", None)}
+            info = {"head_type": config.head_type, "num_heads": getattr(config, "num_heads", None),
+                    "tree_source": tree_source(heads, target.device)}  # calibration / training / device default
             methods.append(Method(name, dh.SpeculativeDecoder(target, heads), folder, info))
         elif name == DRAFT_MODEL:
             draft, draft_tok = load_model(draft_model)

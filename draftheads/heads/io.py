@@ -141,6 +141,17 @@ def read_tree(path: str | os.PathLike) -> tuple[list[list[int]] | dict | None, i
     return tree, data.get("draft_vocab_size")
 
 
+def read_tree_origin(path: str | os.PathLike) -> dict[str, Any]:
+    """Who chose the saved tree and for which device type: ``{"chosen_by": "training",
+    "device_type": "cpu"}`` for trees chosen at the end of training, ``{}`` for calibrated trees
+    (which are used as they are) and for folders without a tree."""
+    tree_file = Path(path) / TREE_NAME
+    if not tree_file.is_file():
+        return {}
+    data = json.loads(tree_file.read_text())  # read_tree has already validated it
+    return {k: data[k] for k in ("chosen_by", "device_type") if isinstance(data.get(k), str)}
+
+
 def load_heads(
     path: str | os.PathLike,
     target: torch.nn.Module | None = None,
@@ -190,6 +201,7 @@ def load_heads(
         problem = tree_problem(heads, heads.tree, heads.draft_vocab_size)
         if problem:
             raise ValueError(f"{path / TREE_NAME}: {problem}; fix it, delete it or run draftheads calibrate again")
+    heads.tree_origin = read_tree_origin(path)
     if target is not None:
         heads.bind_target(target)
         ref = target.get_output_embeddings().weight

@@ -16,6 +16,7 @@ from transformers import DynamicCache
 from ..heads.config import text_config
 from .proposers import Proposer
 from .sampling import resolve_sampling, sample, warn_unapplied_settings
+from .default_tree import resolve_tree
 from .tree import TreeShape
 from .verify import TreeVerifier, check_tree_attention, commit, select_features
 
@@ -72,6 +73,11 @@ def _whole_number(value: Any, name: str) -> int:
         raise ValueError(f"{name} must be a whole number, got {type(value).__name__} {value!r}") from None
 
 
+def _device_of(model: torch.nn.Module) -> torch.device:
+    device = getattr(model, "device", None)
+    return device if isinstance(device, torch.device) else next(model.parameters()).device
+
+
 class SpeculativeDecoder:
     """Lossless speculative decoding of ``target`` with any proposer (or heads, wrapped as one).
 
@@ -90,6 +96,8 @@ class SpeculativeDecoder:
             if bind is None:
                 raise TypeError(f"expected heads or a Proposer, got {type(proposer).__name__}")
             bind(target)  # refuses heads trained for another target
+            if tree is None:  # the saved tree, or this device type's default (small on CPU, large on CUDA)
+                tree = resolve_tree(proposer, _device_of(target))
             proposer = proposer.proposer(tree=tree)  # each head type drafts its own way
         elif tree is not None:
             raise ValueError("`tree` applies to heads; a Proposer brings its own tree")

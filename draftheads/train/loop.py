@@ -48,6 +48,7 @@ from .checkpoint import (
     resume_candidates,
     save_checkpoint,
 )
+from .export_tree import SAMPLE_ROWS, write_export_tree
 from .metrics import HeadStats, format_heads, ranks_for, static_tree
 from .model import TargetWithHeads
 from .stability import MAX_NONFINITE_STEPS, NonFiniteGuard
@@ -292,6 +293,13 @@ def run(cfg: ExperimentConfig, overwrite: bool = False) -> TrainResult:
     heads_dir = output_dir / "heads"
     with timer("export"):
         export_heads(accelerator, model, heads_dir)
+    with timer("choose_tree"):  # heads leave training ready to decode fast: tree + draft vocabulary
+        sample_ds = eval_ds if eval_ds is not None and len(eval_ds) else train_ds
+        rows = [torch.as_tensor(sample_ds[i]["input_ids"]) for i in range(min(SAMPLE_ROWS, len(sample_ds)))]
+        chosen_tree = write_export_tree(
+            accelerator, model, heads_dir, rows, final_eval.get("eval/rank_accuracy"),
+            skip_reason="ZeRO-3 shards the target across processes" if zero3 else None,
+        )
     metrics = {
         "step": step,
         "max_steps": max_steps,
@@ -306,6 +314,7 @@ def run(cfg: ExperimentConfig, overwrite: bool = False) -> TrainResult:
         "train_tokens_per_second": window.total_tokens / window.total_seconds if window.total_seconds else 0.0,
         "stage_seconds": timer.seconds,
         "data": data_stats.as_dict(),
+        "tree": chosen_tree,  # what write_export_tree put in heads/tree.json (None: device default)
     }
     if accelerator.is_main_process:
         write_json_atomically(output_dir / "metrics.json", metrics, default=float)

@@ -1,0 +1,74 @@
+"""Which tree heads draft when nobody calibrated them: one answer per device type.
+
+A verify forward over n tree tokens costs about 2x one token at n = 16 on a CPU and about the
+same as one token up to ~64 on a GPU (reference/cpu-stack.md), so the right default size differs
+by an order of magnitude between the two. Heads leave training with a tree chosen on the
+training device (``tree.json`` with ``"chosen_by": "training"``); a tree chosen by training on
+another device type is not a good guess here, so it gives way to this device's default.
+A tree from ``draftheads calibrate`` (or passed explicitly) is always used as is.
+"""
+from __future__ import annotations
+
+import torch
+
+from .calibrate import grow_tree
+from .tree import default_choices
+
+CHOSEN_BY_TRAINING = "training"
+
+# EAGLE-2 dynamic-tree settings. CPU: small trees (verify cost grows fast with tokens there).
+# CUDA: the EAGLE-2 paper's defaults (60 tokens, depth 6, top-10), the GPU is nearly flat up to ~64.
+DYNAMIC_DEFAULTS: dict[str, dict[str, int]] = {
+    "cpu": {"total_tokens": 12, "depth": 5, "top_k": 4},
+    "cuda": {"total_tokens": 60, "depth": 6, "top_k": 10},
+}
+LARGE_STATIC_NODES = 48  # drafted nodes of the GPU default static tree (Medusa's own default has 63)
+
+
+def _prior_accuracy(num_heads: int, ranks: int = 10) -> torch.Tensor:
+    """A typical per-head, per-rank acceptance table (deeper heads and lower ranks are right less
+    often); only its ordering matters for growing a default tree."""
+    k = torch.arange(num_heads, dtype=torch.float32)[:, None]
+    r = torch.arange(ranks, dtype=torch.float32)[None, :]
+    return 0.6 * 0.8**k / (1.0 + 1.5 * r)
+
+
+def large_static_choices(num_heads: int, nodes: int = LARGE_STATIC_NODES) -> list[list[int]]:
+    """A GPU-sized static tree: the best ``nodes`` paths under the prior acceptance table."""
+    return [list(path) for path, _ in grow_tree(_prior_accuracy(max(num_heads, 1)), nodes)]
+
+
+def device_default(heads: torch.nn.Module, device: torch.device | str) -> list[list[int]] | dict:
+    """The default tree for ``heads`` on ``device``: small on CPU (and anything not CUDA), large on CUDA."""
+    kind = torch.device(device).type
+    if getattr(heads, "dynamic_tree", False):
+        return dict(DYNAMIC_DEFAULTS["cuda" if kind == "cuda" else "cpu"])
+    num_heads = heads.config.num_heads
+    return large_static_choices(num_heads) if kind == "cuda" else default_choices(num_heads)
+
+
+def tree_source(heads: torch.nn.Module, device: torch.device | str) -> str:
+    """Where ``resolve_tree``'s answer comes from: "calibration" (or a tree set by hand),
+    "training" or "device default" (for reports)."""
+    saved = getattr(heads, "tree", None)
+    origin = getattr(heads, "tree_origin", None) or {}
+    if saved is None:
+        return "device default"
+    if origin.get("chosen_by") != CHOSEN_BY_TRAINING:
+        return "calibration"
+    return "training" if origin.get("device_type") in (None, torch.device(device).type) else "device default"
+
+
+def resolve_tree(heads: torch.nn.Module, device: torch.device | str) -> list[list[int]] | dict:
+    """The tree ``heads`` should draft on ``device`` when the caller gave none.
+
+    The tree saved with the heads, unless training chose it on another device type; else the
+    device default. For dynamic trees the saved draft vocabulary restriction is kept either way
+    (it trades acceptance for drafting cost and does not depend on the tree's size)."""
+    saved = getattr(heads, "tree", None)
+    if tree_source(heads, device) != "device default":
+        return saved
+    tree = device_default(heads, device)
+    if isinstance(tree, dict) and isinstance(saved, dict) and saved.get("draft_vocab_size"):
+        tree["draft_vocab_size"] = saved["draft_vocab_size"]
+    return tree

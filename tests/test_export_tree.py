@@ -1,0 +1,191 @@
+"""Heads leave training ready to decode fast: the tree (and draft vocabulary) chosen at export,
+and the device-type default the decoder uses when a folder has no tree (or one chosen for
+another device type). Tiny random models only."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+import draftheads as dh
+from draftheads.heads.io import read_tree
+from draftheads.inference.default_tree import DYNAMIC_DEFAULTS, large_static_choices, resolve_tree, tree_source
+from draftheads.inference.tree import default_choices
+from draftheads.train import export_tree
+
+from inference_utils import greedy_reference, self_distilled_heads, tiny_target
+
+
+@pytest.fixture(autouse=True)
+def _one_thread(monkeypatch):
+    monkeypatch.setenv("DRAFTHEADS_NUM_THREADS", "1")
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def _choices(decoder) -> list[list[int]]:
+    return sorted([list(c) for c in decoder.proposer.shape.choices], key=lambda c: (len(c), c))
+
+
+def _sorted(tree):
+    return sorted([list(c) for c in tree], key=lambda c: (len(c), c))
+
+
+# ---------------------------------------------------------------------------------------------
+# The decoder's default: by device type
+# ---------------------------------------------------------------------------------------------
+
+
+def test_the_default_tree_depends_on_the_device_type():
+    target = tiny_target("llama")
+    medusa = dh.MedusaHeads.for_target(target, num_heads=3, num_layers=1)
+    eagle = dh.EagleHead.for_target(target)
+    assert resolve_tree(medusa, "cpu") == default_choices(3)
+    big = resolve_tree(medusa, torch.device("cuda"))
+    assert big == large_static_choices(3) and len(big) + 1 > 4 * (len(default_choices(3)) + 1)
+    assert max(len(p) for p in big) == 3  # one depth per head, never deeper
+    dh.SpeculativeDecoder(target, medusa, tree=big)  # a valid tree for these heads
+    assert resolve_tree(eagle, "cpu") == DYNAMIC_DEFAULTS["cpu"]
+    assert resolve_tree(eagle, "cuda:0")["total_tokens"] > 2 * DYNAMIC_DEFAULTS["cpu"]["total_tokens"]
+
+
+def test_a_tree_chosen_by_training_applies_on_its_device_type_only(tmp_path):
+    target = tiny_target("llama")
+    heads = dh.MedusaHeads.for_target(target, num_heads=3, num_layers=1)
+    heads.save_pretrained(tmp_path / "h")
+    tree_file = tmp_path / "h" / "tree.json"
+    chosen = [[0], [0, 0]]
+
+    assert tree_source(heads, "cpu") == "device default"
+    tree_file.write_text(json.dumps({"tree": chosen, "chosen_by": "training", "device_type": "cuda"}))
+    loaded = dh.load_heads(tmp_path / "h", target=target)
+    assert _choices(dh.SpeculativeDecoder(target, loaded)) == _sorted(default_choices(3))  # chosen for a GPU
+    assert tree_source(loaded, "cpu") == "device default" and tree_source(loaded, "cuda") == "training"
+    assert resolve_tree(loaded, "cuda") == chosen
+
+    tree_file.write_text(json.dumps({"tree": chosen, "chosen_by": "training", "device_type": "cpu"}))
+    assert _choices(dh.SpeculativeDecoder(target, dh.load_heads(tmp_path / "h", target=target))) == chosen
+
+    tree_file.write_text(json.dumps({"tree": chosen}))  # calibrated: used whatever the device
+    loaded = dh.load_heads(tmp_path / "h", target=target)
+    assert resolve_tree(loaded, "cuda") == chosen and resolve_tree(loaded, "cpu") == chosen
+    assert tree_source(loaded, "cuda") == "calibration"
+
+
+def test_a_dynamic_tree_for_another_device_keeps_its_draft_vocabulary():
+    target = tiny_target("llama")
+    eagle = dh.EagleHead.for_target(target)
+    eagle.tree = {"total_tokens": 6, "depth": 2, "top_k": 2, "draft_vocab_size": 32}
+    eagle.tree_origin = {"chosen_by": "training", "device_type": "cpu"}
+    assert resolve_tree(eagle, "cuda") == {**DYNAMIC_DEFAULTS["cuda"], "draft_vocab_size": 32}
+    assert resolve_tree(eagle, "cpu") == eagle.tree
+
+
+# ---------------------------------------------------------------------------------------------
+# The tree chosen at export
+# ---------------------------------------------------------------------------------------------
+
+
+def _counted(heads, rows):
+    heads.token_counts.zero_()
+    heads.token_counts += torch.bincount(torch.cat(rows), minlength=heads.config.vocab_size)
+    return heads
+
+
+def test_static_export_tree_prefers_a_draft_vocabulary_when_projections_are_expensive(monkeypatch):
+    target = tiny_target("llama", vocab=512)
+    heads, prompts = self_distilled_heads(target, steps=30)
+    rows = [r for r in greedy_reference(target, prompts[:6], 40)]
+    _counted(heads, rows)
+    acc = [[0.6, 0.2, 0.1], [0.5, 0.2, 0.1], [0.4, 0.1, 0.05]]
+    seen = []
+
+    def draft_seconds(heads, repeats=20, draft_vocab_size=None):
+        seen.append(draft_vocab_size)
+        per_head = 1.0 if draft_vocab_size is None else 1e-6  # the whole vocabulary: absurdly slow
+        return {d: d * per_head for d in range(heads.config.num_heads + 1)}
+
+    monkeypatch.setattr(export_tree, "measure_draft_seconds", draft_seconds)
+    monkeypatch.setattr(export_tree, "VOCAB_SIZES", (256, 128))  # the real ones are for real vocabularies
+    data = export_tree.choose_export_tree(target, heads, rows, acc)
+    assert seen == [None, 128]  # the whole vocabulary and every size under half of it (512)
+    assert data["draft_vocab_size"] == 128 and data["tree"]
+    assert data["chosen_by"] == "training" and data["device_type"] == "cpu"
+    # acceptance under the restriction is measured, never above the unrestricted table
+    assert all(a <= b + 1e-6 for ra, rb in zip(data["accuracy"], acc) for a, b in zip(ra, rb))
+
+
+def test_static_export_tree_is_what_calibration_would_pick_from_the_training_table(tmp_path):
+    target = tiny_target("llama")
+    heads, prompts = self_distilled_heads(target)
+    rows = [r for r in greedy_reference(target, prompts[:4], 40)]
+    acc = [[0.9, 0.05, 0.02], [0.8, 0.1, 0.05], [0.7, 0.1, 0.05]]  # confident heads: a tree pays
+    data = export_tree.choose_export_tree(target, heads, rows, acc)
+    assert torch.allclose(torch.tensor(data["accuracy"]), torch.tensor(acc))  # no draft vocabulary: training's table
+    assert data["draft_vocab_size"] is None and len(data["verify_seconds"]) >= 8
+    heads.save_pretrained(tmp_path / "h")
+    (tmp_path / "h" / "tree.json").write_text(json.dumps(data))
+    tree, vocab = read_tree(tmp_path / "h")
+    assert tree == data["tree"] and vocab is None
+    decoder = dh.SpeculativeDecoder(target, dh.load_heads(tmp_path / "h", target=target))
+    assert _choices(decoder) == _sorted(data["tree"])
+    for i in range(4):
+        ref = greedy_reference(target, prompts[i : i + 1], 24)
+        assert torch.equal(decoder.generate(prompts[i : i + 1], max_new_tokens=24, eos_token_id=[]).sequences, ref)
+
+
+def test_dynamic_export_tree_is_timed_and_valid(tmp_path):
+    target = tiny_target("llama")
+    gen = torch.Generator().manual_seed(0)
+    rows = [torch.randint(3, 64, (40,), generator=gen) for _ in range(4)]
+    eagle = dh.EagleHead.for_target(target)
+    data = export_tree.choose_export_tree(target, eagle, rows)
+    settings = {(c["total_tokens"], c["depth"], c["top_k"]) for c in data["calibration"]["candidates"]}
+    assert (1, 1, 1) in settings and len(settings) == 5  # plain decoding + the CPU grid
+    eagle.save_pretrained(tmp_path / "e")
+    (tmp_path / "e" / "tree.json").write_text(json.dumps(data))
+    tree, _ = read_tree(tmp_path / "e")
+    assert tree == data["tree"]
+    loaded = dh.load_heads(tmp_path / "e", target=target)
+    decoder = dh.SpeculativeDecoder(target, loaded)
+    assert decoder.proposer.total_tokens == tree["total_tokens"] and decoder.proposer.depth == tree["depth"]
+    prompt = rows[0][:8][None]
+    ref = greedy_reference(target, prompt, 20)
+    assert torch.equal(decoder.generate(prompt, max_new_tokens=20, eos_token_id=[]).sequences, ref)
+
+
+def test_training_exports_heads_with_a_tree_chosen_by_training(tmp_path, tiny_target_dir, tiny_text_jsonl):
+    from transformers import AutoModelForCausalLM
+
+    from draftheads.config import config_from_dict
+    from draftheads.train.loop import run
+
+    cfg = config_from_dict({
+        "target": {"name_or_path": str(tiny_target_dir), "dtype": "float32"},
+        "heads": {"num_heads": 3, "num_layers": 1, "lm_head": "own"},
+        "data": {"path": str(tiny_text_jsonl), "format": "text", "max_length": 48, "eval_fraction": 0.1,
+                 "cache_dir": str(tmp_path / "hf-cache")},
+        "train": {"output_dir": str(tmp_path / "run"), "max_steps": 6, "batch_size": 4, "lr": 1e-2,
+                  "warmup_steps": 2, "eval_every": 0, "eval_batches": 2, "save_every": 0, "log_every": 3,
+                  "labels": "target"},
+    }, [])
+    result = run(cfg)
+    data = json.loads((result.heads_dir / "tree.json").read_text())
+    assert (result.heads_dir / "tree.json").stat().st_mode & 0o044 == 0o044  # readable like the weights
+    assert data["chosen_by"] == "training" and data["device_type"] == "cpu"
+    assert "draft_vocab_size" in data and "expected_speedup" in data
+    final = json.loads((Path(cfg.train.output_dir) / "metrics.json").read_text())
+    assert torch.allclose(torch.tensor(data["accuracy"]), torch.tensor(final["final_eval"]["eval/rank_accuracy"]))
+    assert final["tree"]["nodes"] == len(data["tree"]) + 1
+    target = AutoModelForCausalLM.from_pretrained(tiny_target_dir)
+    loaded = dh.load_heads(result.heads_dir, target=target)
+    assert loaded.tree == data["tree"] and loaded.tree_origin == {"chosen_by": "training", "device_type": "cpu"}
+    decoder = dh.SpeculativeDecoder(target, loaded)
+    assert _choices(decoder) == _sorted(data["tree"])
+    prompt = torch.tensor([[1, 20, 31, 42, 53]])
+    ref = greedy_reference(target, prompt, 24)
+    assert torch.equal(decoder.generate(prompt, max_new_tokens=24, eos_token_id=[]).sequences, ref)
