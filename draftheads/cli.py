@@ -251,6 +251,10 @@ def build_parser() -> argparse.ArgumentParser:
     from .bench.command import add_parser as add_bench_parser
 
     add_bench_parser(sub, _add_target_args).set_defaults(func=cmd_bench)
+
+    from .data.distill_command import add_parser as add_distill_parser
+
+    add_distill_parser(sub)
     return parser
 
 
