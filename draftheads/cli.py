@@ -255,6 +255,10 @@ def build_parser() -> argparse.ArgumentParser:
     from .data.distill_command import add_parser as add_distill_parser
 
     add_distill_parser(sub)
+
+    from .train.features_command import add_parser as add_cache_features_parser
+
+    add_cache_features_parser(sub)
     return parser
 
 

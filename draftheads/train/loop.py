@@ -117,6 +117,11 @@ def run(cfg: ExperimentConfig) -> TrainResult:
     optimizer = torch.optim.AdamW(params, lr=t.lr, weight_decay=t.weight_decay)
 
     collator = Collator.from_tokenizer(tokenizer)
+    if cfg.data.features:  # the target's features come from an offline cache (draftheads cache-features)
+        from .features import open_cache
+
+        train_ds, eval_ds, collator = open_cache(cfg, target, tokenizer, heads, train_ds, eval_ds, collator)
+        say(f"target features: read from the cache {cfg.data.features} (the target is not run)")
     sampler = EpochShuffleSampler(len(train_ds), seed=t.seed)
     train_dl = DataLoader(train_ds, batch_size=t.batch_size, sampler=sampler, collate_fn=collator)
     eval_dl = None
