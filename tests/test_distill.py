@@ -227,3 +227,41 @@ def test_cli_distill(tmp_path, tiny_target_dir, tiny_text_jsonl, capsys):
     assert len(_rows(out)) == n and "tok/s" in capsys.readouterr().out
     assert main(args) == 2 and "--resume" in capsys.readouterr().err
     assert main(args + ["--resume"]) == 0 and len(_rows(out)) == n
+
+
+def _vllm_python() -> Path | None:
+    """vLLM lives in its own venv (it pins its own torch): $DRAFTHEADS_VLLM_PYTHON, else a
+    .venv-vllm next to this interpreter's venv."""
+    import os
+
+    env = os.environ.get("DRAFTHEADS_VLLM_PYTHON")
+    path = Path(env) if env else Path(sys.executable).parents[2] / ".venv-vllm" / "bin" / "python"
+    return path if path.exists() else None
+
+
+@pytest.mark.skipif(_vllm_python() is None, reason="no vLLM venv (set DRAFTHEADS_VLLM_PYTHON)")
+def test_vllm_engine_writes_what_the_hf_engine_writes(tmp_path, chat_tok):
+    """Greedy fp32: vLLM's offline LLM, fed the same prompt ids, answers every turn as HF does."""
+    import os
+    import subprocess
+
+    model = make_tiny_model("llama", hidden_size=128, num_attention_heads=2, num_key_value_heads=2)  # vLLM CPU: head_dim 64
+    model_dir = tmp_path / "model"
+    model.save_pretrained(model_dir)
+    chat_tok.save_pretrained(model_dir)
+    data = _write(tmp_path / "chats.jsonl", CHATS)
+    s = _settings(tmp_path, data, out=str(tmp_path / "hf.jsonl"))
+    distill(s, HFEngine(model, chat_tok, s), chat_tok, progress=False)
+
+    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"}
+    env.pop("PYTHONPATH", None)
+    worker = Path(__file__).with_name("vllm_distill_worker.py")
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run(
+        [str(_vllm_python()), str(worker), str(root), str(model_dir), str(data), str(tmp_path / "vllm.jsonl"),
+         str(s.max_new_tokens), str(s.batch_size)],
+        capture_output=True, text=True, env=env, timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (tmp_path / "vllm.jsonl").read_text() == Path(s.out).read_text()
+    assert json.loads(sidecar_path(tmp_path / "vllm.jsonl").read_text())["settings"]["engine"] == "vllm"
