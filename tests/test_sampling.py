@@ -1,234 +1,68 @@
-"""Sampling is lossless: the output distribution equals the target's processed distribution.
-
-The exact distribution of the first three generated tokens is computed by the chain rule over
-every prefix; the empirical distribution of thousands of seeded `generate` runs must pass a
-chi-square test against it, and a deliberately biased acceptance rule must fail the same test.
-"""
+"""Length-grouped batches: a permutation per epoch, far less padding, batch boundaries the
+DataLoader keeps, resume-exact, and the training loop uses it when asked."""
 from __future__ import annotations
 
-import itertools
-import math
-from collections import Counter
+import random
 
 import pytest
 import torch
-from transformers import DynamicCache
+from torch.utils.data import BatchSampler
 
-import draftheads as dh
-from draftheads.inference.sampling import SamplingParams, sample
-from draftheads.inference.tree import Tree, TreeShape
-from draftheads.inference.verify import Acceptance, TreeVerifier
-
-from inference_utils import tiny_target
-
-VOCAB = 6
-TREE = [[0], [1], [0, 0], [0, 1], [1, 0]]  # two candidates per step, depth 2: siblings and chains
+from draftheads.data.sampling import LengthGroupedSampler, padding_fraction
 
 
-@pytest.fixture(scope="module")
-def setup():
-    target = tiny_target("llama", seed=3, vocab=VOCAB, hidden=32, layers=1)
-    with torch.no_grad():  # sharper logits than the random init, so mistakes move real mass
-        target.get_output_embeddings().weight.mul_(4.0)
-    heads = dh.MedusaHeads.for_target(target, num_heads=2)
-    prompt = torch.tensor([[1, 4, 3]])
-    return target, heads, prompt
+def _lengths(n=1000, seed=0):
+    rng = random.Random(seed)
+    return [max(2, min(1024, int(rng.lognormvariate(5.3, 0.9)))) for _ in range(n)]
 
 
-# -- the verifier alone: thousands of acceptance draws on one scored tree ---------------------------
-def scored_tree(target, prompt):
-    """A tree (root, two children, three grandchildren) drafted from the target's own likely
-    tokens, so that drafts are accepted at both depths, and the target's logits at each node."""
-    shape = TreeShape.from_choices(TREE)  # nodes: root, [0], [1], [0,0], [0,1], [1,0]
-    root = 2
-
-    def top(prefix: list[int], k: int) -> list[int]:
-        with torch.no_grad():
-            logits = target(torch.cat([prompt, torch.tensor([prefix])], dim=1)).logits[0, -1]
-        return logits.topk(k).indices.tolist()
-
-    a, b = top([root], 2)
-    aa, ab = top([root, a], 2)
-    (ba,) = top([root, b], 1)
-    tokens = torch.tensor([root, a, b, aa, ab, ba])
-    verifier = TreeVerifier(target)
-    with torch.no_grad():
-        cache = DynamicCache()
-        target(prompt, use_cache=True, **{verifier.cache_arg: cache})
-        logits, _ = verifier.forward(cache, Tree(shape, tokens), prompt.shape[1])
-    return Tree(shape, tokens), logits
+def test_each_epoch_is_a_permutation_and_batches_survive_the_dataloader():
+    lengths = _lengths(1003)
+    s = LengthGroupedSampler(lengths, batch_size=8, seed=3, group=16)
+    for epoch in range(3):
+        s.set_epoch(epoch)
+        order = list(s)
+        assert sorted(order) == list(range(1003))
+        # the DataLoader cuts consecutive indices into batches of 8: exactly the sampler's batches
+        assert [list(b) for b in BatchSampler(s, 8, drop_last=False)] == s.batches()
+        assert all(len(b) == 8 for b in s.batches()[:-1]) and len(s.batches()[-1]) == 1003 % 8
+    s.set_epoch(0)
+    first = list(s)
+    s.set_epoch(1)
+    assert list(s) != first
+    s.set_epoch(0)
+    assert list(s) == first  # seeded: the same on every process and after a resume
 
 
-def exact_emission_law(tree: Tree, logits: torch.Tensor, params: SamplingParams) -> dict[tuple[int, ...], float]:
-    """What one step must emit: x ~ p(node); if x is a drafted child, the step goes on from it.
-
-    This is the target's own autoregressive law, cut where the tree ends."""
-    law: dict[tuple[int, ...], float] = {}
-
-    def walk(node: int, prefix: tuple[int, ...], mass: float) -> None:
-        probs = params.probs(logits[node])
-        child_of = {int(tree.tokens[c]): c for c in tree.shape.children[node]}
-        for x in range(VOCAB):
-            p = mass * float(probs[x])
-            if x in child_of:
-                walk(child_of[x], prefix + (x,), p)
-            elif p > 0:
-                law[prefix + (x,)] = p
-
-    walk(0, (), 1.0)
-    return law
+def test_grouping_cuts_padding():
+    lengths = _lengths()
+    s = LengthGroupedSampler(lengths, batch_size=8, seed=0)
+    perm = torch.randperm(len(lengths), generator=torch.Generator().manual_seed(0)).tolist()
+    random_batches = [perm[i : i + 8] for i in range(0, len(perm), 8)]
+    before, after = padding_fraction(lengths, random_batches), padding_fraction(lengths, s.batches())
+    assert before > 0.4 and after < 0.05, (before, after)
 
 
-def draw_emissions(accept, tree, logits, params, draws: int) -> Counter:
-    gen = torch.Generator().manual_seed(99)
-    counts: Counter = Counter()
-    for _ in range(draws):
-        acc = accept(tree, logits, params, gen)
-        counts[tuple(tree.tokens[acc.path[1:]].tolist()) + (acc.next_token,)] += 1
-    return counts
+def test_bad_sizes_are_refused():
+    with pytest.raises(ValueError, match="batch_size and group must be >= 1"):
+        LengthGroupedSampler([3, 4], batch_size=0)
 
 
-DRAWS = 20000
-PARAMS = [SamplingParams(temperature=1.0), SamplingParams(temperature=0.7, top_k=4, top_p=0.9)]
+def test_training_with_group_by_length(tmp_path, tiny_target_dir, tiny_text_jsonl, monkeypatch):
+    from draftheads.config import config_from_dict
+    from draftheads.data import sampling
+    from draftheads.train.loop import run
 
-
-@pytest.mark.parametrize("params", PARAMS, ids=["t1.0", "t0.7-topk4-topp0.9"])
-def test_tree_acceptance_draws_the_target_distribution(setup, params):
-    target, _, prompt = setup
-    tree, logits = scored_tree(target, prompt)
-    law = exact_emission_law(tree, logits, params)
-    assert abs(sum(law.values()) - 1) < 1e-5
-    counts = draw_emissions(TreeVerifier.accept_sampling, tree, logits, params, DRAWS)
-    stat, critical = chi_square(counts, law, DRAWS)
-    assert stat < critical, f"chi-square {stat:.1f} >= {critical:.1f}: accepted tokens are not the target's law"
-    # Drafts were accepted, at both depths: the test exercised the tree, not just the residual.
-    assert any(len(k) == 3 for k in counts) and any(len(k) == 2 for k in counts)
-
-
-@pytest.mark.parametrize("params", PARAMS, ids=["t1.0", "t0.7-topk4-topp0.9"])
-def test_biased_acceptance_rule_is_caught(setup, params):
-    target, _, prompt = setup
-    tree, logits = scored_tree(target, prompt)
-    law = exact_emission_law(tree, logits, params)
-    counts = draw_emissions(biased_accept_sampling, tree, logits, params, DRAWS)
-    stat, critical = chi_square(counts, law, DRAWS)
-    assert stat > critical, f"the test failed to detect a biased sampler (chi-square {stat:.1f} < {critical:.1f})"
-
-
-# -- the whole decode loop: prefill sampling, trees, commit, several steps --------------------------
-NEW = 3  # the root comes from the prefill, so 3 new tokens leave room for one drafted level
-RUNS = 2500
-
-
-def exact_distribution(target, prompt, params: SamplingParams) -> dict[tuple[int, ...], float]:
-    """P(x1, ..., x_NEW | prompt) by the chain rule with the processed per-step distributions."""
-    dist = {}
-    with torch.no_grad():
-        for seq in itertools.product(range(VOCAB), repeat=NEW - 1):
-            ids = torch.cat([prompt, torch.tensor([seq], dtype=torch.long)], dim=1)
-            probs = params.probs(target(ids).logits[0, -NEW:])
-            p_prefix = math.prod(float(probs[i, seq[i]]) for i in range(NEW - 1))
-            for last in range(VOCAB):
-                dist[(*seq, last)] = p_prefix * float(probs[-1, last])
-    return dist
-
-
-def empirical_counts(decoder, prompt, params: SamplingParams, runs: int = RUNS) -> Counter:
-    gen = torch.Generator().manual_seed(1234)
-    counts: Counter = Counter()
-    for _ in range(runs):
-        out = decoder.generate(
-            prompt, max_new_tokens=NEW, temperature=params.temperature, top_k=params.top_k,
-            top_p=params.top_p, eos_token_id=[], generator=gen,
-        )
-        counts[tuple(out.sequences[0, prompt.shape[1] :].tolist())] += 1
-    return counts
-
-
-def chi_square(counts: Counter, dist: dict, runs: int) -> tuple[float, float]:
-    """Chi-square statistic (cells with expectation < 5 pooled) and its 0.1% critical value."""
-    impossible = sum(c for k, c in counts.items() if dist.get(k, 0.0) == 0.0)
-    if impossible:
-        return math.inf, 0.0
-    cells, pooled_obs, pooled_exp = [], 0, 0.0
-    for key, p in dist.items():
-        if p == 0.0:
-            continue
-        if p * runs < 5:
-            pooled_obs, pooled_exp = pooled_obs + counts.get(key, 0), pooled_exp + p * runs
-        else:
-            cells.append((counts.get(key, 0), p * runs))
-    if pooled_exp > 0:
-        cells.append((pooled_obs, pooled_exp))
-    stat = sum((o - e) ** 2 / e for o, e in cells)
-    df = len(cells) - 1
-    z = 3.09  # one-sided 0.1% normal quantile; Wilson-Hilferty approximation of the chi-square quantile
-    critical = df * (1 - 2 / (9 * df) + z * math.sqrt(2 / (9 * df))) ** 3
-    return stat, critical
-
-
-def test_generate_samples_the_target_distribution(setup):
-    target, heads, prompt = setup
-    params = SamplingParams(temperature=0.9, top_k=5)
-    decoder = dh.SpeculativeDecoder(target, heads, tree=TREE)
-    dist = exact_distribution(target, prompt, params)
-    assert abs(sum(dist.values()) - 1) < 1e-5
-    counts = empirical_counts(decoder, prompt, params)
-    stat, critical = chi_square(counts, dist, RUNS)
-    assert stat < critical, f"chi-square {stat:.1f} >= {critical:.1f}: output distribution differs from the target's"
-    assert drafts_accepted(decoder, prompt, params) >= 5, "drafts were (almost) never accepted: the test would be vacuous"
-
-
-def drafts_accepted(decoder, prompt, params: SamplingParams, runs: int = 50) -> int:
-    """In how many of ``runs`` seeded generations a drafted token was accepted."""
-    return sum(
-        max(decoder.generate(prompt, max_new_tokens=NEW, temperature=params.temperature, top_k=params.top_k,
-                             top_p=params.top_p, eos_token_id=[], seed=s).accept_lengths, default=1) > 1
-        for s in range(runs)
-    )
-
-
-def biased_accept_sampling(tree, logits, params, generator):
-    """A plausible bug: on rejection the rejected draft is NOT removed from the distribution
-    (resample from p instead of the residual). Over-produces drafted tokens."""
-    node, path = 0, [0]
-    tokens = tree.tokens.tolist()
-    while True:
-        p = params.probs(logits[node]).cpu()
-        for child in tree.shape.children[node]:
-            if float(torch.rand((), generator=generator)) < float(p[tokens[child]]):
-                node = child
-                path.append(child)
-                break
-        else:
-            return Acceptance(torch.tensor(path), sample(p, generator))
-
-
-def test_processed_probs_follow_transformers_warpers():
-    logits = torch.tensor([[2.0, 1.0, 1.0, 0.5, -1.0, 3.0]])
-    probs = SamplingParams(temperature=0.5, top_k=3, top_p=0.8).probs(logits)[0]
-    # top-k keeps {5, 0, and both tied 1.0 tokens}; top-p 0.8 then keeps the smallest head set.
-    assert probs[4] == 0 and probs[3] == 0
-    assert torch.isclose(probs.sum(), torch.tensor(1.0))
-    assert probs.argmax() == 5
-    with pytest.raises(ValueError, match="top_p"):
-        SamplingParams(temperature=1.0, top_p=0.0)
-
-
-def test_typical_acceptance_is_opt_in_and_follows_its_threshold(setup):
-    target, heads, prompt = setup
-    tree, logits = scored_tree(target, prompt)
-    params = SamplingParams(temperature=1.0)
-    gen = torch.Generator().manual_seed(0)
-    # a threshold of 1 (min(1, 10 e^-H) = 1 here) rejects every draft -> only the root, a plain step
-    assert TreeVerifier.accept_typical(tree, logits, params, gen, epsilon=1.0, delta=10.0).path.tolist() == [0]
-    # a negative threshold accepts every draft: the deepest path is taken
-    deep = TreeVerifier.accept_typical(tree, logits, params, gen, epsilon=-1.0)
-    assert deep.path.numel() == tree.shape.max_depth + 1
-    decoder = dh.SpeculativeDecoder(target, heads, tree=TREE)
-    out = decoder.generate(prompt, max_new_tokens=8, temperature=1.0, acceptance="typical", seed=0, eos_token_id=[])
-    assert out.num_new_tokens == 8
-    with pytest.raises(ValueError, match="needs temperature > 0"):
-        decoder.generate(prompt, max_new_tokens=4, acceptance="typical")
-    with pytest.raises(ValueError, match="'exact' or 'typical'"):
-        decoder.generate(prompt, max_new_tokens=4, temperature=1.0, acceptance="fast")
+    torch.set_num_threads(1)
+    seen = []
+    orig = sampling.LengthGroupedSampler.batches
+    monkeypatch.setattr(sampling.LengthGroupedSampler, "batches", lambda self: seen.append(1) or orig(self))
+    cfg = config_from_dict({
+        "target": {"name_or_path": str(tiny_target_dir), "dtype": "float32"},
+        "heads": {"num_heads": 2, "num_layers": 1, "lm_head": "own"},
+        "data": {"path": str(tiny_text_jsonl), "format": "text", "max_length": 40, "eval_fraction": 0.1,
+                 "cache_dir": str(tmp_path / "hf")},
+        "train": {"output_dir": str(tmp_path / "run"), "max_steps": 3, "batch_size": 4, "eval_every": 0,
+                  "eval_batches": 1, "save_every": 0, "log_every": 1, "group_by_length": True},
+    })
+    assert run(cfg).step == 3 and seen

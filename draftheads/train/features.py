@@ -331,6 +331,9 @@ class FeatureDataset(torch.utils.data.Dataset):
     def __len__(self) -> int:
         return len(self.rows)
 
+    def lengths(self) -> list[int]:
+        return [int(r[2]) for r in self.rows]
+
     def select(self, indices) -> FeatureDataset:
         indices = list(indices)
         return FeatureDataset(
