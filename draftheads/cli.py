@@ -4,6 +4,8 @@
     draftheads generate --target PATH_OR_ID --heads DIR --prompt "..."
     draftheads calibrate --target PATH_OR_ID --heads DIR [--prompts FILE]
     draftheads bench --target PATH_OR_ID --heads DIR [--prompt-lookup] [--questions FILE.jsonl] --out results/
+    draftheads distill --target PATH_OR_ID --data FILE --out data/regen.jsonl [--engine hf|vllm] [--resume]
+    draftheads cache-features --config CONFIG --out DIR [--dtype bfloat16]
 """
 from __future__ import annotations
 

@@ -57,7 +57,10 @@ def example_lengths(dataset) -> list[int]:
     """Token count of every example of a tokenized dataset (or a feature-cache dataset)."""
     if hasattr(dataset, "lengths"):
         return list(dataset.lengths())
-    return [len(ids) for ids in dataset["input_ids"]]
+    out: list[int] = []
+    for batch in dataset.select_columns(["input_ids"]).iter(batch_size=4096):  # never the whole column at once
+        out += [len(ids) for ids in batch["input_ids"]]
+    return out
 
 
 def padding_fraction(lengths: Sequence[int], batches: Sequence[Sequence[int]]) -> float:

@@ -33,6 +33,8 @@ from typing import Any
 
 import torch
 
+from ..data.sampling import example_lengths
+
 FORMAT_VERSION = 1
 INDEX = "index.json"
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
@@ -175,8 +177,6 @@ def bytes_per_token(hidden_size: int, feature_size: int, dtype: torch.dtype) -> 
     return (hidden_size + feature_size) * item + 4  # + int32 target label
 
 
-def estimate_bytes(splits: dict[str, Any], per_token: int) -> dict[str, int]:
-    return {name: sum(len(ids) for ids in ds["input_ids"]) * per_token for name, ds in splits.items()}
 
 
 def _human(n: float) -> str:
@@ -244,11 +244,9 @@ def build_cache(
         stray.unlink()
 
     per_token = bytes_per_token(hidden_size, feature_size, torch_dtype)
-    need = estimate_bytes(splits, per_token)
-    left = sum(
-        sum(len(ids) for ids in splits[name]["input_ids"][len(index["splits"][name]["rows"]) :]) * per_token
-        for name in splits
-    )
+    lengths = {name: example_lengths(ds) for name, ds in splits.items()}
+    need = {name: sum(n) * per_token for name, n in lengths.items()}
+    left = sum(sum(n[len(index["splits"][name]["rows"]) :]) * per_token for name, n in lengths.items())
     free = shutil.disk_usage(directory).free
     say(
         f"feature cache: {', '.join(f'{n} {len(ds)} examples' for n, ds in splits.items())}; "
