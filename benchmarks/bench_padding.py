@@ -7,8 +7,8 @@
 2. Padding fraction of an epoch's batches: random order (what training does by default),
    ``train.group_by_length``, and first-fit-decreasing packing into max_length sequences.
 3. Real (non-padding) tokens/s of the target forward, which dominates a heads training step, for
-   each arrangement on a random-weight Llama: sampled batches of each, the three arrangements
-   interleaved per round. Packing runs each sequence with a block-diagonal attention mask and
+   each arrangement on a random-weight Llama: per round, the same random ``--subset`` rows in
+   random batches, length-grouped batches and packed sequences, the order rotating per round. Packing runs each sequence with a block-diagonal attention mask and
    positions restarting per row (what packing must do to stay exact), so its attention is
    quadratic in the packed length.
 """
@@ -94,7 +94,7 @@ def main(argv=None) -> int:
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--layers", type=int, default=12)
     p.add_argument("--hidden", type=int, default=512)
-    p.add_argument("--batches", type=int, default=3, help="sampled batches of each arrangement per round")
+    p.add_argument("--subset", type=int, default=64, help="random rows per round, run in every arrangement")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--threads", type=int, default=1)
     args = p.parse_args(argv)
@@ -139,31 +139,40 @@ def main(argv=None) -> int:
     rng = random.Random(0)
     seconds = {k: [] for k in ("random", "grouped", "packed")}
     real = {k: [] for k in seconds}
-    forward_seconds(decoder, padded_batch(ids, arrangements["random"][0], pad))  # warm-up
+    forward_seconds(decoder, padded_batch(ids, arrangements["random"][0][:2], pad))  # warm-up
     for rnd in range(args.rounds):
-        for name in ("random", "grouped", "packed"):
-            for _ in range(args.batches):
-                if name == "packed":
-                    seqs = rng.choice(packs)
-                    batch = packed_batch(ids, seqs, pad, torch.float32)
-                    n_real = sum(lengths[i] for s in seqs for i in s)
-                else:
-                    rows = rng.choice(arrangements[name])
-                    batch = padded_batch(ids, rows, pad)
-                    n_real = sum(lengths[i] for i in rows)
-                seconds[name].append(forward_seconds(decoder, batch))
-                real[name].append(n_real)
-        print(f"round {rnd + 1}: " + ", ".join(
-            f"{k} {sum(real[k]) / sum(seconds[k]):.0f} real tok/s" for k in seconds))
+        # The same random rows in every arrangement, so each processes the same real tokens.
+        subset = rng.sample(range(len(ids)), args.subset)
+        sub_lengths = [lengths[i] for i in subset]
+        local = {
+            "random": [list(range(i, min(i + b, len(subset)))) for i in range(0, len(subset), b)],
+            "grouped": LengthGroupedSampler(sub_lengths, b, seed=rnd, group=len(subset)).batches(),
+        }
+        sub_bins = pack_ffd(sub_lengths, args.max_length)
+        names = ["random", "grouped", "packed"]
+        names = names[rnd % 3 :] + names[: rnd % 3]  # rotate the order between rounds
+        for name in names:
+            spent = 0.0
+            if name == "packed":
+                for j in range(0, len(sub_bins), b):
+                    seqs = [[subset[i] for i in s] for s in sub_bins[j : j + b]]
+                    spent += forward_seconds(decoder, packed_batch(ids, seqs, pad, torch.float32))
+            else:
+                for rows in local[name]:
+                    spent += forward_seconds(decoder, padded_batch(ids, [subset[i] for i in rows], pad))
+            seconds[name].append(spent)
+            real[name].append(sum(sub_lengths))
+        print(f"round {rnd + 1}: " + ", ".join(f"{k} {real[k][-1] / seconds[k][-1]:.0f}" for k in seconds)
+              + " real tok/s", flush=True)
     rate = {k: sum(real[k]) / sum(seconds[k]) for k in seconds}
-    per_batch = {k: [r / s for r, s in zip(real[k], seconds[k])] for k in seconds}
+    per_round = {k: [r / s for r, s in zip(real[k], seconds[k])] for k in seconds}
     result = {
         "rows": len(ids), "max_length": args.max_length, "batch_size": b,
         "length": {"median": statistics.median(lengths), "min": min(lengths), "max": max(lengths), "total": sum(lengths)},
         "padding_fraction": pad_fraction,
         "target": f"random Llama {args.layers}x{args.hidden}, vocab {len(tok)}, fp32, sdpa, {args.threads} thread(s)",
         "real_tokens_per_second": rate,
-        "per_batch_real_tokens_per_second_median": {k: statistics.median(v) for k, v in per_batch.items()},
+        "per_round_real_tokens_per_second": per_round,
         "speedup_vs_random": {k: rate[k] / rate["random"] for k in rate},
         "packing_check_max_abs_err": err,
         "command": " ".join(sys.argv),

@@ -122,6 +122,14 @@ def test_a_cache_for_other_inputs_is_refused_naming_the_difference(tmp_path, tin
     tiny_tokenizer.save_pretrained(moved)
     assert _run(data, tmp_path, "e", f"data.features={out}", f"target.name_or_path={moved}", "train.eval_every=0").step == 1
 
+    copy = tmp_path / "copy.jsonl"  # the same examples from another file: accepted
+    copy.write_text(Path(tiny_text_jsonl).read_text())
+    assert _run(data, tmp_path, "g", f"data.features={out}", f"data.path={copy}", "train.eval_every=0").step == 1
+    changed = tmp_path / "changed.jsonl"  # other examples: refused, naming the examples' hash
+    changed.write_text(Path(tiny_text_jsonl).read_text().replace("self", "value"))
+    with pytest.raises(FeatureCacheError, match=r"data\.train_examples: cache '[0-9a-f]+', now"):
+        _run(data, tmp_path, "h", f"data.features={out}", f"data.path={changed}")
+
     with pytest.raises(FeatureCacheError, match=r"holds no index\.json.*cache-features"):
         _run(data, tmp_path, "f", f"data.features={tmp_path / 'nothing'}")
 
