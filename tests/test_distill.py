@@ -265,3 +265,16 @@ def test_vllm_engine_writes_what_the_hf_engine_writes(tmp_path, chat_tok):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert (tmp_path / "vllm.jsonl").read_text() == Path(s.out).read_text()
     assert json.loads(sidecar_path(tmp_path / "vllm.jsonl").read_text())["settings"]["engine"] == "vllm"
+
+
+def test_rows_too_long_for_the_context_are_skipped_and_counted(tmp_path, chat_tok):
+    small = make_tiny_model("llama", max_position_embeddings=40)
+    long_turn = " ".join(["the model reads a token"] * 12)
+    rows = [CHATS[3], {"conversations": [{"from": "human", "value": long_turn}, {"from": "gpt", "value": "z"}]},
+            # fits for its first turn, not for its second: the whole row is dropped
+            {"conversations": [{"from": "human", "value": "class"}, {"from": "gpt", "value": "y"},
+                               {"from": "human", "value": long_turn}, {"from": "gpt", "value": "w"}]}]
+    s = _settings(tmp_path, _write(tmp_path / "c.jsonl", rows))
+    stats = distill(s, HFEngine(small, chat_tok, s), chat_tok, progress=False)
+    assert [r[ROW_KEY] for r in _rows(s.out)] == [0] and stats.skipped_too_long == 2
+    assert stats.turns_generated == 2  # row 0's turn and row 2's first turn

@@ -7,7 +7,8 @@ writing rows in the same format as the input (so ``data.path`` can point at the 
 * chat rows (ShareGPT ``conversations`` or OpenAI ``messages``) are regenerated turn by turn:
   every assistant turn is replaced by the target's answer to the *regenerated* history so far
   (system and user turns kept verbatim), rendered with the tokenizer's chat template and its
-  generation prompt. A row without an assistant turn is skipped and counted.
+  generation prompt. A row without an assistant turn is skipped and counted, and so is a row
+  where a turn's prompt plus ``max_new_tokens`` would not fit the target's context.
 * plain-text rows are continued from a prefix: the first ``prompt_tokens`` tokens of the text, but
   never more than half of them (so at least half of every row is the target's text); the output
   text is that prefix followed by the target's continuation. An empty row is skipped and counted.
@@ -81,6 +82,7 @@ class DistillStats:
     rows_resumed: int = 0  # already in the output when this run started
     skipped_no_assistant: int = 0
     skipped_empty: int = 0
+    skipped_too_long: int = 0  # a prompt + max_new_tokens would not fit the target's context
     turns_generated: int = 0
     turns_truncated: int = 0  # hit max_new_tokens before an end-of-sequence token
     generated_tokens: int = 0
@@ -94,6 +96,8 @@ class DistillStats:
 
 
 class Engine(Protocol):
+    context_length: int | None  # prompt + new tokens must fit; None: unknown
+
     def generate(self, prompts: Sequence[list[int]], seed: int) -> list[tuple[list[int], bool]]:
         """For each prompt: (new token ids without the end-of-sequence token, finished by eos)."""
 
@@ -125,6 +129,7 @@ class HFEngine:
         self.stop = eos_ids(model, tokenizer)
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.pad = int(pad if pad is not None else 0)
+        self.context_length = getattr(getattr(model, "config", None), "max_position_embeddings", None)
 
     def generate(self, prompts: Sequence[list[int]], seed: int) -> list[tuple[list[int], bool]]:
         import torch
@@ -169,6 +174,7 @@ class VLLMEngine:
         self.settings, self.tokenizer = settings, tokenizer
         self.llm = LLM(model=model_path, dtype=dtype, seed=settings.seed, enforce_eager=True)
         self.params_cls = SamplingParams
+        self.context_length = int(self.llm.llm_engine.model_config.max_model_len)
         self.stop = set()
         gen_eos = getattr(self.llm.llm_engine.model_config.hf_config, "eos_token_id", None)
         for value in (gen_eos, tokenizer.eos_token_id):
@@ -253,6 +259,10 @@ class Distiller:
         text = self.tokenizer.decode(ids, skip_special_tokens=True)
         return strip_reasoning(text) if self.settings.reasoning == "drop" else text
 
+    def _fits(self, prompt: list[int]) -> bool:
+        limit = getattr(self.engine, "context_length", None)
+        return limit is None or len(prompt) + self.settings.max_new_tokens <= limit
+
     def _count(self, results: list[tuple[list[int], bool]]) -> None:
         for ids, finished in results:
             self.stats.turns_generated += 1
@@ -279,6 +289,14 @@ class Distiller:
             if not live:
                 break
             prompts = [self._chat_prompt(j.messages[: j.assistant_at[turn]]) for j in live]
+            too_long = {id(j) for j, p in zip(live, prompts) if not self._fits(p)}
+            if too_long:  # the whole row is dropped: a half-regenerated conversation would mix sources
+                self.stats.skipped_too_long += len(too_long)
+                jobs = [j for j in jobs if id(j) not in too_long]
+                prompts = [p for j, p in zip(live, prompts) if id(j) not in too_long]
+                live = [j for j in live if id(j) not in too_long]
+                if not live:
+                    continue
             results = self.engine.generate(prompts, seed + turn)
             self._count(results)
             for job, (ids, _) in zip(live, results):
@@ -308,10 +326,14 @@ class Distiller:
             ids = list(self.tokenizer(value, add_special_tokens=False)["input_ids"])
             keep = max(1, min(self.settings.prompt_tokens, len(ids) // 2))
             jobs.append((index, row, ids[:keep]))
-        if not jobs:
-            return []
         bos = self.tokenizer.bos_token_id
         prompts = [([bos] if bos is not None else []) + prefix for _, _, prefix in jobs]
+        fits = [self._fits(p) for p in prompts]
+        self.stats.skipped_too_long += fits.count(False)
+        jobs = [j for j, ok in zip(jobs, fits) if ok]
+        prompts = [p for p, ok in zip(prompts, fits) if ok]
+        if not jobs:
+            return []
         results = self.engine.generate(prompts, seed)
         self._count(results)
         out = []

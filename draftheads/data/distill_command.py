@@ -84,7 +84,8 @@ def run_distill(args) -> int:
         return 2
     print(
         f"distill: {stats.rows_written} rows written ({stats.rows_resumed} already there), "
-        f"{stats.skipped_no_assistant} without an assistant turn and {stats.skipped_empty} empty skipped; "
+        f"{stats.skipped_no_assistant} without an assistant turn, {stats.skipped_empty} empty and "
+        f"{stats.skipped_too_long} too long for the context (with --max-new-tokens) skipped; "
         f"{stats.turns_generated} turns, {stats.turns_truncated} cut at --max-new-tokens, "
         f"{stats.generated_tokens} tokens in {stats.seconds:.1f}s "
         f"({stats.generated_tokens / max(stats.seconds, 1e-9):.1f} tok/s)"
