@@ -4,6 +4,8 @@
     draftheads generate --target PATH_OR_ID --heads DIR --prompt "..."
     draftheads calibrate --target PATH_OR_ID --heads DIR [--prompts FILE]
     draftheads bench --target PATH_OR_ID --heads DIR [--prompt-lookup] [--questions FILE.jsonl] --out results/
+    draftheads distill --target PATH_OR_ID --data FILE --out data/regen.jsonl [--engine hf|vllm] [--resume]
+    draftheads cache-features --config CONFIG --out DIR [--dtype bfloat16]
 """
 from __future__ import annotations
 
@@ -290,6 +292,14 @@ def build_parser() -> argparse.ArgumentParser:
     from .bench.command import add_parser as add_bench_parser
 
     add_bench_parser(sub, _add_target_args).set_defaults(func=cmd_bench)
+
+    from .data.distill_command import add_parser as add_distill_parser
+
+    add_distill_parser(sub)
+
+    from .train.features_command import add_parser as add_cache_features_parser
+
+    add_cache_features_parser(sub)
     return parser
 
 

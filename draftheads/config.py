@@ -81,6 +81,9 @@ class TrainConfig:
     # What the heads learn to predict: "data" = the dataset's next tokens (Medusa-1), "target" = the
     # target's own greedy prediction at each position (self-distillation: what verification accepts).
     labels: Literal["data", "target"] = "data"
+    # Draw each batch from rows of similar length (less padding, the same per-row losses; see
+    # draftheads/data/sampling.py). Worth it for chat data with widely spread lengths.
+    group_by_length: bool = False
 
 
 @dataclass

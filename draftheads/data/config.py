@@ -34,6 +34,8 @@ class DataConfig:
     chunk_text: cut long plain-text rows into several windows instead of dropping the tail,
         which matters for code corpora whose files are far longer than ``max_length``.
     cache_dir: the ``datasets`` cache folder (``None``: the library default).
+    features: a feature cache folder written by ``draftheads cache-features`` for this config:
+        the heads read the target's features from it instead of running the target.
     """
 
     path: str
@@ -49,6 +51,7 @@ class DataConfig:
     num_proc: int | None = None
     chunk_text: bool = True
     cache_dir: str | None = None
+    features: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.path, str) or not self.path:

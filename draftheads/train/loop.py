@@ -158,7 +158,16 @@ def run(cfg: ExperimentConfig, overwrite: bool = False) -> TrainResult:
     optimizer = torch.optim.AdamW(params, lr=t.lr, weight_decay=t.weight_decay)
 
     collator = Collator.from_tokenizer(tokenizer)
+    if cfg.data.features:  # the target's features come from an offline cache (draftheads cache-features)
+        from .features import open_cache
+
+        train_ds, eval_ds, collator = open_cache(cfg, target, tokenizer, heads, train_ds, eval_ds, collator)
+        say(f"target features: read from the cache {cfg.data.features} (the target is not run)")
     sampler = EpochShuffleSampler(len(train_ds), seed=t.seed)
+    if t.group_by_length:  # batches of similar lengths: less padding (draftheads/data/sampling.py)
+        from ..data.sampling import LengthGroupedSampler, example_lengths
+
+        sampler = LengthGroupedSampler(example_lengths(train_ds), t.batch_size, seed=t.seed)
     train_dl = DataLoader(train_ds, batch_size=t.batch_size, sampler=sampler, collate_fn=collator)
     eval_dl = None
     if eval_ds is not None and len(eval_ds) > 0:

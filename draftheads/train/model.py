@@ -136,6 +136,20 @@ class TargetWithHeads(nn.Module):
         ]).view(input_ids.shape)
         return torch.cat([input_ids[:, :1], preds[:, :-1]], dim=1)
 
+    @torch.no_grad()
+    def target_outputs(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Everything the losses read from the target: (last hidden state, the heads' input
+        features (= the hidden state unless EAGLE-3 fuses layers), the target's greedy labels).
+        The offline feature cache stores exactly these (``features.py``)."""
+        layers = getattr(self.heads, "feature_layers", None)
+        if layers:
+            hidden, features = self.target_features(input_ids, attention_mask, layers)
+        else:
+            hidden = features = self.target_hidden(input_ids, attention_mask)
+        return hidden, features, self.target_labels(input_ids, hidden)
+
     def forward(
         self,
         input_ids: torch.Tensor,
@@ -143,15 +157,24 @@ class TargetWithHeads(nn.Module):
         loss_mask: torch.Tensor | None = None,
         rank_stats: int = 0,
         loss_denominators: torch.Tensor | None = None,
+        hidden: torch.Tensor | None = None,
+        features: torch.Tensor | None = None,
+        target_labels: torch.Tensor | None = None,
     ) -> dict[str, torch.Tensor]:
         """``rank_stats`` > 0 (evaluation): Medusa/Hydra stats also count hits per rank r <
         ``rank_stats``, for the simulated acceptance of a tree; EAGLE's steps ignore it.
-        ``loss_denominators``: see ``loss_counts``."""
+        ``loss_denominators``: see ``loss_counts``. ``hidden``/``features``/``target_labels``: the
+        target's outputs from the feature cache (``data.features``); then the target is not run."""
         layers = getattr(self.heads, "feature_layers", None)
-        if layers:
-            hidden, features = self.target_features(input_ids, attention_mask, layers)
+        if hidden is None:
+            if layers:
+                hidden, features = self.target_features(input_ids, attention_mask, layers)
+            else:
+                hidden = features = self.target_hidden(input_ids, attention_mask)
         else:
-            hidden = features = self.target_hidden(input_ids, attention_mask)
+            dtype = self.target.get_output_embeddings().weight.dtype
+            hidden = hidden.to(dtype)
+            features = features.to(dtype) if layers else hidden
         common = dict(decay=self.loss_decay, chunk_size=self.loss_chunk_size, topk=self.topk, denominators=loss_denominators)
         if self.heads.training_objective == "draft_steps":
             # EAGLE learns the target's distribution at every position (its own soft labels) from
@@ -162,7 +185,10 @@ class TargetWithHeads(nn.Module):
                 noise_generator=self.noise_generator, **common,
             )  # fmt: skip
         else:
-            labels = self.target_labels(input_ids, hidden) if self.labels == "target" else input_ids
+            if self.labels == "target":
+                labels = target_labels if target_labels is not None else self.target_labels(input_ids, hidden)
+            else:
+                labels = input_ids
             out = medusa_loss(self.heads, hidden, labels, loss_mask, attention_mask, ranks=rank_stats, **common)
         tokens = attention_mask.sum() if attention_mask is not None else torch.tensor(input_ids.numel())
         mask = loss_mask if loss_mask is not None else torch.ones_like(labels)
