@@ -194,7 +194,7 @@ class EagleHead(nn.Module):
     reads_tokens = False
     dynamic_tree = True
     training_objective = "draft_steps"
-    spec_options: tuple[str, ...] = ("noise",)
+    spec_options: tuple[str, ...] = ("noise", "fc_bias")
     #: EAGLE-3: the input fuses several target layers (no single feature to regress onto).
     fuses_layers = False
 
@@ -206,7 +206,9 @@ class EagleHead(nn.Module):
         self.feature_layers: list[int] | None = ex.get("feature_layers")
         fused = self.fuses_layers
         feat = d * len(self.feature_layers) if fused else d
-        self.fc = nn.Linear(feat if fused else feat + d, d, bias=not fused)
+        # EAGLE's fc bias: vLLM's EAGLE-1 has none (and drops one without a word), SGLang's has one.
+        # New heads default to none (``fc_bias: false``); heads saved before the option existed had one.
+        self.fc = nn.Linear(feat if fused else feat + d, d, bias=not fused and bool(ex.get("fc_bias", True)))
         attn_in = 2 * d if fused else d
         self.layers = nn.ModuleList([
             DraftLayer(
@@ -252,7 +254,8 @@ class EagleHead(nn.Module):
         **extra,
     ) -> "EagleHead":
         info = TargetInfo.from_model(target)
-        extra = {**_layer_geometry(target), **extra}
+        defaults = {} if cls.fuses_layers else {"fc_bias": False}
+        extra = {**_layer_geometry(target), **defaults, **extra}
         config = HeadsConfig(
             head_type=cls.head_type,
             num_heads=num_heads,

@@ -102,7 +102,10 @@ def run(cfg: ExperimentConfig) -> TrainResult:
     # -- 3. heads, wrapper, optimizer, schedule --------------------------------------------------
     set_seed(t.seed)  # heads' init does not depend on what loading consumed from the RNG
     heads = build_heads(cfg.heads, target, zero3=zero3)
-    if hasattr(heads, "set_draft_vocab"):  # EAGLE-3: its own LM head covers the most frequent training tokens
+    if cfg.heads.init_from:  # continue from saved or imported heads (their draft vocabulary included)
+        init_heads_from(heads, cfg.heads.init_from, target)
+        say(f"heads initialised from {cfg.heads.init_from}")
+    elif hasattr(heads, "set_draft_vocab"):  # EAGLE-3: its own LM head covers the most frequent training tokens
         heads.set_draft_vocab(training_token_counts(train_ds, heads.config.vocab_size))
         say(f"draft vocabulary: the {heads.draft_to_target.numel()} most frequent training tokens")
     model = TargetWithHeads(
@@ -299,6 +302,31 @@ def build_heads(spec: HeadsSpec, target: torch.nn.Module, zero3: bool = False) -
     options = {name: getattr(spec, name) for name in cls.spec_options}  # what this head type takes
     with ctx:
         return cls.for_target(target, num_heads=spec.num_heads, num_layers=spec.num_layers, **options)
+
+
+def init_heads_from(heads: torch.nn.Module, path: str, target: torch.nn.Module) -> None:
+    """Load the heads folder ``path`` into freshly built ``heads``, strictly: same head type and
+    architecture as configured (an error names every difference), checked against ``target``."""
+    from ..heads import load_heads
+
+    saved = load_heads(path, target=target)
+    mine, theirs = heads.config, saved.config
+    problems = [
+        f"{name}: config has {getattr(mine, name)!r}, {path} has {getattr(theirs, name)!r}"
+        for name in ("head_type", "num_layers", "hidden_size", "vocab_size", "lm_head")
+        if getattr(mine, name) != getattr(theirs, name)
+    ]
+    if mine.head_type in ("medusa", "hydra") and mine.num_heads != theirs.num_heads:
+        problems.append(f"num_heads: config has {mine.num_heads}, {path} has {theirs.num_heads}")
+    for key in sorted(set(mine.extra) & set(theirs.extra) - {"noise"}):
+        if mine.extra[key] != theirs.extra[key]:
+            problems.append(f"heads.{key}: config has {mine.extra[key]!r}, {path} has {theirs.extra[key]!r}")
+    if not problems and set(saved.state_dict()) != set(heads.state_dict()):
+        problems.append(f"tensors differ: {sorted(set(saved.state_dict()) ^ set(heads.state_dict()))[:6]}")
+    if problems:
+        raise ValueError(f"heads.init_from: {path} does not match the configured heads:\n  - " + "\n  - ".join(problems))
+    with torch.no_grad():
+        heads.load_state_dict(saved.state_dict(), strict=True)
 
 
 def training_token_counts(dataset, vocab_size: int) -> torch.Tensor:
