@@ -251,6 +251,13 @@ def build_parser() -> argparse.ArgumentParser:
     from .bench.command import add_parser as add_bench_parser
 
     add_bench_parser(sub, _add_target_args).set_defaults(func=cmd_bench)
+
+    from .export.command import add_import_parser, add_parser as add_export_parser, run_import
+
+    add_export_parser(sub)
+    add_import_parser(sub, _add_target_args).set_defaults(
+        func=lambda args: run_import(args, lambda path: _load_target(path, args.device, args.dtype, args.trust_remote_code))
+    )
     return parser
 
 

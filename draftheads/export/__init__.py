@@ -4,18 +4,25 @@
     export_heads("runs/demo/heads", "out/vllm-medusa", "vllm")
     import_heads("path/to/EAGLE3-checkpoint", "runs/imported", target)
 
-One module per engine layout (vllm, sglang, speculators; importers); the tensor names and shapes
-of every layout are described once in `layouts`.
+One module per engine layout (vllm, sglang, speculators; import_medusa, import_eagle); the tensor
+names and shapes of every layout are described once in `layouts`.
 """
-from .common import ExportError
-from .exporter import FORMATS, export_heads
+from .formats import EXPORT_FORMATS, IMPORT_FORMATS
 
-__all__ = ["ExportError", "FORMATS", "export_heads", "import_heads", "IMPORT_FORMATS"]
+__all__ = ["EXPORT_FORMATS", "ExportError", "IMPORT_FORMATS", "export_heads", "import_heads", "read_heads"]
 
 
-def __getattr__(name):  # the importers pull in more (torch.load for .bin files): load on first use
-    if name in ("import_heads", "IMPORT_FORMATS"):
+def __getattr__(name):  # torch and the heads load on first use, not when the command line lists formats
+    if name in ("export_heads", "FORMATS"):
+        from . import exporter
+
+        return getattr(exporter, name)
+    if name == "ExportError":
+        from .common import ExportError
+
+        return ExportError
+    if name in ("import_heads", "read_heads"):
         from . import importers
 
         return getattr(importers, name)
-    raise AttributeError(name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
