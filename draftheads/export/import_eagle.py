@@ -131,6 +131,9 @@ def read_eagle3(source: Source, target: torch.nn.Module, layout: str) -> Eagle3H
         raise ValueError(f"{where}: {', '.join(on)} set: draftheads' EAGLE-3 head computes none of these variants "
                          "(it normalises the fused state only on the attention input, after the residual split)")
     check_feature_layers(feature_layers, n_target)
+    if len(set(feature_layers)) != len(feature_layers):
+        raise ValueError(f"{where}: aux layers {feature_layers} repeat a layer (the engines' defaults 2, L/2, L-3 collide "
+                         f"on a {n_target}-layer target): name the layers in config.json")
     for key in ("hidden_size", "target_hidden_size"):
         value = cfg.get(key, layer_cfg.get(key))
         if value is not None and int(value) != d:
