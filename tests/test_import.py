@@ -373,3 +373,25 @@ def test_cli_import(tmp_path, tiny_target_dir, capsys):
     assert torch.equal(heads.blocks[0][0].linear.weight, raw["0.0.linear.weight"])
     assert main(args) == 2 and "exists" in capsys.readouterr().err
     assert main(args + ["--overwrite", "--format", "eagle"]) == 2  # forced wrong layout: a clear error, not a crash
+
+
+def test_init_from_keeps_an_imported_eagle_layer_and_names_a_config_difference(tmp_path):
+    """An imported EAGLE layer may have another geometry than the target's (here: a wider MLP): training
+    continues with it; an fc bias the config does not ask for is named, with the key to set."""
+    from draftheads.config import HeadsSpec
+    from draftheads.train.loop import build_heads, init_heads_from
+
+    target = target4()
+    raw = safeailab_eagle(target)
+    for name in ("mlp.gate_proj.weight", "mlp.up_proj.weight"):
+        raw[f"layers.0.{name}"] = rnd(192, H)
+    raw["layers.0.mlp.down_proj.weight"] = rnd(H, 192)
+    src = write(tmp_path / "eagle", raw, {**LLAMA_CONFIG, "intermediate_size": 192})
+    imported = import_heads(src, tmp_path / "imported", target)
+    with pytest.raises(ValueError, match=r"heads.fc_bias: config has False, .* has True"):
+        init_heads_from(build_heads(HeadsSpec(type="eagle", num_heads=2), target), str(imported), target)
+    heads = init_heads_from(build_heads(HeadsSpec(type="eagle", num_heads=2, fc_bias=True, noise=0.2), target),
+                            str(imported), target)
+    assert heads.config.num_heads == 2 and heads.config.extra["noise"] == 0.2  # training settings: the config's
+    assert heads.layers[0].gate_proj.weight.shape == (192, H)
+    assert torch.equal(heads.fc.bias, raw["fc.bias"])
