@@ -14,15 +14,8 @@ see `identity_plus_noise`), exported with ``export_heads(..., "vllm")`` and run 
 - the comparison can fail: exports with a classic conversion bug (Medusa block biases without
   ``medusa_fc_bias``, EAGLE-1 fc halves in the wrong order, EAGLE-3 ``d2t`` all zeros) decode the same text in vLLM but accept differently.
 
-How vLLM counts (vllm/v1/core/sched/scheduler.py, 0.32.0): every decode step after the prefill
-verifies a full chain of ``num_speculative_tokens`` drafts (no truncation near ``max_tokens``:
-only ``max_model_len`` would cut it, and the prompts here stay far below it); a step's accepted
-count is recorded before the request is stopped, so accepted tokens past ``max_tokens`` are
-counted and then discarded; the request stops once it has ``max_tokens`` tokens. draftheads'
-decoder instead never drafts past ``max_new_tokens``. So draftheads decodes
-``max_tokens + k + 1`` tokens (its drafts are never cut before the point where vLLM stops) and
-`vllm_counts` replays vLLM's rule on its per-step acceptance: the steps up to the one that reaches
-``max_tokens``, each with its full accepted count.
+How vLLM counts steps (no shorter drafts near ``max_tokens``; accepted tokens past it still
+counted) and how draftheads' decoding is replayed to count the same steps: tests/engines/vllm_counting.py.
 
 vLLM lives in its own venv (scripts/setup_vllm_env.sh, run by .ci/run): ``$DRAFTHEADS_VLLM_PYTHON``
 or ``<repo>/.venv-vllm/bin/python``. Without it these tests skip, except when ``CI`` is set in the
@@ -43,6 +36,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import draftheads as dh
+from engines.vllm_counting import decode_budget, vllm_counts
 
 REPO = Path(__file__).resolve().parents[1]
 RUNNER = REPO / "tests" / "engines" / "vllm_runner.py"
@@ -184,21 +178,6 @@ def perturb(src: Path, dst: Path, how: str) -> None:
     (dst / "config.json").write_text(json.dumps(config, indent=2))
 
 
-def vllm_counts(accept_lengths: list[int], max_tokens: int, k: int) -> tuple[int, list[int]]:
-    """(drafts, accepted per position) as vLLM counts them for one request, from draftheads'
-    tokens committed per verify step (decoded past ``max_tokens``): the prefill gives one token;
-    each step drafts ``k``; stop once ``max_tokens`` are out (module docstring)."""
-    drafts, per_pos, emitted = 0, [0] * k, 1
-    for length in accept_lengths:
-        if emitted >= max_tokens:
-            break
-        drafts += 1
-        for i in range(length - 1):
-            per_pos[i] += 1
-        emitted += length
-    return drafts, per_pos
-
-
 def draftheads_acceptance(engine_run, case: Case) -> tuple[int, list[int]]:
     """draftheads' own chain decoding of ``case``'s heads, counted as vLLM counts (cached per heads)."""
     cache = engine_run["acceptance"]
@@ -212,7 +191,7 @@ def _draftheads_acceptance(target, case: Case, prompts: torch.Tensor) -> tuple[i
     decoder = dh.SpeculativeDecoder(target, heads, tree=case.chain)
     drafts, per_pos = 0, [0] * K
     for prompt in prompts:
-        out = decoder.generate(prompt[None], max_new_tokens=MAX_TOKENS + K + 1, eos_token_id=[])
+        out = decoder.generate(prompt[None], max_new_tokens=decode_budget(MAX_TOKENS, K), eos_token_id=[])
         n, pos = vllm_counts(out.accept_lengths, MAX_TOKENS, K)
         drafts += n
         per_pos = [a + b for a, b in zip(per_pos, pos)]
@@ -295,6 +274,15 @@ def engine(engine_run, name: str) -> dict:
     got = engine_run["result"]["engines"][name]
     assert "error" not in got, f"vLLM engine {name!r} failed:\n{got['error']}"
     return got["runs"]["greedy"]
+
+
+def test_vllm_counting_replays_the_schedulers_rule():
+    """Steps commit 1, 2, 4, 1, 3 tokens after the prefill's one: the 5th reaches 10 and is the
+    last counted, with its 2 accepted drafts although only 1 token of it is kept."""
+    assert vllm_counts([1, 2, 4, 1, 3, 4, 4], max_tokens=10, k=3) == (5, [3, 2, 1])
+    assert vllm_counts([4], max_tokens=1, k=3) == (0, [0, 0, 0])  # the prefill's token is all
+    with pytest.raises(ValueError, match="decode max_tokens"):
+        vllm_counts([1, 1], max_tokens=10, k=3)
 
 
 CASES = ["medusa", "medusa_shared", "eagle", "eagle3", "eagle3_method", "eagle3_as_model"]

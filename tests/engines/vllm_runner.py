@@ -9,10 +9,12 @@ Spec (``--spec FILE``)::
 
     {"model": DIR, "max_model_len": 512, "dtype": "float32", "max_num_seqs": 16,
      "engines": [{"name": "plain", "speculative_config": null, "llm_kwargs": {}}, ...],
-     "runs": [{"name": "b1", "prompts": [[ids...]], "max_tokens": 32, "repeat": 1}, ...]}
+     "runs": [{"name": "c4", "prompts": [[ids...]], "max_tokens": 32, "batch_size": 4, "repeat": 1}, ...],
+     "warmup_tokens": 0}
 
-Every engine runs every run, in order; a run's prompts are one ``LLM.generate`` call (vLLM
-batches them). Per engine and run the result holds the output token ids of the last repeat,
+Every engine runs every run, in order. A run's prompts go to ``LLM.generate`` ``batch_size`` at a
+time (default: all in one call), so ``batch_size`` is the number of concurrent requests; its
+time is the sum over those calls. ``warmup_tokens`` > 0: one untimed, uncounted request first. Per engine and run the result holds the output token ids of the last repeat,
 the wall time of each repeat, and the spec-decode counters added by each repeat (the counters
 are cumulative per engine, so each run reads the difference). An engine that fails to build or
 run is reported with its traceback instead of stopping the others.
@@ -83,19 +85,26 @@ def run_engine(spec: dict, engine: dict) -> dict:
     llm = LLM(**kwargs)
     result = {"build_seconds": time.perf_counter() - t0, "runs": {}}
     try:
+        if spec.get("warmup_tokens"):
+            warm = SamplingParams(temperature=0.0, max_tokens=spec["warmup_tokens"], ignore_eos=True, detokenize=False)
+            llm.generate([{"prompt_token_ids": list(spec["runs"][0]["prompts"][0])}], warm, use_tqdm=False)
         for run in spec["runs"]:
             params = SamplingParams(
                 temperature=0.0, max_tokens=run["max_tokens"], ignore_eos=True, detokenize=False
             )
             prompts = [{"prompt_token_ids": list(p)} for p in run["prompts"]]
+            size = run.get("batch_size") or len(prompts)
             seconds, counts, outputs = [], [], None
             for _ in range(run.get("repeat", 1)):
                 before = read_counters(llm)
-                t = time.perf_counter()
-                done = llm.generate(prompts, params, use_tqdm=False)
-                seconds.append(time.perf_counter() - t)
+                elapsed, outputs = 0.0, []
+                for start in range(0, len(prompts), size):
+                    t = time.perf_counter()
+                    done = llm.generate(prompts[start : start + size], params, use_tqdm=False)
+                    elapsed += time.perf_counter() - t
+                    outputs += [list(o.outputs[0].token_ids) for o in done]
+                seconds.append(elapsed)
                 counts.append(difference(read_counters(llm), before))
-                outputs = [list(o.outputs[0].token_ids) for o in done]
             result["runs"][run["name"]] = {"outputs": outputs, "seconds": seconds, "counters": counts}
     finally:
         del llm
