@@ -57,6 +57,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="draftheads heads folders to export and serve, e.g. medusa=runs/demo/heads")
     p.add_argument("--target", default="demo", help="target folder or 'demo' (the cached demo target)")
     p.add_argument("--out", required=True, help="folder for results.json, results.md, the exports and vLLM's raw output")
+    p.add_argument("--exports", help="folder for the exported heads (default: OUT/exports)")
     p.add_argument("--concurrency", default="1,4,16", help="comma-separated numbers of concurrent requests")
     p.add_argument("--num-prompts", type=int, default=16)
     p.add_argument("--prompt-tokens", type=int, default=128)
@@ -253,7 +254,7 @@ def main(argv=None) -> None:
     target_dir = resolve_target(args.target)
     prompts = demo_prompts(target_dir, args.num_prompts, args.prompt_tokens)
     exports = {
-        name: export_heads(folder, out / "exports" / name, "vllm", verifier=target_dir,
+        name: export_heads(folder, Path(args.exports or out / "exports") / name, "vllm", verifier=target_dir,
                            num_speculative_tokens=args.k, overwrite=True)
         for name, folder in args.heads.items()
     }
