@@ -300,6 +300,13 @@ def build_parser() -> argparse.ArgumentParser:
     from .train.features_command import add_parser as add_cache_features_parser
 
     add_cache_features_parser(sub)
+
+    from .export.command import add_import_parser, add_parser as add_export_parser, run_import
+
+    add_export_parser(sub)
+    add_import_parser(sub, _add_target_args).set_defaults(
+        func=lambda args: run_import(args, lambda path: _load_target(path, args.device, args.dtype, args.trust_remote_code))
+    )
     return parser
 
 

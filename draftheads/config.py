@@ -55,6 +55,12 @@ class HeadsSpec:
     feature_layers: list[int] | None = None  # eagle3: target layers fused (default 2, L/2, L-3)
     draft_vocab_size: int | None = None  # eagle3: size of its own LM head's vocabulary (default 32000)
     noise: float = 0.1  # eagle: amplitude of the uniform noise added to target features in training
+    # eagle: a bias on the fc fusing embedding and feature. Off by default: vLLM's EAGLE-1 has no fc
+    # bias (it would drop one silently); heads saved before this option had one and still load.
+    fc_bias: bool = False
+    # A heads folder (draftheads' own, or `draftheads import`ed) to continue training from: loaded
+    # strictly; its type and sizes must equal the ones configured here.
+    init_from: str | None = None
 
 
 @dataclass
@@ -391,7 +397,7 @@ def _validate_heads_spec(spec: HeadsSpec, types_: dict[str, type]) -> None:
     takes = types_[spec.type].spec_options
     for f in dataclasses.fields(HeadsSpec):
         value = getattr(spec, f.name)
-        if f.name in ("type", "num_heads", "num_layers") or f.name in takes or value == getattr(defaults, f.name):
+        if f.name in ("type", "num_heads", "num_layers", "init_from") or f.name in takes or value == getattr(defaults, f.name):
             continue
         users = sorted(name for name, cls in types_.items() if f.name in cls.spec_options)
         raise ConfigError(

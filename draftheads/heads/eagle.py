@@ -194,7 +194,7 @@ class EagleHead(nn.Module):
     reads_tokens = False
     dynamic_tree = True
     training_objective = "draft_steps"
-    spec_options: tuple[str, ...] = ("noise",)
+    spec_options: tuple[str, ...] = ("noise", "fc_bias")
     #: config.json "extra" keys the draft layer is built from (checked at load).
     required_extra: tuple[str, ...] = (
         "num_attention_heads", "num_key_value_heads", "head_dim", "intermediate_size", "rms_norm_eps", "rope_theta"
@@ -210,7 +210,9 @@ class EagleHead(nn.Module):
         self.feature_layers: list[int] | None = ex.get("feature_layers")
         fused = self.fuses_layers
         feat = d * len(self.feature_layers) if fused else d
-        self.fc = nn.Linear(feat if fused else feat + d, d, bias=not fused)
+        # EAGLE's fc bias: vLLM's EAGLE-1 has none (and drops one without a word), SGLang's has one.
+        # New heads default to none (``fc_bias: false``); heads saved before the option existed had one.
+        self.fc = nn.Linear(feat if fused else feat + d, d, bias=not fused and bool(ex.get("fc_bias", True)))
         attn_in = 2 * d if fused else d
         self.layers = nn.ModuleList([
             DraftLayer(
@@ -256,7 +258,8 @@ class EagleHead(nn.Module):
         **extra,
     ) -> "EagleHead":
         info = TargetInfo.from_model(target)
-        extra = {**_layer_geometry(target), **extra}
+        defaults = {} if cls.fuses_layers else {"fc_bias": False}
+        extra = {**_layer_geometry(target), **defaults, **extra}
         config = HeadsConfig(
             head_type=cls.head_type,
             num_heads=num_heads,

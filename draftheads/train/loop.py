@@ -143,7 +143,10 @@ def run(cfg: ExperimentConfig, overwrite: bool = False) -> TrainResult:
     # -- 3. heads, wrapper, optimizer, schedule --------------------------------------------------
     set_seed(t.seed)  # heads' init does not depend on what loading consumed from the RNG
     heads = build_heads(cfg.heads, target, zero3=zero3)
-    if hasattr(heads, "set_draft_vocab"):  # EAGLE-3: its own LM head covers the most frequent training tokens
+    if cfg.heads.init_from:  # continue from saved or imported heads (their draft vocabulary included)
+        heads = init_heads_from(heads, cfg.heads.init_from, target)
+        say(f"heads initialised from {cfg.heads.init_from}")
+    elif hasattr(heads, "set_draft_vocab"):  # EAGLE-3: its own LM head covers the most frequent training tokens
         heads.set_draft_vocab(training_token_counts(train_ds, heads.config.vocab_size))
         say(f"draft vocabulary: the {heads.draft_to_target.numel()} most frequent training tokens")
     model = TargetWithHeads(
@@ -374,6 +377,35 @@ def build_heads(spec: HeadsSpec, target: torch.nn.Module, zero3: bool = False) -
     options = {name: getattr(spec, name) for name in cls.spec_options}  # what this head type takes
     with ctx:
         return cls.for_target(target, num_heads=spec.num_heads, num_layers=spec.num_layers, **options)
+
+
+def init_heads_from(heads: torch.nn.Module, path: str, target: torch.nn.Module) -> torch.nn.Module:
+    """The heads folder ``path`` (saved or imported) to continue training, loaded strictly and
+    checked against ``target``. What the config sets (type, sizes, feature layers, draft vocabulary,
+    fc bias) must equal what ``path`` holds: an error names every difference. The draft layer's
+    geometry comes from ``path`` (an imported EAGLE layer may differ from the target's); the training
+    settings (EAGLE's unrolled steps, feature noise) from the config."""
+    from ..heads import load_heads
+
+    saved = load_heads(path, target=target)
+    mine, theirs = heads.config, saved.config
+    problems = [
+        f"{name}: config has {getattr(mine, name)!r}, {path} has {getattr(theirs, name)!r}"
+        for name in ("head_type", "num_layers", "hidden_size", "vocab_size", "lm_head")
+        if getattr(mine, name) != getattr(theirs, name)
+    ]
+    if mine.head_type in ("medusa", "hydra") and mine.num_heads != theirs.num_heads:
+        problems.append(f"num_heads: config has {mine.num_heads}, {path} has {theirs.num_heads}")
+    for key in ("feature_layers", "draft_vocab_size", "fc_bias"):
+        default = True if key == "fc_bias" else None  # EAGLE heads saved before the option had an fc bias
+        if key in mine.extra and mine.extra[key] != theirs.extra.get(key, default):
+            problems.append(f"heads.{key}: config has {mine.extra[key]!r}, {path} has {theirs.extra.get(key)!r}")
+    if problems:
+        raise ValueError(f"heads.init_from: {path} does not match the configured heads:\n  - " + "\n  - ".join(problems))
+    theirs.num_heads = mine.num_heads  # EAGLE: draft steps unrolled in training (no tensors depend on it)
+    if "noise" in mine.extra:
+        theirs.extra["noise"] = mine.extra["noise"]
+    return saved
 
 
 def training_token_counts(dataset, vocab_size: int) -> torch.Tensor:

@@ -1,0 +1,28 @@
+"""Engine formats: export draftheads heads to vLLM / SGLang / speculators, import public checkpoints.
+
+    from draftheads.export import export_heads, import_heads
+    export_heads("runs/demo/heads", "out/vllm-medusa", "vllm")
+    import_heads("path/to/EAGLE3-checkpoint", "runs/imported", target)
+
+One module per engine layout (vllm, sglang, speculators; import_medusa, import_eagle); the tensor
+names and shapes of every layout are described once in `layouts`.
+"""
+from .formats import EXPORT_FORMATS, IMPORT_FORMATS
+
+__all__ = ["EXPORT_FORMATS", "ExportError", "IMPORT_FORMATS", "export_heads", "import_heads", "read_heads"]
+
+
+def __getattr__(name):  # torch and the heads load on first use, not when the command line lists formats
+    if name in ("export_heads", "FORMATS"):
+        from . import exporter
+
+        return getattr(exporter, name)
+    if name == "ExportError":
+        from .common import ExportError
+
+        return ExportError
+    if name in ("import_heads", "read_heads"):
+        from . import importers
+
+        return getattr(importers, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

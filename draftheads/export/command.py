@@ -1,0 +1,77 @@
+"""`draftheads export HEADS OUT --format F` and `draftheads import SRC OUT --target T`."""
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Callable
+
+from .formats import EXPORT_FORMATS
+
+
+def add_parser(sub) -> argparse.ArgumentParser:
+    p = sub.add_parser(
+        "export",
+        help="write heads in an engine's format (vLLM, SGLang, speculators)",
+        description="Medusa -> vLLM MedusaModel; EAGLE -> vLLM EAGLE-1 or SGLang EAGLE; EAGLE-3 -> speculators "
+                    "(what --format vllm writes) or SGLang LlamaForCausalLMEagle3. Heads a format cannot hold "
+                    "exactly are refused, never approximated.",
+    )
+    p.add_argument("heads", metavar="HEADS", help="draftheads heads folder (config.json + model.safetensors)")
+    p.add_argument("out", metavar="OUT", help="output folder (written atomically)")
+    p.add_argument("--format", required=True, choices=list(EXPORT_FORMATS))
+    p.add_argument("--verifier", metavar="PATH_OR_ID",
+                   help="the target as the engine opens it (default: the target the heads were trained for; "
+                        '"demo" = the demo target\'s cache folder)')
+    p.add_argument("--num-speculative-tokens", type=int, default=None, metavar="N",
+                   help="speculators format: draft tokens per step written to the config (default: the heads' "
+                        "training draft steps)")
+    p.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
+    p.set_defaults(func=cmd_export)
+    return p
+
+
+def cmd_export(args) -> int:
+    from . import ExportError, export_heads
+
+    try:
+        out = export_heads(args.heads, args.out, args.format, verifier=args.verifier,
+                           num_speculative_tokens=args.num_speculative_tokens, overwrite=args.overwrite)
+    except (ExportError, FileExistsError, FileNotFoundError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"exported {args.heads} as {args.format} to {out}")
+    return 0
+
+
+def add_import_parser(sub, add_target_args: Callable[[argparse.ArgumentParser], None]) -> argparse.ArgumentParser:
+    from .formats import IMPORT_FORMATS
+
+    p = sub.add_parser(
+        "import",
+        help="convert a Medusa / EAGLE / EAGLE-3 / speculators checkpoint into a draftheads heads folder",
+        description="Layouts: " + "; ".join(f"{k} = {v}" for k, v in IMPORT_FORMATS.items()),
+    )
+    p.add_argument("src", metavar="SRC", help="checkpoint folder or weights file")
+    p.add_argument("out", metavar="OUT", help="heads folder to write")
+    add_target_args(p)
+    p.add_argument("--format", choices=list(IMPORT_FORMATS), default=None, help="skip detection")
+    p.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
+    return p
+
+
+def run_import(args, load_model: Callable[[str], tuple]) -> int:
+    from pathlib import Path
+
+    from .importers import import_heads
+
+    if Path(args.out).exists() and not args.overwrite:  # before loading the target: a typo costs a second
+        print(f"error: {args.out} exists: pass --overwrite to replace it", file=sys.stderr)
+        return 2
+    target, _ = load_model(args.target)
+    try:
+        out = import_heads(args.src, args.out, target, format=args.format, overwrite=args.overwrite)
+    except (FileExistsError, FileNotFoundError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"imported {args.src} to {out}")
+    return 0

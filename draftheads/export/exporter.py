@@ -1,0 +1,40 @@
+"""`export_heads`: a draftheads heads folder -> an engine's folder, written atomically."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from ..heads.io import load_heads
+from . import sglang, speculators, vllm
+from .common import ExportError, resolve_verifier, verifier_config, write_engine_folder
+
+FORMATS = {"vllm": vllm.export, "sglang": sglang.export, "speculators": speculators.export}
+
+
+def export_heads(
+    heads_dir: str | os.PathLike,
+    out_dir: str | os.PathLike,
+    format: str,
+    *,
+    verifier: str | None = None,
+    num_speculative_tokens: int | None = None,
+    overwrite: bool = False,
+) -> Path:
+    """Write the heads in ``heads_dir`` as ``format`` ("vllm", "sglang", "speculators") to ``out_dir``.
+
+    ``verifier``: the target as the engine should open it (default: the target the heads recorded;
+    "demo" is the demo target's cache folder). Refuses, naming the reason, heads the format
+    cannot hold exactly, and an existing ``out_dir`` unless ``overwrite``."""
+    if format not in FORMATS:
+        raise ExportError(f"unknown export format {format!r}; valid: {', '.join(FORMATS)}")
+    out = Path(out_dir)
+    if out.exists() and not overwrite:
+        raise FileExistsError(f"{out} exists: pass overwrite=True (--overwrite) to replace it")
+    heads = load_heads(heads_dir)
+    resolved = resolve_verifier(heads.config, verifier)
+    folder = FORMATS[format](
+        heads, verifier=resolved, verifier_cfg=verifier_config(resolved), num_speculative_tokens=num_speculative_tokens
+    )
+    metadata = {"format": format, "head_type": heads.config.head_type, "heads": str(Path(heads_dir).absolute()),
+                "verifier": resolved}
+    return write_engine_folder(out, folder, metadata, overwrite)

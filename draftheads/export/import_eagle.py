@@ -1,0 +1,193 @@
+"""EAGLE-1/2 and EAGLE-3 checkpoints -> draftheads EagleHead / Eagle3Head.
+
+EAGLE-1/2 (SafeAILab ``cnets.py``; also vLLM's and SGLang's EAGLE-1 folders): ``fc`` over
+cat(embedding, feature) (+ bias), ``layers.{i}.*`` Llama layers, layer 0 without input_layernorm.
+EAGLE-3: ``midlayer.*`` (SafeAILab, SpecForge, SGLang; explicit aux ids in SGLang's numbering,
+"output of layer j") or ``layers.0.*`` (speculators, vLLM's numbering "input of layer k"), with
+``d2t`` offsets and an optional ``t2d`` mask. A copy of the target's embedding in the checkpoint is
+checked against the target and dropped (draftheads always reads the target's own).
+Variants draftheads' heads cannot compute (norm_before_residual, fc norms, RoPE scaling, ...)
+are refused by name, never approximated.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..heads import Eagle3Head, EagleHead, HeadsConfig, TargetInfo
+from ..heads.config import text_config
+from ..heads.eagle import check_feature_layers
+from .eagle_layers import draftheads_layer_tensors
+from .import_medusa import load_strict
+from .layouts import d2t_absolute, default_engine_feature_layers, feature_layers_from_sglang, feature_layers_from_vllm
+from .sources import Source
+
+UNSUPPORTED_FLAGS = ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output", "use_aux_norm")
+
+
+def _strip_model_prefix(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """SGLang loads names with or without a ``model.`` prefix; so does this."""
+    return {(k[len("model."):] if k.startswith("model.") else k): v for k, v in tensors.items()}
+
+
+def _geometry(layer_cfg: dict, hidden: int, where: str) -> dict:
+    heads = int(layer_cfg.get("num_attention_heads") or 0)
+    if not heads:
+        raise ValueError(f"{where}: config.json has no num_attention_heads (needed to split the draft layer's attention)")
+    rope = layer_cfg.get("rope_parameters") or {}
+    scaling = layer_cfg.get("rope_scaling") or (rope if rope.get("rope_type", "default") != "default" else None)
+    if scaling:
+        raise ValueError(f"{where}: RoPE scaling {scaling} in the draft layer: draftheads' draft layer applies plain RoPE")
+    theta = layer_cfg.get("rope_theta") or rope.get("rope_theta") or 10000.0
+    return {
+        "num_attention_heads": heads,
+        "num_key_value_heads": int(layer_cfg.get("num_key_value_heads") or heads),
+        "head_dim": int(layer_cfg.get("head_dim") or hidden // heads),
+        "intermediate_size": int(layer_cfg["intermediate_size"]),
+        "rope_theta": float(theta),
+        "rms_norm_eps": float(layer_cfg.get("rms_norm_eps", 1e-6)),
+    }
+
+
+def _check_embedding(tensors: dict[str, torch.Tensor], target: torch.nn.Module, where: str) -> None:
+    emb = tensors.pop("embed_tokens.weight", None)
+    if emb is None:
+        return
+    ref = target.get_input_embeddings().weight.detach().float().cpu()
+    if tuple(emb.shape) != tuple(ref.shape) or not torch.allclose(emb.float(), ref, rtol=1e-2, atol=1e-3):
+        raise ValueError(
+            f"{where}: embed_tokens.weight differs from the target's embedding (another model, or trained): "
+            "draftheads' EAGLE heads read the target's own embedding"
+        )
+
+
+def _leftovers(tensors: dict[str, torch.Tensor], where: str, kind: str) -> None:
+    if tensors:
+        raise ValueError(f"{where}: tensors with no place in draftheads' {kind} head: {', '.join(sorted(tensors)[:8])}")
+
+
+def read_eagle(source: Source, target: torch.nn.Module) -> EagleHead:
+    where = source.describe()
+    tensors = _strip_model_prefix(source.tensors)
+    tensors.pop("lm_head.weight", None) if _same_as_target_head(tensors, target) else None
+    _check_embedding(tensors, target, where)
+    info = TargetInfo.from_model(target)
+    cfg = source.config
+    d = info.hidden_size
+    if int(cfg.get("hidden_size", d)) != d:
+        raise ValueError(f"{where}: the draft's hidden_size {cfg.get('hidden_size')} is not the target's {d}")
+    num_layers = len({k.split(".")[1] for k in tensors if k.startswith("layers.")})
+    if num_layers == 0 or "fc.weight" not in tensors:
+        raise ValueError(f"{where}: an EAGLE draft needs fc.weight and layers.0.* tensors")
+    fc_bias = "fc.bias" in tensors
+    extra = {**_geometry(cfg, d, where), "fc_bias": fc_bias}
+    config = HeadsConfig(head_type="eagle", num_heads=1, num_layers=num_layers, hidden_size=d,
+                         vocab_size=info.vocab_size, lm_head="shared", target=info, extra=extra)
+    head = EagleHead(config)
+    state = draftheads_layer_tensors(tensors, num_layers, [f"layers.{i}" for i in range(num_layers)])
+    state["fc.weight"] = tensors.pop("fc.weight")
+    if fc_bias:
+        state["fc.bias"] = tensors.pop("fc.bias")
+    _leftovers(tensors, where, "EAGLE")
+    state["token_counts"] = torch.zeros(info.vocab_size, dtype=torch.long)
+    return load_strict(head, state, where)
+
+
+def _same_as_target_head(tensors: dict[str, torch.Tensor], target: torch.nn.Module) -> bool:
+    w = tensors.get("lm_head.weight")
+    if w is None:
+        return False
+    ref = target.get_output_embeddings().weight.detach().float().cpu()
+    if tuple(w.shape) == tuple(ref.shape) and torch.allclose(w.float(), ref, rtol=1e-2, atol=1e-3):
+        return True
+    raise ValueError("lm_head.weight in an EAGLE-1 checkpoint differs from the target's LM head: draftheads' EAGLE "
+                     "head scores with the target's own")
+
+
+def read_eagle3(source: Source, target: torch.nn.Module, layout: str) -> Eagle3Head:
+    """``layout``: "eagle3" (midlayer.*, SGLang aux-id numbering) or "speculators" (layers.0.*, vLLM's)."""
+    where = source.describe()
+    tensors = _strip_model_prefix(source.tensors)
+    _check_embedding(tensors, target, where)
+    info = TargetInfo.from_model(target)
+    n_target = int(text_config(target).num_hidden_layers)
+    d = info.hidden_size
+    cfg = source.config
+    if layout == "speculators":
+        layer_cfg = dict(cfg.get("transformer_layer_config") or {})
+        flags = {"norm_before_residual": cfg.get("norm_before_residual", True)}  # vLLM's default for this format
+        flags.update({k: cfg.get(k, False) for k in UNSUPPORTED_FLAGS if k != "norm_before_residual"})
+        ids = cfg.get("eagle_aux_hidden_state_layer_ids") or (layer_cfg.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+        feature_layers = feature_layers_from_vllm(ids) if ids else default_engine_feature_layers(n_target)
+        prefix0 = "layers.0"
+    else:
+        layer_cfg = cfg
+        eagle_cfg = cfg.get("eagle_config") or {}
+        flags = {k: cfg.get(k, eagle_cfg.get(k, False)) for k in UNSUPPORTED_FLAGS}
+        ids = eagle_cfg.get("eagle_aux_hidden_state_layer_ids") or cfg.get("eagle_aux_hidden_state_layer_ids")
+        feature_layers = feature_layers_from_sglang(ids) if ids else default_engine_feature_layers(n_target)
+        prefix0 = "midlayer" if any(k.startswith("midlayer.") for k in tensors) else "layers.0"
+    on = sorted(k for k, v in flags.items() if v)
+    if on:
+        raise ValueError(f"{where}: {', '.join(on)} set: draftheads' EAGLE-3 head computes none of these variants "
+                         "(it normalises the fused state only on the attention input, after the residual split)")
+    check_feature_layers(feature_layers, n_target)
+    if len(set(feature_layers)) != len(feature_layers):
+        raise ValueError(f"{where}: aux layers {feature_layers} repeat a layer (the engines' defaults 2, L/2, L-3 collide "
+                         f"on a {n_target}-layer target): name the layers in config.json")
+    for key in ("hidden_size", "target_hidden_size"):
+        value = cfg.get(key, layer_cfg.get(key))
+        if value is not None and int(value) != d:
+            raise ValueError(f"{where}: {key} {value} differs from the target's hidden size {d} (draftheads' EAGLE-3 "
+                             "draft layer has the target's width)")
+    if "lm_head.weight" not in tensors:
+        raise ValueError(f"{where}: an EAGLE-3 draft needs its own lm_head.weight")
+    lm_head = tensors.pop("lm_head.weight")
+    n_vocab = lm_head.shape[0]
+    offsets, mask = tensors.pop("d2t", None), tensors.pop("t2d", None)
+    if offsets is None:
+        if n_vocab != info.vocab_size:
+            raise ValueError(f"{where}: no d2t: a draft vocabulary of {n_vocab} < {info.vocab_size} tokens needs d2t to "
+                             "say which target ids it holds (refusing to guess ids 0..N-1)")
+        absolute = torch.arange(n_vocab)
+    else:
+        if offsets.numel() != n_vocab:
+            raise ValueError(f"{where}: d2t has {offsets.numel()} entries, lm_head {n_vocab} rows")
+        absolute = d2t_absolute(offsets)
+    if bool((absolute < 0).any()) or bool((absolute >= info.vocab_size).any()) or absolute.unique().numel() != n_vocab:
+        raise ValueError(f"{where}: d2t (offsets: target id = i + d2t[i]) gives ids outside 0..{info.vocab_size - 1} "
+                         "or repeats one")
+    if mask is not None:
+        expected = torch.zeros(info.vocab_size, dtype=torch.bool)
+        expected[absolute] = True
+        if tuple(mask.shape) != (info.vocab_size,) or not torch.equal(mask.bool(), expected):
+            raise ValueError(f"{where}: t2d is not the mask of the target ids d2t names")
+    order = torch.argsort(absolute)  # draftheads keeps the draft vocabulary sorted by target id
+    num_layers = 1 + len({k.split(".")[1] for k in tensors if k.startswith("layers.") and k.split(".")[1] != "0"})
+    extra = {**_geometry(layer_cfg, d, where), "feature_layers": feature_layers, "draft_vocab_size": int(n_vocab)}
+    config = HeadsConfig(head_type="eagle3", num_heads=1, num_layers=num_layers, hidden_size=d,
+                         vocab_size=info.vocab_size, lm_head="own", target=info, extra=extra)
+    head = Eagle3Head(config)
+    later_norm = "hidden_norm" if any(k.startswith("layers.1.hidden_norm") for k in tensors) else "input_layernorm"
+    prefixes = [prefix0] + [f"layers.{i}" for i in range(1, num_layers)]
+    embed_norm = tensors.pop(f"{prefix0}.input_layernorm.weight", None)
+    hidden_norm = tensors.pop(f"{prefix0}.hidden_norm.weight", None)
+    state = draftheads_layer_tensors(tensors, num_layers, prefixes, later_norm)
+    for name, value in (("embed_norm.weight", embed_norm), ("hidden_norm.weight", hidden_norm)):
+        if value is not None:
+            state[name] = value
+    for name in ("fc.weight", "norm.weight"):
+        if name in tensors:
+            state[name] = tensors.pop(name)
+    bias = tensors.pop("fc.bias", None)
+    if bias is not None and bool((bias != 0).any()):
+        raise ValueError(f"{where}: fc.bias: draftheads' EAGLE-3 fc has no bias")
+    _leftovers(tensors, where, "EAGLE-3")
+    state["lm_head.weight"] = lm_head[order]
+    state["draft_to_target"] = absolute[order]
+    tt = torch.full((info.vocab_size,), -1, dtype=torch.long)
+    tt[absolute[order]] = torch.arange(n_vocab)
+    state["target_to_draft"] = tt
+    state["token_counts"] = torch.zeros(info.vocab_size, dtype=torch.long)
+    head = load_strict(head, state, where)
+    head.check_vocab_mapping()
+    return head

@@ -1,0 +1,90 @@
+"""Reading a checkpoint someone else wrote: its config.json and its tensors, without pickle where possible.
+
+safetensors files are read directly; ``.bin``/``.pt`` files (older Medusa and EAGLE releases) only
+through ``torch.load(weights_only=True)``, which refuses anything but tensors and plain containers.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError, safe_open
+
+SAFETENSORS_NAMES = ("model.safetensors", "medusa_lm_head.safetensors", "model-*.safetensors", "*.safetensors")
+PICKLE_NAMES = ("pytorch_model.bin", "medusa_lm_head.pt", "pytorch_model-*.bin", "*.pt", "*.bin")
+# A Medusa-2 release is a whole fine-tuned model with the heads inside: keep only the heads.
+MEDUSA_PREFIXES = ("medusa_head.", "medusa_heads.")
+
+
+@dataclass
+class Source:
+    path: Path
+    config: dict
+    tensors: dict[str, torch.Tensor]
+    files: list[Path] = field(default_factory=list)
+
+    def describe(self) -> str:
+        return ", ".join(str(f) for f in self.files) or str(self.path)
+
+
+def weight_files(path: Path) -> list[Path]:
+    """The checkpoint's weight files: safetensors if there are any, else pickles."""
+    if path.is_file():
+        return [path]
+    for patterns in (SAFETENSORS_NAMES, PICKLE_NAMES):
+        for pattern in patterns:
+            found = sorted(p for p in path.glob(pattern) if p.is_file())
+            if found:
+                return found
+    return []
+
+
+def _read_safetensors(file: Path) -> dict[str, torch.Tensor]:
+    try:
+        with safe_open(str(file), framework="pt") as f:
+            keys = list(f.keys())
+            if any(k.startswith(MEDUSA_PREFIXES) for k in keys):
+                keys = [k for k in keys if k.startswith(MEDUSA_PREFIXES)]
+            return {k: f.get_tensor(k) for k in keys}
+    except (SafetensorError, OSError) as e:
+        raise ValueError(f"{file} is not a readable safetensors file (truncated or corrupt?): {e}") from None
+
+
+def _read_pickle(file: Path) -> dict[str, torch.Tensor]:
+    try:
+        data = torch.load(str(file), map_location="cpu", weights_only=True)
+    except Exception as e:  # weights_only refuses arbitrary objects: say so instead of unpickling them
+        raise ValueError(f"{file} could not be read with torch.load(weights_only=True) ({type(e).__name__}: {e}); "
+                         "convert it to safetensors first") from None
+    if isinstance(data, dict) and "state_dict" in data and isinstance(data["state_dict"], dict):
+        data = data["state_dict"]
+    if not isinstance(data, dict) or not all(isinstance(v, torch.Tensor) for v in data.values()):
+        raise ValueError(f"{file} does not hold a flat name -> tensor dictionary")
+    if any(k.startswith(MEDUSA_PREFIXES) for k in data):
+        data = {k: v for k, v in data.items() if k.startswith(MEDUSA_PREFIXES)}
+    return dict(data)
+
+
+def read_source(src: str | Path) -> Source:
+    path = Path(src)
+    if not path.exists():
+        raise FileNotFoundError(f"import source not found: {path}")
+    files = weight_files(path)
+    if not files:
+        raise FileNotFoundError(
+            f"no weights in {path}: looked for {', '.join(SAFETENSORS_NAMES + PICKLE_NAMES)}"
+        )
+    tensors: dict[str, torch.Tensor] = {}
+    for file in files:
+        part = _read_safetensors(file) if file.suffix == ".safetensors" else _read_pickle(file)
+        tensors.update(part)
+    config_file = (path if path.is_dir() else path.parent) / "config.json"
+    config = {}
+    if config_file.is_file():
+        try:
+            config = json.loads(config_file.read_text())
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{config_file} is not valid JSON ({e})") from None
+    return Source(path, config, tensors, files)

@@ -1,0 +1,100 @@
+"""EAGLE-3 heads -> the speculators format (vllm-project/speculators), which vLLM loads directly.
+
+vLLM reads it through vllm/transformers_utils/configs/speculators/{base,algos}.py: the draft layer's
+config is ``transformer_layer_config``; ``norm_before_residual`` defaults to TRUE there (draftheads'
+EAGLE-3 keeps the un-normed fused state on the residual stream: false), so it is always written.
+"""
+from __future__ import annotations
+
+import torch
+
+from .common import EngineFolder, ExportError, check_tensors, dtype_name, llama_layer_config
+from .eagle_layers import engine_layer_tensors
+from .layouts import d2t_offsets, eagle3_shapes, fc_column_order, t2d_mask, vllm_aux_ids
+
+FORMAT = "speculators"
+SPECULATORS_VERSION = "0.3.0"
+
+
+def eagle3_tensors(heads, layer0_prefix: str, later_norm: str) -> dict[str, torch.Tensor]:
+    """EAGLE-3 tensors under engine names: fc columns in layer order, d2t as offsets, t2d a mask."""
+    cfg, ex = heads.config, heads.config.extra
+    state = {k: v.detach().cpu() for k, v in heads.state_dict().items()}
+    prefixes = [layer0_prefix] + [f"layers.{i}" for i in range(1, cfg.num_layers)]
+    out = engine_layer_tensors(state, cfg.num_layers, prefixes, later_norm)
+    out[f"{layer0_prefix}.input_layernorm.weight"] = state["embed_norm.weight"]  # the norm on the embedding
+    out[f"{layer0_prefix}.hidden_norm.weight"] = state["hidden_norm.weight"]
+    out["fc.weight"] = state["fc.weight"][:, fc_column_order(ex["feature_layers"], cfg.hidden_size)]
+    out["norm.weight"] = state["norm.weight"]
+    out["lm_head.weight"] = state["lm_head.weight"]
+    d2t = state["draft_to_target"]
+    if d2t.numel() < cfg.vocab_size:
+        out["d2t"] = d2t_offsets(d2t)
+        out["t2d"] = t2d_mask(d2t, cfg.vocab_size)
+    # Full draft vocabulary: the mapping is the identity (checked at load) and the engines expect none.
+    return out
+
+
+def expected_eagle3(heads, layer0_prefix: str, later_norm: str) -> dict:
+    shapes = eagle3_shapes(heads.config, layer0_prefix=layer0_prefix, later_norm=later_norm)
+    if heads.config.extra["draft_vocab_size"] >= heads.config.vocab_size:
+        shapes.pop("d2t"), shapes.pop("t2d")
+    return shapes
+
+
+def check_eagle3(heads, format_name: str) -> None:
+    if heads.config.head_type != "eagle3":
+        raise ExportError(
+            f"{format_name} holds EAGLE-3 heads; these are {heads.config.head_type!r} "
+            f"({'Medusa and EAGLE export with --format vllm' if heads.config.head_type != 'hydra' else 'Hydra has no engine format'})"
+        )
+    heads.check_vocab_mapping()
+
+
+def export(heads, *, verifier: str | None, verifier_cfg: dict, num_speculative_tokens: int | None) -> EngineFolder:
+    check_eagle3(heads, FORMAT)
+    cfg, ex = heads.config, heads.config.extra
+    if not verifier:
+        raise ExportError(
+            "the speculators format names its verifier (speculators_config.verifier.name_or_path) and these heads "
+            "recorded no target: pass --verifier PATH_OR_ID"
+        )
+    n_layers_target = cfg.target.num_hidden_layers if cfg.target else int(verifier_cfg.get("num_hidden_layers", 0))
+    ids = vllm_aux_ids(ex["feature_layers"], n_layers_target)
+    steps = int(num_speculative_tokens or cfg.num_heads)
+    if steps < 1:
+        raise ExportError(f"num_speculative_tokens must be >= 1, got {steps}")
+    tensors = eagle3_tensors(heads, "layers.0", "input_layernorm")
+    layer_cfg = llama_layer_config(cfg, verifier_cfg, cfg.num_layers)
+    layer_cfg["architectures"] = ["LlamaForCausalLM"]
+    # vLLM's draft sizes its fc from these (the top-level ids alone would leave it at 3 inputs).
+    layer_cfg["num_aux_hidden_states"] = len(ids)
+    layer_cfg["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": ids, "use_aux_hidden_state": True}
+    architectures = verifier_cfg.get("architectures") or ([cfg.target.architecture] if cfg.target else [])
+    config = {
+        "architectures": ["Eagle3Speculator"],
+        "speculators_model_type": "eagle3",
+        "speculators_version": SPECULATORS_VERSION,
+        "transformer_layer_config": layer_cfg,
+        "draft_vocab_size": ex["draft_vocab_size"],
+        "target_hidden_size": cfg.hidden_size,
+        "eagle_aux_hidden_state_layer_ids": ids,
+        "norm_before_residual": False,
+        "norm_before_fc": False,
+        "fc_norm": False,
+        "norm_output": False,
+        "speculators_config": {
+            "algorithm": "eagle3",
+            "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": steps}],
+            "default_proposal_method": "greedy",
+            "verifier": {"name_or_path": verifier, "architectures": list(architectures)},
+        },
+        "torch_dtype": dtype_name(tensors),
+    }
+    folder = EngineFolder(config, tensors, notes=[
+        f"aux hidden-state layer ids {ids} (vLLM: residual stream after k layers) from draftheads feature_layers "
+        f"{ex['feature_layers']}",
+        f"verifier {verifier}; {steps} speculative tokens",
+    ])
+    check_tensors(folder, expected_eagle3(heads, "layers.0", "input_layernorm"), FORMAT)
+    return folder

@@ -1,0 +1,79 @@
+"""Heads -> folders vLLM loads as ``speculative_config={"model": DIR, ...}``.
+
+Medusa -> MedusaModel (vllm/model_executor/models/medusa.py); EAGLE -> vLLM's EAGLE-1 draft
+(llama_eagle.py: a LlamaForCausalLM-shaped config, fc without bias, no input_layernorm on layer 0,
+no final norm, the target's embedding and LM head); EAGLE-3 -> the speculators format.
+vLLM's loader skips tensors it does not expect without a word, so every tensor draftheads has
+either lands on a vLLM parameter or the export is refused.
+"""
+from __future__ import annotations
+
+from . import speculators
+from .common import EngineFolder, ExportError, check_tensors, drop_if_zero, dtype_name, llama_layer_config, verifier_lm_head
+from .eagle_layers import engine_layer_tensors
+from .layouts import eagle1_shapes, medusa_vllm_shapes
+
+FORMAT = "vllm"
+
+
+def export_medusa(heads, *, verifier, verifier_cfg, num_speculative_tokens) -> EngineFolder:
+    cfg = heads.config
+    state = {k: v.detach().cpu() for k, v in heads.state_dict().items()}
+    shared = cfg.lm_head == "shared"
+    tensors = {}
+    for h in range(cfg.num_heads):
+        for l in range(cfg.num_layers):
+            tensors[f"blocks.{h}.layers.{l}.weight"] = state[f"blocks.{h}.{l}.linear.weight"]
+            # draftheads' blocks always carry a bias: vLLM uses it only with medusa_fc_bias: true.
+            tensors[f"blocks.{h}.layers.{l}.bias"] = state[f"blocks.{h}.{l}.linear.bias"]
+        if not shared:
+            tensors[f"lm_heads.{h}.weight"] = state[f"lm_heads.{h}.weight"]
+    notes = []
+    if shared:
+        # original_lm_head: vLLM reads ONE head for all from lm_heads.0.weight in the draft folder.
+        weight = verifier_lm_head(verifier, cfg)
+        tensors["lm_heads.0.weight"] = weight.to(next((t.dtype for t in tensors.values()), weight.dtype))
+        notes.append(f"shared LM head copied from {verifier} (original_lm_head: true)")
+    config = {
+        "model_type": "medusa",
+        "architectures": ["MedusaModel"],
+        "hidden_size": cfg.hidden_size,
+        "vocab_size": cfg.vocab_size,
+        "num_heads": cfg.num_heads,
+        "num_hidden_layers": cfg.num_layers,
+        "medusa_fc_bias": True,
+        "original_lm_head": shared,
+        "truncated_vocab_size": cfg.vocab_size,
+        "torch_dtype": dtype_name(tensors),
+    }
+    folder = EngineFolder(config, tensors, notes)
+    expected = medusa_vllm_shapes(cfg.num_heads, cfg.num_layers, cfg.hidden_size, cfg.vocab_size, bias=True, shared_lm_head=shared)
+    check_tensors(folder, expected, "vLLM Medusa")
+    return folder
+
+
+def export_eagle(heads, *, verifier, verifier_cfg, num_speculative_tokens) -> EngineFolder:
+    cfg = heads.config
+    state = {k: v.detach().cpu() for k, v in heads.state_dict().items()}
+    if "fc.bias" in state:
+        drop_if_zero(state["fc.bias"], "fc.bias", "vLLM's EAGLE-1 draft", "its fc is Linear(2H, H, bias=False)")
+    tensors = {"fc.weight": state["fc.weight"]}
+    tensors.update(engine_layer_tensors(state, cfg.num_layers, [f"layers.{i}" for i in range(cfg.num_layers)]))
+    config = llama_layer_config(cfg, verifier_cfg, cfg.num_layers)
+    config["architectures"] = ["LlamaForCausalLM"]  # vLLM wraps it as EagleLlamaForCausalLM
+    config["torch_dtype"] = dtype_name(tensors)
+    folder = EngineFolder(config, tensors, ["load with speculative_config={'method': 'eagle', 'model': DIR, ...}"])
+    check_tensors(folder, eagle1_shapes(cfg, fc_bias=False), "vLLM EAGLE-1")
+    return folder
+
+
+def export(heads, *, verifier, verifier_cfg, num_speculative_tokens) -> EngineFolder:
+    kinds = {"medusa": export_medusa, "eagle": export_eagle, "eagle3": speculators.export}
+    kind = heads.config.head_type
+    if kind not in kinds:
+        raise ExportError(
+            f"{kind} heads have no vLLM layout (vLLM serves Medusa, EAGLE-1 and EAGLE-3 drafts; SGLang EAGLE-1 and "
+            "EAGLE-3): formats exist for medusa (vllm), eagle (vllm, sglang), eagle3 (vllm = speculators, sglang, "
+            "speculators)"
+        )
+    return kinds[kind](heads, verifier=verifier, verifier_cfg=verifier_cfg, num_speculative_tokens=num_speculative_tokens)
