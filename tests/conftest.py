@@ -112,3 +112,14 @@ def _reset_accelerate_state():
 
     AcceleratorState._reset_state(reset_partial_state=True)
     GradientState._reset_state()
+
+
+@pytest.fixture
+def one_torch_thread(monkeypatch):
+    """Tiny matmuls on a shared machine: one torch thread, also inside ``run()`` (which would
+    otherwise widen to every core through DRAFTHEADS_NUM_THREADS)."""
+    monkeypatch.setenv("DRAFTHEADS_NUM_THREADS", "1")
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

@@ -18,13 +18,7 @@ from draftheads.train import export_tree
 from inference_utils import greedy_reference, self_distilled_heads, tiny_target
 
 
-@pytest.fixture(autouse=True)
-def _one_thread(monkeypatch):
-    monkeypatch.setenv("DRAFTHEADS_NUM_THREADS", "1")
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _choices(decoder) -> list[list[int]]:

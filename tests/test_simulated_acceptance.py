@@ -20,14 +20,7 @@ from inference_utils import self_distilled_heads, tiny_target
 from test_train import _batch, _cfg
 
 
-@pytest.fixture(autouse=True)
-def _one_thread(monkeypatch):
-    # Tiny matmuls on a shared machine: one thread (also inside run(), which would widen to all cores).
-    monkeypatch.setenv("DRAFTHEADS_NUM_THREADS", "1")
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _perturbed(cls, target, num_heads=3, seed=0):

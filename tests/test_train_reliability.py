@@ -16,13 +16,7 @@ from draftheads.train.stability import NonFiniteGuard, TrainingDiverged
 from test_train import _cfg
 
 
-@pytest.fixture(autouse=True)
-def _one_thread(monkeypatch):
-    monkeypatch.setenv("DRAFTHEADS_NUM_THREADS", "1")
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _steps(out: Path) -> list[str]:
