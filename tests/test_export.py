@@ -68,6 +68,23 @@ def draftheads_two_steps(heads, feats, tokens1, tokens2):
     return [full_vocab(heads, heads.logits(s[0])) for s in (s1, s2)]
 
 
+def eagle3_two_steps(heads, target, layer_cfg, t, captured, **kw):
+    """Logits of two EAGLE-3 draft steps, (engine step 1, engine step 2, draftheads step 1,
+    draftheads step 2): the engine's forward (engine_reference) over an exported/imported folder's
+    tensors ``t``, reading the hidden states ``captured`` (indices into output_hidden_states, in the
+    engine's concatenation order), and draftheads' own heads."""
+    ids, hs = hidden_states(target)
+    aux = torch.cat([hs[k][0] for k in captured], -1)[:-2]
+    feats = select_features(hs, heads.feature_layers)[0][:-2]  # draftheads' order
+    tok1, tok2 = ids[1:-1], ids[2:]
+    pos, emb = torch.arange(tok1.numel()), target.get_input_embeddings()
+    with torch.no_grad():
+        l1, x1 = eagle3_forward(layer_cfg, t, emb(tok1), aux @ t["fc.weight"].T, pos, **kw)
+        l2, _ = eagle3_forward(layer_cfg, t, emb(tok2), x1, pos, **kw)  # the pre-norm output is fed back
+    m1, m2 = draftheads_two_steps(heads, feats, tok1, tok2)
+    return l1, l2, m1, m2
+
+
 # -- Medusa -> vLLM -----------------------------------------------------------------------------------
 @pytest.mark.parametrize("lm_head", ["own", "shared"])
 def test_medusa_vllm_layout_and_function(tmp_path, tiny_target_dir, lm_head):
@@ -200,17 +217,10 @@ def test_eagle3_speculators_layout_conversions_and_function(tmp_path, fmt):
     assert t["t2d"].dtype == torch.bool and t["t2d"].shape == (256,) and int(t["t2d"].sum()) == 100
     assert bool(t["t2d"][d2t].all())
 
-    ids, hs = hidden_states(target)
-    aux = torch.cat([hs[k][0] for k in cfg["eagle_aux_hidden_state_layer_ids"]], -1)[:-2]  # vLLM's capture order
-    feats = select_features(hs, heads.feature_layers)[0][:-2]  # draftheads' order
-    tok1, tok2 = ids[1:-1], ids[2:]
-    pos, emb = torch.arange(tok1.numel()), target.get_input_embeddings()
     kw = dict(layer0="layers.0", later_norm="input_layernorm", norm_before_residual=cfg["norm_before_residual"])
     layer_cfg = {**cfg["transformer_layer_config"], "vocab_size": 256}
-    with torch.no_grad():
-        l1, x1 = eagle3_forward(layer_cfg, t, emb(tok1), aux @ t["fc.weight"].T, pos, **kw)
-        l2, _ = eagle3_forward(layer_cfg, t, emb(tok2), x1, pos, **kw)  # the pre-norm output is fed back
-    m1, m2 = draftheads_two_steps(heads, feats, tok1, tok2)
+    # vLLM captures hidden state k for aux id k, in the config's order
+    l1, l2, m1, m2 = eagle3_two_steps(heads, target, layer_cfg, t, cfg["eagle_aux_hidden_state_layer_ids"], **kw)
     torch.testing.assert_close(l1, m1, rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(l2, m2, rtol=1e-4, atol=1e-5)
 
@@ -228,16 +238,9 @@ def test_eagle3_sglang_layout_aux_ids_and_function(tmp_path):
     assert "layers.1.hidden_norm.weight" in t and "layers.1.input_layernorm.weight" not in t
     assert torch.equal(torch.arange(100) + t["d2t"], heads.draft_to_target)
 
-    ids, hs = hidden_states(target)
-    aux = torch.cat([hs[j + 1][0] for j in cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"]], -1)[:-2]
-    feats = select_features(hs, heads.feature_layers)[0][:-2]
-    tok1, tok2 = ids[1:-1], ids[2:]
-    pos, emb = torch.arange(tok1.numel()), target.get_input_embeddings()
     kw = dict(layer0="midlayer", later_norm="hidden_norm", norm_before_residual=False)
-    with torch.no_grad():
-        l1, x1 = eagle3_forward(cfg, t, emb(tok1), aux @ t["fc.weight"].T, pos, **kw)
-        l2, _ = eagle3_forward(cfg, t, emb(tok2), x1, pos, **kw)
-    m1, m2 = draftheads_two_steps(heads, feats, tok1, tok2)
+    captured = [j + 1 for j in cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"]]  # SGLang: output of layer j
+    l1, l2, m1, m2 = eagle3_two_steps(heads, target, cfg, t, captured, **kw)
     torch.testing.assert_close(l1, m1, rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(l2, m2, rtol=1e-4, atol=1e-5)
 

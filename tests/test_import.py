@@ -17,9 +17,9 @@ from safetensors.torch import save_file
 import draftheads as dh
 from conftest import make_tiny_model
 from draftheads.export import export_heads, import_heads, read_heads
-from engine_reference import eagle1_forward, eagle3_forward, medusa_logits
+from engine_reference import eagle1_forward, medusa_logits
 from inference_utils import greedy_reference
-from test_export import draftheads_two_steps, eagle3_heads, hidden_states, randomize, target4
+from test_export import draftheads_two_steps, eagle3_heads, eagle3_two_steps, hidden_states, randomize, target4
 
 H, V = 64, 256
 G = torch.Generator().manual_seed(0)
@@ -171,16 +171,9 @@ def eagle3_checkpoint(prefix0, n_vocab=100, seed=0):
 
 
 def check_eagle3(heads, target, raw, cfg, aux_layers, prefix0):
-    ids, hs = hidden_states(target)
-    aux = torch.cat([hs[k][0] for k in aux_layers], -1)[:-2]  # what the engine captures, in layer order
-    feats = dh.inference.verify.select_features(hs, heads.feature_layers)[0][:-2]
-    tok1, tok2 = ids[1:-1], ids[2:]
-    pos, emb = torch.arange(tok1.numel()), target.get_input_embeddings()
     kw = dict(layer0=prefix0, later_norm="input_layernorm", norm_before_residual=False)
-    with torch.no_grad():
-        l1, x1 = eagle3_forward(cfg, raw, emb(tok1), aux @ raw["fc.weight"].T, pos, **kw)
-        l2, _ = eagle3_forward(cfg, raw, emb(tok2), x1, pos, **kw)
-    m1, m2 = draftheads_two_steps(heads, feats, tok1, tok2)
+    # aux_layers: what the engine captures, in layer order
+    l1, l2, m1, m2 = eagle3_two_steps(heads, target, cfg, raw, aux_layers, **kw)
     torch.testing.assert_close(m1, l1, rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(m2, l2, rtol=1e-4, atol=1e-5)
 
