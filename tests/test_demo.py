@@ -14,6 +14,8 @@ import torch
 from safetensors.torch import load_file
 
 from draftheads import demo
+from draftheads.demo import build as demo_build
+from draftheads.demo import corpus as demo_corpus
 
 TINY = demo.DemoTargetSpec(
     vocab_size=300,
@@ -40,13 +42,13 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
 def _count_builds(monkeypatch: pytest.MonkeyPatch) -> list[pathlib.Path]:
     """Record every real build, so tests can assert that a cached folder was reused."""
     calls: list[pathlib.Path] = []
-    original = demo._build_into
+    original = demo_build._build_into
 
     def counting(folder, spec, progress):
         calls.append(folder)
         return original(folder, spec, progress)
 
-    monkeypatch.setattr(demo, "_build_into", counting)
+    monkeypatch.setattr(demo_build, "_build_into", counting)
     return calls
 
 
@@ -114,7 +116,7 @@ def test_metadata_records_the_build(built: pathlib.Path) -> None:
     assert meta["tokens_trained"] == TINY.max_tokens
     assert meta["build_key"] == TINY.build_key()
     assert meta["corpus"]["python_version"] == ".".join(map(str, sys.version_info[:3]))
-    heldout = demo._relative(demo.corpus_files("heldout", max_files=TINY.max_files))
+    heldout = demo_corpus._relative(demo.corpus_files("heldout", max_files=TINY.max_files))
     assert meta["files"]["heldout"] == heldout
     assert meta["files"]["heldout_count"] == len(heldout)
     assert meta["files"]["train_count"] == TINY.max_files
@@ -165,7 +167,7 @@ def test_cache_location_follows_env_and_spec(tmp_path: pathlib.Path, monkeypatch
 def test_resolve_target(monkeypatch, tmp_path: pathlib.Path) -> None:
     assert demo.resolve_target("meta-llama/Llama-3.2-1B") == "meta-llama/Llama-3.2-1B"
     assert demo.resolve_target("/some/path") == "/some/path"
-    monkeypatch.setattr(demo, "ensure_demo_target", lambda *a, **k: tmp_path)
+    monkeypatch.setattr(demo_build, "ensure_demo_target", lambda *a, **k: tmp_path)
     assert demo.resolve_target(demo.DEMO_TARGET) == str(tmp_path)
 
 
@@ -180,7 +182,7 @@ def test_learning_rate_schedule() -> None:
 def test_command_line_shape_flags_make_their_own_spec() -> None:
     import argparse
 
-    from draftheads.demo import spec_from_args
+    from draftheads.demo.__main__ import spec_from_args
 
     args = argparse.Namespace(num_layers=8, hidden_size=192, max_tokens=None, num_heads=None,
                               intermediate_size=None, num_threads=None)
