@@ -28,7 +28,7 @@ def spec_from_args(args: argparse.Namespace) -> DemoTargetSpec:
 
 def main(argv: list[str] | None = None) -> None:
     """``python -m draftheads.demo``: build the demo target and print its summary."""
-    parser = argparse.ArgumentParser(description=PACKAGE_DOC.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m draftheads.demo", description=PACKAGE_DOC.splitlines()[0])
     parser.add_argument("--out", help="output folder (default: the cache folder for these settings)")
     parser.add_argument("--force", action="store_true", help="rebuild even if a finished build exists")
     for name, help_text in _SPEC_FLAGS.items():
