@@ -184,9 +184,9 @@ def test_command_line_shape_flags_make_their_own_spec() -> None:
 
     from draftheads.demo.__main__ import spec_from_args
 
-    args = argparse.Namespace(num_layers=8, hidden_size=192, max_tokens=None, num_heads=None,
+    args = argparse.Namespace(num_layers=12, hidden_size=160, max_tokens=None, num_heads=None,
                               intermediate_size=None, num_threads=None)
     spec = spec_from_args(args)
     default = demo.DemoTargetSpec()
-    assert (spec.num_layers, spec.hidden_size, spec.max_tokens) == (8, 192, default.max_tokens)
+    assert (spec.num_layers, spec.hidden_size, spec.max_tokens) == (12, 160, default.max_tokens)
     assert spec.build_key() != default.build_key()  # its own cache folder
