@@ -23,8 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .base import DraftHeads
 from .config import HeadsConfig, TargetInfo, text_config
-from .medusa import check_target
 
 
 class RMSNorm(nn.Module):
@@ -184,14 +184,13 @@ def _layer_geometry(target: nn.Module) -> dict:
     }
 
 
-class EagleHead(nn.Module):
+class EagleHead(DraftHeads):
     """EAGLE-1/2 draft layer (``head_type`` "eagle"); `Eagle3Head` adds fusion and its own vocabulary.
 
     ``config.num_heads`` is the number of draft steps unrolled in training (1 = EAGLE-1's
     teacher-forced recipe); ``config.num_layers`` the number of decoder layers (1 in EAGLE)."""
 
     head_type = "eagle"
-    reads_tokens = False
     dynamic_tree = True
     training_objective = "draft_steps"
     spec_options: tuple[str, ...] = ("noise", "fc_bias")
@@ -203,8 +202,7 @@ class EagleHead(nn.Module):
     fuses_layers = False
 
     def __init__(self, config: HeadsConfig) -> None:
-        super().__init__()
-        self.config = config
+        super().__init__(config)
         ex = config.extra
         d = config.hidden_size
         self.feature_layers: list[int] | None = ex.get("feature_layers")
@@ -229,14 +227,6 @@ class EagleHead(nn.Module):
             for i in range(config.num_layers)
         ])
         self._init_fc_as_identity()
-        # How often each token was a training label (the loop fills it, as for Medusa heads).
-        self.register_buffer("token_counts", torch.zeros(config.vocab_size, dtype=torch.long))
-        # The target's frozen embedding and LM head, kept out of the module tree (never saved or
-        # trained); set by bind_target.
-        self._target_modules: tuple[nn.Module, ...] = ()
-        # Dynamic-tree settings saved by `draftheads calibrate` (read from tree.json).
-        self.tree: dict | None = None
-        self.draft_vocab_size: int | None = None
 
     def _init_fc_as_identity(self) -> None:
         """fc passes the target feature through unchanged at init ([0 | I] for [emb, f])."""
@@ -257,53 +247,14 @@ class EagleHead(nn.Module):
         lm_head: str = "auto",  # accepted for a uniform signature; EAGLE always scores with the target's
         **extra,
     ) -> "EagleHead":
-        info = TargetInfo.from_model(target)
         defaults = {} if cls.fuses_layers else {"fc_bias": False}
         extra = {**_layer_geometry(target), **defaults, **extra}
-        config = HeadsConfig(
-            head_type=cls.head_type,
-            num_heads=num_heads,
-            num_layers=num_layers,
-            hidden_size=info.hidden_size,
-            vocab_size=info.vocab_size,
-            lm_head="own" if cls.fuses_layers else "shared",
-            target=info,
-            extra=extra,
-        )
-        head = cls(config)
-        head.bind_target(target)
-        return head.to(device=target.get_output_embeddings().weight.device)
-
-    def bind_target(self, target: nn.Module) -> "EagleHead":
-        check_target(self.config, target)
-        self._target_modules = (target.get_input_embeddings(), target.get_output_embeddings())
-        return self
-
-    def save_pretrained(self, path, tree=None):
-        from .io import save_heads
-
-        return save_heads(self, path, tree=tree)
-
-    def proposer(self, tree=None):
-        """EAGLE-2's dynamic tree (settings: ``tree`` dict, else the calibrated ones, else defaults)."""
-        from ..inference.proposers.eagle import EagleProposer
-
-        settings = tree if tree is not None else (self.tree or {})
-        if not isinstance(settings, dict):
-            raise ValueError(
-                f"{self.head_type} heads draft a dynamic tree: pass tree={{'total_tokens': .., 'depth': .., 'top_k': ..}}, "
-                "not a static list of paths"
-            )
-        return EagleProposer(self, **settings)
+        lm_head = "own" if cls.fuses_layers else "shared"
+        return cls.from_config_for(cls.target_config(target, num_heads, num_layers, lm_head, extra), target)
 
     # -- pieces used by training and drafting ----------------------------------------------------
-    def _target(self, which: int) -> nn.Module:
-        if not self._target_modules:
-            raise RuntimeError(f"{self.head_type} heads use the target's embedding: call heads.bind_target(target) first")
-        return self._target_modules[which]
-
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
-        return self._target(0)(tokens).to(self.fc.weight.dtype)
+        return self.target_embedding()(tokens).to(self.fc.weight.dtype)
 
     def first_input(self, features: torch.Tensor, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(residual stream, attention input) from target features and the tokens one step ahead."""
@@ -348,7 +299,7 @@ class EagleHead(nn.Module):
 
     def logits(self, state: torch.Tensor) -> torch.Tensor:
         """Logits over the draft vocabulary (EAGLE: the target's own LM head on the predicted feature)."""
-        head = self._target(1)
+        head = self.target_lm_head()
         return head(state.to(head.weight.dtype))
 
     def vocab_ids(self) -> torch.Tensor | None:
