@@ -17,8 +17,9 @@ PACKAGE = Path(__file__).resolve().parent.parent / "draftheads"
 #: train sits above inference: the heads leave training with a tree chosen by timing the
 #: decoder (train/export_tree.py uses inference/calibrate.py); inference never imports train.
 LAYERS: list[set[str]] = [
-    {"atomic", "device"},  # shared helpers: atomic writes, device, dtype and target loading
+    {"atomic", "device"},  # shared helpers: atomic writes, devices and the dtype rule
     {"demo"},  # the demo target (resolving the name "demo")
+    {"target"},  # loading the frozen target (one dtype rule)
     {"heads", "data"},  # pure modules + safetensors io; datasets and collation
     {"config"},  # the experiment config (YAML -> dataclasses)
     {"inference", "export"},  # decoding; engine formats
