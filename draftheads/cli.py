@@ -19,30 +19,16 @@ from pathlib import Path
 def _pick_device(requested: str | None):
     import torch
 
-    if requested:
-        return torch.device(requested)
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    from .device import default_device
+
+    return torch.device(requested) if requested else default_device()
 
 
 def _load_target(name_or_path: str, device_name: str | None, dtype_name: str, trust_remote_code: bool):
     """Target and tokenizer; "demo" is the embedded demo target (built on first use)."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from .target import load_target
 
-    from .demo import resolve_target
-
-    path = resolve_target(name_or_path)
-    device = _pick_device(device_name)
-    if dtype_name == "auto":
-        bf16_ok = device.type == "cuda" and torch.cuda.is_bf16_supported()
-        dtype = torch.bfloat16 if bf16_ok else (torch.float16 if device.type == "cuda" else torch.float32)
-    else:
-        dtype = getattr(torch, dtype_name)
-    tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
-    target = AutoModelForCausalLM.from_pretrained(
-        path, dtype=dtype, attn_implementation="sdpa", trust_remote_code=trust_remote_code
-    ).to(device)
-    return target.eval(), tokenizer
+    return load_target(name_or_path, device=_pick_device(device_name), dtype=dtype_name, trust_remote_code=trust_remote_code)
 
 
 def _encode_prompt(tokenizer, prompt: str, use_chat_template: bool):
@@ -251,7 +237,7 @@ def cmd_train(args) -> int:
 def _add_target_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", default="demo", help='HF model id or folder; "demo" = the offline demo target')
     p.add_argument("--device", default=None, help="cuda, cuda:1, cpu (default: cuda if available)")
-    p.add_argument("--dtype", default="auto", help="auto (bf16 on CUDA, fp32 on CPU), float32, bfloat16, float16")
+    p.add_argument("--dtype", default="auto", help="auto (bf16 on CUDA with bf16, else fp16 on CUDA, fp32 on CPU), float32, bfloat16, float16")
     p.add_argument("--trust-remote-code", action="store_true", help="allow custom modeling code from the hub")
     p.add_argument("--no-chat-template", action="store_true", help="feed the prompt as raw text")
 

@@ -1,4 +1,4 @@
-"""Hardware and launcher detection: dtypes, mixed precision and the right ``Accelerator`` arguments.
+"""Hardware and launcher detection: devices, dtypes, mixed precision and the right ``Accelerator`` arguments.
 
 The launcher traps live here so the training loop does not carry them (see the CPU stack notes):
 
@@ -28,10 +28,23 @@ def cuda_bf16() -> bool:
     return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
 
 
-def resolve_dtype(name: str) -> torch.dtype:
-    """``"auto"``: bf16 on a CUDA device that supports it, fp32 otherwise (CPUs here lack fast bf16)."""
+def default_device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def resolve_dtype(name: str, device: torch.device | str | None = None) -> torch.dtype:
+    """The dtype of a target that runs on ``device`` (None: CUDA when available, else the CPU).
+
+    One rule for every command that loads a target (train, cache-features, generate, bench,
+    calibrate, import), so heads are trained on the features they later draft from. ``"auto"``:
+    bf16 on a CUDA device that supports it; fp16 on a CUDA device that does not (pre-Ampere GPUs
+    run fp32 at a fraction of their fp16 speed); fp32 elsewhere (CPUs here lack fast bf16).
+    An explicit name is honoured as given."""
     if name == "auto":
-        return torch.bfloat16 if cuda_bf16() else torch.float32
+        kind = torch.device(device).type if device is not None else default_device().type
+        if kind != "cuda":
+            return torch.float32
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
     try:
         return _DTYPES[name]
     except KeyError:

@@ -93,7 +93,7 @@ def test_failed_export_keeps_the_previous_good_one(target, tmp_path, monkeypatch
     def fail(*args, **kwargs):
         raise OSError("disk full")
 
-    monkeypatch.setattr("draftheads.heads.io.save_file", fail)
+    monkeypatch.setattr("draftheads.heads.folder.save_file", fail)
     with torch.no_grad():
         next(heads.parameters()).add_(1.0)
     with pytest.raises(OSError, match="disk full"):

@@ -7,7 +7,6 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Any
 
 from .distill import DistillError, DistillSettings, HFEngine, VLLMEngine, distill, read_rows, resume_state, sidecar_path
 
@@ -43,14 +42,6 @@ def add_parser(sub) -> argparse.ArgumentParser:
     return p
 
 
-def _dtype(name: str, device: Any):
-    import torch
-
-    if name == "auto":
-        return torch.bfloat16 if device.type == "cuda" and torch.cuda.is_bf16_supported() else torch.float32
-    return getattr(torch, name)
-
-
 def run_distill(args) -> int:
     try:
         settings = DistillSettings(
@@ -61,22 +52,22 @@ def run_distill(args) -> int:
         )
         rows = read_rows(settings.data, settings.text_field)  # bad data or --out fail before the model loads
         resume_state(Path(settings.out), settings, args.resume)
-        import torch
-        from transformers import AutoTokenizer
-
-        from ..demo import resolve_target
-
-        path = resolve_target(settings.target)
-        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=args.trust_remote_code)
         if settings.engine == "vllm":
+            from transformers import AutoTokenizer
+
+            from ..demo import resolve_target
+
+            path = resolve_target(settings.target)
+            tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=args.trust_remote_code)
             engine = VLLMEngine(str(path), tokenizer, settings, dtype=args.dtype)
         else:
-            from transformers import AutoModelForCausalLM
+            from ..device import default_device
+            from ..target import load_target
 
-            device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-            model = AutoModelForCausalLM.from_pretrained(
-                path, dtype=_dtype(args.dtype, device), trust_remote_code=args.trust_remote_code
-            ).to(device).eval()
+            model, tokenizer = load_target(
+                settings.target, device=args.device or default_device(), dtype=args.dtype,
+                trust_remote_code=args.trust_remote_code, attn_implementation=None,
+            )
             engine = HFEngine(model, tokenizer, settings)
         stats = distill(settings, engine, tokenizer, resume=args.resume, progress=not args.no_progress, rows=rows)
     except DistillError as err:

@@ -119,8 +119,8 @@ def verifier_lm_head(verifier: str | None, heads_config) -> torch.Tensor:
 
 
 def llama_layer_config(heads_config, verifier_cfg: dict[str, Any], num_layers: int) -> dict[str, Any]:
-    """A LlamaConfig for the draft layer(s): the geometry the heads were built with, plain RoPE
-    (draftheads' draft layer applies no RoPE scaling), no biases."""
+    """A LlamaConfig for the draft layer(s): the geometry the heads were built with, the RoPE their
+    draft layer applies (the target's scaling, when it has one), no biases."""
     ex = heads_config.extra
     text = verifier_cfg.get("text_config") or verifier_cfg
     theta = float(ex["rope_theta"])
@@ -134,7 +134,7 @@ def llama_layer_config(heads_config, verifier_cfg: dict[str, Any], num_layers: i
         "num_hidden_layers": num_layers,
         "rms_norm_eps": ex["rms_norm_eps"],
         "rope_theta": theta,
-        "rope_parameters": {"rope_type": "default", "rope_theta": theta},
+        "rope_parameters": {**(ex.get("rope_scaling") or {"rope_type": "default"}), "rope_theta": theta},
         "hidden_act": "silu",
         "attention_bias": False,
         "mlp_bias": False,

@@ -1,11 +1,13 @@
 """Draft heads (Medusa, Hydra, EAGLE, EAGLE-3), their config, and their safetensors export."""
+from .base import DraftHeads, check_target
 from .config import FORMAT_VERSION, HeadsConfig, TargetInfo
 from .io import head_types, load_heads, read_config, save_heads
 from .eagle import Eagle3Head, EagleHead
 from .hydra import HydraHeads
-from .medusa import MedusaHeads, ResBlock, check_target
+from .medusa import MedusaHeads, ResBlock
 
 __all__ = [
+    "DraftHeads",
     "Eagle3Head",
     "EagleHead",
     "HydraHeads",

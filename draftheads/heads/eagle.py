@@ -13,151 +13,16 @@ norm and its own LM head over a reduced draft vocabulary (the N most frequent tr
 mapped back to target ids by tensors stored with the weights). Deeper drafts feed the layer's own
 output back, and training unrolls those steps (training-time test, eagle_loss in train/losses.py).
 
-The decoder layer is written here (attention with RoPE + SwiGLU MLP, ~60 lines) instead of
-borrowing a transformers layer: drafting needs a KV cache that tree nodes append to and discard
-with an arbitrary ancestor mask, which plain tensors do directly for every target family.
+The draft decoder layer itself is in draft_layer.py.
 """
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from .base import DraftHeads
+from .draft_layer import DraftLayer, rope_settings
 from .config import HeadsConfig, TargetInfo, text_config
-from .medusa import check_target
-
-
-class RMSNorm(nn.Module):
-    def __init__(self, size: int, eps: float = 1e-6) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(size))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x32 = x.float()
-        return self.weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
-
-
-def rotary(positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos/sin tables [..., n, head_dim] for integer ``positions`` [..., n] (rotate-half layout)."""
-    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim)
-    freqs = positions.float()[..., None] * inv_freq
-    emb = torch.cat([freqs, freqs], dim=-1)
-    return emb.cos().to(dtype), emb.sin().to(dtype)
-
-
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x.chunk(2, dim=-1)
-    return x * cos + torch.cat([-x2, x1], dim=-1) * sin
-
-
-class DraftLayer(nn.Module):
-    """Pre-norm decoder layer whose attention reads ``attn_in`` (d or 2d wide) and adds to ``x``.
-
-    The output projections (o_proj, down_proj) start at zero, so a fresh layer is the identity on
-    its residual stream: a fresh EAGLE head predicts f_{t+1} = f_t (the target's own next-token
-    guess, repeated), the same starting point as a fresh Medusa head, and learns from there."""
-
-    def __init__(
-        self,
-        hidden: int,
-        attn_in: int,
-        num_heads: int,
-        num_kv_heads: int,
-        head_dim: int,
-        intermediate: int,
-        eps: float,
-        theta: float,
-        input_norm: bool,
-    ) -> None:
-        super().__init__()
-        self.num_heads, self.num_kv_heads, self.head_dim, self.theta = num_heads, num_kv_heads, head_dim, theta
-        self.input_layernorm = RMSNorm(attn_in, eps) if input_norm else None
-        self.q_proj = nn.Linear(attn_in, num_heads * head_dim, bias=False)
-        self.k_proj = nn.Linear(attn_in, num_kv_heads * head_dim, bias=False)
-        self.v_proj = nn.Linear(attn_in, num_kv_heads * head_dim, bias=False)
-        self.o_proj = nn.Linear(num_heads * head_dim, hidden, bias=False)
-        self.post_attention_layernorm = RMSNorm(hidden, eps)
-        self.gate_proj = nn.Linear(hidden, intermediate, bias=False)
-        self.up_proj = nn.Linear(hidden, intermediate, bias=False)
-        self.down_proj = nn.Linear(intermediate, hidden, bias=False)
-        for lin in (self.q_proj, self.k_proj, self.v_proj, self.gate_proj, self.up_proj):
-            nn.init.normal_(lin.weight, std=0.02)
-        nn.init.zeros_(self.o_proj.weight)
-        nn.init.zeros_(self.down_proj.weight)
-        self._rope: tuple[torch.Tensor, torch.Tensor] | None = None  # cos/sin by position
-        self._fused_cache: dict[str, tuple[tuple, torch.Tensor]] = {}
-
-    # Drafting runs this layer once per tree depth on a handful of tokens, where the number of
-    # kernel calls, not FLOPs, sets the cost: without autograd, q/k/v and gate/up are one matmul
-    # each and RoPE is a table lookup.
-    def _fused(self, name: str, *linears: nn.Linear) -> torch.Tensor:
-        key = tuple((id(lin.weight), lin.weight._version, lin.weight.device, lin.weight.dtype) for lin in linears)
-        hit = self._fused_cache.get(name)
-        if hit is None or hit[0] != key:
-            hit = (key, torch.cat([lin.weight.detach() for lin in linears]))
-            self._fused_cache[name] = hit
-        return hit[1]
-
-    def _rotary(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        if torch.is_grad_enabled():
-            return rotary(positions, self.head_dim, self.theta, dtype)
-        needed = int(positions.max()) + 1
-        if self._rope is None or self._rope[0].shape[0] < needed or self._rope[0].dtype != dtype or self._rope[0].device != positions.device:
-            size = max(needed, 2 * (0 if self._rope is None else self._rope[0].shape[0]), 512)
-            self._rope = rotary(torch.arange(size, device=positions.device), self.head_dim, self.theta, dtype)
-        return self._rope[0][positions], self._rope[1][positions]
-
-    def forward(
-        self,
-        x: torch.Tensor,
-        attn_in: torch.Tensor,
-        positions: torch.Tensor,
-        mask: torch.Tensor,
-        past: tuple[torch.Tensor, torch.Tensor] | None = None,
-        cache: tuple[torch.Tensor, torch.Tensor, int] | None = None,
-    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
-        """``x`` [B, n, d], ``attn_in`` [B, n, a], ``positions`` [B or 1, n], ``mask`` bool
-        [B or 1, n, T + n] (True = attend; T = rows in ``past``). Returns the output [B, n, d] and
-        the keys/values [B, kv, n, hd] of the n new rows (the caller keeps or drops them).
-
-        ``cache`` = (K, V, T): preallocated buffers [B, kv, capacity, hd] whose first T rows are
-        the past; the new rows are written at T..T+n in place (drafting: no copies per step)."""
-        bsz, n, _ = attn_in.shape
-        if self.input_layernorm is not None:
-            attn_in = self.input_layernorm(attn_in)
-        sizes = (self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim, self.num_kv_heads * self.head_dim)
-        # Not under autograd, nor under ZeRO-3 (its hooks gather a weight only when its module runs).
-        fast = not torch.is_grad_enabled() and not hasattr(self.q_proj.weight, "ds_id")
-        if not fast:
-            q, k, v = self.q_proj(attn_in), self.k_proj(attn_in), self.v_proj(attn_in)
-        else:
-            q, k, v = F.linear(attn_in, self._fused("qkv", self.q_proj, self.k_proj, self.v_proj)).split(sizes, -1)
-        q = q.view(bsz, n, self.num_heads, self.head_dim).transpose(1, 2)
-        k = k.view(bsz, n, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        v = v.view(bsz, n, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        cos, sin = self._rotary(positions, q.dtype)
-        q, k = apply_rotary(q, cos[:, None], sin[:, None]), apply_rotary(k, cos[:, None], sin[:, None])
-        if cache is not None:
-            keys_buf, values_buf, length = cache
-            keys_buf[:, :, length : length + n] = k
-            values_buf[:, :, length : length + n] = v
-            keys, values = keys_buf[:, :, : length + n], values_buf[:, :, : length + n]
-        elif past is not None:
-            keys, values = torch.cat([past[0], k], 2), torch.cat([past[1], v], 2)
-        else:
-            keys, values = k, v
-        attn = F.scaled_dot_product_attention(
-            q, keys, values, attn_mask=mask[:, None], enable_gqa=self.num_heads != self.num_kv_heads
-        )
-        h = x + self.o_proj(attn.transpose(1, 2).reshape(bsz, n, -1))
-        mlp_in = self.post_attention_layernorm(h)
-        if not fast:
-            gate, up = self.gate_proj(mlp_in), self.up_proj(mlp_in)
-        else:
-            gate, up = F.linear(mlp_in, self._fused("gate_up", self.gate_proj, self.up_proj)).chunk(2, -1)
-        out = h + self.down_proj(F.silu(gate) * up)
-        return out, (k, v)
 
 
 def default_feature_layers(num_layers: int) -> list[int]:
@@ -172,26 +37,23 @@ def default_feature_layers(num_layers: int) -> list[int]:
 def _layer_geometry(target: nn.Module) -> dict:
     cfg = text_config(target)
     heads = int(cfg.num_attention_heads)
-    rope = getattr(cfg, "rope_parameters", None) or {}
-    theta = getattr(cfg, "rope_theta", None) or (rope.get("rope_theta") if isinstance(rope, dict) else None) or 10000.0
     return {
         "num_attention_heads": heads,
         "num_key_value_heads": int(getattr(cfg, "num_key_value_heads", None) or heads),
         "head_dim": int(getattr(cfg, "head_dim", None) or cfg.hidden_size // heads),
         "intermediate_size": int(cfg.intermediate_size),
-        "rope_theta": float(theta),
         "rms_norm_eps": float(getattr(cfg, "rms_norm_eps", 1e-6)),
+        **rope_settings(cfg),  # rope_theta, and the target's rope scaling when it has one
     }
 
 
-class EagleHead(nn.Module):
+class EagleHead(DraftHeads):
     """EAGLE-1/2 draft layer (``head_type`` "eagle"); `Eagle3Head` adds fusion and its own vocabulary.
 
     ``config.num_heads`` is the number of draft steps unrolled in training (1 = EAGLE-1's
     teacher-forced recipe); ``config.num_layers`` the number of decoder layers (1 in EAGLE)."""
 
     head_type = "eagle"
-    reads_tokens = False
     dynamic_tree = True
     training_objective = "draft_steps"
     spec_options: tuple[str, ...] = ("noise", "fc_bias")
@@ -203,8 +65,7 @@ class EagleHead(nn.Module):
     fuses_layers = False
 
     def __init__(self, config: HeadsConfig) -> None:
-        super().__init__()
-        self.config = config
+        super().__init__(config)
         ex = config.extra
         d = config.hidden_size
         self.feature_layers: list[int] | None = ex.get("feature_layers")
@@ -225,18 +86,12 @@ class EagleHead(nn.Module):
                 ex["rms_norm_eps"],
                 ex["rope_theta"],
                 input_norm=i > 0,  # EAGLE's first layer reads the fused input without a norm
+                rope_scaling=ex.get("rope_scaling"),
+                max_position_embeddings=ex.get("max_position_embeddings"),
             )
             for i in range(config.num_layers)
         ])
         self._init_fc_as_identity()
-        # How often each token was a training label (the loop fills it, as for Medusa heads).
-        self.register_buffer("token_counts", torch.zeros(config.vocab_size, dtype=torch.long))
-        # The target's frozen embedding and LM head, kept out of the module tree (never saved or
-        # trained); set by bind_target.
-        self._target_modules: tuple[nn.Module, ...] = ()
-        # Dynamic-tree settings saved by `draftheads calibrate` (read from tree.json).
-        self.tree: dict | None = None
-        self.draft_vocab_size: int | None = None
 
     def _init_fc_as_identity(self) -> None:
         """fc passes the target feature through unchanged at init ([0 | I] for [emb, f])."""
@@ -254,56 +109,23 @@ class EagleHead(nn.Module):
         target: nn.Module,
         num_heads: int = 1,
         num_layers: int = 1,
-        lm_head: str = "auto",  # accepted for a uniform signature; EAGLE always scores with the target's
+        lm_head: str = "auto",
         **extra,
     ) -> "EagleHead":
-        info = TargetInfo.from_model(target)
+        """Fresh heads sized for ``target``. The LM head is fixed by the type (EAGLE scores with the
+        target's, EAGLE-3 with its own): ``lm_head`` is "auto" (the uniform signature of every
+        head type) or that fixed value, anything else is refused rather than ignored."""
+        fixed = "own" if cls.fuses_layers else "shared"
+        if lm_head not in ("auto", fixed):
+            raise ValueError(f"{cls.head_type} heads always use lm_head {fixed!r}; got lm_head={lm_head!r} (pass 'auto')")
         defaults = {} if cls.fuses_layers else {"fc_bias": False}
         extra = {**_layer_geometry(target), **defaults, **extra}
-        config = HeadsConfig(
-            head_type=cls.head_type,
-            num_heads=num_heads,
-            num_layers=num_layers,
-            hidden_size=info.hidden_size,
-            vocab_size=info.vocab_size,
-            lm_head="own" if cls.fuses_layers else "shared",
-            target=info,
-            extra=extra,
-        )
-        head = cls(config)
-        head.bind_target(target)
-        return head.to(device=target.get_output_embeddings().weight.device)
-
-    def bind_target(self, target: nn.Module) -> "EagleHead":
-        check_target(self.config, target)
-        self._target_modules = (target.get_input_embeddings(), target.get_output_embeddings())
-        return self
-
-    def save_pretrained(self, path, tree=None):
-        from .io import save_heads
-
-        return save_heads(self, path, tree=tree)
-
-    def proposer(self, tree=None):
-        """EAGLE-2's dynamic tree (settings: ``tree`` dict, else the calibrated ones, else defaults)."""
-        from ..inference.proposers.eagle import EagleProposer
-
-        settings = tree if tree is not None else (self.tree or {})
-        if not isinstance(settings, dict):
-            raise ValueError(
-                f"{self.head_type} heads draft a dynamic tree: pass tree={{'total_tokens': .., 'depth': .., 'top_k': ..}}, "
-                "not a static list of paths"
-            )
-        return EagleProposer(self, **settings)
+        lm_head = fixed
+        return cls.from_config_for(cls.target_config(target, num_heads, num_layers, lm_head, extra), target)
 
     # -- pieces used by training and drafting ----------------------------------------------------
-    def _target(self, which: int) -> nn.Module:
-        if not self._target_modules:
-            raise RuntimeError(f"{self.head_type} heads use the target's embedding: call heads.bind_target(target) first")
-        return self._target_modules[which]
-
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
-        return self._target(0)(tokens).to(self.fc.weight.dtype)
+        return self.target_embedding()(tokens).to(self.fc.weight.dtype)
 
     def first_input(self, features: torch.Tensor, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(residual stream, attention input) from target features and the tokens one step ahead."""
@@ -348,7 +170,7 @@ class EagleHead(nn.Module):
 
     def logits(self, state: torch.Tensor) -> torch.Tensor:
         """Logits over the draft vocabulary (EAGLE: the target's own LM head on the predicted feature)."""
-        head = self._target(1)
+        head = self.target_lm_head()
         return head(state.to(head.weight.dtype))
 
     def vocab_ids(self) -> torch.Tensor | None:
@@ -382,9 +204,9 @@ class Eagle3Head(EagleHead):
         super().__init__(config)
         d = config.hidden_size
         eps = ex["rms_norm_eps"]
-        self.embed_norm = RMSNorm(d, eps)
-        self.hidden_norm = RMSNorm(d, eps)
-        self.norm = RMSNorm(d, eps)
+        self.embed_norm = nn.RMSNorm(d, eps=eps)
+        self.hidden_norm = nn.RMSNorm(d, eps=eps)
+        self.norm = nn.RMSNorm(d, eps=eps)
         self.lm_head = nn.Linear(d, n_vocab, bias=False)
         nn.init.normal_(self.lm_head.weight, std=0.02)
         self.register_buffer("draft_to_target", torch.full((n_vocab,), -1, dtype=torch.long))
@@ -409,7 +231,7 @@ class Eagle3Head(EagleHead):
             )
         size = min(draft_vocab_size or 32_000, vocab)
         return super().for_target(
-            target, num_heads, num_layers, feature_layers=feature_layers, draft_vocab_size=size, **extra
+            target, num_heads, num_layers, lm_head, feature_layers=feature_layers, draft_vocab_size=size, **extra
         )
 
     @torch.no_grad()

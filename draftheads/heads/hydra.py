@@ -32,22 +32,9 @@ class HydraHeads(MedusaHeads):
                 proj.weight.zero_()
                 proj.weight[:, :d] = torch.eye(d)
                 proj.bias.zero_()
-        self._target_embedding: tuple[nn.Module, ...] = ()
-
-    def bind_target(self, target: nn.Module) -> "HydraHeads":
-        super().bind_target(target)
-        self._target_embedding = (target.get_input_embeddings(),)
-        return self
-
-    def proposer(self, tree=None, draft_vocab_size: int | None = None):
-        from ..inference.proposers.hydra import HydraProposer
-
-        return HydraProposer(self, tree=tree, draft_vocab_size=draft_vocab_size)
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
-        if not self._target_embedding:
-            raise RuntimeError("hydra heads read the target's embedding: call heads.bind_target(target) first")
-        return self._target_embedding[0](tokens).to(self._param_dtype())
+        return self.target_embedding()(tokens).to(self._param_dtype())
 
     def head_state(self, hidden: torch.Tensor, context: torch.Tensor, k: int) -> torch.Tensor:
         """Head k's hidden state from ``hidden`` [..., H] and ``context`` [..., >= k+1] token ids
@@ -68,3 +55,14 @@ class HydraHeads(MedusaHeads):
 
     def _param_dtype(self) -> torch.dtype:
         return self.in_projs[0].weight.dtype
+
+
+def token_context(input_ids: torch.Tensor, num_heads: int) -> torch.Tensor:
+    """``[B, S, K]``: ``context[b, t, j] = input_ids[b, t+1+j]`` (0 past the end): the tokens a
+    Hydra head k reads (j <= k) when predicting t+2+k, teacher-forced from the labels."""
+    bsz, seq = input_ids.shape
+    context = torch.zeros(bsz, seq, num_heads, dtype=input_ids.dtype, device=input_ids.device)
+    for j in range(num_heads):
+        if 1 + j < seq:
+            context[:, : seq - 1 - j, j] = input_ids[:, 1 + j :]
+    return context

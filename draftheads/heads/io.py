@@ -1,7 +1,7 @@
-"""Saving and loading heads folders: ``config.json`` + ``model.safetensors`` (+ optional ``tree.json``).
+"""Loading heads folders: ``config.json`` + ``model.safetensors`` (+ optional ``tree.json``).
 
-Writes are atomic (draftheads/atomic.py: a temp folder swapped into place), so an interrupted
-export never leaves a half-written folder where a good one was. Loads are strict: safetensors only, every key present
+Writes (folder.py) are atomic (draftheads/atomic.py: a temp folder swapped into place), so an
+interrupted export never leaves a half-written folder where a good one was. Loads are strict: safetensors only, every key present
 and of the right shape, the target checked when one is given.
 """
 from __future__ import annotations
@@ -13,47 +13,20 @@ from typing import Any
 
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from ..atomic import restore_interrupted_swap, write_folder_atomically, write_json_atomically  # noqa: F401 (re-exported)
 from .config import FORMAT_VERSION, HeadsConfig
+from .eagle import Eagle3Head, EagleHead
+from .folder import CONFIG_NAME, TREE_NAME, WEIGHTS_NAME, read_tree, read_tree_origin, save_heads  # noqa: F401 (re-exported)
+from .hydra import HydraHeads
+from .medusa import MedusaHeads
 from .tree_check import tree_problem
-
-CONFIG_NAME = "config.json"
-WEIGHTS_NAME = "model.safetensors"
-TREE_NAME = "tree.json"
 
 
 def head_types() -> dict[str, type]:
     """Registered head classes by ``head_type`` name."""
-    from .eagle import Eagle3Head, EagleHead
-    from .hydra import HydraHeads
-    from .medusa import MedusaHeads
-
     return {cls.head_type: cls for cls in (MedusaHeads, HydraHeads, EagleHead, Eagle3Head)}
-
-
-def save_heads(heads: torch.nn.Module, path: str | os.PathLike, tree: list[list[int]] | None = None) -> Path:
-    """Export heads only (never the target's weights) as a versioned safetensors folder."""
-    state = {k: v.detach().contiguous().cpu() for k, v in heads.state_dict().items()}
-    bad = [k for k, v in state.items() if v.is_floating_point() and not bool(torch.isfinite(v).all())]
-    if bad:
-        raise ValueError(
-            f"refusing to export heads to {path}: non-finite values (NaN/inf) in {', '.join(bad[:5])}"
-            f"{' ...' if len(bad) > 5 else ''} ({len(bad)} of {len(state)} tensors); did the training diverge?"
-        )
-    config = heads.config.to_dict()
-    tree = tree if tree is not None else getattr(heads, "tree", None)
-
-    files = {
-        CONFIG_NAME: lambda p: p.write_text(json.dumps(config, indent=2) + "\n"),
-        WEIGHTS_NAME: lambda p: save_file(
-            state, str(p), metadata={"format": "pt", "draftheads_format_version": str(FORMAT_VERSION)}
-        ),
-    }
-    if tree is not None:
-        files[TREE_NAME] = lambda p: p.write_text(json.dumps({"tree": tree}, indent=2) + "\n")
-    return write_folder_atomically(path, files)
 
 
 def _not_heads_folder(path: Path, data: Any) -> str | None:
@@ -125,31 +98,6 @@ def read_config(path: str | os.PathLike) -> HeadsConfig:
             "(their draft layer's geometry and inputs); re-export the heads with draftheads"
         )
     return config
-
-
-def read_tree(path: str | os.PathLike) -> tuple[list[list[int]] | dict | None, int | None]:
-    """The calibrated tree and draft vocabulary size saved by `draftheads calibrate`, if any
-    (parsed only: `load_heads` checks that they fit the heads)."""
-    tree_file = Path(path) / TREE_NAME
-    if not tree_file.is_file():
-        return None, None
-    try:
-        data = json.loads(tree_file.read_text())
-        tree = data["tree"]
-    except (json.JSONDecodeError, KeyError, TypeError, UnicodeDecodeError) as e:
-        raise ValueError(f"{tree_file} is not a valid tree file ({e!r}); delete it or run draftheads calibrate again") from None
-    return tree, data.get("draft_vocab_size")
-
-
-def read_tree_origin(path: str | os.PathLike) -> dict[str, Any]:
-    """Who chose the saved tree and for which device type: ``{"chosen_by": "training",
-    "device_type": "cpu"}`` for trees chosen at the end of training, ``{}`` for calibrated trees
-    (which are used as they are) and for folders without a tree."""
-    tree_file = Path(path) / TREE_NAME
-    if not tree_file.is_file():
-        return {}
-    data = json.loads(tree_file.read_text())  # read_tree has already validated it
-    return {k: data[k] for k in ("chosen_by", "device_type") if isinstance(data.get(k), str)}
 
 
 def load_heads(

@@ -13,7 +13,6 @@ one with the best expected tokens / (verify time + drafting time).
 """
 from __future__ import annotations
 
-import heapq
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
@@ -21,7 +20,10 @@ from dataclasses import asdict, dataclass, field
 import torch
 from transformers import DynamicCache
 
-from ..train.losses import token_context
+from ..heads.acceptance import expected_tokens_per_step, grow_tree  # noqa: F401 (re-exported)
+from ..heads.hydra import token_context
+from .decoder import SpeculativeDecoder
+from .sampling import SamplingParams
 from .tree import Tree, TreeShape
 from .verify import TreeVerifier
 
@@ -63,40 +65,6 @@ def head_accuracy_table(
             hits[k] += (top == truth[:, None]).float().sum(0).cpu()
             totals[k] += truth.numel()
     return hits / totals.clamp(min=1)[:, None]
-
-
-def grow_tree(acc: torch.Tensor, max_nodes: int) -> list[tuple[tuple[int, ...], float]]:
-    """Best-first growth: (path, path probability) in the order nodes are added (root excluded).
-
-    A node's candidates are its next sibling (same depth, rank+1) and its first child (rank 0,
-    one deeper); the frontier always holds the best node not yet in the tree."""
-    num_heads, max_rank = acc.shape
-    added: list[tuple[tuple[int, ...], float]] = []
-    frontier = [(-float(acc[0, 0]), (0,))]
-    parent_value = {(): 1.0}
-    while frontier and len(added) < max_nodes:
-        neg_value, path = heapq.heappop(frontier)
-        value = -neg_value
-        added.append((path, value))
-        parent_value[path] = value
-        depth, rank = len(path), path[-1]
-        if rank + 1 < max_rank:
-            sibling = path[:-1] + (rank + 1,)
-            heapq.heappush(frontier, (-parent_value[path[:-1]] * float(acc[depth - 1, rank + 1]), sibling))
-        if depth < num_heads:
-            heapq.heappush(frontier, (-value * float(acc[depth, 0]), path + (0,)))
-    return added
-
-
-def expected_tokens_per_step(choices: list[list[int]], acc: torch.Tensor) -> float:
-    """1 + sum of path probabilities: the simulated acceptance length of a static tree."""
-    total = 1.0
-    for path in choices:
-        p = 1.0
-        for depth, rank in enumerate(path):
-            p *= float(acc[depth, rank]) if depth < acc.shape[0] and rank < acc.shape[1] else 0.0
-        total += p
-    return total
 
 
 @torch.no_grad()
@@ -226,7 +194,8 @@ def measure_draft_seconds(
     for depth in range(1, heads.config.num_heads + 1):
         proposer = heads.proposer(tree=[[0] * d for d in range(1, depth + 1)], draft_vocab_size=draft_vocab_size)
         param = next(heads.parameters())
-        proposer._last_hidden = torch.randn(heads.config.hidden_size, device=param.device, dtype=param.dtype)
+        hidden = torch.randn(1, heads.config.hidden_size, device=param.device, dtype=param.dtype)
+        proposer.start(torch.zeros(1, dtype=torch.long), hidden, SamplingParams(), None)  # drafts from this state
         samples = []
         for rep in range(repeats + 1):
             t0 = time.perf_counter()
@@ -250,8 +219,6 @@ def calibrate(
 ) -> CalibratedTree:
     """Measure acceptance on ``prompts`` (greedy continuations by the target itself) and verify
     times on this device, and return the tree with the best expected tokens per second."""
-    from .decoder import SpeculativeDecoder
-
     decoder = SpeculativeDecoder(target, heads)  # the continuation is the target's, only faster
     sequences = [decoder.generate(p, max_new_tokens=new_tokens, temperature=0.0, eos_token_id=[]).sequences[0] for p in prompts]
     skip = [p.shape[-1] for p in prompts]
@@ -321,8 +288,6 @@ def calibrate_dynamic_tree(
     settings interleaved over ``rounds`` rounds so that machine drift hits them all alike, the
     best total tokens / decode seconds wins. Plain decoding (a root-only tree) is measured the
     same way, so the reported speedup is against our own one-token steps."""
-    from .decoder import SpeculativeDecoder
-
     if grid is None:
         vocabs = DRAFT_VOCAB_SIZES if heads.vocab_ids() is None and int(heads.token_counts.sum()) > 0 else (None,)
         grid = [{**g, "draft_vocab_size": v} for g in DYNAMIC_GRID for v in vocabs]

@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from .calibrate import grow_tree
-from .tree import default_choices
+from ..heads.acceptance import default_choices, grow_tree
 
 CHOSEN_BY_TRAINING = "training"
 

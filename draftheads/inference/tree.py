@@ -12,6 +12,8 @@ from functools import cached_property
 
 import torch
 
+from ..heads.acceptance import DEFAULT_CHOICES, default_choices  # noqa: F401 (re-exported)
+
 
 @dataclass(frozen=True, eq=False)
 class TreeShape:
@@ -129,18 +131,3 @@ class Tree:
     def __post_init__(self) -> None:
         if self.tokens.shape != (self.shape.size,):
             raise ValueError(f"tree has {self.shape.size} nodes but {tuple(self.tokens.shape)} tokens")
-
-
-# Default static trees per number of heads, small enough to pay off on a CPU (see
-# reference/cpu-stack.md: 16 tree tokens cost about 2x one token there). `draftheads calibrate`
-# replaces them with a tree measured on the user's device and heads.
-DEFAULT_CHOICES: dict[int, list[list[int]]] = {
-    1: [[0], [1], [2]],
-    2: [[0], [1], [2], [0, 0], [0, 1], [1, 0]],
-    3: [[0], [1], [2], [0, 0], [0, 1], [1, 0], [0, 0, 0], [0, 0, 1], [0, 1, 0]],
-    4: [[0], [1], [2], [0, 0], [0, 1], [1, 0], [0, 0, 0], [0, 0, 1], [0, 1, 0], [0, 0, 0, 0]],
-}
-
-
-def default_choices(num_heads: int) -> list[list[int]]:
-    return DEFAULT_CHOICES[min(max(num_heads, 1), max(DEFAULT_CHOICES))]

@@ -81,7 +81,7 @@ def eagle_loss(
     device = input_ids.device
     lm = torch.ones_like(input_ids, dtype=torch.bool) if loss_mask is None else loss_mask.bool()
     am = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
-    lm_head = heads._target(1)
+    lm_head = heads.target_lm_head()
     regress = not heads.fuses_layers  # EAGLE-1/2 also regress onto the next feature; EAGLE-3 has none
     noise = float(heads.config.extra.get("noise", 0.0)) if regress else 0.0
 

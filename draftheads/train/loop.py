@@ -34,7 +34,6 @@ from ..device import (
     accelerator_kwargs,
     cpu_threads_for_single_process,
     launch_env,
-    resolve_dtype,
     resolve_mixed_precision,
 )
 from .checkpoint import (
@@ -344,25 +343,19 @@ def run(cfg: ExperimentConfig, overwrite: bool = False) -> TrainResult:
 
 
 def load_target(cfg: TargetConfig, accelerator=None, device: torch.device | None = None):
-    """The frozen target and its tokenizer. ``"demo"`` resolves to the locally built demo model."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    """The frozen target and its tokenizer as ``cfg`` says (see draftheads/target.py)."""
+    from ..target import load_target as load
 
-    from ..demo import resolve_target
-
-    ctx = accelerator.main_process_first() if accelerator is not None else contextlib.nullcontext()
-    with ctx:  # the demo target is built once, by the main process
-        path = resolve_target(cfg.name_or_path)
-    common = {"trust_remote_code": cfg.trust_remote_code, "revision": cfg.revision}
-    kwargs: dict[str, Any] = {"dtype": resolve_dtype(cfg.dtype), **common}
-    if cfg.attn_implementation:
-        kwargs["attn_implementation"] = cfg.attn_implementation
-    if device is not None:
-        kwargs["device_map"] = {"": device}
-    target = AutoModelForCausalLM.from_pretrained(path, **kwargs)
-    tokenizer = AutoTokenizer.from_pretrained(path, **common)
-    target.requires_grad_(False)
-    target.eval()
-    return target, tokenizer
+    return load(
+        cfg.name_or_path,
+        device=device,
+        dtype=cfg.dtype,
+        runs_on=accelerator.device if accelerator is not None else None,
+        trust_remote_code=cfg.trust_remote_code,
+        revision=cfg.revision,
+        attn_implementation=cfg.attn_implementation,
+        resolving=accelerator.main_process_first() if accelerator is not None else None,  # built once
+    )
 
 
 def build_heads(spec: HeadsSpec, target: torch.nn.Module, zero3: bool = False) -> torch.nn.Module:

@@ -19,6 +19,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+from ..heads.hydra import token_context  # noqa: F401 (re-exported: the tokens Hydra heads read)
+
 IGNORE = -100
 
 
@@ -61,17 +63,6 @@ def medusa_targets(
         valid = lm[:, shift:] & am[:, shift:] & am[:, :-shift]
         targets[:, :-shift, k] = torch.where(valid, input_ids[:, shift:], IGNORE)
     return targets
-
-
-def token_context(input_ids: torch.Tensor, num_heads: int) -> torch.Tensor:
-    """``[B, S, K]``: ``context[b, t, j] = input_ids[b, t+1+j]`` (0 past the end): the tokens a
-    Hydra head k reads (j <= k) when predicting t+2+k, teacher-forced from the labels."""
-    bsz, seq = input_ids.shape
-    context = torch.zeros(bsz, seq, num_heads, dtype=input_ids.dtype, device=input_ids.device)
-    for j in range(num_heads):
-        if 1 + j < seq:
-            context[:, : seq - 1 - j, j] = input_ids[:, 1 + j :]
-    return context
 
 
 def _head_states(heads: torch.nn.Module, hidden: torch.Tensor, context: torch.Tensor | None) -> list[torch.Tensor]:

@@ -25,6 +25,8 @@ from typing import Sequence
 
 import torch
 
+from ..heads.acceptance import default_choices, expected_tokens_per_step
+
 
 def chain_acceptance_length(top1: Sequence[float]) -> float:
     """Expected tokens committed per step by a greedy chain of heads with these top-1 accuracies."""
@@ -49,8 +51,6 @@ def static_tree(heads: torch.nn.Module) -> list[list[int]] | None:
     tree = getattr(heads, "tree", None)
     if isinstance(tree, list):
         return tree
-    from ..inference.tree import default_choices
-
     return default_choices(heads.config.num_heads)
 
 
@@ -65,8 +65,6 @@ def simulated_acceptance_length(rank_acc: torch.Tensor, tree: list[list[int]]) -
     """Expected tokens per step of the static ``tree`` given ``rank_acc[k, r]`` (bonus token
     included). One formula for training and calibration, so the checkpoint training keeps is
     ranked by the same number ``draftheads calibrate`` optimises."""
-    from ..inference.calibrate import expected_tokens_per_step  # lazy: keeps this module light
-
     return expected_tokens_per_step(tree, rank_acc)
 
 

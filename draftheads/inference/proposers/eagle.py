@@ -27,6 +27,17 @@ DEFAULT_DEPTH = 5
 DEFAULT_TOP_K = 4
 
 
+def eagle_proposer(head: torch.nn.Module, tree: dict | None = None) -> "EagleProposer":
+    """EAGLE-2's dynamic tree for ``head`` (settings: ``tree`` dict, else the calibrated ones, else defaults)."""
+    settings = tree if tree is not None else (head.tree or {})
+    if not isinstance(settings, dict):
+        raise ValueError(
+            f"{head.head_type} heads draft a dynamic tree: pass tree={{'total_tokens': .., 'depth': .., 'top_k': ..}}, "
+            "not a static list of paths"
+        )
+    return EagleProposer(head, **settings)
+
+
 class EagleProposer(Proposer):
     def __init__(
         self,
@@ -54,10 +65,10 @@ class EagleProposer(Proposer):
             # EAGLE scores with the target's whole LM head; ranking only the most frequent training
             # tokens makes each level's projection V/N times cheaper (on a small target it is the
             # largest part of drafting). Rarer tokens are never drafted; the verifier decides.
-            counts = head.token_counts
-            if int(counts.sum()) > 0 and draft_vocab_size < counts.numel():
-                ids = counts.topk(draft_vocab_size).indices.sort().values
-                weight = head._target(1).weight[ids.to(head._target(1).weight.device)].detach()
+            ids = head.draft_vocab(draft_vocab_size)
+            if ids is not None:
+                full = head.target_lm_head().weight
+                weight = full[ids.to(full.device)].detach()
                 self._logits = lambda state: torch.nn.functional.linear(state.to(weight.dtype), weight)
         self.vocab_ids = None if ids is None else ids.cpu()  # draft index -> target id
         drafted = head.config.vocab_size if ids is None else ids.numel()

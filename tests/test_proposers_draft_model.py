@@ -1,81 +1,18 @@
-"""Prompt lookup and draft-model proposers: exactness against `generate`, the draft cache's
-bookkeeping, the distribution of sampled outputs with stochastic drafts, the tokenizer check and
-the adaptive draft length.
-
-Everything runs on tiny random models built from configs; models use a larger initializer range
-than the default so that their distributions are peaked (greedy text loops, p and q differ a lot),
-which is what gives acceptance and the distribution tests something to bite on.
-"""
+"""Draft-model proposer: exactness against `generate`, the draft cache's bookkeeping, the
+distribution of sampled outputs with stochastic drafts, the tokenizer check, and its stats."""
 from __future__ import annotations
-
-import math
 
 import pytest
 import torch
 
 import draftheads as dh
-from draftheads.inference.proposers.draft_model import AdaptiveGamma, choose_gamma, expected_tokens
 from draftheads.inference.sampling import SamplingParams
 from draftheads.inference.tree import Tree, TreeShape
 from draftheads.inference.verify import Acceptance, TreeVerifier
 
-from inference_utils import greedy_reference, tiny_target
+from proposer_utils import ARCHS, VOCAB, check_greedy_exact, prompts, reference, tiny_lm
 
-VOCAB = 64
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models are dominated by per-op overhead; extra threads only fight over shared cores."""
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
-
-
-def tiny_lm(arch: str = "llama", seed: int = 0, vocab: int = VOCAB, hidden: int = 32, layers: int = 2, **extra):
-    return tiny_target(arch, seed=seed, vocab=vocab, hidden=hidden, layers=layers, **extra)
-
-
-reference = greedy_reference
-
-
-def prompts(vocab: int = VOCAB) -> list[torch.Tensor]:
-    g = torch.Generator().manual_seed(7)
-    random = torch.randint(4, vocab, (1, 9), generator=g)
-    phrase = torch.randint(4, vocab, (5,), generator=g)
-    repetitive = torch.cat([phrase, phrase, phrase[:3]])[None]  # the prompt repeats itself
-    short = torch.tensor([[1]])
-    return [random, repetitive, short]
-
-
-ARCHS = ["llama", "qwen2"]
-LENGTHS = [1, 2, 7, 40]
-
-
-def check_greedy_exact(target, make_proposer, lengths=LENGTHS) -> list[int]:
-    """Our greedy output equals `generate`'s for every prompt and length; returns the accept
-    lengths of the longest runs (short runs are dominated by the max_new_tokens cut)."""
-    accept: list[int] = []
-    decoder = dh.SpeculativeDecoder(target, make_proposer())
-    for ids in prompts():
-        # Greedy decoding without EOS is deterministic: shorter runs are prefixes of the longest.
-        ref = reference(target, ids, max(lengths))
-        for n in lengths:
-            out = decoder.generate(ids, max_new_tokens=n, eos_token_id=[])
-            assert out.sequences.tolist() == ref[:, : ids.shape[1] + n].tolist(), (ids.tolist(), n)
-            if n == max(lengths):
-                accept += out.accept_lengths
-    return accept
-
-
-# -- greedy exactness ---------------------------------------------------------------------------------
-@pytest.mark.parametrize("arch", ARCHS)
-def test_prompt_lookup_greedy_matches_generate(arch):
-    target = tiny_lm(arch)
-    accept = check_greedy_exact(target, lambda: dh.PromptLookupProposer(max_ngram=3, num_tokens=6))
-    # Tiny random models loop; the looping text is drafted from itself and accepted.
-    assert sum(accept) / len(accept) > 1.3
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -121,7 +58,6 @@ def test_eos_stops_where_generate_stops(make):
     assert out.sequences.tolist() == ref.tolist()
 
 
-# -- draft cache bookkeeping and the q rows ------------------------------------------------------------------
 class CheckedDraftProposer(dh.DraftModelProposer):
     """Checks after every call that cache + pending == committed tokens, and records each tree."""
 
@@ -184,7 +120,6 @@ def test_sampling_self_draft_accepts_almost_everything():
     assert out.mean_accept_length > 4.0
 
 
-# -- output distribution with stochastic drafts -----------------------------------------------------------
 SMALL_V = 8
 
 
@@ -278,6 +213,8 @@ def biased_accept_sampling(bug: str):
 # below 1e-20 (q/p even produces impossible outcomes), while the exact rule's p-value is an
 # ordinary uniform draw (about 0.9 with these seeds).
 TRIALS = 1500
+
+
 SAMPLING = [SamplingParams(temperature=1.0), SamplingParams(temperature=1.5, top_k=6, top_p=0.95)]
 
 
@@ -329,7 +266,6 @@ def test_generate_with_sampled_drafts_matches_target_distribution():
     assert chi_square_pvalue(counts, exact) > 1e-3
 
 
-# -- tokenizer check ------------------------------------------------------------------------------------
 def word_tokenizer(words: list[str], specials=("<unk>", "<s>", "</s>", "<pad>"), eos="</s>"):
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
@@ -406,57 +342,6 @@ def test_vocab_size_policy():
                 assert out.sequences.tolist() == ref.tolist()
 
 
-# -- adaptive gamma -------------------------------------------------------------------------------------
-def test_expected_tokens():
-    assert expected_tokens(0.0, 5) == 1.0
-    assert expected_tokens(1.0, 5) == 6.0
-    assert math.isclose(expected_tokens(0.5, 2), 1.75)
-    # one rate per position: 1 + a0 + a0 a1 + ...; a constant list is the geometric count
-    assert math.isclose(expected_tokens([0.5, 0.5, 0.5], 2), 1.75)
-    assert math.isclose(expected_tokens([0.9, 0.5, 1.0], 3), 1 + 0.9 + 0.45 + 0.45)
-    assert expected_tokens([0.9, 0.5], 0) == 1.0
-    with pytest.raises(ValueError, match="2 acceptance rates for a chain of 3"):
-        expected_tokens([0.9, 0.5], 3)
-
-
-def linear_verify(base: float, per_token: float):
-    return lambda n: base + per_token * (n - 1)
-
-
-def test_choose_gamma():
-    verify = linear_verify(0.020, 0.0005)  # a target forward; extra tree tokens are nearly free
-    # a good, cheap draft: draft the maximum
-    assert choose_gamma(0.9, 0.001, verify, 8) == 8
-    # a useless draft: plain decoding
-    assert choose_gamma(0.01, 0.001, verify, 8) == 0
-    # a good but expensive draft (as slow as the target): plain decoding
-    assert choose_gamma(0.7, 0.030, verify, 8) == 0
-    # in between: a short draft
-    assert 1 <= choose_gamma(0.6, 0.004, verify, 8) <= 4
-    # the limit is respected
-    assert choose_gamma(0.9, 0.001, verify, 3) == 3
-
-
-def test_choose_gamma_counts_the_per_step_overhead():
-    verify = linear_verify(0.010, 0.0005)
-    # a weak draft: not worth a 2 ms draft forward on top of a 10 ms step ...
-    assert choose_gamma(0.2, 0.002, verify, 8) == 0
-    # ... but worth it when every step also pays 5 ms of loop overhead, whatever its length
-    assert choose_gamma(0.2, 0.002, verify, 8, overhead=0.005) >= 1
-    ad = AdaptiveGamma(max_gamma=4)
-    ad.record_draft_time(0.002)
-    ad.record_step(0, 0, 0.010)
-    ad.record_step(1, 0, 0.0105)
-    ad._succ, ad._fail = 0.2, 0.8  # acceptance 0.2 at every position (the pooled rate, no per-position trials)
-    ad._position_hits, ad._position_trials = [0.0] * 4, [0.0] * 4
-    assert ad.acceptance_rates() == pytest.approx([0.2] * 4)
-    assert ad.choose() == 1  # plain decoding predicted ahead by 4%: within fallback_margin, keep drafting
-    ad.fallback_margin = 0.0
-    assert ad.choose() == 0
-    ad.record_overhead(0.005)
-    assert ad.choose() >= 1 and ad.stats()["t_overhead"] == 0.005
-
-
 def test_draft_model_measures_the_loop_overhead():
     target = tiny_lm("llama")
     draft = tiny_lm("llama", seed=1, hidden=16, layers=1)
@@ -464,172 +349,6 @@ def test_draft_model_measures_the_loop_overhead():
         prompts()[0], max_new_tokens=12, eos_token_id=[]
     )
     assert out.stats["t_overhead"] is not None and 0.0 <= out.stats["t_overhead"] < out.decode_seconds
-
-
-def test_adaptive_gamma_learns_falls_back_and_probes():
-    ad = AdaptiveGamma(max_gamma=6, initial_gamma=3, probe_every=8, max_probe_every=8)  # no backoff here
-    assert ad.choose() == 3  # nothing measured yet
-    # a cheap draft that is always accepted: gamma goes to the maximum
-    for _ in range(30):
-        g = ad.choose()
-        ad.record_draft_time(0.001)
-        ad.record_step(g, g, 0.02 + 0.0005 * g)
-    assert ad.choose() == 6 and ad.alpha > 0.95
-    # the draft turns useless: fall back to plain decoding, but probe with one token now and then
-    # (gamma shrinks as alpha decays: one cheap draft token still pays while alpha > ~0.08)
-    chosen = []
-    for _ in range(100):
-        g = ad.choose()
-        chosen.append(g)
-        if g:
-            ad.record_draft_time(0.001)
-        ad.record_step(g, 0, 0.02 + 0.0005 * g)
-    tail = chosen[-40:]
-    assert tail.count(0) >= 34 and tail.count(2) >= 4 and set(tail) == {0, 2}  # probes draft 2 tokens
-    stats = ad.stats()
-    assert stats["fallback_steps"] >= 34 and stats["probe_steps"] >= 4 and stats["alpha"] < 0.1
-    # the draft becomes good again: probes pick it up
-    for _ in range(80):
-        g = ad.choose()
-        if g:
-            ad.record_draft_time(0.001)
-        ad.record_step(g, g, 0.02 + 0.0005 * g)
-    assert ad.choose() >= 4
-    # a limit of 0 (no room left) is not a fallback
-    before = ad.fallback_steps
-    assert ad.choose(0) == 0 and ad.fallback_steps == before
-
-
-def test_adaptive_gamma_probes_back_off_and_reset():
-    ad = AdaptiveGamma(max_gamma=4, initial_gamma=2, probe_every=4, max_probe_every=16)
-    ad.record_draft_time(0.010)  # half a target forward: a draft that never hits is a clear loss
-    chosen = []
-    for _ in range(120):  # a useless draft: every probe fails
-        g = ad.choose()
-        chosen.append(g)
-        ad.record_step(g, 0, 0.02 + 0.0005 * g)
-    first_plain = chosen.index(0)  # alpha has decayed from its prior: plain decoding wins
-    probes = [i for i, g in enumerate(chosen) if g == 2 and i > first_plain]
-    gaps = [b - a for a, b in zip(probes, probes[1:])]
-    # The first probe comes as plain decoding just overtook the decaying prior (marginal: no
-    # back-off); from then on each failed probe doubles the wait, capped at 16.
-    assert gaps[:3] == [4, 8, 16] and set(gaps[3:]) == {16}, gaps
-    assert ad.probe_interval == 16
-    assert ad.stats()["probe_interval"] == 16
-    # the draft turns perfect: the next probe succeeds, drafting resumes and the wait resets
-    for _ in range(40):
-        g = ad.choose()
-        ad.record_step(g, g, 0.02 + 0.0005 * g)
-    assert ad.choose() >= 1 and ad.probe_interval == 4
-    with pytest.raises(ValueError, match="max_probe_every"):
-        AdaptiveGamma(probe_every=8, max_probe_every=4)
-    assert AdaptiveGamma(probe_every=300).max_probe_every == 300
-
-
-def test_adaptive_gamma_learns_acceptance_by_position():
-    """The demo's draft on code: the first draft is accepted ~90% of the time, the second ~50%,
-    later ones ~95%. One pooled rate (~0.8) makes 2+ drafts look worth it; the rates per
-    position say one draft token is best, and the loop settles there."""
-    import random
-
-    rnd = random.Random(0)
-    rates = [0.9, 0.5, 0.95, 0.95, 0.95, 0.95]
-
-    def accepted(g: int) -> int:
-        k = 0
-        while k < g and rnd.random() < rates[k]:
-            k += 1
-        return k
-
-    def verify(n):  # a CPU-like target: every verified token costs a fifth of a forward
-        return 0.010 + 0.002 * (n - 1)
-
-    t_draft = 0.003
-    ad = AdaptiveGamma(max_gamma=6, initial_gamma=4)
-    chosen = []
-    for _ in range(400):
-        g = ad.choose()
-        chosen.append(g)
-        if g:
-            ad.record_draft_time(t_draft)
-        ad.record_step(g, accepted(g), verify(g + 1))
-    learned = ad.acceptance_rates()
-    # (position 2 is rarely reached at gamma 1: its evidence ages back towards the pooled rate,
-    # which is what sends the loop to try two drafts again now and then)
-    assert learned[0] == pytest.approx(0.9, abs=0.12) and learned[1] < learned[0]
-    assert ad.stats()["acceptance_by_position"] == learned
-    # What each choice is worth under the true rates: gamma 1 is the best, by 7% over gamma 2.
-    rate = {g: expected_tokens(rates, g) / (g * t_draft + verify(g + 1)) for g in range(7)}
-    assert max(rate, key=rate.get) == 1 and rate[1] > 1.05 * rate[2]
-    assert max(rate, key=lambda g: expected_tokens(0.8, g) / (g * t_draft + verify(g + 1))) >= 2  # pooled: wrong
-    # What the loop's choices are worth (expected tokens per second under the true rates, last
-    # 200 steps): within 5% of the best fixed gamma (the rest is exploring 2+ drafts now and
-    # then), where one pooled rate would settle on gamma 2, 7% behind.
-    def worth(choices):
-        return sum(expected_tokens(rates, g) for g in choices) / sum(g * t_draft + verify(g + 1) for g in choices)
-
-    assert worth(chosen[-200:]) >= 0.95 * rate[1] > worth([2] * 200)
-    assert chosen[-200:].count(1) > 100
-    # a step that drafts 3 and has the first rejected is a trial at position 1 only; every
-    # position's evidence ages by position_decay
-    before = list(ad._position_trials)
-    ad.record_step(3, 0, verify(4))
-    assert ad._position_trials == pytest.approx([0.9 * before[0] + 1] + [0.9 * n for n in before[1:]])
-    with pytest.raises(ValueError, match="position_decay"):
-        AdaptiveGamma(position_decay=1.0)
-    with pytest.raises(ValueError, match="prior_strength"):
-        AdaptiveGamma(prior_strength=0.0)
-
-
-def test_adaptive_gamma_keeps_probing_a_marginal_draft():
-    """Plain decoding predicted only slightly ahead (within ``marginal``): the wait between probes
-    does not grow, since the fallback may be noise and every plain step forgoes a gain."""
-    def run(t_draft: float) -> list[int]:
-        ad = AdaptiveGamma(max_gamma=4, initial_gamma=1, probe_every=4, max_probe_every=16)
-        chosen = []
-        for _ in range(100):
-            g = ad.choose()
-            chosen.append(g)
-            ad.record_draft_time(t_draft)
-            ad.record_step(g, 0, 0.02 + 0.0005 * g)
-        return chosen
-
-    # a useless draft costing 1 ms against a 20 ms target step: plain is ahead by 7%, marginal
-    chosen = run(0.001)
-    probes = [i for i, g in enumerate(chosen) if g == 2 and i > 30]  # once the prior has decayed
-    assert len(probes) > 10 and {b - a for a, b in zip(probes, probes[1:])} == {4}  # 3 plain steps, then a probe
-    # the same draft costing 10 ms: plain is ahead by a third, the waits grow
-    chosen = run(0.010)
-    probes = [i for i, g in enumerate(chosen) if g == 2 and i > 30]
-    assert max(b - a for a, b in zip(probes, probes[1:])) == 16
-    with pytest.raises(ValueError, match="marginal"):
-        AdaptiveGamma(marginal=1.5)
-
-
-def test_adaptive_gamma_verify_time_estimates():
-    ad = AdaptiveGamma(max_gamma=8)
-    ad.record_step(3, 1, 0.030)  # size 4
-    assert ad.verify_time(1) == 0.030 and ad.verify_time(9) == 0.030
-    ad.record_step(7, 1, 0.050)  # size 8
-    assert math.isclose(ad.verify_time(6), 0.040)
-    assert math.isclose(ad.verify_time(9), 0.055)
-    assert ad.verify_time(2) == 0.030
-    # noisy sizes: the fit pools them (weighted by sample counts) into one monotone line
-    for _ in range(20):
-        ad.record_step(0, 0, 0.020)  # size 1, measured often
-    ad.record_step(4, 1, 0.060)  # size 5 once, slow (a load spike)
-    times = [ad.verify_time(s) for s in range(1, 10)]
-    assert times == sorted(times) and times[0] < 0.030 and ad.verify_time(5) < 0.060
-
-
-def test_adaptive_gamma_a_slow_plain_step_does_not_make_a_useless_draft_pay():
-    ad = AdaptiveGamma(max_gamma=4)
-    ad.record_draft_time(0.002)
-    ad.record_step(1, 0, 0.005)  # size 2: 5 ms
-    ad.record_step(0, 0, 0.009)  # size 1: one slow step (load spike) at 9 ms
-    ad._succ, ad._fail = 0.02, 0.98  # the draft is useless
-    assert ad.verify_time(1) <= ad.verify_time(2)  # the fit is monotone whatever the samples
-    assert ad.choose() == 0
 
 
 def test_draft_model_stats():
@@ -653,73 +372,3 @@ def test_draft_model_argument_errors():
         dh.DraftModelProposer(draft, gamma=-1)
     with pytest.raises(ValueError, match="both"):
         dh.DraftModelProposer(draft, target_tokenizer=word_tokenizer(WORDS))
-
-
-# -- prompt lookup unit tests ---------------------------------------------------------------------------
-def lookup_tree(proposer: dh.PromptLookupProposer, text: list[int], root: int, max_depth: int = 10) -> list[int]:
-    proposer.start(torch.tensor(text), None, SamplingParams(), None)
-    return proposer.propose(root, max_depth).tokens.tolist()
-
-
-def test_prompt_lookup_longest_and_most_recent_match():
-    p = dh.PromptLookupProposer(max_ngram=3, num_tokens=4)
-    # suffix (7, 8, 9) occurred twice; the most recent occurrence is followed by 30 31 ...
-    text = [7, 8, 9, 20, 21, 5, 7, 8, 9, 30, 31, 32, 33, 34, 7, 8]
-    assert lookup_tree(p, text, root=9) == [9, 30, 31, 32, 33]
-    # only a 1-gram matches: 9 -> what followed the last 9
-    assert lookup_tree(p, [9, 40, 41, 1, 2], root=9) == [9, 40, 41, 1, 2]
-    # a 2-gram match beats a more recent 1-gram match
-    text = [4, 5, 60, 61, 5, 70, 71, 4]
-    assert lookup_tree(p, text, root=5) == [5, 60, 61, 5, 70]
-    # no match: the root alone (a plain decoding step)
-    assert lookup_tree(p, [1, 2, 3], root=4) == [4]
-    # max_depth caps the draft; depth 0 = root only
-    assert lookup_tree(p, text, root=5, max_depth=2) == [5, 60, 61]
-    assert lookup_tree(p, text, root=5, max_depth=0) == [5]
-
-
-def test_prompt_lookup_continues_a_repetition_past_the_end_of_the_text():
-    p = dh.PromptLookupProposer(max_ngram=3, num_tokens=8)
-    # period 3: the latest (1, 2, 3) is 3 tokens back, the copy wraps around onto itself
-    assert lookup_tree(p, [1, 2, 3, 1, 2, 3, 1, 2], root=3) == [3, 1, 2, 3, 1, 2, 3, 1, 2]
-    # period 1
-    assert lookup_tree(p, [5, 6, 6], root=6) == [6] + [6] * 8
-    # a far match is copied as is (and capped by max_depth)
-    assert lookup_tree(p, [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 1, 2], root=3, max_depth=5) == [3, 4, 5, 6, 7, 8]
-
-
-def test_prompt_lookup_uses_generated_text_and_min_ngram():
-    p = dh.PromptLookupProposer(max_ngram=2, num_tokens=3, min_ngram=2)
-    p.start(torch.tensor([1, 2, 3]), None, SamplingParams(), None)
-    assert p.propose(10, 5).tokens.tolist() == [10]  # (3, 10) never seen
-    p.accepted(torch.tensor([10]), None)
-    assert p.propose(11, 5).tokens.tolist() == [11]
-    p.accepted(torch.tensor([11]), None)
-    p.propose(12, 5)
-    p.accepted(torch.tensor([12]), None)
-    # text is now 1 2 3 10 11 12; the root 10 after 12 gives the bigram (12, 10): unseen
-    assert p.propose(10, 5).tokens.tolist() == [10]
-    p.accepted(torch.tensor([10]), None)
-    # (10, 11) was generated earlier, followed by 12 10
-    assert p.propose(11, 5).tokens.tolist() == [11, 12, 10, 11]
-
-
-def test_prompt_lookup_long_sequence_is_fast_enough():
-    """A few thousand tokens: start is one pass, each step a dict lookup (no timing assert)."""
-    g = torch.Generator().manual_seed(0)
-    text = torch.randint(0, 500, (4000,), generator=g)
-    p = dh.PromptLookupProposer()
-    p.start(text, None, SamplingParams(), None)
-    for i in range(200):
-        tree = p.propose(int(text[i]), 10)
-        p.accepted(tree.tokens[:1], None)
-    assert p.stats()["lookup_steps"] == 200
-
-
-def test_prompt_lookup_argument_errors():
-    with pytest.raises(ValueError, match="min_ngram"):
-        dh.PromptLookupProposer(min_ngram=0)
-    with pytest.raises(ValueError, match="max_ngram"):
-        dh.PromptLookupProposer(max_ngram=1, min_ngram=2)
-    with pytest.raises(ValueError, match="num_tokens"):
-        dh.PromptLookupProposer(num_tokens=0)

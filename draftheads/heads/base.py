@@ -1,0 +1,146 @@
+"""What every head type shares: its config, the frozen target modules it reads, its token counts,
+its saved tree, saving, and the name of the proposer that drafts with it.
+
+A head type (medusa.py, hydra.py, eagle.py) subclasses `DraftHeads` and holds only what makes it
+different: its modules, its forward pieces and what `for_target` puts in its config.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from .config import HeadsConfig, TargetInfo
+from .folder import save_heads
+
+#: Proposer factories by head_type, filled by draftheads.inference.proposers (heads never import
+#: the inference layer: it registers how it drafts each head type).
+_PROPOSERS: dict[str, Callable[..., Any]] = {}
+
+
+def register_proposer(head_type: str, factory: Callable[..., Any]) -> None:
+    """Make ``heads.proposer(...)`` of ``head_type`` (and its subclasses) call ``factory(heads, ...)``."""
+    _PROPOSERS[head_type] = factory
+
+
+class DraftHeads(nn.Module):
+    """Base of every head type. Class attributes describe the type to training and drafting."""
+
+    head_type: str = ""
+    #: Whether head_states also takes the tokens before each head's target (Hydra).
+    reads_tokens = False
+    #: Drafts a tree grown per step from draft confidences (EAGLE), not a fixed calibrated shape.
+    dynamic_tree = False
+    #: "future_tokens": head k is trained on the token k+1 ahead (train/losses.py);
+    #: "draft_steps": draft steps unrolled on their own outputs (train/eagle_loss.py).
+    training_objective = "future_tokens"
+    #: The `HeadsSpec` (config ``heads:``) fields that `for_target` takes besides num_heads/num_layers.
+    spec_options: tuple[str, ...] = ()
+    #: config.json "extra" keys the head is built from (checked at load).
+    required_extra: tuple[str, ...] = ()
+
+    def __init__(self, config: HeadsConfig) -> None:
+        super().__init__()
+        self.config = config
+        # How often each token was a training label: ranks the vocabulary so that drafting can
+        # rank the most frequent tokens only. int64, so dtype casts of the heads leave it alone.
+        self.register_buffer("token_counts", torch.zeros(config.vocab_size, dtype=torch.long))
+        # The target's frozen embedding and LM head, set by bind_target. A plain dict, so they are
+        # not submodules: never saved, trained or moved with the heads.
+        self._bound: dict[str, nn.Module] = {}
+        # The tree saved with the heads (tree.json): rank paths (static) or settings (dynamic).
+        self.tree: list[list[int]] | dict | None = None
+        self.draft_vocab_size: int | None = None  # calibrated; None = draft over the whole vocabulary
+
+    # -- construction -------------------------------------------------------------------------
+    @classmethod
+    def target_config(
+        cls, target: nn.Module, num_heads: int, num_layers: int, lm_head: str, extra: dict | None = None
+    ) -> HeadsConfig:
+        """The config of fresh heads of this type sized for ``target``."""
+        info = TargetInfo.from_model(target)
+        return HeadsConfig(
+            head_type=cls.head_type,
+            num_heads=num_heads,
+            num_layers=num_layers,
+            hidden_size=info.hidden_size,
+            vocab_size=info.vocab_size,
+            lm_head=lm_head,
+            target=info,
+            extra=dict(extra or {}),
+        )
+
+    @classmethod
+    def from_config_for(cls, config: HeadsConfig, target: nn.Module):
+        """Fresh heads built from ``config``, initialised from and bound to ``target``, on its device."""
+        heads = cls(config)
+        heads.init_from_target(target)
+        heads.bind_target(target)
+        return heads.to(device=target.get_output_embeddings().weight.device)
+
+    def init_from_target(self, target: nn.Module) -> None:
+        """Copy what a fresh head starts from out of the target (default: nothing)."""
+
+    def save_pretrained(self, path: str | os.PathLike, tree: list[list[int]] | dict | None = None) -> Path:
+        """Write ``config.json`` + ``model.safetensors`` (heads only), atomically."""
+        return save_heads(self, path, tree=tree)
+
+    def bind_target(self, target: nn.Module):
+        """Check that ``target`` is the model these heads were trained for and remember its frozen
+        embedding and LM head (never copied into the heads)."""
+        check_target(self.config, target)
+        self._bound = {"embedding": target.get_input_embeddings(), "lm_head": target.get_output_embeddings()}
+        return self
+
+    def target_embedding(self) -> nn.Module:
+        """The bound target's input embedding."""
+        return self._bound_module("embedding", "embedding")
+
+    def target_lm_head(self) -> nn.Module:
+        """The bound target's LM head (its output embedding)."""
+        return self._bound_module("lm_head", "LM head")
+
+    def _bound_module(self, key: str, what: str) -> nn.Module:
+        module = self._bound.get(key)
+        if module is None:
+            raise RuntimeError(f"these {self.head_type} heads read the target's {what}: call heads.bind_target(target) first")
+        return module
+
+    def proposer(self, tree: list[list[int]] | dict | None = None, **options):
+        """The drafting strategy for these heads (registered by draftheads.inference.proposers)."""
+        for cls in type(self).__mro__:
+            factory = _PROPOSERS.get(getattr(cls, "head_type", None) or "")
+            if factory is not None:
+                return factory(self, tree=tree, **options)
+        raise RuntimeError(
+            f"no proposer is registered for {self.head_type} heads: import draftheads.inference (it registers them)"
+        )
+
+    # -- vocabulary -----------------------------------------------------------------------------
+    def draft_vocab(self, size: int | None) -> torch.Tensor | None:
+        """The ``size`` most frequent training tokens, sorted by id (None: the whole vocabulary,
+        also when the heads carry no counts)."""
+        if size is None or size >= self.config.vocab_size or int(self.token_counts.sum()) == 0:
+            return None
+        return self.token_counts.topk(size).indices.sort().values
+
+
+def check_target(config: HeadsConfig, target: nn.Module) -> None:
+    """Raise a ValueError naming every difference between the heads' recorded target and ``target``."""
+    actual = TargetInfo.from_model(target)
+    problems = []
+    if config.hidden_size != actual.hidden_size:
+        problems.append(f"hidden_size: heads expect {config.hidden_size}, target has {actual.hidden_size}")
+    if config.vocab_size != actual.vocab_size:
+        problems.append(f"vocab_size: heads expect {config.vocab_size}, target has {actual.vocab_size}")
+    if not problems and config.target is not None:
+        problems = config.target.mismatches(actual)
+    if problems:
+        trained_for = config.target.name_or_path if config.target else "an unknown target"
+        raise ValueError(
+            f"these {config.head_type} heads were trained for {trained_for or 'another model'!s} and do not fit "
+            f"the target {actual.name_or_path or type(target).__name__}:\n  - " + "\n  - ".join(problems)
+        )
