@@ -141,5 +141,17 @@ def warn_unapplied_settings(generation_config: Any) -> None:
 
 
 def sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:
-    """One token from a probability vector [V] (need not be normalised)."""
-    return int(torch.multinomial(probs, 1, generator=generator))
+    """One token from a probability vector [V] (need not be normalised).
+
+    On the host: `torch.multinomial`. On an accelerator with a host generator (seeded runs): one
+    uniform draw from that generator and an inverse CDF on the device, so the vocabulary row never
+    leaves it (only the token index does)."""
+    if probs.device.type == "cpu" or generator is None or generator.device == probs.device:
+        return int(torch.multinomial(probs, 1, generator=generator))
+    u = torch.rand((), generator=generator, dtype=torch.float64)
+    cdf = probs.double().cumsum(-1)
+    # First index whose CDF exceeds u * total: never a zero-probability token (its CDF equals its
+    # predecessor's); float rounding past the end falls back to the last token with mass.
+    index = torch.searchsorted(cdf, (u.to(probs.device, non_blocking=True) * cdf[-1]).reshape(1), right=True)
+    last = (probs > 0).nonzero()[-1]
+    return int(torch.minimum(index, last))
