@@ -18,7 +18,7 @@ from .proposers import Proposer
 from .sampling import resolve_sampling, sample, warn_unapplied_settings
 from .default_tree import resolve_tree
 from .tree import TreeShape
-from .verify import TreeVerifier, check_tree_attention, commit, select_features
+from .verify import TreeVerifier, check_tree_attention, commit
 
 
 @dataclass
@@ -73,6 +73,31 @@ def _whole_number(value: Any, name: str) -> int:
         raise ValueError(f"{name} must be a whole number, got {type(value).__name__} {value!r}") from None
 
 
+class _ForwardTimer:
+    """Time of one verify forward. On CUDA through events read after acceptance has synced anyway
+    (a `torch.cuda.synchronize` per step would be a second host sync); elsewhere the wall clock."""
+
+    def __init__(self, device: torch.device) -> None:
+        self._events = None
+        if device.type == "cuda":
+            self._events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+            self._events[0].record()
+        self._t0 = time.perf_counter()
+        self._wall: float | None = None
+
+    def stop(self) -> None:
+        if self._events is not None:
+            self._events[1].record()
+        else:
+            self._wall = time.perf_counter() - self._t0
+
+    def seconds(self) -> float:
+        if self._events is not None:
+            self._events[1].synchronize()  # already complete after acceptance: returns at once
+            return self._events[0].elapsed_time(self._events[1]) / 1000.0
+        return float(self._wall)
+
+
 def _device_of(model: torch.nn.Module) -> torch.device:
     device = getattr(model, "device", None)
     return device if isinstance(device, torch.device) else next(model.parameters()).device
@@ -105,7 +130,8 @@ class SpeculativeDecoder:
             proposer.bind_target(target)
         self.target = target.eval()
         self.proposer = proposer
-        self.verifier = TreeVerifier(target, feature_layers=getattr(proposer, "feature_layers", None))
+        # Only the hidden states the proposer reads are captured (none for prompt lookup).
+        self.verifier = TreeVerifier(target, feature_layers=proposer.feature_layers)
         if check_model:
             check_tree_attention(target, self.verifier)
         self.max_positions = getattr(text_config(target), "max_position_embeddings", None)
@@ -152,13 +178,17 @@ class SpeculativeDecoder:
         # Prefill: the prompt in the target cache, its last logits give the first token.
         t0 = time.perf_counter()
         cache = DynamicCache()
-        out = self.target(
-            input_ids=prompt[None], use_cache=True, output_hidden_states=True, **{self.verifier.cache_arg: cache},
-            **_last_logits_only(self.target),
-        )
+        tap = self.verifier.tap
+        with tap.capture() as captured:
+            out = self.target(
+                input_ids=prompt[None], use_cache=True, **tap.forward_kwargs(), **{self.verifier.cache_arg: cache},
+                **_last_logits_only(self.target),
+            )
         last_logits = out.logits[0, -1]
-        root = int(last_logits.argmax()) if params.greedy else sample(params.probs(last_logits).cpu(), generator)
-        self.proposer.start(prompt, select_features(out.hidden_states, self.verifier.feature_layers)[0], params, generator)
+        root = int(last_logits.argmax()) if params.greedy else sample(params.probs(last_logits), generator)
+        features = tap.features(captured, out)
+        del out, captured  # with output_hidden_states (fallback) they hold every layer's states
+        self.proposer.start(prompt, None if features is None else features[0], params, generator)
         new_tokens = [root]
         prefix_len = prompt.numel()
         if streamer is not None:
@@ -172,12 +202,9 @@ class SpeculativeDecoder:
             # 1. propose: never draft past max_new_tokens (the bonus token takes the last slot).
             tree = self.proposer.propose(root, max_depth=max_new_tokens - len(new_tokens) - 1)
             # 2. verify: one target forward over the whole tree.
-            tf = time.perf_counter()
+            timer = _ForwardTimer(device)
             logits, hidden = self.verifier.forward(cache, tree, prefix_len)
-            if logits.is_cuda:  # kernels are asynchronous: time the forward, not its launch
-                torch.cuda.synchronize(logits.device)
-            verify_seconds = time.perf_counter() - tf
-            target_seconds += verify_seconds
+            timer.stop()
             # 3. accept: the longest valid path, plus the target's own next token.
             if params.greedy:
                 acc = self.verifier.accept_greedy(tree, logits)
@@ -186,11 +213,18 @@ class SpeculativeDecoder:
             else:
                 acc = self.verifier.accept_sampling(tree, logits, params, generator)
             # 4. commit: prefix + accepted path stay in the cache; tell the proposer.
-            commit(cache, prefix_len, acc.path)
-            prefix_len += acc.path.numel()
-            self.proposer.accepted(tree.tokens[acc.path], hidden[acc.path.to(hidden.device)])
-            self.proposer.observe(tree.shape.size - 1, acc.path.numel() - 1, verify_seconds)
-            emitted = tree.tokens[acc.path[1:]].tolist() + [acc.next_token]
+            # Host bookkeeping reads only what acceptance brought back (greedy: one transfer).
+            path_tokens = acc.tokens if acc.tokens is not None else tree.tokens[acc.path].tolist()
+            m = len(path_tokens)
+            verify_seconds = timer.seconds()  # after acceptance's transfer: no extra device sync
+            target_seconds += verify_seconds
+            commit(cache, prefix_len, acc)
+            prefix_len += m
+            self.proposer.accepted(
+                torch.tensor(path_tokens, dtype=torch.long), None if hidden is None else hidden[acc.index(hidden.device)]
+            )
+            self.proposer.observe(tree.shape.size - 1, m - 1, verify_seconds)
+            emitted = path_tokens[1:] + [acc.next_token]
             accept_lengths.append(len(emitted))
             for i, tok in enumerate(emitted):
                 if tok in eos:

@@ -141,5 +141,25 @@ def warn_unapplied_settings(generation_config: Any) -> None:
 
 
 def sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:
-    """One token from a probability vector [V] (need not be normalised)."""
-    return int(torch.multinomial(probs, 1, generator=generator))
+    """One token from a probability vector [V] (need not be normalised).
+
+    On the host (or with the device's own generator): `torch.multinomial`. On an accelerator with a
+    host generator (seeded runs): `sample_inverse_cdf`, so the vocabulary row never leaves the
+    device (only the token index does)."""
+    if probs.device.type == "cpu" or generator is None or generator.device == probs.device:
+        return int(torch.multinomial(probs, 1, generator=generator))
+    return sample_inverse_cdf(probs, generator)
+
+
+def sample_inverse_cdf(probs: torch.Tensor, generator: torch.Generator | None) -> int:
+    """One token from [V] ``probs`` wherever they live, with one uniform draw from ``generator``
+    (a host generator works for device rows) and the first index whose CDF exceeds it: a
+    zero-probability token is never drawn (its CDF equals its predecessor's)."""
+    gen_device = generator.device if generator is not None else torch.device("cpu")
+    u = torch.rand((), generator=generator, dtype=torch.float64, device=gen_device)
+    cdf = probs.double().cumsum(-1)
+    index = torch.searchsorted(cdf, (u.to(probs.device, non_blocking=True) * cdf[-1]).reshape(1), right=True)
+    # Float rounding past the end: the last token with mass (no `nonzero`, itself a device sync).
+    ids = torch.arange(probs.shape[-1], device=probs.device)
+    last = torch.where(probs > 0, ids, -1).amax()
+    return int(torch.minimum(index[0], last))

@@ -10,12 +10,14 @@ exactly the target's.
 from __future__ import annotations
 
 import inspect
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 import torch
 from transformers import DynamicCache
 
 from ..heads.config import text_config
+from .features import FINAL, FeatureTap
 from .sampling import SamplingParams, sample
 from .tree import Tree, TreeShape
 
@@ -26,8 +28,33 @@ class UnsupportedModelError(ValueError):
 
 @dataclass
 class Acceptance:
-    path: torch.Tensor  # node indices of the accepted path, root first: [m]
+    path: torch.Tensor  # node indices of the accepted path, root first: [m] (on the host)
     next_token: int  # the target's token after the path (bonus or residual sample): next step's root
+    #: The tree's tokens along the path (root first), when acceptance already brought them to the host.
+    tokens: list[int] | None = None
+    #: The path on the target's device, when acceptance computed it there (saves a host-to-device copy).
+    device_path: torch.Tensor | None = None
+    _nodes: list[int] | None = field(default=None, repr=False)
+
+    @property
+    def nodes(self) -> list[int]:
+        if self._nodes is None:
+            self._nodes = self.path.tolist()
+        return self._nodes
+
+    @property
+    def contiguous(self) -> bool:
+        """The path is nodes 0..m-1 (always for chains): the cache and features need no gather."""
+        return self.nodes == list(range(len(self.nodes)))
+
+    def index(self, device: torch.device) -> slice | torch.Tensor:
+        """What selects the path's rows from a tensor on ``device``: a slice (a view) when the path is
+        contiguous, else an index tensor already there, so no host sync."""
+        if self.contiguous:
+            return slice(0, len(self.nodes))
+        if self.device_path is not None and self.device_path.device == device:
+            return self.device_path
+        return self.path.to(device, non_blocking=True)
 
 
 #: Layer types whose attention a tree mask can express; anything else (linear attention, state-space
@@ -121,6 +148,30 @@ def cache_kwarg(model: torch.nn.Module) -> str:
     return "cache" if "cache" in params else "past_key_values"
 
 
+@dataclass
+class _ShapeOnDevice:
+    """A tree shape's topology on the target's device, built once per shape (static trees: once)."""
+
+    depth: torch.Tensor  # [n]
+    paths: torch.Tensor  # [leaves, D+1], -1 padded
+    block: torch.Tensor  # [n, n] additive mask among the tree's nodes
+
+
+def shape_on_device(shape: TreeShape, device: torch.device, dtype: torch.dtype) -> _ShapeOnDevice:
+    """Cached on the shape itself, so dynamic trees (one shape per step) do not pile up."""
+    per_device = shape.__dict__.setdefault("_on_device", {})
+    key = (device, dtype)
+    if key not in per_device:
+        block = torch.zeros(shape.size, shape.size, dtype=dtype)
+        block.masked_fill_(~shape.ancestor_mask, torch.finfo(dtype).min)
+        per_device[key] = _ShapeOnDevice(
+            depth=shape.depth.to(device, non_blocking=True),
+            paths=shape.paths.to(device, non_blocking=True),
+            block=block.to(device, non_blocking=True),
+        )
+    return per_device[key]
+
+
 def select_features(hidden_states: tuple[torch.Tensor, ...], layers: list[int] | None) -> torch.Tensor:
     """What a proposer reads from the target: the last hidden state after the final norm (``None``),
     or the hidden states entering the given layers, concatenated (EAGLE-3's fused features;
@@ -133,13 +184,34 @@ def select_features(hidden_states: tuple[torch.Tensor, ...], layers: list[int] |
 class TreeVerifier:
     """Scores a tree with the target and decides which path is accepted.
 
-    ``feature_layers``: which hidden states `forward` returns (see `select_features`)."""
+    ``feature_layers``: which hidden states `forward` returns, in ``output_hidden_states``
+    numbering (a proposer's `feature_layers`; ``None`` = the last hidden state, ``()`` = none).
+    Only those are captured (`FeatureTap`), never all L+1."""
 
-    def __init__(self, target: torch.nn.Module, feature_layers: list[int] | None = None) -> None:
+    def __init__(self, target: torch.nn.Module, feature_layers: Sequence[int] | None = None) -> None:
         self.target = target
-        self.feature_layers = feature_layers
+        self.tap = FeatureTap(target, (FINAL,) if feature_layers is None else feature_layers)
+        self.feature_layers = self.tap.layers
         self.spans = layer_spans(target)  # refuses models with non-attention layers
         self.cache_arg = cache_kwarg(target)
+        # Tree masks over prefix + tree, one buffer per tree size, extended in place: the prefix
+        # columns stay 0 (visible), only the tree block moves along (see `_extended_mask`).
+        self._masks: dict[tuple[int, torch.device, torch.dtype], list] = {}
+
+    def _extended_mask(self, shape: TreeShape, prefix_len: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        """[1, 1, n, prefix_len + n] view of a buffer on the device: two small device copies per step
+        (clear the last block, place this one) instead of building n x (prefix + n) on the host."""
+        n, need = shape.size, prefix_len + shape.size
+        key = (n, device, dtype)
+        entry = self._masks.get(key)
+        if entry is None or entry[0].shape[1] < need:
+            entry = self._masks[key] = [torch.zeros(n, max(2 * need, 512), dtype=dtype, device=device), None]
+        buffer, placed = entry
+        if placed is not None and placed != prefix_len:
+            buffer[:, placed : placed + n].zero_()
+        buffer[:, prefix_len:need] = shape_on_device(shape, device, dtype).block
+        entry[1] = prefix_len
+        return buffer[None, None, :, :need]
 
     # -- the forward ------------------------------------------------------------------------------
     def attention_mask(self, shape: TreeShape, prefix_len: int) -> torch.Tensor | dict[str, torch.Tensor] | None:
@@ -154,7 +226,7 @@ class TreeVerifier:
                 # `generate` does, lets the model build its own causal mask and take its fast paths
                 # (building and applying our 4D mask cost ~3% of a one-token step on the demo target).
                 return None
-            return tree_attention_mask(shape, prefix_len, dtype, device)
+            return self._extended_mask(shape, prefix_len, dtype, device)
         if len(self.spans) == 1:
             (span,) = self.spans.values()
             return tree_attention_mask(shape, prefix_len, dtype, device, window=span.window, chunk=span.chunk)
@@ -174,39 +246,55 @@ class TreeVerifier:
 
         The cache grows by n entries; `commit` then keeps only the accepted ones."""
         device = self.target.device
-        out = self.target(
-            input_ids=tree.tokens.to(device)[None],
-            position_ids=(prefix_len + tree.shape.depth).to(device)[None],
-            attention_mask=self.attention_mask(tree.shape, prefix_len),
-            use_cache=True,
-            output_hidden_states=True,
-            **{self.cache_arg: cache},
-        )
-        return out.logits[0], select_features(out.hidden_states, self.feature_layers)[0]
+        on_device = shape_on_device(tree.shape, device, self.target.dtype)
+        with self.tap.capture() as captured:
+            out = self.target(
+                input_ids=tree.tokens.to(device, non_blocking=True)[None],
+                position_ids=(on_device.depth + prefix_len)[None],
+                attention_mask=self.attention_mask(tree.shape, prefix_len),
+                use_cache=True,
+                **self.tap.forward_kwargs(),
+                **{self.cache_arg: cache},
+            )
+        features = self.tap.features(captured, out)
+        return out.logits[0], None if features is None else features[0]
 
     # -- acceptance -------------------------------------------------------------------------------
     @staticmethod
     def accept_greedy(tree: Tree, logits: torch.Tensor) -> Acceptance:
-        """Longest root-to-node path whose tokens all equal the target's argmax at their parent."""
-        paths = tree.shape.paths  # [leaves, D+1], -1 padded
-        if paths.shape[0] == 1:
-            # A chain (one leaf; root-only included): walk it in Python, cheaper than the tensor
-            # ops below for the few nodes a chain has (every step of plain, draft-model and
-            # prompt-lookup decoding comes here).
+        """Longest root-to-node path whose tokens all equal the target's argmax at their parent.
+
+        Computed where the logits are; ONE transfer brings back the path, its tokens and the next
+        token (on a GPU every host read is a stall of the device)."""
+        if tree.shape.paths.shape[0] == 1 and tree.tokens.device.type == "cpu":
+            # A chain (one leaf; root-only included) drafted on the host: walk it in Python, cheaper
+            # than the tensor ops below for the few nodes a chain has (every step of plain,
+            # draft-model and prompt-lookup decoding comes here). One transfer: the argmaxes.
             predicted_list = logits.argmax(dim=-1).tolist()
             chain = tree.tokens.tolist()
             m = 1
             while m < len(chain) and chain[m] == predicted_list[m - 1]:
                 m += 1
-            return Acceptance(torch.arange(m), predicted_list[m - 1])
-        predicted = logits.argmax(dim=-1).cpu()
-        tokens = tree.tokens.cpu()
+            return Acceptance(torch.arange(m), predicted_list[m - 1], tokens=chain[:m], _nodes=list(range(m)))
+        device = logits.device
+        paths = shape_on_device(tree.shape, device, logits.dtype).paths  # [leaves, D+1], -1 padded
+        predicted = logits.argmax(dim=-1)
+        tokens = tree.tokens.to(device, non_blocking=True)
         child, parent = paths[:, 1:], paths[:, :-1]
         ok = (child >= 0) & (tokens[child.clamp(min=0)] == predicted[parent.clamp(min=0)])
         lengths = ok.long().cumprod(dim=1).sum(dim=1)
-        best = int(lengths.argmax())
-        path = paths[best, : int(lengths[best]) + 1]
-        return Acceptance(path, int(predicted[path[-1]]))
+        best = lengths.argmax()  # the first longest path, as on the host
+        path = paths[best]  # [D+1]
+        accepted = lengths[best].reshape(1)  # drafts accepted = index of the path's last node
+        next_token = predicted[path.gather(0, accepted)]
+        # The one transfer: [accepted, next token, path (D+1), its tokens (D+1)].
+        packed = torch.cat([accepted, next_token, path, tokens[path.clamp(min=0)]]).tolist()
+        m, width = packed[0] + 1, paths.shape[1]
+        nodes = packed[2 : 2 + m]
+        return Acceptance(
+            torch.tensor(nodes, dtype=torch.long), packed[1], tokens=packed[2 + width : 2 + width + m],
+            device_path=path[:m], _nodes=nodes,
+        )
 
     @staticmethod
     def accept_sampling(
@@ -225,15 +313,17 @@ class TreeVerifier:
         children = tree.shape.children
         tokens = tree.tokens.tolist()
         node, path = 0, [0]
+        device = logits.device
         while True:
-            residual = params.probs(logits[node]).cpu()
+            # Vocabulary rows stay where the logits are: only scalars come to the host.
+            residual = params.probs(logits[node])
             for child in children[node]:
                 x = tokens[child]
                 total = residual.sum()
                 if tree.draft_probs is None:
                     accept_prob = residual[x] / total
                 else:
-                    q = tree.draft_probs[child].float().cpu()
+                    q = tree.draft_probs[child].to(device, torch.float32, non_blocking=True)
                     accept_prob = torch.clamp(residual[x] / total / q[x].clamp(min=1e-30), max=1.0)
                 if float(torch.rand((), generator=generator)) < float(accept_prob):
                     node = child
@@ -246,9 +336,10 @@ class TreeVerifier:
                 if float(residual.sum()) <= 0.0:
                     # Only reachable through float rounding: the residual is empty when the draft
                     # covers p exactly, in which case acceptance had probability 1.
-                    residual = params.probs(logits[node]).cpu()
+                    residual = params.probs(logits[node])
             else:
-                return Acceptance(torch.tensor(path, dtype=torch.long), sample(residual, generator))
+                return Acceptance(torch.tensor(path, dtype=torch.long), sample(residual, generator),
+                                  tokens=[tokens[i] for i in path], _nodes=path)
 
     @staticmethod
     def accept_typical(
@@ -263,11 +354,11 @@ class TreeVerifier:
         distribution. A draft x is accepted when p(x) > min(epsilon, delta * exp(-H(p))) under
         the target's processed distribution p at its parent; the longest such path wins and the
         next token is sampled from p at its end. Opt-in only (`acceptance="typical"`)."""
-        probs = params.probs(logits).cpu()
+        probs = params.probs(logits)  # stays on the device; only the path comes to the host
         entropy = -(probs * probs.clamp(min=1e-30).log()).sum(-1)
         threshold = torch.minimum(torch.full_like(entropy, epsilon), delta * torch.exp(-entropy))
-        tokens = tree.tokens.cpu()
-        paths = tree.shape.paths
+        tokens = tree.tokens.to(probs.device, non_blocking=True)
+        paths = shape_on_device(tree.shape, probs.device, logits.dtype).paths
         if paths.shape[1] == 1:
             return Acceptance(torch.zeros(1, dtype=torch.long), sample(probs[0], generator))
         child, parent = paths[:, 1:].clamp(min=0), paths[:, :-1].clamp(min=0)
@@ -276,21 +367,26 @@ class TreeVerifier:
         lengths = ok.long().cumprod(dim=1).sum(dim=1)
         best = int(lengths.argmax())
         path = paths[best, : int(lengths[best]) + 1]
-        return Acceptance(path, sample(probs[path[-1]], generator))
+        return Acceptance(path.cpu(), sample(probs[path[-1]], generator))
 
 
-def commit(cache: DynamicCache, prefix_len: int, path: torch.Tensor) -> None:
-    """Keep the prefix and the accepted tree nodes (``path``, relative to the tree) in the cache.
+def commit(cache: DynamicCache, prefix_len: int, path: torch.Tensor | Acceptance) -> None:
+    """Keep the prefix and the accepted tree nodes (``path``, relative to the tree, or an
+    `Acceptance`) in the cache.
 
     Entries are moved in place and the layers become views of their first prefix+m slots: no
-    full-cache copy (the next forward's concatenation makes the only copy)."""
-    m = path.numel()
-    # Only the root (every plain decoding step): trivially contiguous, skip the tensor comparison.
-    contiguous = m == 1 or bool((path == torch.arange(m)).all())
+    full-cache copy (the next forward's concatenation makes the only copy). No host sync: the
+    contiguity test reads the host copy of the path, the gather uses the device copy."""
+    acc = path if isinstance(path, Acceptance) else Acceptance(path, -1)
+    m = len(acc.nodes)
+    contiguous = acc.contiguous
+    sources: dict[torch.device, torch.Tensor] = {}
     for layer in cache.layers:
         keys, values = layer.keys, layer.values
         if not contiguous:
-            src = (prefix_len + path).to(keys.device)
+            if keys.device not in sources:
+                sources[keys.device] = prefix_len + acc.index(keys.device)
+            src = sources[keys.device]
             keys[..., prefix_len : prefix_len + m, :] = keys.index_select(-2, src)
             values[..., prefix_len : prefix_len + m, :] = values.index_select(-2, src)
         layer.keys = keys[..., : prefix_len + m, :]

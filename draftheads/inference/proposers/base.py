@@ -15,8 +15,12 @@ from ..tree import Tree
 
 
 class Proposer(ABC):
-    #: Whether `accepted` needs the target's hidden states (Medusa/EAGLE) or only tokens.
-    needs_hidden_states: bool = True
+    #: The target hidden states `start` and `accepted` receive, in ``output_hidden_states``
+    #: numbering: ``(-1,)`` = the last hidden state after the final norm (Medusa, Hydra, EAGLE);
+    #: layer ids ``i`` = the states entering decoder layers i, concatenated (EAGLE-3); ``()`` = none
+    #: (prompt lookup, draft models: they get ``hidden=None``). The verifier captures exactly these,
+    #: never all L+1 hidden states.
+    feature_layers: tuple[int, ...] = (-1,)
 
     def bind_target(self, target: torch.nn.Module) -> None:
         """Called once by the decoder with the target (optional): a proposer with its own model
@@ -30,8 +34,8 @@ class Proposer(ABC):
         params: SamplingParams,
         generator: torch.Generator | None,
     ) -> None:
-        """A new sequence: ``input_ids`` [L] is the prompt, ``hidden`` [L, H] the target's last
-        hidden states (after the final norm) at every prompt position."""
+        """A new sequence: ``input_ids`` [L] is the prompt, ``hidden`` [L, F] the target's
+        `feature_layers` at every prompt position (None when it reads none)."""
 
     @abstractmethod
     def propose(self, root: int, max_depth: int) -> Tree:
@@ -41,7 +45,8 @@ class Proposer(ABC):
     @abstractmethod
     def accepted(self, tokens: torch.Tensor, hidden: torch.Tensor) -> None:
         """After verification: ``tokens`` [m] are the root and the accepted drafts (now in the
-        target's cache), ``hidden`` [m, H] the target's hidden states at those positions."""
+        target's cache), ``hidden`` [m, F] the target's `feature_layers` at those positions (None
+        when it reads none)."""
 
     def observe(self, num_drafted: int, accepted_drafts: int, verify_seconds: float) -> None:
         """Feedback after each step (optional): how many drafted tokens the tree had (the root

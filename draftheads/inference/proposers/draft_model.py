@@ -63,7 +63,7 @@ class DraftModelProposer(Proposer):
     Learned estimates persist across ``generate`` calls; the statistics are per call.
     """
 
-    needs_hidden_states = False
+    feature_layers = ()  # tokens only: the verifier captures no hidden state
 
     def __init__(
         self,

@@ -55,7 +55,8 @@ class EagleProposer(Proposer):
                 raise ValueError(f"EAGLE tree setting {name} must be a positive integer, got {value!r}")
         self.head = head.eval()
         self.total_tokens, self.depth, self.top_k = total_tokens, depth, top_k
-        self.feature_layers = head.feature_layers  # the verifier returns these features
+        # EAGLE reads the last hidden state; EAGLE-3 the inputs of its fused layers.
+        self.feature_layers = tuple(head.feature_layers) if head.feature_layers else (-1,)
         if hasattr(head, "check_vocab_mapping"):
             head.check_vocab_mapping()
         ids = head.vocab_ids()

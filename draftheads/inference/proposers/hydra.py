@@ -15,7 +15,7 @@ from .medusa import MedusaProposer
 
 class HydraProposer(MedusaProposer):
     def propose(self, root: int, max_depth: int) -> Tree:
-        shape, head_of, rank, top = self._layout(max_depth)
+        shape, head_of, rank, top, _ = self._layout(max_depth)
         if shape.size == 1:
             return Tree(shape, torch.tensor([root]))
         tokens = torch.zeros(shape.size, dtype=torch.long)

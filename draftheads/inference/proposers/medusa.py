@@ -49,16 +49,18 @@ class MedusaProposer(Proposer):
             )
         self._projections = [self._projection(k) for k in range(heads.config.num_heads)]
         self._last_hidden: torch.Tensor | None = None
-        self._index_cache: dict[int, tuple[TreeShape, torch.Tensor, torch.Tensor, int]] = {}
+        self._index_cache: dict[int, tuple[TreeShape, torch.Tensor, torch.Tensor, int, int]] = {}
 
-    def _layout(self, max_depth: int) -> tuple[TreeShape, torch.Tensor, torch.Tensor, int]:
-        """For a (possibly depth-truncated) shape: which head and rank fill each non-root node."""
+    def _layout(self, max_depth: int) -> tuple[TreeShape, torch.Tensor, torch.Tensor, int, int]:
+        """For a (possibly depth-truncated) shape: which head and rank fill each non-root node, the
+        top-k needed and the heads used (host ints, so a step reads nothing back from the device)."""
         if max_depth not in self._index_cache:
             shape = self.shape.truncated(max_depth)
             head = (shape.depth[1:] - 1).to(self.heads_device)
             rank = torch.tensor(shape.ranks[1:], dtype=torch.long, device=self.heads_device)
-            top = int(rank.max()) + 1 if rank.numel() else 1
-            self._index_cache[max_depth] = (shape, head, rank, top)
+            top = max(shape.ranks[1:], default=0) + 1
+            used = shape.max_depth
+            self._index_cache[max_depth] = (shape, head, rank, top, used)
         return self._index_cache[max_depth]
 
     @torch.no_grad()
@@ -77,10 +79,9 @@ class MedusaProposer(Proposer):
         self._last_hidden = hidden[-1]
 
     def propose(self, root: int, max_depth: int) -> Tree:
-        shape, head, rank, top = self._layout(max_depth)
+        shape, head, rank, top, used = self._layout(max_depth)
         if shape.size == 1:
             return Tree(shape, torch.tensor([root]))
-        used = int(head.max()) + 1
         hidden = self._last_hidden.to(self.heads_device)
         states = self.heads.head_states(hidden)  # K small residual MLPs: cheap next to a projection
         logits = torch.stack([
@@ -91,7 +92,9 @@ class MedusaProposer(Proposer):
         if self.vocab_ids is not None:
             candidates = self.vocab_ids[candidates]
         drafted = candidates[head, rank]
-        return Tree(shape, torch.cat([torch.tensor([root], device=drafted.device), drafted]).cpu())
+        # The tokens stay on the device: the verifier reads them there (no host round trip).
+        root_t = torch.tensor([root]).to(drafted.device, non_blocking=True)
+        return Tree(shape, torch.cat([root_t, drafted]))
 
     def accepted(self, tokens, hidden) -> None:
         self._last_hidden = hidden[-1]

@@ -23,7 +23,7 @@ class PromptLookupProposer(Proposer):
     """Chain of up to ``num_tokens`` tokens copied after the most recent earlier occurrence of the
     longest suffix n-gram (n from ``max_ngram`` down to ``min_ngram``); no match = root only."""
 
-    needs_hidden_states = False
+    feature_layers = ()  # tokens only: the verifier captures no hidden state
 
     def __init__(self, max_ngram: int = 3, num_tokens: int = 10, min_ngram: int = 1) -> None:
         if min_ngram < 1:

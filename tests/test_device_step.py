@@ -1,0 +1,197 @@
+"""The decode step shaped for an accelerator: hidden states only where read, one host read of
+device data per greedy step, tree masks extended on the device, vocabulary rows kept there."""
+from __future__ import annotations
+
+import pytest
+import torch
+from inference_utils import ARCHS, VOCAB, greedy_reference, self_distilled_heads, tiny_target
+from transformers import DynamicCache
+
+import draftheads as dh
+from draftheads.inference.features import FeatureTap
+from draftheads.inference.host_syncs import HostSyncCounter
+from draftheads.inference.sampling import sample_inverse_cdf
+from draftheads.inference.tree import Tree, TreeShape
+from draftheads.inference.verify import TreeVerifier, select_features, tree_attention_mask
+
+
+class ForwardSpy:
+    """Records the keyword arguments of every target forward and what came back."""
+
+    def __init__(self, target: torch.nn.Module) -> None:
+        self.calls: list[dict] = []
+        self.hidden_states: list = []
+        original = target.forward
+
+        def forward(*args, **kwargs):
+            self.calls.append(dict(kwargs))
+            out = original(*args, **kwargs)
+            self.hidden_states.append(getattr(out, "hidden_states", None))
+            return out
+
+        target.forward = forward
+
+
+def test_prompt_lookup_never_materialises_the_hidden_states():
+    target = tiny_target("llama", layers=3)
+    decoder = dh.SpeculativeDecoder(target, dh.PromptLookupProposer(num_tokens=4))
+    assert decoder.verifier.feature_layers == ()
+    ids = torch.tensor([[5, 6, 7, 5, 6, 7, 5, 6]])
+    reference = greedy_reference(target, ids, 12)
+    spy = ForwardSpy(target)
+    out = decoder.generate(ids, max_new_tokens=12, eos_token_id=[])
+    assert torch.equal(out.sequences, reference)
+    assert len(spy.calls) == 1 + out.stats["steps"]  # prefill + one verify forward per step
+    assert not any(call.get("output_hidden_states") for call in spy.calls)
+    assert all(states is None for states in spy.hidden_states)
+
+
+def test_medusa_captures_only_the_last_hidden_state():
+    target = tiny_target("llama", layers=3)
+    heads = dh.MedusaHeads.for_target(target, num_heads=2, num_layers=1)
+    decoder = dh.SpeculativeDecoder(target, heads)
+    assert decoder.verifier.feature_layers == (-1,)
+    ids = torch.tensor([[5, 9, 7, 11]])
+    reference = greedy_reference(target, ids, 8)
+    spy = ForwardSpy(target)
+    captured = []
+    norm = target.get_decoder().norm
+    handle = norm.register_forward_hook(lambda _m, _a, out: captured.append(out.shape))
+    out = decoder.generate(ids, max_new_tokens=8, eos_token_id=[])
+    handle.remove()
+    assert torch.equal(out.sequences, reference)
+    assert not any(call.get("output_hidden_states") for call in spy.calls)
+    assert len(captured) == len(spy.calls)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "mistral", "gemma", "gemma3_text"])
+def test_tapped_features_equal_output_hidden_states(arch):
+    """The hooks return exactly what ``output_hidden_states`` would, for the last state and for
+    EAGLE-3's layer inputs (any order, the final norm's output and layer 0 included)."""
+    target = tiny_target(arch, layers=2)
+    ids = torch.randint(3, VOCAB, (1, 30), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        reference = target(ids, output_hidden_states=True).hidden_states
+        for layers in [(-1,), (1, 0), (0, 2), (1,)]:
+            tap = FeatureTap(target, layers)
+            with tap.capture() as got:
+                out = target(ids)
+            expected = select_features(reference, [len(reference) - 1 if i == -1 else i for i in layers])
+            torch.testing.assert_close(tap.features(got, out), expected, rtol=0, atol=0)
+            assert not tap.fallback
+
+
+def test_feature_layers_outside_the_target_are_named():
+    target = tiny_target("llama", layers=2)
+    with pytest.raises(ValueError, match=r"feature layers \[0, 5\]: \[5\] outside the target's 2 layers"):
+        TreeVerifier(target, feature_layers=(0, 5))
+
+
+def test_eagle3_decodes_exactly_with_tapped_layers():
+    target = tiny_target("llama", layers=4)
+    heads = dh.Eagle3Head.for_target(target, num_heads=2, feature_layers=[3, 0, 2], draft_vocab_size=32)
+    heads.set_draft_vocab(torch.arange(VOCAB, 0, -1))  # untrained heads: any mapping will do
+    decoder = dh.SpeculativeDecoder(target, heads)
+    assert decoder.verifier.feature_layers == (3, 0, 2)
+    ids = torch.tensor([[5, 9, 7, 11, 5, 9]])
+    reference = greedy_reference(target, ids, 10)
+    spy = ForwardSpy(target)
+    out = decoder.generate(ids, max_new_tokens=10, eos_token_id=[])
+    assert torch.equal(out.sequences, reference)
+    assert not any(call.get("output_hidden_states") for call in spy.calls)
+
+
+# -- one host read of device data per greedy step ------------------------------------------------
+@pytest.fixture(scope="module")
+def medusa_setup():
+    target = tiny_target("llama")
+    heads, prompts = self_distilled_heads(target)
+    return target, heads, prompts
+
+
+def test_greedy_tree_step_reads_the_device_once(medusa_setup):
+    target, heads, prompts = medusa_setup
+    decoder = dh.SpeculativeDecoder(target, heads)
+    ids = prompts[:1]
+    with torch.inference_mode(), HostSyncCounter(target, heads) as syncs:
+        out = decoder.generate(ids, max_new_tokens=30, eos_token_id=[])
+    assert torch.equal(out.sequences, greedy_reference(target, ids, 30))
+    assert max(out.accept_lengths) > 1  # trees with accepted drafts, not only root-only steps
+    steps = out.stats["steps"]
+    # One per step (the acceptance transfer) plus one at prefill (the first token).
+    assert syncs.total_outside <= steps + 1, (dict(syncs.outside), steps)
+
+
+def test_greedy_chain_step_reads_the_device_once():
+    target = tiny_target("llama")
+    decoder = dh.SpeculativeDecoder(target, dh.PromptLookupProposer(num_tokens=4))
+    ids = torch.tensor([[5, 6, 7, 5, 6, 7, 5, 6]])
+    with torch.inference_mode(), HostSyncCounter(target) as syncs:
+        out = decoder.generate(ids, max_new_tokens=20, eos_token_id=[])
+    assert torch.equal(out.sequences, greedy_reference(target, ids, 20))
+    assert syncs.total_outside <= out.stats["steps"] + 1, dict(syncs.outside)
+
+
+def test_the_sync_counter_sees_item_tolist_and_device_data_only():
+    """The counter itself: reads of data computed from the modules count, host data does not."""
+    layer = torch.nn.Linear(4, 4)
+    with torch.no_grad(), HostSyncCounter(layer, target=None) as syncs:
+        y = layer(torch.ones(1, 4))
+        int(y.argmax())
+        y.tolist()
+        float(y.sum())
+        torch.tensor([1, 2]).tolist()  # host-built: not a sync on an accelerator either
+        int(torch.tensor(3))
+    assert dict(syncs.outside) == {"item": 2, "tolist": 1}
+
+
+# -- tree masks extended on the device, not rebuilt -----------------------------------------------
+def test_extended_tree_masks_equal_fresh_ones():
+    target = tiny_target("llama")
+    verifier = TreeVerifier(target)
+    wide = TreeShape.from_choices([[0], [1], [2], [0, 0], [1, 0]])
+    other = TreeShape.from_choices([[0], [0, 0], [0, 1], [1], [0, 0, 0]])  # same size, other topology
+    masks = []
+    for shape, prefix in [(wide, 5), (wide, 6), (other, 9), (wide, 3), (wide, 700), (other, 701)]:
+        got = verifier.attention_mask(shape, prefix)
+        ref = tree_attention_mask(shape, prefix, target.dtype, target.device)
+        assert torch.equal(got, ref), (shape.parents, prefix)
+        masks.append(got.data_ptr())
+    assert len(set(masks[:4])) == 1  # one buffer for the tree size, until it must grow
+
+
+def test_static_tree_topology_is_moved_to_the_device_once(medusa_setup):
+    target, heads, prompts = medusa_setup
+    decoder = dh.SpeculativeDecoder(target, heads)
+    shape = decoder.proposer.shape
+    decoder.generate(prompts[:1], max_new_tokens=12, eos_token_id=[])
+    first = shape.__dict__["_on_device"][(target.device, target.dtype)]
+    decoder.generate(prompts[1:2], max_new_tokens=12, eos_token_id=[])
+    assert shape.__dict__["_on_device"][(target.device, target.dtype)] is first
+
+
+# -- sampling keeps vocabulary rows where they are -----------------------------------------------
+def test_inverse_cdf_sampling_follows_the_distribution_and_skips_zero_mass():
+    probs = torch.tensor([0.0, 0.5, 0.0, 0.2, 0.3, 0.0])
+    gen = torch.Generator().manual_seed(0)
+    draws = torch.tensor([sample_inverse_cdf(probs, gen) for _ in range(1500)])
+    counts = torch.bincount(draws, minlength=6).float()
+    assert counts[[0, 2, 5]].sum() == 0
+    expected = probs * draws.numel()
+    chi2 = float(((counts[[1, 3, 4]] - expected[[1, 3, 4]]) ** 2 / expected[[1, 3, 4]]).sum())
+    assert chi2 < 13.8  # chi-square, 2 degrees of freedom, p = 0.001
+
+
+def test_sampling_acceptance_takes_no_vocabulary_row_to_the_host(medusa_setup):
+    target, heads, prompts = medusa_setup
+    verifier = TreeVerifier(target)
+    shape = TreeShape.from_choices([[0], [1], [0, 0]])
+    tree = Tree(shape, torch.tensor([5, 6, 7, 8]))
+    with torch.no_grad():
+        cache = DynamicCache()
+        target(prompts[:1], use_cache=True, **{verifier.cache_arg: cache})
+        logits, _ = verifier.forward(cache, tree, prompts.shape[1])
+    params = dh.inference.sampling.resolve_sampling(None, True, 1.0, 0, 1.0)
+    with HostSyncCounter(target) as syncs:
+        verifier.accept_sampling(tree, logits, params, torch.Generator().manual_seed(0))
+    assert "tolist" not in syncs.outside and "copy_to_host" not in syncs.outside  # scalars only
