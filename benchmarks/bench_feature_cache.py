@@ -89,7 +89,7 @@ def main(argv=None) -> int:
             runs = {}
             for mode in (("online", "cached") if pair % 2 == 0 else ("cached", "online")):
                 overrides = [f"data.features={cache}"] if mode == "cached" else []
-                runs[mode] = run(config_from_dict(cfg, overrides))
+                runs[mode] = run(config_from_dict(cfg, overrides), overwrite=True)  # the same scratch folder each time
             online.append(runs["online"].metrics["train_tokens_per_second"])
             cached.append(runs["cached"].metrics["train_tokens_per_second"])
             a, b = runs["online"].heads.state_dict(), runs["cached"].heads.state_dict()
