@@ -14,7 +14,7 @@ from draftheads.inference.sampling import SamplingParams
 
 from inference_utils import self_distilled_heads, tiny_target
 from test_head_types import trained_heads
-from test_sampling import RUNS, TREE, chi_square, exact_distribution
+from test_sampling import TREE, chi_square, exact_distribution
 
 NEW = 24
 PAD = 0
@@ -162,6 +162,7 @@ def test_padded_single_row_matches_generate(tiny_llama, one_torch_thread):
 # -- sampling: each row follows the target's exact law --------------------------------------------
 VOCAB = 6
 SAMPLE_NEW = 3
+RUNS = 1500  # batches; every row gets its own chi-square test over RUNS draws
 
 
 def test_sampled_rows_follow_the_target_distribution(one_torch_thread):
