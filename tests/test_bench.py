@@ -230,3 +230,26 @@ def test_demo_questions_are_raw_code_prefixes(tiny_tokenizer):
     qs = demo_questions(tiny_tokenizer, num=2, prompt_tokens=16)
     assert len(qs) == 2 and all(q.category == "code" and q.raw and len(q.turns) == 1 for q in qs)
     assert all(q.question_id.endswith(".py") for q in qs)
+
+
+def test_bench_batch_sizes_compare_with_plain_batched_generate(tiny_target_dir, heads_dir, questions_file, tmp_path, capsys):
+    out = tmp_path / "batched"
+    code = _bench(tiny_target_dir, "--heads", heads_dir, "--prompt-lookup", "--questions", questions_file,
+                  "--batch-size", "1,2", "--batches", "1", "--out", out, "--warmup", "0")
+    assert code == 0
+    report = json.loads((out / "report.json").read_text())
+    assert report["kind"] == "batch" and list(report["batch"]) == ["1", "2"]
+    for size in ("1", "2"):
+        res = report["batch"][size]
+        assert res["plain"]["tokens_per_second"] > 0
+        for name in ("medusa", "prompt-lookup"):
+            assert res[name]["all_exact"] is True and res[name]["speedup_median"] > 0
+    assert len(report["batch"]["2"]["runs"]) == 1
+    assert "| 2 | prompt-lookup |" in (out / "report.md").read_text()
+
+
+@pytest.mark.parametrize("sizes", ["0,4", "four", ","])
+def test_bad_batch_sizes_are_refused(tiny_target_dir, sizes, tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        _bench(tiny_target_dir, "--prompt-lookup", "--batch-size", sizes, "--out", tmp_path / "x")
+    assert "batch sizes" in capsys.readouterr().err

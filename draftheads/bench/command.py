@@ -21,6 +21,16 @@ def _csv(value: str) -> list[str]:
     return items
 
 
+def _batch_sizes(value: str) -> list[int]:
+    try:
+        sizes = [int(v) for v in value.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated batch sizes like 1,4,8, got {value!r}") from None
+    if not sizes or any(s < 1 for s in sizes):
+        raise argparse.ArgumentTypeError(f"batch sizes must be whole numbers >= 1, got {value!r}")
+    return sizes
+
+
 def add_parser(sub, add_target_args: Callable[[argparse.ArgumentParser], None]) -> argparse.ArgumentParser:
     p = sub.add_parser(
         "bench",
@@ -49,6 +59,11 @@ def add_parser(sub, add_target_args: Callable[[argparse.ArgumentParser], None]) 
     p.add_argument("--threads", type=int, default=None, metavar="N",
                    help="torch CPU threads (default: torch's choice; fewer than cores is steadier on a shared machine)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--batch-size", type=_batch_sizes, default=None, metavar="1,4,8",
+                   help="decode left-padded batches of these sizes: tokens/s of every method vs plain batched "
+                        "generate at the same batch size (report.json 'batch', report.md table)")
+    p.add_argument("--batches", type=int, default=None, metavar="N",
+                   help="with --batch-size: N timed batches per size (default: as many as the prompts fill)")
     return p
 
 
@@ -71,6 +86,8 @@ def _check_args(args) -> None:
         raise SystemExit(f"error: --max-questions must be >= 1, got {args.max_questions}")
     if args.threads is not None and args.threads < 1:
         raise SystemExit(f"error: --threads must be >= 1, got {args.threads}")
+    if getattr(args, "batches", None) is not None and args.batches < 1:
+        raise SystemExit(f"error: --batches must be >= 1, got {args.batches}")
     if args.warmup < 0:
         raise SystemExit(f"error: --warmup must be >= 0, got {args.warmup}")
     if args.temperature < 0:
@@ -110,6 +127,10 @@ def _run(args, load_model) -> int:
         questions = select(questions, args.categories, None)
         source = f"demo held-out code (first 128 tokens of {len(questions)} held-out standard-library files)"
     methods = build_methods(names, target, tokenizer, args.heads, heads_names, args.draft_model, load_model)
+    if getattr(args, "batch_size", None):
+        from .batch_command import run_batch_sizes
+
+        return run_batch_sizes(args, target, tokenizer, methods, questions, source)
     settings = Settings(
         max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed, warmup=args.warmup,
         use_chat_template=not args.no_chat_template, progress=not args.no_progress,

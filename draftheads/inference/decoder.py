@@ -19,6 +19,7 @@ from .sampling import resolve_sampling, sample, warn_unapplied_settings
 from .default_tree import resolve_tree
 from .tree import TreeShape
 from .verify import TreeVerifier, check_tree_attention, commit
+from .batch import check_batch, generate_batch, wants_batch_path
 
 
 @dataclass
@@ -46,6 +47,15 @@ def _eos_set(target: torch.nn.Module, eos_token_id: int | list[int] | None) -> s
     if eos_token_id is None:
         return set()
     return {int(eos_token_id)} if isinstance(eos_token_id, int) else {int(e) for e in eos_token_id}
+
+
+def _eos_list(target: torch.nn.Module, eos_token_id: int | list[int] | None) -> list[int]:
+    """The EOS ids in the order given (`generate` pads with the first when there is no pad id)."""
+    if eos_token_id is None:
+        eos_token_id = getattr(getattr(target, "generation_config", None), "eos_token_id", None)
+    if eos_token_id is None:
+        return []
+    return [int(eos_token_id)] if isinstance(eos_token_id, int) else [int(e) for e in eos_token_id]
 
 
 def _last_logits_only(model: torch.nn.Module) -> dict[str, int]:
@@ -151,6 +161,7 @@ class SpeculativeDecoder:
         seed: int | None = None,
         acceptance: str = "exact",
         do_sample: bool | None = None,
+        attention_mask: torch.Tensor | None = None,
     ) -> SpeculativeOutput:
         """Like ``target.generate`` for one sequence. Every setting left ``None`` comes from the
         target's generation config, as in `generate`: ``eos_token_id`` (pass ``[]`` to never stop
@@ -159,13 +170,20 @@ class SpeculativeDecoder:
         ``temperature=0`` is always greedy, an explicit ``temperature > 0`` always samples.
 
         ``acceptance="typical"`` switches sampling to Medusa's typical acceptance: more tokens per
-        step, but LOSSY (not the target's distribution). The default, "exact", is lossless."""
+        step, but LOSSY (not the target's distribution). The default, "exact", is lossless.
+
+        A batch ``input_ids`` [B, T] (left-padded, with its ``attention_mask``, as for `generate`)
+        decodes all rows together, each exactly as `generate` decodes it (see `inference.batch`)."""
         if acceptance not in ("exact", "typical"):
             raise ValueError(f"acceptance must be 'exact' or 'typical', got {acceptance!r}")
         params = resolve_sampling(getattr(self.target, "generation_config", None), do_sample, temperature, top_k, top_p)
         if acceptance == "typical" and params.greedy:
             raise ValueError("typical acceptance needs temperature > 0 (at temperature 0 decoding is greedy and exact)")
         max_new_tokens = _whole_number(max_new_tokens, "max_new_tokens")
+        if wants_batch_path(input_ids, attention_mask):
+            return self._generate_batch(
+                input_ids, attention_mask, max_new_tokens, params, eos_token_id, streamer, generator, seed, acceptance
+            )
         input_ids = self._check_inputs(input_ids, max_new_tokens)
         if generator is None and seed is not None:
             generator = torch.Generator().manual_seed(seed)
@@ -249,6 +267,34 @@ class SpeculativeDecoder:
             decode_seconds=t2 - t1,
             target_seconds=target_seconds,
             stats={"new_tokens": len(new_tokens), "steps": len(accept_lengths), **self.proposer.stats()},
+        )
+
+    #: When the batched loop removes cache holes: "auto", "never" or "always" (see `inference.batch`).
+    batch_compaction = "auto"
+
+    def _generate_batch(self, input_ids, attention_mask, max_new_tokens, params, eos_token_id, streamer, generator,
+                        seed, acceptance) -> SpeculativeOutput:
+        """Batch > 1 (or a padded row): the ragged-cache loop of `inference.batch`."""
+        if streamer is not None:
+            raise ValueError("streaming supports one sequence at a time (as transformers' streamers do): pass one row")
+        eos_list = _eos_list(self.target, eos_token_id)
+        pad = getattr(getattr(self.target, "generation_config", None), "pad_token_id", None)
+        if pad is None and eos_list:
+            pad = eos_list[0]  # what `generate` pads with when the model has no pad token
+        input_ids, attention_mask = check_batch(input_ids, attention_mask, pad, eos_list)
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        total = input_ids.shape[1] + max_new_tokens
+        if self.max_positions is not None and total > self.max_positions:
+            raise ValueError(
+                f"prompt ({input_ids.shape[1]} tokens, padding included) + max_new_tokens ({max_new_tokens}) = {total} "
+                f"exceeds the model's context of {self.max_positions} positions"
+            )
+        if generator is None and seed is not None:
+            generator = torch.Generator().manual_seed(seed)
+        return generate_batch(
+            self, input_ids, attention_mask, max_new_tokens, params, set(eos_list), pad, generator, acceptance,
+            compaction=self.batch_compaction,
         )
 
     def _check_inputs(self, input_ids: torch.Tensor, max_new_tokens: int) -> torch.Tensor:

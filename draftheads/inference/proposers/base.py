@@ -6,6 +6,7 @@ caches of the target leaks into a proposer (cf. transformers' CandidateGenerator
 """
 from __future__ import annotations
 
+import copy
 from abc import ABC, abstractmethod
 
 import torch
@@ -56,3 +57,9 @@ class Proposer(ABC):
     def stats(self) -> dict:
         """Proposer-specific figures for the output's ``stats`` (e.g. the chosen draft length)."""
         return {}
+
+    def fork(self) -> "Proposer":
+        """An independent proposer for one more sequence decoded alongside this one (batch > 1):
+        same settings and models, its own per-sequence state. `start` resets that state, so a
+        shallow copy is enough unless the proposer keeps buffers that `start` reuses."""
+        return copy.copy(self)

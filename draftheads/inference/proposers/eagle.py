@@ -89,6 +89,12 @@ class EagleProposer(Proposer):
         self._cached = 0
         self._ensure_capacity(input_ids.numel() + 256)
 
+    def fork(self) -> "EagleProposer":
+        """Its own draft KV buffers (`start` reuses them when large enough)."""
+        clone = super().fork()
+        clone._cache, clone._cached = None, 0
+        return clone
+
     def accepted(self, tokens, hidden) -> None:
         self._ids.extend(tokens.tolist())
         self._pending.append(hidden)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from ..tree import Tree
+from ..tree import Tree, TreeShape
 from .medusa import MedusaProposer
 
 
@@ -45,5 +45,42 @@ class HydraProposer(MedusaProposer):
         path = []
         while node >= 0:
             path.append(int(tokens[node]))
+            node = shape.parents[node]
+        return torch.tensor(path[::-1])
+
+    @torch.no_grad()
+    def draft_rows(self, roots: torch.Tensor, hidden: torch.Tensor, max_depth: int) -> tuple[TreeShape, torch.Tensor]:
+        """Batched `propose`: ``roots`` [B], ``hidden`` [B, H] -> the shape and tokens [B, n]; every
+        depth runs all rows' parents through its head at once."""
+        shape, _, _, _ = self._layout(max_depth)
+        rows = roots.numel()
+        tokens = torch.zeros(rows, shape.size, dtype=torch.long)
+        tokens[:, 0] = roots.reshape(-1).cpu()
+        if shape.size == 1:
+            return shape, tokens
+        hidden = hidden.to(self.heads_device)
+        depth = shape.depth
+        for d in range(1, shape.max_depth + 1):
+            nodes = (depth == d).nonzero().squeeze(-1)
+            parents = torch.tensor([shape.parents[i] for i in nodes.tolist()])
+            unique_parents = parents.unique()
+            paths = torch.stack([self._path_nodes(shape, int(p)) for p in unique_parents])  # [P, d]
+            context = tokens[:, paths].to(self.heads_device)  # [B, P, d]
+            state = self.heads.head_state(hidden[:, None, :].expand(-1, paths.shape[0], -1), context, d - 1)
+            weight, bias = self._projections[d - 1]
+            logits = torch.nn.functional.linear(state.to(weight.dtype), weight, bias)  # [B, P, V]
+            node_ranks = torch.tensor([shape.ranks[i] for i in nodes.tolist()])
+            best = logits.topk(int(node_ranks.max()) + 1, dim=-1).indices
+            if self.vocab_ids is not None:
+                best = self.vocab_ids[best]
+            row = torch.searchsorted(unique_parents, parents)
+            tokens[:, nodes] = best.cpu()[:, row, node_ranks]
+        return shape, tokens
+
+    @staticmethod
+    def _path_nodes(shape, node: int) -> torch.Tensor:
+        path = []
+        while node >= 0:
+            path.append(node)
             node = shape.parents[node]
         return torch.tensor(path[::-1])

@@ -98,3 +98,23 @@ class MedusaProposer(Proposer):
 
     def accepted(self, tokens, hidden) -> None:
         self._last_hidden = hidden[-1]
+
+    @torch.no_grad()
+    def draft_rows(self, roots: torch.Tensor, hidden: torch.Tensor, max_depth: int) -> tuple[TreeShape, torch.Tensor]:
+        """Batched `propose` for a batch of sequences: ``roots`` [B], ``hidden`` [B, H] (each row's
+        last committed hidden state) -> the shape and its tokens [B, n], every row one tree."""
+        shape, head, rank, top = self._layout(max_depth)
+        roots = roots.reshape(-1, 1).cpu()
+        if shape.size == 1:
+            return shape, roots
+        used = int(head.max()) + 1
+        states = self.heads.head_states(hidden.to(self.heads_device))
+        logits = torch.stack([
+            torch.nn.functional.linear(states[k].to(weight.dtype), weight, bias)
+            for k, (weight, bias) in enumerate(self._projections[:used])
+        ])  # [used, B, V or draft vocab]
+        candidates = logits.topk(top, dim=-1).indices  # [used, B, top]
+        if self.vocab_ids is not None:
+            candidates = self.vocab_ids[candidates]
+        drafted = candidates[head, :, rank].T  # [B, n - 1]
+        return shape, torch.cat([roots, drafted.cpu()], dim=1)

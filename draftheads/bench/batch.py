@@ -1,0 +1,174 @@
+"""`draftheads bench --batch-size 1,4,8`: tokens/s of every method against plain batched `generate`
+at the same batch size, in one run.
+
+Prompts are grouped into left-padded batches of each size. Every batch runs plain `generate`
+and each method back to back, in an order that rotates from batch to batch (as the per-question
+runner does), so a slow minute on a shared machine slows all of them alike. The figure per batch
+is the ratio of tokens/s to plain's on that batch; the report gives its median and spread.
+"""
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+from typing import Any
+
+import torch
+
+from .methods import PLAIN, Method
+from .runner import encode_turn, fit_context, _sync
+
+
+def left_pad(prompts: list[torch.Tensor], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """One batch from 1-D prompts, padded on the left as decoder-only `generate` needs."""
+    width = max(p.numel() for p in prompts)
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for r, p in enumerate(prompts):
+        ids[r, width - p.numel():] = p
+        mask[r, width - p.numel():] = 1
+    return ids, mask
+
+
+def new_token_count(sequences: torch.Tensor, width: int, eos: set[int], pad_id: int) -> int:
+    """Tokens generated (up to and including each row's EOS; the padding after it not counted)."""
+    total = 0
+    for row in sequences[:, width:].tolist():
+        n = len(row)
+        for i, tok in enumerate(row):
+            if tok in eos:
+                n = i + 1
+                break
+        total += n
+    return total
+
+
+def batches_of(prompts: list[torch.Tensor], size: int, max_batches: int | None) -> list[list[torch.Tensor]]:
+    """Consecutive groups of ``size`` prompts (wrapping around when there are fewer prompts)."""
+    count = max(1, len(prompts) // size) if max_batches is None else max_batches
+    return [[prompts[(b * size + i) % len(prompts)] for i in range(size)] for b in range(count)]
+
+
+class BatchBench:
+    def __init__(self, target, tokenizer, methods: list[Method], max_new_tokens: int, temperature: float, seed: int,
+                 use_chat_template: bool) -> None:
+        self.target, self.tokenizer, self.methods = target, tokenizer, methods
+        self.max_new_tokens, self.temperature, self.seed = max_new_tokens, temperature, seed
+        self.use_chat_template = use_chat_template
+        pad = tokenizer.pad_token_id
+        self.pad_id = pad if pad is not None else tokenizer.eos_token_id
+        eos = getattr(target.generation_config, "eos_token_id", None)
+        self.eos = set() if eos is None else ({eos} if isinstance(eos, int) else set(eos))
+
+    def prompts(self, questions) -> list[torch.Tensor]:
+        from .runner import context_limit
+
+        limit = context_limit(self.target)
+        return [fit_context(encode_turn(self.tokenizer, q, 0, [], self.use_chat_template), self.max_new_tokens, limit)[0][0]
+                for q in questions]
+
+    def _plain(self, ids, mask):
+        sampling = {"do_sample": False} if self.temperature == 0 else {
+            "do_sample": True, "temperature": self.temperature, "top_k": 0, "top_p": 1.0}
+        return self.target.generate(ids.to(self.target.device), attention_mask=mask.to(self.target.device),
+                                    max_new_tokens=self.max_new_tokens, pad_token_id=self.pad_id, **sampling).cpu()
+
+    def _method(self, method: Method, ids, mask, seed: int):
+        return method.decoder.generate(ids, attention_mask=mask, max_new_tokens=self.max_new_tokens,
+                                       temperature=self.temperature, top_k=0, top_p=1.0,
+                                       generator=torch.Generator().manual_seed(seed))
+
+    def _timed(self, fn, *args):
+        _sync(self.target.device)
+        t0 = time.perf_counter()
+        result = fn(*args)
+        _sync(self.target.device)
+        return result, time.perf_counter() - t0
+
+    def run(self, questions, batch_sizes: list[int], max_batches: int | None, warmup: int,
+            progress: bool = True) -> dict[str, Any]:
+        prompts = self.prompts(questions)
+        table: dict[str, Any] = {}
+        index = 0
+        with torch.inference_mode():
+            for size in batch_sizes:
+                groups = batches_of(prompts, size, max_batches)
+                for _ in range(warmup):  # untimed: lazy initialisation at this shape
+                    ids, mask = left_pad(groups[0], self.pad_id)
+                    self._plain(ids, mask)
+                    for m in self.methods:
+                        self._method(m, ids, mask, self.seed)
+                runs: list[dict[str, Any]] = []
+                for group in groups:
+                    ids, mask = left_pad(group, self.pad_id)
+                    order = [PLAIN] + [m.name for m in self.methods]
+                    shift = index % len(order)
+                    order = order[shift:] + order[:shift]
+                    results = {}
+                    for name in order:
+                        if name == PLAIN:
+                            results[name] = self._timed(self._plain, ids, mask)
+                        else:
+                            method = next(m for m in self.methods if m.name == name)
+                            results[name] = self._timed(self._method, method, ids, mask, self.seed + index)
+                    reference, seconds = results[PLAIN]
+                    run = {PLAIN: {"seconds": seconds,
+                                   "new_tokens": new_token_count(reference, ids.shape[1], self.eos, self.pad_id)}}
+                    for m in self.methods:
+                        out, seconds = results[m.name]
+                        run[m.name] = {
+                            "seconds": seconds, "new_tokens": out.num_new_tokens,
+                            "mean_accept_length": out.mean_accept_length,
+                            "exact": bool(torch.equal(out.sequences, reference)) if self.temperature == 0 else None,
+                        }
+                    runs.append(run)
+                    index += 1
+                    if progress:
+                        print(f"batch {size}: {len(runs)}/{len(groups)} " + _ratios_line(runs, self.methods),
+                              file=sys.stderr)
+                table[str(size)] = summarize_batch(runs, [m.name for m in self.methods])
+        return table
+
+
+def _tps(entry: dict[str, Any]) -> float:
+    return entry["new_tokens"] / entry["seconds"] if entry["seconds"] > 0 else 0.0
+
+
+def _ratios_line(runs, methods) -> str:
+    return ", ".join(
+        f"{m.name} {statistics.median(_tps(r[m.name]) / _tps(r[PLAIN]) for r in runs):.2f}x" for m in methods
+    )
+
+
+def summarize_batch(runs: list[dict[str, Any]], names: list[str]) -> dict[str, Any]:
+    """Per method at one batch size: tokens/s (median over batches), the per-batch ratio to plain
+    (median, min, max), mean accepted tokens per row-step, and whether every batch was exact."""
+    out: dict[str, Any] = {"batches": len(runs), PLAIN: {"tokens_per_second": statistics.median(_tps(r[PLAIN]) for r in runs)}}
+    for name in names:
+        ratios = [_tps(r[name]) / _tps(r[PLAIN]) for r in runs if _tps(r[PLAIN]) > 0]
+        exact = [r[name]["exact"] for r in runs if r[name]["exact"] is not None]
+        out[name] = {
+            "tokens_per_second": statistics.median(_tps(r[name]) for r in runs),
+            "speedup_median": statistics.median(ratios) if ratios else None,
+            "speedup_min": min(ratios) if ratios else None,
+            "speedup_max": max(ratios) if ratios else None,
+            "mean_accept_length": statistics.fmean(r[name]["mean_accept_length"] for r in runs),
+            "all_exact": all(exact) if exact else None,
+        }
+    out["runs"] = runs
+    return out
+
+
+def batch_markdown(table: dict[str, Any], names: list[str]) -> str:
+    """The batch table: one row per batch size and method."""
+    lines = ["| batch | method | tokens/s | vs plain (median [min-max]) | accepted/step | exact |",
+             "|---:|---|---:|---|---:|---|"]
+    for size, res in table.items():
+        lines.append(f"| {size} | plain generate | {res[PLAIN]['tokens_per_second']:.1f} | 1.00x | 1.00 | |")
+        for name in names:
+            r = res[name]
+            ratio = "n/a" if r["speedup_median"] is None else (
+                f"{r['speedup_median']:.2f}x [{r['speedup_min']:.2f}-{r['speedup_max']:.2f}]")
+            exact = "" if r["all_exact"] is None else ("yes" if r["all_exact"] else "NO")
+            lines.append(f"| {size} | {name} | {r['tokens_per_second']:.1f} | {ratio} | {r['mean_accept_length']:.2f} | {exact} |")
+    return "\n".join(lines)

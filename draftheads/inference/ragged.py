@@ -1,0 +1,158 @@
+"""One KV cache for a batch whose rows advance by different amounts each step.
+
+Every row shares the cache's physical length, but each row's valid entries are its own: the
+slot table ``slot_pos`` [rows, slots] holds the logical position (what RoPE and windows see) of
+each cache slot, or -1 for a hole (left padding, or a slot a row did not need this step). A
+row's queries attend to its valid slots only, through a per-row 4D mask, with position ids that
+count valid tokens, not slots. So holes cost attention over masked slots but never change a
+result.
+
+Holes appear when rows accept different numbers of tokens: the step's tree occupies n slots in
+every row; `commit_rows` moves each row's accepted nodes to the front of that region and keeps
+max(accepted) slots, so a row that accepted fewer leaves a few holes. `compact` removes all
+holes (one gather of the whole cache); `keep_rows` drops finished rows (one copy of the rest).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .tree import Tree
+from .verify import AttentionSpan
+
+
+@dataclass
+class RaggedState:
+    """Where each row of the batch stands in the shared cache."""
+
+    slot_pos: torch.Tensor  # [rows, slots] long: logical position per slot, -1 = hole
+    next_pos: torch.Tensor  # [rows] long: logical position of each row's next token (its root)
+
+    @property
+    def slots(self) -> int:
+        return self.slot_pos.shape[1]
+
+    @property
+    def holes(self) -> int:
+        """Masked slots beyond each row's own left padding, summed over rows (what compaction saves)."""
+        valid = int((self.slot_pos >= 0).sum())
+        return self.slot_pos.numel() - valid - int(self.left_pad().sum())
+
+    def left_pad(self) -> torch.Tensor:
+        """Per row, the minimum left padding any layout needs: slots - valid tokens of the longest row."""
+        valid = (self.slot_pos >= 0).sum(dim=1)
+        return int(valid.max()) - valid
+
+
+def prefill_state(attention_mask: torch.Tensor) -> tuple[RaggedState, torch.Tensor]:
+    """Slot table and position ids of a left-padded prompt batch (positions as `generate` gives them)."""
+    mask = attention_mask.long()
+    position_ids = (mask.cumsum(-1) - 1).clamp(min=0) * mask
+    slot_pos = torch.where(mask.bool(), position_ids, torch.full_like(position_ids, -1))
+    return RaggedState(slot_pos=slot_pos, next_pos=mask.sum(dim=1)), position_ids
+
+
+def pad_trees(trees: list[Tree]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Tokens [rows, n], depths [rows, n] and ancestor masks [rows, n, n] of trees padded to the
+    largest one. A padding node is a copy of its row's root that sees only itself: it never
+    influences a real node, and its query row is never fully masked (which would give NaN)."""
+    n = max(t.shape.size for t in trees)
+    rows = len(trees)
+    tokens = torch.empty(rows, n, dtype=torch.long)
+    depth = torch.zeros(rows, n, dtype=torch.long)
+    ancestors = torch.eye(n, dtype=torch.bool).repeat(rows, 1, 1)
+    for r, tree in enumerate(trees):
+        size = tree.shape.size
+        tokens[r, :size] = tree.tokens.cpu()
+        tokens[r, size:] = tokens[r, 0]
+        depth[r, :size] = tree.shape.depth
+        ancestors[r, :size, :size] = tree.shape.ancestor_mask
+    return tokens, depth, ancestors
+
+
+def ragged_mask(
+    state: RaggedState,
+    depth: torch.Tensor,
+    ancestors: torch.Tensor,
+    span: AttentionSpan,
+    dtype: torch.dtype,
+) -> torch.Tensor:
+    """Additive mask [rows, 1, n, slots + n]: each node sees its row's valid slots (within the
+    span's window/chunk, by logical position) and its tree ancestors and itself."""
+    q_pos = state.next_pos[:, None] + depth  # [rows, n]
+    prefix = (state.slot_pos >= 0)[:, None, :].expand(-1, depth.shape[1], -1)  # [rows, n, slots]
+    visible = torch.cat([prefix, ancestors], dim=2)
+    if span.window is not None or span.chunk is not None:
+        k_pos = torch.cat([state.slot_pos, q_pos], dim=1)[:, None, :]  # [rows, 1, slots + n]
+        q = q_pos[:, :, None]
+        if span.window is not None:
+            visible = visible & ((q - k_pos) < span.window)
+        if span.chunk is not None:
+            visible = visible & ((q // span.chunk) == (k_pos // span.chunk))
+    mask = torch.zeros(visible.shape, dtype=dtype)
+    mask.masked_fill_(~visible, torch.finfo(dtype).min)
+    return mask[:, None]
+
+
+def _layers(cache) -> list:
+    return list(cache.layers)
+
+
+def commit_rows(cache, state: RaggedState, paths: list[torch.Tensor], step_pos: torch.Tensor) -> RaggedState:
+    """Keep each row's accepted nodes (``paths[r]``, tree node indices, root first) in the cache.
+
+    The step's tree took n slots after ``state.slots`` in every row; accepted nodes move to the
+    front of that region and the cache keeps max(accepted) of the n slots (views, no copy of the
+    prefix). ``step_pos`` [rows] is each row's logical position of its root."""
+    start = state.slots
+    lengths = [int(p.numel()) for p in paths]
+    kept = max(lengths)
+    contiguous = all(bool((p == torch.arange(p.numel())).all()) for p in paths)
+    if not contiguous:
+        index = torch.stack([torch.cat([p, p.new_full((kept - p.numel(),), int(p[-1]))]) for p in paths])
+        for layer in _layers(cache):
+            for name in ("keys", "values"):
+                tensor = getattr(layer, name)
+                idx = index.to(tensor.device)[:, None, :, None].expand(-1, tensor.shape[1], -1, tensor.shape[3])
+                tensor[:, :, start : start + kept] = tensor[:, :, start:].gather(2, idx)
+    for layer in _layers(cache):
+        layer.keys = layer.keys[:, :, : start + kept]
+        layer.values = layer.values[:, :, : start + kept]
+    offsets = torch.arange(kept)
+    counts = torch.tensor(lengths)
+    new_pos = torch.where(offsets[None] < counts[:, None], step_pos[:, None] + offsets[None], -1)
+    return RaggedState(torch.cat([state.slot_pos, new_pos], dim=1), step_pos + counts)
+
+
+def keep_rows(cache, state: RaggedState, rows: list[int], compact_too: bool = False) -> RaggedState:
+    """The cache and slot table of ``rows`` only (finished rows stop costing verify tokens).
+    With ``compact_too``, holes go in the same copy."""
+    if compact_too:
+        return compact(cache, state, rows)
+    index = torch.tensor(rows, dtype=torch.long)
+    for layer in _layers(cache):
+        layer.keys = layer.keys.index_select(0, index.to(layer.keys.device))
+        layer.values = layer.values.index_select(0, index.to(layer.values.device))
+    return RaggedState(state.slot_pos[index], state.next_pos[index])
+
+
+def compact(cache, state: RaggedState, rows: list[int] | None = None) -> RaggedState:
+    """Gather every row's valid slots to the right end of a cache as long as the longest row
+    (left padding only, no holes), optionally keeping only ``rows``: one copy of the cache."""
+    slot_pos = state.slot_pos if rows is None else state.slot_pos[rows]
+    next_pos = state.next_pos if rows is None else state.next_pos[rows]
+    row_index = torch.arange(state.slot_pos.shape[0]) if rows is None else torch.tensor(rows, dtype=torch.long)
+    valid = slot_pos >= 0
+    counts = valid.sum(dim=1)
+    width = int(counts.max())
+    # Stable sort puts holes first and valid slots last, in order; keep the last `width` of each row.
+    order = torch.sort(valid.long(), dim=1, stable=True).indices[:, -width:]
+    new_pos = slot_pos.gather(1, order)
+    for layer in _layers(cache):
+        for name in ("keys", "values"):
+            tensor = getattr(layer, name)
+            picked = tensor.index_select(0, row_index.to(tensor.device))
+            idx = order.to(tensor.device)[:, None, :, None].expand(-1, tensor.shape[1], -1, tensor.shape[3])
+            setattr(layer, name, picked.gather(2, idx))
+    return RaggedState(new_pos, next_pos)
