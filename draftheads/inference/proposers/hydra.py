@@ -52,7 +52,7 @@ class HydraProposer(MedusaProposer):
     def draft_rows(self, roots: torch.Tensor, hidden: torch.Tensor, max_depth: int) -> tuple[TreeShape, torch.Tensor]:
         """Batched `propose`: ``roots`` [B], ``hidden`` [B, H] -> the shape and tokens [B, n]; every
         depth runs all rows' parents through its head at once."""
-        shape, _, _, _ = self._layout(max_depth)
+        shape, _, _, _, _ = self._layout(max_depth)
         rows = roots.numel()
         tokens = torch.zeros(rows, shape.size, dtype=torch.long)
         tokens[:, 0] = roots.reshape(-1).cpu()

@@ -103,11 +103,10 @@ class MedusaProposer(Proposer):
     def draft_rows(self, roots: torch.Tensor, hidden: torch.Tensor, max_depth: int) -> tuple[TreeShape, torch.Tensor]:
         """Batched `propose` for a batch of sequences: ``roots`` [B], ``hidden`` [B, H] (each row's
         last committed hidden state) -> the shape and its tokens [B, n], every row one tree."""
-        shape, head, rank, top = self._layout(max_depth)
+        shape, head, rank, top, used = self._layout(max_depth)
         roots = roots.reshape(-1, 1).cpu()
         if shape.size == 1:
             return shape, roots
-        used = int(head.max()) + 1
         states = self.heads.head_states(hidden.to(self.heads_device))
         logits = torch.stack([
             torch.nn.functional.linear(states[k].to(weight.dtype), weight, bias)
