@@ -26,7 +26,7 @@ from scale_setup import chat_rows, make_target, make_tokenizer, write_jsonl  # n
 
 
 def config(target: Path, data: Path, head_type: str, out: Path, args) -> dict:
-    heads = {"type": head_type, "num_heads": 3 if head_type in ("medusa", "hydra") else 1, "num_layers": 1}
+    heads = {"head_type": head_type, "num_heads": 3 if head_type in ("medusa", "hydra") else 1, "num_layers": 1}
     if head_type in ("medusa", "hydra"):
         heads["lm_head"] = "own"
     return {

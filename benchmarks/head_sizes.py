@@ -31,9 +31,9 @@ KINDS = {"medusa": "", "hydra": "-hydra", "eagle": "-eagle", "eagle3": "-eagle3"
 
 
 def build_heads(target, spec) -> torch.nn.Module:
-    cls = dh.heads.head_types()[spec.type]
+    cls = dh.heads.head_types()[spec.head_type]
     kwargs = {"num_heads": spec.num_heads, "num_layers": spec.num_layers, "lm_head": spec.lm_head}
-    if spec.type == "eagle3":
+    if spec.head_type == "eagle3":
         kwargs.update(feature_layers=spec.feature_layers, draft_vocab_size=spec.draft_vocab_size)
     return cls.for_target(target, **kwargs)
 

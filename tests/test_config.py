@@ -32,7 +32,7 @@ tracking: {report_to: none}
     assert isinstance(cfg, ExperimentConfig)
     assert cfg.target.name_or_path == "some/model" and cfg.target.dtype == "bf16"
     assert cfg.target.attn_implementation == "sdpa" and cfg.target.trust_remote_code is False
-    assert cfg.heads.num_heads == 3 and cfg.heads.num_layers == 1 and cfg.heads.type == "medusa"
+    assert cfg.heads.num_heads == 3 and cfg.heads.num_layers == 1 and cfg.heads.head_type == "medusa"
     assert cfg.data.path == "rows.jsonl" and cfg.data.max_length == 128
     assert cfg.train.lr == pytest.approx(1e-3) and isinstance(cfg.train.lr, float)
     assert cfg.train.max_steps == 10 and cfg.train.loss_decay == 0.8 and cfg.train.topk == 5
@@ -86,7 +86,7 @@ def test_wrong_type_names_key_and_expected_type(tmp_path, text, key, expected):
 
 
 def test_semantic_checks_name_the_key():
-    with pytest.raises(ConfigError, match="heads.type: unknown head type 'eagle9'; valid: .*medusa"):
+    with pytest.raises(ConfigError, match="heads.head_type: unknown head type 'eagle9'; valid: .*medusa"):
         config_from_dict({"heads": {"type": "eagle9"}})
     with pytest.raises(ConfigError, match="train.grad_accum must be >= 1"):
         config_from_dict({"train": {"grad_accum": 0}})
@@ -158,4 +158,116 @@ def test_not_a_mapping(tmp_path):
 @pytest.mark.parametrize("name", ["demo.yaml", "llama3.1-8b-instruct.yaml", "qwen2.5-7b-instruct.yaml"])
 def test_shipped_configs_load(name):
     cfg = load_config(REPO / "configs" / name)
-    assert cfg.heads.type == "medusa"
+    assert cfg.heads.head_type == "medusa"
+
+
+# -- YAML 1.1 traps: only true/false are booleans, in overrides and in files alike --------------
+
+
+@pytest.mark.parametrize("word", ["no", "yes", "on", "off", "No", "OFF", "y", "n"])
+def test_yaml_11_boolean_words_stay_strings_in_string_fields(tmp_path, word):
+    assert parse_override(f"tracking.run_name={word}") == ("tracking.run_name", word)
+    assert config_from_dict({}, [f"tracking.run_name={word}"]).tracking.run_name == word
+    assert load_config(_write(tmp_path, f"tracking: {{run_name: {word}}}\n")).tracking.run_name == word
+
+
+def test_mixed_precision_no_is_the_string_no(tmp_path):
+    assert config_from_dict({}, ["train.mixed_precision=no"]).train.mixed_precision == "no"
+    assert load_config(_write(tmp_path, "train: {mixed_precision: no}\n")).train.mixed_precision == "no"
+
+
+@pytest.mark.parametrize("text, value", [("true", True), ("false", False), ("True", True), ("FALSE", False)])
+def test_bool_fields_take_true_and_false(text, value):
+    assert config_from_dict({}, [f"target.trust_remote_code={text}"]).target.trust_remote_code is value
+
+
+@pytest.mark.parametrize("word", ["yes", "no", "on", "off", "1"])
+def test_bool_fields_refuse_other_words_naming_the_type(word):
+    with pytest.raises(ConfigError) as e:
+        config_from_dict({}, [f"target.trust_remote_code={word}"])
+    assert f"override 'target.trust_remote_code={word}': target.trust_remote_code: expected bool (true or false)" in str(e.value)
+
+
+def test_numbers_parse_as_yaml_12(tmp_path):
+    assert parse_override("a=1e-3") == ("a", 1e-3) and parse_override("a=-2.5E+2") == ("a", -250.0)
+    assert parse_override("a=.5") == ("a", 0.5) and parse_override("a=1_000") == ("a", 1000)
+    assert parse_override("a=0x10") == ("a", 16)
+    assert parse_override("a=1:30") == ("a", "1:30")  # YAML 1.1: base 60, 90
+    assert parse_override("a=010") == ("a", "010")  # YAML 1.1: octal, 8
+    assert parse_override("a=~") == ("a", None)
+    cfg = load_config(_write(tmp_path, "train: {lr: 2e-4, max_grad_norm: '1e-1'}\n"))  # a quoted float still reads
+    assert isinstance(cfg.train.lr, float) and cfg.train.lr == 2e-4 and cfg.train.max_grad_norm == 0.1
+
+
+# -- error messages: key path, "did you mean", the type or bound expected ------------------------
+
+
+@pytest.mark.parametrize(
+    "data, overrides, expected",
+    [
+        ({"heads": {"feature_layers": [1, "a"]}}, (), "heads.feature_layers[1]: expected int, got str 'a'"),
+        ({"train": {"loss_decay": 1.5}}, (), "train.loss_decay must be <= 1, got 1.5"),
+        ({"train": {"lr": 0}}, (), "train.lr must be > 0, got 0"),
+        ({"train": {"max_steps": 0}}, (), "train.max_steps must be >= 1 or null, got 0"),
+        ({"heads": {"head_type": "eagle3", "draft_vocab_size": 0}}, (), "heads.draft_vocab_size must be >= 1 or null"),
+        ({}, ("data.max_length=eight",), "override 'data.max_length=eight': data.max_length: expected int, got str 'eight'"),
+        ({}, ("data.chunk_text=yes",), "data.chunk_text: expected bool (true or false), got str 'yes'"),
+        ({"train": {"batch_size": True}}, (), "train.batch_size: expected int, got bool True"),
+        ({"tracking": {"run_name": 5}}, (), "tracking.run_name: expected str or null, got int 5"),
+        ({}, ("tracking.report_to=tensorbord",), "tracking.report_to: expected one of 'none', 'wandb', 'tensorboard'"),
+        ({}, ("heads.nose=0.2",), "override 'heads.nose=0.2': unknown config key 'heads.nose' (did you mean 'heads.noise'?)"),
+        ({"traking": {}}, (), "unknown config key 'traking' (did you mean 'tracking'?); valid keys at the top level: target, heads"),
+    ],
+)
+def test_error_messages_name_key_and_what_is_expected(data, overrides, expected):
+    with pytest.raises(ConfigError) as e:
+        config_from_dict(data, overrides)
+    assert expected in str(e.value)
+
+
+def test_every_bad_key_is_reported_at_once():
+    with pytest.raises(ConfigError) as e:
+        config_from_dict({"train": {"lrr": 1, "batch_size": "8"}})
+    assert "unknown config key 'train.lrr' (did you mean 'train.lr'?)" in str(e.value)
+    assert "train.batch_size: expected int, got str '8'" in str(e.value)
+
+
+def test_file_errors_name_the_file(tmp_path):
+    path = _write(tmp_path, "train: {batch_size: 8.5}\n")
+    with pytest.raises(ConfigError, match=f"^{path}: train.batch_size: expected int, got float 8.5"):
+        load_config(path)
+
+
+# -- heads.head_type is the one name (as in a heads folder's config.json); heads.type still reads --
+
+
+def test_old_key_heads_type_still_reads_in_files_and_overrides(tmp_path):
+    assert load_config(_write(tmp_path, "heads: {type: hydra}\n")).heads.head_type == "hydra"
+    assert config_from_dict({}, ["heads.type=hydra"]).heads.head_type == "hydra"
+    assert config_from_dict({"heads": {"head_type": "medusa"}}, ["heads.type=hydra"]).heads.head_type == "hydra"
+    assert "type" not in config_from_dict({"heads": {"type": "hydra"}}).to_dict()["heads"]
+
+
+def test_old_and_new_head_type_keys_together_are_refused():
+    with pytest.raises(ConfigError, match="heads.type is the old name of heads.head_type: give only heads.head_type"):
+        config_from_dict({"heads": {"type": "hydra", "head_type": "medusa"}})
+
+
+def test_resume_check_reads_a_run_saved_with_the_old_key():
+    from draftheads.train.run_dir import RunFolderError, check_resume_config
+
+    current = config_from_dict({"heads": {"head_type": "hydra"}}).to_dict()
+    saved = {**current, "heads": {("type" if k == "head_type" else k): v for k, v in current["heads"].items()}}
+    check_resume_config(Path("ckpt"), saved, current)  # same config, old spelling: no error
+    saved["heads"]["type"] = "medusa"
+    with pytest.raises(RunFolderError, match="heads.head_type: 'medusa' in the checkpoint, 'hydra' now"):
+        check_resume_config(Path("ckpt"), saved, current)
+
+
+def test_data_config_checks_types_when_built_directly():
+    from draftheads.data import DataConfig
+
+    with pytest.raises(ValueError, match="chunk_text"):
+        DataConfig(path="x", chunk_text="yes")
+    with pytest.raises(ValueError, match="unexpected keyword argument|Unexpected keyword"):
+        DataConfig(path="x", max_lenght=8)

@@ -182,8 +182,8 @@ def test_fc_bias_option_defaults_off_and_old_heads_still_load(tmp_path):
 
     target = target4()
     assert HeadsSpec().fc_bias is False
-    assert build_heads(HeadsSpec(type="eagle", num_heads=1), target).fc.bias is None
-    assert build_heads(HeadsSpec(type="eagle", num_heads=1, fc_bias=True), target).fc.bias is not None
+    assert build_heads(HeadsSpec(head_type="eagle", num_heads=1), target).fc.bias is None
+    assert build_heads(HeadsSpec(head_type="eagle", num_heads=1, fc_bias=True), target).fc.bias is not None
     # A folder saved before the option existed: no fc_bias key, an fc.bias tensor.
     old = randomize(dh.EagleHead.for_target(target, fc_bias=True))
     old.config.extra.pop("fc_bias")

@@ -23,7 +23,7 @@ def _one_thread():
 
 
 def _cfg_dict(tmp_path: Path, target_dir: Path, data: Path, head_type: str = "medusa", **train) -> dict:
-    heads = {"type": head_type, "num_heads": 2, "num_layers": 1}
+    heads = {"head_type": head_type, "num_heads": 2, "num_layers": 1}
     if head_type in ("medusa", "hydra"):
         heads["lm_head"] = "own"
     if head_type == "eagle3":

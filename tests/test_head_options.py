@@ -18,14 +18,14 @@ from inference_utils import tiny_target
 @pytest.mark.parametrize(
     "heads, message",
     [
-        ({"type": "medusa", "feature_layers": [1, 2]}, r"heads.feature_layers is set \(\[1, 2\]\) but medusa heads do not use it: it applies to eagle3 heads only"),
-        ({"type": "medusa", "draft_vocab_size": 1000}, "heads.draft_vocab_size is set .* it applies to eagle3 heads only"),
-        ({"type": "hydra", "noise": 0.3}, r"heads.noise is set \(0.3\) but hydra heads do not use it: it applies to eagle heads only"),
-        ({"type": "eagle", "lm_head": "own"}, "heads.lm_head is set .* it applies to hydra, medusa heads only"),
-        ({"type": "eagle3", "draft_vocab_size": 0}, "heads.draft_vocab_size must be >= 1 or null"),
-        ({"type": "eagle3", "feature_layers": [-1, 2]}, "heads.feature_layers must be a non-empty list of target layer ids >= 0"),
-        ({"type": "eagle3", "feature_layers": []}, "heads.feature_layers must be a non-empty list"),
-        ({"type": "eagle", "noise": -0.1}, "heads.noise must be >= 0"),
+        ({"head_type": "medusa", "feature_layers": [1, 2]}, r"heads.feature_layers is set \(\[1, 2\]\) but medusa heads do not use it: it applies to eagle3 heads only"),
+        ({"head_type": "medusa", "draft_vocab_size": 1000}, "heads.draft_vocab_size is set .* it applies to eagle3 heads only"),
+        ({"head_type": "hydra", "noise": 0.3}, r"heads.noise is set \(0.3\) but hydra heads do not use it: it applies to eagle heads only"),
+        ({"head_type": "eagle", "lm_head": "own"}, "heads.lm_head is set .* it applies to hydra, medusa heads only"),
+        ({"head_type": "eagle3", "draft_vocab_size": 0}, "heads.draft_vocab_size must be >= 1 or null"),
+        ({"head_type": "eagle3", "feature_layers": [-1, 2]}, "heads.feature_layers must be a non-empty list of target layer ids >= 0"),
+        ({"head_type": "eagle3", "feature_layers": []}, "heads.feature_layers must be a non-empty list"),
+        ({"head_type": "eagle", "noise": -0.1}, "heads.noise must be >= 0"),
     ],
 )
 def test_head_options_are_checked_in_the_config(heads, message):
@@ -35,8 +35,8 @@ def test_head_options_are_checked_in_the_config(heads, message):
 
 def test_default_valued_options_of_other_types_are_accepted():
     """A config that spells out a default (``noise: 0.1``) still works for every head type."""
-    assert config_from_dict({"heads": {"type": "medusa", "noise": 0.1, "lm_head": "own"}}).heads.type == "medusa"
-    assert config_from_dict({"heads": {"type": "eagle3", "feature_layers": [0, 1], "draft_vocab_size": 16}}).heads.draft_vocab_size == 16
+    assert config_from_dict({"heads": {"head_type": "medusa", "noise": 0.1, "lm_head": "own"}}).heads.head_type == "medusa"
+    assert config_from_dict({"heads": {"head_type": "eagle3", "feature_layers": [0, 1], "draft_vocab_size": 16}}).heads.draft_vocab_size == 16
 
 
 def test_zero_draft_vocab_size_is_refused_not_widened():

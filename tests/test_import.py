@@ -382,8 +382,8 @@ def test_init_from_keeps_an_imported_eagle_layer_and_names_a_config_difference(t
     src = write(tmp_path / "eagle", raw, {**LLAMA_CONFIG, "intermediate_size": 192})
     imported = import_heads(src, tmp_path / "imported", target)
     with pytest.raises(ValueError, match=r"heads.fc_bias: config has False, .* has True"):
-        init_heads_from(build_heads(HeadsSpec(type="eagle", num_heads=2), target), str(imported), target)
-    heads = init_heads_from(build_heads(HeadsSpec(type="eagle", num_heads=2, fc_bias=True, noise=0.2), target),
+        init_heads_from(build_heads(HeadsSpec(head_type="eagle", num_heads=2), target), str(imported), target)
+    heads = init_heads_from(build_heads(HeadsSpec(head_type="eagle", num_heads=2, fc_bias=True, noise=0.2), target),
                             str(imported), target)
     assert heads.config.num_heads == 2 and heads.config.extra["noise"] == 0.2  # training settings: the config's
     assert heads.layers[0].gate_proj.weight.shape == (192, H)

@@ -8,9 +8,10 @@ import torch
 import draftheads as dh
 from draftheads.inference.sampling import SamplingParams
 from draftheads.inference.tree import Tree, TreeShape
-from draftheads.inference.verify import Acceptance, TreeVerifier
+from draftheads.inference.verify import TreeVerifier
 
 from proposer_utils import ARCHS, VOCAB, check_greedy_exact, prompts, reference, tiny_lm
+from stats import biased_accept_sampling, chi_square_pvalue
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -120,25 +121,8 @@ def test_sampling_self_draft_accepts_almost_everything():
     assert out.mean_accept_length > 4.0
 
 
+# -- output distribution with stochastic drafts -----------------------------------------------------------
 SMALL_V = 8
-
-
-def chi_square_pvalue(counts: torch.Tensor, probs: torch.Tensor, min_expected: float = 5.0) -> float:
-    """Pearson's chi-square goodness of fit; cells with small expectation are pooled. An outcome
-    of probability zero that occurs fails outright (p-value 0)."""
-    counts, probs = counts.double().flatten(), probs.double().flatten()
-    n = counts.sum()
-    if bool((counts[probs <= 0] > 0).any()):
-        return 0.0
-    expected = probs * n
-    big = expected >= min_expected
-    obs = torch.cat([counts[big], counts[~big].sum()[None]])
-    exp = torch.cat([expected[big], expected[~big].sum()[None]])
-    keep = exp > 0
-    obs, exp = obs[keep], exp[keep]
-    stat = ((obs - exp) ** 2 / exp).sum()
-    dof = obs.numel() - 1
-    return float(torch.special.gammaincc(torch.tensor(dof / 2.0, dtype=torch.float64), stat / 2.0))
 
 
 class SmallWorld:
@@ -185,36 +169,11 @@ class SmallWorld:
         return counts
 
 
-def biased_accept_sampling(bug: str):
-    """A chain verifier with a classic mistake, to show the distribution test catches it."""
-
-    def accept(tree, logits, params, generator):
-        tokens, node, path = tree.tokens.tolist(), 0, [0]
-        while True:
-            p = params.probs(logits[node])
-            kids = tree.shape.children[node]
-            if not kids:
-                return Acceptance(torch.tensor(path), int(torch.multinomial(p, 1, generator=generator)))
-            child = kids[0]
-            x, q = tokens[child], tree.draft_probs[child]
-            ratio = q[x] / p[x].clamp(min=1e-30) if bug == "q_over_p" else p[x] / q[x]
-            if float(torch.rand((), generator=generator)) < min(1.0, float(ratio)):
-                node = child
-                path.append(child)
-                continue
-            residual = p if bug == "resample_from_p" else torch.clamp(p - q, min=0.0)
-            return Acceptance(torch.tensor(path), int(torch.multinomial(residual, 1, generator=generator)))
-
-    return accept
-
-
 # With these models the wrong rules shift the law of (e1, e2) by a chi-square non-centrality of
 # about 0.15 (resampling from p) to 80 (q/p) per trial: with 1500 trials their p-values are
 # below 1e-20 (q/p even produces impossible outcomes), while the exact rule's p-value is an
 # ordinary uniform draw (about 0.9 with these seeds).
 TRIALS = 1500
-
-
 SAMPLING = [SamplingParams(temperature=1.0), SamplingParams(temperature=1.5, top_k=6, top_p=0.95)]
 
 
@@ -233,6 +192,45 @@ def test_distribution_test_catches_a_biased_rule(params, bug):
     world = SmallWorld(params)
     counts = world.run(biased_accept_sampling(bug), TRIALS, seed=0)
     assert chi_square_pvalue(counts, world.exact) < 1e-6
+
+
+class SiblingSampler:
+    """A proposer's step that drafts ``k`` SIBLINGS, each drawn independently from the draft's q
+    after the root (SpecInfer's multi-candidate drafts). No proposer of the library drafts that
+    way, but the verifier supports it (its residual rule for sampled siblings): this reaches it."""
+
+    def __init__(self, world: SmallWorld, k: int) -> None:
+        self.world, self.shape = world, TreeShape.from_choices([[i] for i in range(k)])
+
+    def propose(self, generator: torch.Generator) -> Tree:
+        w, k = self.world, self.shape.size - 1
+        drafts = torch.multinomial(w.q0, k, replacement=True, generator=generator)
+        return Tree(self.shape, torch.cat([torch.tensor([w.root]), drafts]), torch.stack([torch.zeros(SMALL_V), *[w.q0] * k]))
+
+    def run(self, accept_sampling, trials: int, seed: int) -> tuple[torch.Tensor, int]:
+        """Counts of the first two emitted tokens, and how often a second sibling was accepted."""
+        w, gen = self.world, torch.Generator().manual_seed(seed)
+        counts, later = torch.zeros(SMALL_V, SMALL_V), 0
+        for _ in range(trials):
+            tree = self.propose(gen)
+            logits = torch.stack([w.lp0, *[w.lp1[int(t)] for t in tree.tokens[1:]]])
+            acc = accept_sampling(tree, logits, w.params, gen)
+            emitted = tree.tokens[acc.path[1:]].tolist() + [acc.next_token]
+            later += len(acc.path) > 1 and int(acc.path[1]) > 1
+            if len(emitted) == 1:  # every sibling rejected: the next step decodes e2 from the target
+                emitted.append(int(torch.multinomial(w.p1[emitted[0]], 1, generator=gen)))
+            counts[emitted[0], emitted[1]] += 1
+        return counts, later
+
+
+@pytest.mark.parametrize("params", SAMPLING, ids=["t1", "topk-topp"])
+def test_sampled_sibling_drafts_keep_the_target_distribution(params):
+    world = SmallWorld(params)
+    counts, later = SiblingSampler(world, k=3).run(TreeVerifier.accept_sampling, 3000, seed=0)
+    assert later > 300, "later siblings were (almost) never accepted: the residual rule went untested"
+    assert chi_square_pvalue(counts, world.exact) > 1e-3
+    biased, _ = SiblingSampler(world, k=3).run(biased_accept_sampling("resample_from_p"), 3000, seed=0)
+    assert chi_square_pvalue(biased, world.exact) < 1e-6
 
 
 def test_generate_with_sampled_drafts_matches_target_distribution():
@@ -333,13 +331,33 @@ def test_vocab_size_policy():
         dh.DraftModelProposer(too_small, tokenizers=(tok, tok))
     ids = torch.tensor([[1, 5, 9, 5, 9, 12]])
     ref = reference(target, ids, 20)
+    checked = 0
     for draft in (bigger, smaller):
         for sampling in ({}, {"temperature": 1.0, "seed": 0}):
-            proposer = dh.DraftModelProposer(draft, gamma=3, tokenizers=(tok, tok))
+            proposer = CheckedDraftProposer(draft, gamma=3, tokenizers=(tok, tok))
             out = dh.SpeculativeDecoder(target, proposer).generate(ids, max_new_tokens=20, eos_token_id=[], **sampling)
             assert out.sequences.shape == ref.shape
             if not sampling:
                 assert out.sequences.tolist() == ref.tolist()
+                continue
+            # Sampled drafts: each q row (what the verifier's min(1, p/q) divides by) is the draft's
+            # distribution over the TARGET's 48 ids: cut, or padded with impossible ids.
+            with torch.no_grad():
+                for context, tree in proposer.records:
+                    tokens = tree.tokens.tolist()
+                    for i in range(1, len(tokens)):
+                        row = tree.draft_probs[i]
+                        assert row.shape == (48,) and abs(float(row.sum()) - 1) < 1e-5
+                        assert float(row[draft.config.vocab_size :].sum()) == 0.0 and row[tokens[i]] > 0
+                        seq = context + tokens[1:i]
+                        if max(seq) >= draft.config.vocab_size:
+                            continue  # an id the draft cannot read (the proposer substitutes it)
+                        logits = draft(input_ids=torch.tensor([seq])).logits[0, -1]
+                        fitted = torch.full((48,), float("-inf"))
+                        fitted[: min(48, logits.numel())] = logits[:48]
+                        torch.testing.assert_close(row, SamplingParams(temperature=1.0).probs(fitted), atol=1e-5, rtol=1e-4)
+                        checked += 1
+    assert checked >= 5
 
 
 def test_draft_model_measures_the_loop_overhead():

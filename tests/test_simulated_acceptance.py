@@ -135,7 +135,7 @@ def test_eagle_keeps_the_best_by_its_chain_estimate(tmp_path, tiny_target_dir, t
     from draftheads.train.loop import run
 
     # lm_head=auto: the shared base config's `lm_head: own` is a Medusa/Hydra option, refused for EAGLE
-    cfg = _cfg(tmp_path, tiny_target_dir, tiny_text_jsonl, "heads.type=eagle", "heads.lm_head=auto", max_steps=4, eval_every=2)
+    cfg = _cfg(tmp_path, tiny_target_dir, tiny_text_jsonl, "heads.head_type=eagle", "heads.lm_head=auto", max_steps=4, eval_every=2)
     run(cfg)
     out = Path(cfg.train.output_dir)
     metrics = json.loads((out / "metrics.json").read_text())

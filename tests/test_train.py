@@ -264,9 +264,9 @@ def test_run_exports_heads_and_metrics(tmp_path, tiny_target_dir, tiny_text_json
 
 HEAD_TYPE_OVERRIDES = {
     "medusa": (),
-    "hydra": ("heads.type=hydra",),
-    "eagle": ("heads.type=eagle", "heads.lm_head=auto"),
-    "eagle3": ("heads.type=eagle3", "heads.lm_head=auto", "heads.draft_vocab_size=64"),
+    "hydra": ("heads.head_type=hydra",),
+    "eagle": ("heads.head_type=eagle", "heads.lm_head=auto"),
+    "eagle3": ("heads.head_type=eagle3", "heads.lm_head=auto", "heads.draft_vocab_size=64"),
 }
 
 
@@ -345,14 +345,24 @@ def test_wandb_goes_offline_without_a_key(tmp_path, tiny_target_dir, tiny_text_j
     assert runs, "an offline W&B run folder was written under WANDB_DIR"
 
 
-def test_tensorboard_missing_is_a_clear_error():
-    import importlib.util
+def test_tensorboard_missing_is_a_clear_error(monkeypatch):
+    """Both ways, whatever is installed: a None entry in sys.modules makes a package unfindable,
+    a module with a spec makes it findable."""
+    import importlib.machinery
+    import sys
+    import types
 
     from draftheads.config import TrackingConfig
     from draftheads.train.tracking import prepare_tracker
 
-    if importlib.util.find_spec("tensorboard") or importlib.util.find_spec("tensorboardX"):
-        assert prepare_tracker(TrackingConfig(report_to="tensorboard")) == "tensorboard"
-    else:
-        with pytest.raises(RuntimeError, match="pip install tensorboard"):
-            prepare_tracker(TrackingConfig(report_to="tensorboard"))
+    cfg = TrackingConfig(report_to="tensorboard")
+    monkeypatch.setitem(sys.modules, "tensorboard", None)
+    monkeypatch.setitem(sys.modules, "tensorboardX", None)
+    with pytest.raises(RuntimeError, match="tracking.report_to=tensorboard needs TensorBoard: pip install tensorboard"):
+        prepare_tracker(cfg)
+    for name in ("tensorboard", "tensorboardX"):  # either package is enough
+        present = types.ModuleType(name)
+        present.__spec__ = importlib.machinery.ModuleSpec(name, None)
+        monkeypatch.setitem(sys.modules, name, present)
+        assert prepare_tracker(cfg) == "tensorboard"
+        monkeypatch.setitem(sys.modules, name, None)

@@ -255,7 +255,7 @@ def test_update_does_not_depend_on_the_micro_batch_split(tmp_path, tiny_target_d
 
     from draftheads.train.loop import run
 
-    extra = () if head_type == "medusa" else ("heads.type=eagle", "heads.lm_head=auto", "heads.noise=0")
+    extra = () if head_type == "medusa" else ("heads.head_type=eagle", "heads.lm_head=auto", "heads.noise=0")
     common = dict(max_steps=4, eval_every=0, save_every=0, warmup_steps=0)
     one = _cfg(tmp_path / "one", tiny_target_dir, tiny_text_jsonl, *extra, batch_size=8, grad_accum=1, **common)
     two = _cfg(tmp_path / "two", tiny_target_dir, tiny_text_jsonl, *extra, batch_size=4, grad_accum=2, **common)

@@ -6,12 +6,14 @@ head is trained on is written down in the experiment file (and its checkpoint), 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from pydantic.dataclasses import dataclass
+
+from ..schema import CHECKED, Bool, Float, Int, Str
 
 FORMATS = ("auto", "sharegpt", "messages", "text")
 
 
-@dataclass
+@dataclass(config=CHECKED)
 class DataConfig:
     """Where the training text comes from and how it becomes token windows.
 
@@ -38,20 +40,20 @@ class DataConfig:
         the heads read the target's features from it instead of running the target.
     """
 
-    path: str
-    split: str = "train"
-    format: str = "auto"
-    text_field: str = "text"
-    max_length: int = 2048
-    eval_fraction: float = 0.02
-    eval_path: str | None = None
-    eval_split: str | None = None
-    max_samples: int | None = None
-    seed: int = 0
-    num_proc: int | None = None
-    chunk_text: bool = True
-    cache_dir: str | None = None
-    features: str | None = None
+    path: Str
+    split: Str = "train"
+    format: Str = "auto"
+    text_field: Str = "text"
+    max_length: Int = 2048
+    eval_fraction: Float = 0.02
+    eval_path: Str | None = None
+    eval_split: Str | None = None
+    max_samples: Int | None = None
+    seed: Int = 0
+    num_proc: Int | None = None
+    chunk_text: Bool = True
+    cache_dir: Str | None = None
+    features: Str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.path, str) or not self.path:

@@ -100,11 +100,17 @@ class TreeShape:
             rows.append(path[::-1] + [-1] * (self.max_depth + 1 - len(path)))
         return torch.tensor(rows, dtype=torch.long)
 
+    @cached_property
+    def _truncations(self) -> dict[int, "TreeShape"]:
+        """max_depth -> truncated shape, filled by truncated() (the shape is frozen, so its
+        derived values are cached_property like the ones above)."""
+        return {}
+
     def truncated(self, max_depth: int) -> "TreeShape":
         """The same tree without nodes deeper than ``max_depth`` (used near max_new_tokens)."""
         if max_depth >= self.max_depth:
             return self
-        cache = self.__dict__.setdefault("_truncated", {})
+        cache = self._truncations
         if max_depth not in cache:
             keep = [i for i in range(self.size) if int(self.depth[i]) <= max_depth]
             new_index = {old: new for new, old in enumerate(keep)}

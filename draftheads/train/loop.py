@@ -153,7 +153,7 @@ def run(cfg: ExperimentConfig, overwrite: bool = False) -> TrainResult:
     )
     params = model.trainable_parameters()
     say(
-        f"heads: {cfg.heads.type} x{heads.config.num_heads}, {heads.config.num_layers} layer(s), "
+        f"heads: {cfg.heads.head_type} x{heads.config.num_heads}, {heads.config.num_layers} layer(s), "
         f"lm_head {heads.config.lm_head}; {sum(p.numel() for p in params) / 1e6:.2f} M trainable parameters "
         f"(target {sum(_numel(p) for p in target.parameters()) / 1e6:.1f} M, frozen)"
     )
@@ -361,7 +361,7 @@ def load_target(cfg: TargetConfig, accelerator=None, device: torch.device | None
 def build_heads(spec: HeadsSpec, target: torch.nn.Module, zero3: bool = False) -> torch.nn.Module:
     from ..heads import head_types
 
-    cls = head_types()[spec.type]
+    cls = head_types()[spec.head_type]
     ctx = contextlib.nullcontext()
     if zero3:  # the target was loaded sharded: gather its LM head to size and initialise the heads
         import deepspeed

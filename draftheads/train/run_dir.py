@@ -140,6 +140,9 @@ def check_resume_config(checkpoint: Path, saved: dict[str, Any] | None, current:
     """Refuse to resume ``checkpoint`` under a config that differs in more than the step budget."""
     if saved is None:
         return  # written before checkpoints carried their config: nothing to compare
+    from ..config import upgrade_config_dict
+
+    saved = upgrade_config_dict(saved)  # a checkpoint written before a key was renamed
     diff = config_differences(saved, current)
     if diff:
         a, b = _flatten(saved), _flatten(current)

@@ -1,0 +1,31 @@
+"""Strict scalar types for the config dataclasses (experiment YAML and data pipeline).
+
+pydantic's lax mode would read ``"8"`` as 8 and ``"yes"`` as True; a config value of the wrong
+type is an error here instead. Nested sections stay lax so that they can be given as mappings.
+"""
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from annotated_types import Ge
+from pydantic import BeforeValidator, ConfigDict, Strict
+
+
+def _float_literal(value: Any) -> Any:
+    """A float written as a string (``"1e-3"``, as YAML 1.1 tools read it) is a float; anything
+    else that is not a number is then refused by the strict check."""
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            pass
+    return value
+
+
+CHECKED = ConfigDict(extra="forbid")  # an unknown key is an error, never ignored
+Str = Annotated[str, Strict()]
+Bool = Annotated[bool, Strict()]
+Int = Annotated[int, Strict()]
+Float = Annotated[float, BeforeValidator(_float_literal), Strict()]  # an int is accepted too
+Positive = Annotated[int, Strict(), Ge(1)]
+NonNegative = Annotated[int, Strict(), Ge(0)]
