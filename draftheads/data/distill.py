@@ -34,6 +34,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from ..atomic import write_json_atomically
+
 from .formats import CHAT_FORMATS, detect_format, normalize_chat
 
 ROW_KEY = "_row"
@@ -391,10 +393,7 @@ def resume_state(out: Path, settings: DistillSettings, resume: bool) -> set[int]
 
 
 def write_sidecar(out: Path, settings: DistillSettings, stats: DistillStats, complete: bool) -> None:
-    side = sidecar_path(out)
-    tmp = side.with_name(f".{side.name}.tmp")
-    tmp.write_text(json.dumps({"settings": asdict(settings), "stats": asdict(stats), "complete": complete}, indent=2) + "\n")
-    os.replace(tmp, side)
+    write_json_atomically(sidecar_path(out), {"settings": asdict(settings), "stats": asdict(stats), "complete": complete})
 
 
 def batches(items: Sequence[tuple[int, dict[str, Any]]], size: int) -> Iterator[list[tuple[int, dict[str, Any]]]]:

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -33,6 +32,7 @@ from typing import Any
 
 import torch
 
+from ..atomic import TMP_TAG, write_file_atomically, write_text_atomically
 from ..data.sampling import example_lengths
 
 FORMAT_VERSION = 1
@@ -169,9 +169,7 @@ def _read_index(directory: Path) -> dict[str, Any] | None:
 
 
 def _write_index(directory: Path, index: dict[str, Any]) -> None:
-    tmp = directory / f".{INDEX}.tmp"
-    tmp.write_text(json.dumps(index) + "\n")
-    os.replace(tmp, directory / INDEX)
+    write_text_atomically(directory / INDEX, json.dumps(index) + "\n")
 
 
 def bytes_per_token(hidden_size: int, feature_size: int, dtype: torch.dtype) -> int:
@@ -242,7 +240,7 @@ def build_cache(
             "complete": False,
         }
     directory.mkdir(parents=True, exist_ok=True)
-    for stray in directory.glob(".*.tmp"):
+    for stray in [*directory.glob(".*.tmp"), *directory.glob(f".*{TMP_TAG}*")]:  # files a kill left half-written
         stray.unlink()
 
     per_token = bytes_per_token(hidden_size, feature_size, torch_dtype)
@@ -279,9 +277,7 @@ def build_cache(
             shard = len(part["shards"])
             fname = f"{name}-{shard:05d}.safetensors"
             tensors = {k: torch.cat(v).contiguous() for k, v in pending.items() if v}
-            tmp = directory / f".{fname}.tmp"
-            save_file(tensors, str(tmp))
-            os.replace(tmp, directory / fname)
+            write_file_atomically(directory / fname, lambda tmp: save_file(tensors, str(tmp)))
             part["shards"].append(fname)
             part["rows"].extend([shard, o, n] for o, n in pending_rows)
             _write_index(directory, index)
