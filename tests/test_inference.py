@@ -163,8 +163,9 @@ def test_bad_inputs_are_refused_with_clear_errors():
     target = tiny_target("llama")
     heads = dh.MedusaHeads.for_target(target, num_heads=2)
     decoder = dh.SpeculativeDecoder(target, heads)
-    with pytest.raises(NotImplementedError, match="batch size 2"):
-        decoder.generate(torch.ones(2, 3, dtype=torch.long))
+    # Batches decode (tests/test_batch.py); a batch whose mask does not fit it is refused.
+    with pytest.raises(ValueError, match=r"attention_mask has shape \(2, 2\) but input_ids has shape \(2, 3\)"):
+        decoder.generate(torch.ones(2, 3, dtype=torch.long), attention_mask=torch.ones(2, 2, dtype=torch.long))
     with pytest.raises(ValueError, match="prompt is empty"):
         decoder.generate(torch.ones(1, 0, dtype=torch.long))
     with pytest.raises(ValueError, match="exceeds the model's context of 256"):
