@@ -38,6 +38,7 @@ elif proposer == "medusa":
     prop = dh.MedusaHeads.for_target(target, num_heads=3, num_layers=1)
 else:
     prop = dh.Eagle3Head.for_target(target, num_heads=3, draft_vocab_size=1024)
+    prop.set_draft_vocab(torch.arange(vocab, 0, -1))  # untrained heads: any mapping will do
 decoder = dh.SpeculativeDecoder(target, prop)
 ids = torch.randint(0, vocab, (1, prompt_len), generator=torch.Generator().manual_seed(0))
 def rss_kib():

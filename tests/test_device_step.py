@@ -195,3 +195,19 @@ def test_sampling_acceptance_takes_no_vocabulary_row_to_the_host(medusa_setup):
     with HostSyncCounter(target) as syncs:
         verifier.accept_sampling(tree, logits, params, torch.Generator().manual_seed(0))
     assert "tolist" not in syncs.outside and "copy_to_host" not in syncs.outside  # scalars only
+
+
+def test_models_of_another_layout_fall_back_to_all_hidden_states(monkeypatch):
+    """Without `layers` and `norm` to hook, the tap asks for output_hidden_states: more memory,
+    same features."""
+    monkeypatch.setattr("draftheads.inference.features._decoder_modules", lambda target: None)
+    target = tiny_target("llama", layers=2)
+    ids = torch.randint(3, VOCAB, (1, 10), generator=torch.Generator().manual_seed(0))
+    tap = FeatureTap(target, (1, -1))
+    assert tap.fallback and tap.forward_kwargs() == {"output_hidden_states": True}
+    with torch.no_grad():
+        reference = target(ids, output_hidden_states=True).hidden_states
+        with tap.capture() as got:
+            out = target(ids, **tap.forward_kwargs())
+    torch.testing.assert_close(tap.features(got, out), torch.cat([reference[1], reference[2]], -1), rtol=0, atol=0)
+    assert FeatureTap(target, ()).forward_kwargs() == {} and FeatureTap(target, ()).features({}, out) is None
