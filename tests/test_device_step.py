@@ -165,9 +165,9 @@ def test_static_tree_topology_is_moved_to_the_device_once(medusa_setup):
     decoder = dh.SpeculativeDecoder(target, heads)
     shape = decoder.proposer.shape
     decoder.generate(prompts[:1], max_new_tokens=12, eos_token_id=[])
-    first = shape.__dict__["_on_device"][(target.device, target.dtype)]
+    first = shape.on_device[(target.device, target.dtype)]
     decoder.generate(prompts[1:2], max_new_tokens=12, eos_token_id=[])
-    assert shape.__dict__["_on_device"][(target.device, target.dtype)] is first
+    assert shape.on_device[(target.device, target.dtype)] is first
 
 
 # -- sampling keeps vocabulary rows where they are -----------------------------------------------

@@ -106,6 +106,12 @@ class TreeShape:
         derived values are cached_property like the ones above)."""
         return {}
 
+    @cached_property
+    def on_device(self) -> dict:
+        """(device, dtype) -> the shape's topology built there, filled by verify.shape_on_device
+        (built once per shape, not once per step)."""
+        return {}
+
     def truncated(self, max_depth: int) -> "TreeShape":
         """The same tree without nodes deeper than ``max_depth`` (used near max_new_tokens)."""
         if max_depth >= self.max_depth:

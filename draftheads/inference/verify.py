@@ -159,7 +159,7 @@ class _ShapeOnDevice:
 
 def shape_on_device(shape: TreeShape, device: torch.device, dtype: torch.dtype) -> _ShapeOnDevice:
     """Cached on the shape itself, so dynamic trees (one shape per step) do not pile up."""
-    per_device = shape.__dict__.setdefault("_on_device", {})
+    per_device = shape.on_device
     key = (device, dtype)
     if key not in per_device:
         block = torch.zeros(shape.size, shape.size, dtype=dtype)
