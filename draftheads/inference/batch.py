@@ -23,6 +23,7 @@ from transformers import DynamicCache
 from .proposers.rows import row_proposer
 from .ragged import RaggedState, commit_rows, compact, keep_rows, pad_trees, prefill_state, ragged_mask
 from .sampling import SamplingParams, sample
+from .output import SpeculativeOutput, last_logits_only
 
 COMPACTION = ("auto", "never", "always")
 HOLE_FRACTION = 0.25
@@ -114,8 +115,6 @@ def generate_batch(
     compaction: str = "auto",
 ):
     """The batched decode loop behind `SpeculativeDecoder.generate` (see the module docstring)."""
-    from .decoder import SpeculativeOutput, _last_logits_only
-
     if compaction not in COMPACTION:
         raise ValueError(f"compaction must be one of {COMPACTION}, got {compaction!r}")
     target, verifier = decoder.target, decoder.verifier
@@ -131,7 +130,7 @@ def generate_batch(
     with tap.capture() as captured:
         out = target(
             input_ids=input_ids.to(device), attention_mask=attention_mask.to(device), position_ids=position_ids.to(device),
-            use_cache=True, **tap.forward_kwargs(), **{verifier.cache_arg: cache}, **_last_logits_only(target),
+            use_cache=True, **tap.forward_kwargs(), **{verifier.cache_arg: cache}, **last_logits_only(target),
         )
     last = out.logits[:, -1]
     if params.greedy:

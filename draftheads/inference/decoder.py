@@ -4,10 +4,8 @@ Read it top to bottom: everything a step does is in `generate`.
 """
 from __future__ import annotations
 
-import inspect
 import operator
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -18,26 +16,9 @@ from .proposers import Proposer
 from .sampling import resolve_sampling, sample, warn_unapplied_settings
 from .default_tree import resolve_tree
 from .tree import TreeShape
+from .output import SpeculativeOutput, last_logits_only as _last_logits_only
 from .verify import TreeVerifier, check_tree_attention, commit
 from .batch import check_batch, generate_batch, wants_batch_path
-
-
-@dataclass
-class SpeculativeOutput:
-    sequences: torch.Tensor  # [1, prompt + new], like `generate`
-    accept_lengths: list[int]  # tokens committed per verify forward (accepted drafts + 1)
-    prefill_seconds: float = 0.0
-    decode_seconds: float = 0.0
-    target_seconds: float = 0.0  # time inside verify forwards (the rest is drafting + bookkeeping)
-    stats: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def num_new_tokens(self) -> int:
-        return int(self.stats.get("new_tokens", 0))
-
-    @property
-    def mean_accept_length(self) -> float:
-        return sum(self.accept_lengths) / max(len(self.accept_lengths), 1)
 
 
 def _eos_set(target: torch.nn.Module, eos_token_id: int | list[int] | None) -> set[int]:
@@ -58,18 +39,6 @@ def _eos_list(target: torch.nn.Module, eos_token_id: int | list[int] | None) -> 
     return [int(eos_token_id)] if isinstance(eos_token_id, int) else [int(e) for e in eos_token_id]
 
 
-def _last_logits_only(model: torch.nn.Module) -> dict[str, int]:
-    """``logits_to_keep=1`` where the forward takes it, as `generate` does in its prefill: only the
-    last prompt position's logits are used, and the LM head over a whole prompt is not free (for
-    the demo's 128-token prompts ~20% of the prefill). Hidden states are unaffected."""
-    forward = type(model).forward
-    keep = _KEEPS_LAST.get(forward)
-    if keep is None:
-        keep = _KEEPS_LAST[forward] = "logits_to_keep" in inspect.signature(model.forward).parameters
-    return {"logits_to_keep": 1} if keep else {}
-
-
-_KEEPS_LAST: dict[Any, bool] = {}
 
 
 def _whole_number(value: Any, name: str) -> int:
