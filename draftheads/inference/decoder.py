@@ -251,14 +251,7 @@ class SpeculativeDecoder:
         if pad is None and eos_list:
             pad = eos_list[0]  # what `generate` pads with when the model has no pad token
         input_ids, attention_mask = check_batch(input_ids, attention_mask, pad, eos_list)
-        if max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-        total = input_ids.shape[1] + max_new_tokens
-        if self.max_positions is not None and total > self.max_positions:
-            raise ValueError(
-                f"prompt ({input_ids.shape[1]} tokens, padding included) + max_new_tokens ({max_new_tokens}) = {total} "
-                f"exceeds the model's context of {self.max_positions} positions"
-            )
+        self._check_budget(f"{input_ids.shape[1]} tokens, padding included", input_ids.shape[1], max_new_tokens)
         if generator is None and seed is not None:
             generator = torch.Generator().manual_seed(seed)
         return generate_batch(
@@ -273,20 +266,18 @@ class SpeculativeDecoder:
             input_ids = input_ids[None]
         if input_ids.dim() != 2:
             raise ValueError(f"input_ids must be [batch, seq], got shape {tuple(input_ids.shape)}")
-        if input_ids.shape[0] != 1:
-            raise NotImplementedError(
-                f"batch size {input_ids.shape[0]}: SpeculativeDecoder decodes one sequence at a time for now "
-                "(tree verification with per-sequence acceptance lengths needs ragged caches); "
-                "loop over the prompts"
-            )
         if input_ids.shape[1] == 0:
             raise ValueError("the prompt is empty: give at least one token (e.g. the BOS token)")
+        self._check_budget(f"{input_ids.shape[1]} tokens", input_ids.shape[1], max_new_tokens)
+        return input_ids
+
+    def _check_budget(self, prompt_text: str, prompt_len: int, max_new_tokens: int) -> None:
+        """max_new_tokens >= 1 and prompt + new tokens within the model's positions."""
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-        total = input_ids.shape[1] + max_new_tokens
+        total = prompt_len + max_new_tokens
         if self.max_positions is not None and total > self.max_positions:
             raise ValueError(
-                f"prompt ({input_ids.shape[1]} tokens) + max_new_tokens ({max_new_tokens}) = {total} exceeds "
+                f"prompt ({prompt_text}) + max_new_tokens ({max_new_tokens}) = {total} exceeds "
                 f"the model's context of {self.max_positions} positions"
             )
-        return input_ids
