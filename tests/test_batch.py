@@ -160,6 +160,14 @@ def test_padded_single_row_matches_generate(tiny_llama, one_torch_thread):
     assert torch.equal(out.sequences, reference(tiny_llama, ids, mask, new=12))
 
 
+def test_unpadded_rows_given_as_lists_decode_every_row(tiny_llama, one_torch_thread):
+    """Plain Python lists with no mask take the batched path too (not only row 0)."""
+    rows = [[1, 5, 9], [2, 6, 7]]
+    out = dh.SpeculativeDecoder(tiny_llama, dh.PromptLookupProposer()).generate(rows, max_new_tokens=8, eos_token_id=[])
+    ids = torch.tensor(rows)
+    assert torch.equal(out.sequences, reference(tiny_llama, ids, torch.ones_like(ids), new=8))
+
+
 # -- sampling: each row follows the target's exact law --------------------------------------------
 VOCAB = 6
 SAMPLE_NEW = 3

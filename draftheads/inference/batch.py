@@ -29,10 +29,19 @@ COMPACTION = ("auto", "never", "always")
 HOLE_FRACTION = 0.25
 
 
-def wants_batch_path(input_ids: Any, attention_mask: Any) -> bool:
-    """Whether a call needs the batched loop: several rows, or one row with padding."""
-    if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
-        return attention_mask is not None
+def token_matrix(input_ids: Any) -> torch.Tensor:
+    """``input_ids`` as a [batch, seq] tensor (one sequence [seq] becomes one row)."""
+    ids = torch.as_tensor(input_ids)
+    if ids.dim() == 1:
+        ids = ids[None]
+    if ids.dim() != 2:
+        raise ValueError(f"input_ids must be [batch, seq], got shape {tuple(ids.shape)}")
+    return ids
+
+
+def wants_batch_path(input_ids: torch.Tensor, attention_mask: Any) -> bool:
+    """Whether a call needs the batched loop: several rows, or one row with padding
+    (``input_ids`` as `token_matrix` returns it)."""
     if input_ids.shape[0] != 1:
         return True
     if attention_mask is None:
@@ -46,11 +55,7 @@ def check_batch(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Validated ``(input_ids [B, T], attention_mask [B, T])``; a missing mask is inferred from the
     pad token the way `generate` infers it (pad positions masked when the pad id is not an EOS)."""
-    ids = torch.as_tensor(input_ids)
-    if ids.dim() == 1:
-        ids = ids[None]
-    if ids.dim() != 2:
-        raise ValueError(f"input_ids must be [batch, seq], got shape {tuple(ids.shape)}")
+    ids = token_matrix(input_ids)
     if ids.shape[0] == 0:
         raise ValueError("input_ids has no rows (batch size 0)")
     if ids.shape[1] == 0:

@@ -18,7 +18,7 @@ from .default_tree import resolve_tree
 from .tree import TreeShape
 from .output import SpeculativeOutput, last_logits_only as _last_logits_only
 from .verify import TreeVerifier, check_tree_attention, commit
-from .batch import check_batch, generate_batch, wants_batch_path
+from .batch import check_batch, generate_batch, token_matrix, wants_batch_path
 
 
 def _eos_set(target: torch.nn.Module, eos_token_id: int | list[int] | None) -> set[int]:
@@ -149,6 +149,7 @@ class SpeculativeDecoder:
         if acceptance == "typical" and params.greedy:
             raise ValueError("typical acceptance needs temperature > 0 (at temperature 0 decoding is greedy and exact)")
         max_new_tokens = _whole_number(max_new_tokens, "max_new_tokens")
+        input_ids = token_matrix(input_ids)
         if wants_batch_path(input_ids, attention_mask):
             return self._generate_batch(
                 input_ids, attention_mask, max_new_tokens, params, eos_token_id, streamer, generator, seed, acceptance
@@ -260,12 +261,7 @@ class SpeculativeDecoder:
         )
 
     def _check_inputs(self, input_ids: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
-        if not isinstance(input_ids, torch.Tensor):
-            input_ids = torch.as_tensor(input_ids)
-        if input_ids.dim() == 1:
-            input_ids = input_ids[None]
-        if input_ids.dim() != 2:
-            raise ValueError(f"input_ids must be [batch, seq], got shape {tuple(input_ids.shape)}")
+        """One row ([1, T], from `token_matrix`): not empty, and within the model's context."""
         if input_ids.shape[1] == 0:
             raise ValueError("the prompt is empty: give at least one token (e.g. the BOS token)")
         self._check_budget(f"{input_ids.shape[1]} tokens", input_ids.shape[1], max_new_tokens)
