@@ -46,9 +46,22 @@ def spec_for(shape: str):
     return dataclasses.replace(DemoTargetSpec(), num_layers=layers, hidden_size=width)
 
 
+def random_llama(spec):
+    """A seeded random-weight Llama of the spec's shape (costs do not depend on the weights)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    return LlamaForCausalLM(LlamaConfig(
+        vocab_size=spec.vocab_size, hidden_size=spec.hidden_size, intermediate_size=spec.resolved_intermediate_size(),
+        num_hidden_layers=spec.num_layers, num_attention_heads=spec.num_heads,
+        num_key_value_heads=spec.num_kv_heads or spec.num_heads, max_position_embeddings=spec.seq_len,
+        tie_word_embeddings=spec.tie_embeddings, attn_implementation="sdpa",
+    ))
+
+
 def load_shape(shape: str):
     """(model, tokenizer or None, metadata or None): the built target if complete, else random weights."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from draftheads.demo import METADATA_FILE, default_target_dir, is_complete
 
@@ -58,14 +71,7 @@ def load_shape(shape: str):
         model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, attn_implementation="sdpa")
         meta = json.loads((folder / METADATA_FILE).read_text())
         return model.eval(), AutoTokenizer.from_pretrained(folder), meta
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=spec.vocab_size, hidden_size=spec.hidden_size, intermediate_size=spec.resolved_intermediate_size(),
-        num_hidden_layers=spec.num_layers, num_attention_heads=spec.num_heads,
-        num_key_value_heads=spec.num_kv_heads or spec.num_heads, max_position_embeddings=spec.seq_len,
-        tie_word_embeddings=spec.tie_embeddings, attn_implementation="sdpa",
-    )
-    return LlamaForCausalLM(config).eval(), None, None
+    return random_llama(spec).eval(), None, None
 
 
 # -- costs ------------------------------------------------------------------------------------------
@@ -180,17 +186,8 @@ def train_cpu_ms_per_token(shape: str, steps: int) -> float:
     """CPU milliseconds per training token (process time, 1 thread) of the build recipe's step
     (batch x seq_len, AdamW) on random weights: process time hardly moves with other jobs'
     load, so it estimates the build time on free cores (divide by the thread speed-up)."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
     spec = spec_for(shape)
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=spec.vocab_size, hidden_size=spec.hidden_size, intermediate_size=spec.resolved_intermediate_size(),
-        num_hidden_layers=spec.num_layers, num_attention_heads=spec.num_heads,
-        num_key_value_heads=spec.num_kv_heads or spec.num_heads, max_position_embeddings=spec.seq_len,
-        tie_word_embeddings=spec.tie_embeddings, attn_implementation="sdpa",
-    )
-    model = LlamaForCausalLM(config).train()
+    model = random_llama(spec).train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     batch = torch.randint(3, spec.vocab_size, (spec.batch_size, spec.seq_len))
     times = []
