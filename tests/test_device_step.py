@@ -132,17 +132,79 @@ def test_greedy_chain_step_reads_the_device_once():
     assert syncs.total_outside <= out.stats["steps"] + 1, dict(syncs.outside)
 
 
-def test_the_sync_counter_sees_item_tolist_and_device_data_only():
-    """The counter itself: reads of data computed from the modules count, host data does not."""
+def _batch_of(prompts: torch.Tensor, rows: int = 3) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows of different lengths, left-padded with 0."""
+    lists = [prompts[r, r:].tolist() for r in range(rows)]
+    width = max(len(x) for x in lists)
+    ids = torch.zeros(rows, width, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for r, row in enumerate(lists):
+        ids[r, width - len(row):] = torch.tensor(row)
+        mask[r, width - len(row):] = 1
+    return ids, mask
+
+
+@pytest.mark.parametrize("method", ["medusa", "prompt-lookup"])
+def test_greedy_batch_step_reads_the_device_once_for_all_rows(medusa_setup, method):
+    """A batch of 3 rows: one acceptance transfer per step, not one per row (Medusa rows share a tree
+    shape; prompt-lookup rows draft chains of different lengths)."""
+    target, heads, prompts = medusa_setup
+    source = heads if method == "medusa" else dh.PromptLookupProposer(num_tokens=3)
+    decoder = dh.SpeculativeDecoder(target, source)
+    ids, mask = _batch_of(prompts)
+    with torch.inference_mode(), HostSyncCounter(target, heads) as syncs:
+        out = decoder.generate(ids, attention_mask=mask, max_new_tokens=20, eos_token_id=[])
+    reference = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=20, pad_token_id=0)
+    assert torch.equal(out.sequences, reference)
+    if method == "medusa":
+        assert max(out.accept_lengths) > 1
+    # One per step plus one at prefill (the first tokens of every row).
+    assert syncs.total_outside <= out.stats["steps"] + 1, (dict(syncs.outside), out.stats["steps"])
+
+
+def test_batched_greedy_acceptance_equals_acceptance_row_by_row():
+    """Random trees of different shapes and logits with ties: the batched acceptance picks, per row,
+    the path, tokens and next token that `accept_greedy` picks for that row alone."""
+    from draftheads.inference.accept_rows import accept_greedy_rows
+    from draftheads.inference.ragged import pad_trees
+
+    gen = torch.Generator().manual_seed(3)
+    shapes = [
+        TreeShape.from_choices([[0], [1], [0, 0], [1, 0], [0, 0, 0]]),
+        TreeShape.from_choices([[0], [0, 0]]),  # a chain
+        TreeShape((-1,)),  # root only
+        TreeShape.from_choices([[0], [1], [2], [0, 0], [0, 1], [2, 0], [2, 0, 0]]),
+    ]
+    vocab = 4  # a tiny vocabulary: drafts match often, and argmax ties are common
+    for trial in range(40):
+        picked = [shapes[int(i)] for i in torch.randint(0, len(shapes), (5,), generator=gen)]
+        trees = [Tree(s, torch.randint(0, vocab, (s.size,), generator=gen)) for s in picked]
+        tokens, _, _ = pad_trees(trees)
+        logits = torch.randint(0, 3, (len(trees), tokens.shape[1], vocab), generator=gen).float()
+        got = accept_greedy_rows(trees, tokens, logits)
+        for r, tree in enumerate(trees):
+            alone = TreeVerifier.accept_greedy(Tree(tree.shape, tree.tokens.clone()), logits[r, : tree.shape.size])
+            assert got[r].nodes == alone.nodes, (trial, r)
+            assert got[r].next_token == alone.next_token and got[r].tokens == alone.tokens, (trial, r)
+
+
+@pytest.mark.parametrize("grad_mode", [torch.no_grad, torch.inference_mode])
+def test_the_sync_counter_sees_item_tolist_and_device_data_only(grad_mode):
+    """The counter itself: reads of data computed from the modules count, host data does not
+    (under inference_mode too, where CPU scalar reads skip the dispatch mode)."""
     layer = torch.nn.Linear(4, 4)
-    with torch.no_grad(), HostSyncCounter(layer, target=None) as syncs:
+    with grad_mode(), HostSyncCounter(layer, target=None) as syncs:
         y = layer(torch.ones(1, 4))
         int(y.argmax())
         y.tolist()
-        float(y.sum())
+        if y.sum() > 1e9:  # a branch on device data reads it too
+            pass
         torch.tensor([1, 2]).tolist()  # host-built: not a sync on an accelerator either
         int(torch.tensor(3))
-    assert dict(syncs.outside) == {"item": 2, "tolist": 1}
+        on_host = y.cpu()  # a no-op here, a device-to-host copy on an accelerator
+        on_host.tolist()  # ... after which the data is on the host: not another read
+        torch.ones(2).cpu()
+    assert dict(syncs.outside) == {"item": 2, "tolist": 1, "copy_to_host": 1}, dict(syncs.outside)
 
 
 # -- tree masks extended on the device, not rebuilt -----------------------------------------------

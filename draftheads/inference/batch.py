@@ -20,6 +20,8 @@ from typing import Any
 import torch
 from transformers import DynamicCache
 
+from .accept_rows import accept_greedy_rows
+from .timing import ForwardTimer
 from .proposers.rows import row_proposer
 from .ragged import RaggedState, commit_rows, compact, keep_rows, pad_trees, prefill_state, ragged_mask
 from .sampling import SamplingParams, sample
@@ -163,32 +165,31 @@ def generate_batch(
     while active:
         trees = proposer.propose(roots, [max_new_tokens - len(new_tokens[r]) - 1 for r in active])
         tokens, depth, ancestors = pad_trees(trees)
-        tf = time.perf_counter()
+        timer = ForwardTimer(torch.device(device))
+        device_tokens = tokens.to(device)
         with tap.capture() as captured:
             out = target(
-                input_ids=tokens.to(device), position_ids=(state.next_pos[:, None] + depth).to(device),
+                input_ids=device_tokens, position_ids=(state.next_pos[:, None] + depth).to(device),
                 attention_mask=_mask_for(verifier, state, depth, ancestors, dtype, device),
                 use_cache=True, **tap.forward_kwargs(), **{verifier.cache_arg: cache},
             )
+        timer.stop()
         logits = out.logits
-        if logits.is_cuda:
-            torch.cuda.synchronize(logits.device)
-        verify_seconds = time.perf_counter() - tf
-        target_seconds += verify_seconds
         steps += 1
         verify_tokens += tokens.numel()
         feats = tap.features(captured, out)
         del out
-        accs = []
-        for pos, tree in enumerate(trees):
-            row_logits = logits[pos, : tree.shape.size]
-            if params.greedy:
-                accs.append(verifier.accept_greedy(tree, row_logits))
-            elif acceptance == "typical":
-                accs.append(verifier.accept_typical(tree, row_logits, params, generator))
-            else:
-                accs.append(verifier.accept_sampling(tree, row_logits, params, generator))
+        if params.greedy:  # every row at once: one host read per step
+            accs = accept_greedy_rows(trees, device_tokens, logits)
+        elif acceptance == "typical":
+            accs = [verifier.accept_typical(t, logits[pos, : t.shape.size], params, generator)
+                    for pos, t in enumerate(trees)]
+        else:
+            accs = [verifier.accept_sampling(t, logits[pos, : t.shape.size], params, generator)
+                    for pos, t in enumerate(trees)]
         paths = [acc.path.cpu() for acc in accs]
+        verify_seconds = timer.seconds()  # after acceptance's transfer: no extra device sync
+        target_seconds += verify_seconds
         state = commit_rows(cache, state, paths, state.next_pos)
         proposer.accepted(
             [tree.tokens[p] for tree, p in zip(trees, paths)],
@@ -197,7 +198,8 @@ def generate_batch(
         proposer.observe([t.shape.size - 1 for t in trees], [p.numel() - 1 for p in paths], verify_seconds)
         finished = []
         for pos, (row, tree, acc, path) in enumerate(zip(active, trees, accs, paths)):
-            emitted = tree.tokens[path[1:]].tolist() + [acc.next_token]
+            path_tokens = acc.tokens if acc.tokens is not None else tree.tokens[path].tolist()
+            emitted = path_tokens[1:] + [acc.next_token]
             row_accepts[row].append(len(emitted))
             done = False
             for i, tok in enumerate(emitted):

@@ -19,6 +19,7 @@ from .tree import TreeShape
 from .output import SpeculativeOutput, last_logits_only as _last_logits_only
 from .verify import TreeVerifier, check_tree_attention, commit
 from .batch import check_batch, generate_batch, token_matrix, wants_batch_path
+from .timing import ForwardTimer
 
 
 def _eos_set(target: torch.nn.Module, eos_token_id: int | list[int] | None) -> set[int]:
@@ -50,31 +51,6 @@ def _whole_number(value: Any, name: str) -> int:
         return operator.index(value)
     except TypeError:
         raise ValueError(f"{name} must be a whole number, got {type(value).__name__} {value!r}") from None
-
-
-class _ForwardTimer:
-    """Time of one verify forward. On CUDA through events read after acceptance has synced anyway
-    (a `torch.cuda.synchronize` per step would be a second host sync); elsewhere the wall clock."""
-
-    def __init__(self, device: torch.device) -> None:
-        self._events = None
-        if device.type == "cuda":
-            self._events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-            self._events[0].record()
-        self._t0 = time.perf_counter()
-        self._wall: float | None = None
-
-    def stop(self) -> None:
-        if self._events is not None:
-            self._events[1].record()
-        else:
-            self._wall = time.perf_counter() - self._t0
-
-    def seconds(self) -> float:
-        if self._events is not None:
-            self._events[1].synchronize()  # already complete after acceptance: returns at once
-            return self._events[0].elapsed_time(self._events[1]) / 1000.0
-        return float(self._wall)
 
 
 def _device_of(model: torch.nn.Module) -> torch.device:
@@ -190,7 +166,7 @@ class SpeculativeDecoder:
             # 1. propose: never draft past max_new_tokens (the bonus token takes the last slot).
             tree = self.proposer.propose(root, max_depth=max_new_tokens - len(new_tokens) - 1)
             # 2. verify: one target forward over the whole tree.
-            timer = _ForwardTimer(device)
+            timer = ForwardTimer(device)
             logits, hidden = self.verifier.forward(cache, tree, prefix_len)
             timer.stop()
             # 3. accept: the longest valid path, plus the target's own next token.

@@ -1,7 +1,8 @@
 """Count the host reads of device data during decoding: each one stalls a GPU until its queue drains.
 
 What counts: ``_local_scalar_dense`` (``item()``, ``int(t)``, ``bool(t)``, ``if t:``), copies from a
-non-CPU device to the CPU, and ``tolist()`` / ``numpy()`` of device data. On a machine with only a
+non-CPU device to the CPU (``.cpu()`` of device data too when, as on a CPU-only machine, that
+data is already in host memory), and ``tolist()`` / ``numpy()`` of device data. On a machine with only a
 CPU every tensor is on the host, so the counter tracks which tensors WOULD live on the accelerator:
 the parameters and buffers of the given modules (target, heads) and everything computed from them.
 Host-built data (token lists, tree topology) is not counted: on a GPU it is not a sync either.
@@ -36,7 +37,7 @@ class _Dispatch(TorchDispatchMode):
         inputs = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
         on_device = [t for t in inputs if owner.is_device_data(t)]
         name = func._schema.name
-        if name == "aten::_local_scalar_dense" and on_device:
+        if name == "aten::_local_scalar_dense" and on_device and not owner.reading_scalar:
             owner.record("item")
         elif name in _COPIES:
             outputs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
@@ -52,6 +53,10 @@ class _Dispatch(TorchDispatchMode):
         return out
 
 
+_SCALAR_READS = (torch.Tensor.item, torch.Tensor.__int__, torch.Tensor.__float__, torch.Tensor.__bool__,
+                 torch.Tensor.__index__)
+
+
 class _Function(TorchFunctionMode):
     def __init__(self, owner: "HostSyncCounter") -> None:
         super().__init__()
@@ -59,8 +64,25 @@ class _Function(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if func in _SCALAR_READS and args and isinstance(args[0], torch.Tensor) and self.owner.is_device_data(args[0]):
+            # Counted here, not at dispatch: under inference_mode ``_local_scalar_dense`` of a CPU
+            # tensor does not reach the dispatch mode at all.
+            self.owner.record("item")
+            self.owner.reading_scalar = True
+            try:
+                return func(*args, **kwargs)
+            finally:
+                self.owner.reading_scalar = False
         if func in (torch.Tensor.tolist, torch.Tensor.numpy) and args and self.owner.is_device_data(args[0]):
             self.owner.record(func.__name__)
+        elif func is torch.Tensor.cpu and args and args[0].device == _HOST and self.owner.is_device_data(args[0]):
+            # On a CPU-only machine `.cpu()` of device data returns the tensor itself (no copy is
+            # dispatched); on an accelerator it is a device-to-host copy that waits for the queue,
+            # and what it returns is host data. Both are mirrored: counted, and an untainted copy.
+            self.owner.record("copy_to_host")
+            out = args[0].clone()
+            self.owner.untaint(out)
+            return out
         return func(*args, **kwargs)
 
 
@@ -75,6 +97,7 @@ class HostSyncCounter:
         self.outside: Counter[str] = Counter()
         self.inside: Counter[str] = Counter()
         self._depth = 0
+        self.reading_scalar = False  # inside a scalar read already counted by the function mode
         self._handles: list[Any] = []
         self._modes: list[Any] = []
 
@@ -86,6 +109,9 @@ class HostSyncCounter:
             self._device_data[t] = True
         except TypeError:  # tensors that cannot be weakly referenced are never device data here
             pass
+
+    def untaint(self, t: torch.Tensor) -> None:
+        self._device_data.pop(t, None)
 
     def record(self, kind: str) -> None:
         (self.inside if self._depth else self.outside)[kind] += 1

@@ -54,18 +54,18 @@ def prefill_state(attention_mask: torch.Tensor) -> tuple[RaggedState, torch.Tens
 
 
 def pad_trees(trees: list[Tree]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Tokens [rows, n], depths [rows, n] and ancestor masks [rows, n, n] of trees padded to the
+    """Tokens [rows, n] (where the trees' tokens are), depths [rows, n] and ancestor masks [rows, n, n]
+    (on the host) of trees padded to the
     largest one. A padding node is a copy of its row's root that sees only itself: it never
     influences a real node, and its query row is never fully masked (which would give NaN)."""
     n = max(t.shape.size for t in trees)
     rows = len(trees)
-    tokens = torch.empty(rows, n, dtype=torch.long)
+    # Tokens stay where the proposer drafted them (heads: on the device), so no host read here.
+    tokens = torch.stack([torch.cat([t.tokens, t.tokens[:1].expand(n - t.shape.size)]) for t in trees])
     depth = torch.zeros(rows, n, dtype=torch.long)
     ancestors = torch.eye(n, dtype=torch.bool).repeat(rows, 1, 1)
     for r, tree in enumerate(trees):
         size = tree.shape.size
-        tokens[r, :size] = tree.tokens.cpu()
-        tokens[r, size:] = tokens[r, 0]
         depth[r, :size] = tree.shape.depth
         ancestors[r, :size, :size] = tree.shape.ancestor_mask
     return tokens, depth, ancestors

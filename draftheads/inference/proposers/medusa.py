@@ -116,4 +116,5 @@ class MedusaProposer(Proposer):
         if self.vocab_ids is not None:
             candidates = self.vocab_ids[candidates]
         drafted = candidates[head, :, rank].T  # [B, n - 1]
-        return shape, torch.cat([roots, drafted.cpu()], dim=1)
+        # Tokens stay on the device (the batched verify reads them there): no copy to the host.
+        return shape, torch.cat([roots.to(drafted.device, non_blocking=True), drafted], dim=1)
