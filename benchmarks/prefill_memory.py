@@ -49,17 +49,23 @@ peak_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 decoder.generate(ids, max_new_tokens=1, eos_token_id=[])
 peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 print(json.dumps({"rss_before_mib": before / 1024, "peak_before_mib": peak_before / 1024, "peak_mib": peak / 1024,
-                  "prefill_peak_mib": (peak - before) / 1024}))
+                  "prefill_peak_mib": (peak - before) / 1024, "package": dh.__file__}))
 """
 
 
 def run_case(src: str, args: argparse.Namespace, proposer: str) -> dict:
     env = {**os.environ, "PYTHONPATH": src, "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-c", CASE, str(args.layers), str(args.hidden), str(args.vocab), str(args.prompt), proposer]
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
+    # cwd=src: `python -c` puts the working directory first on sys.path, so run from another
+    # checkout it would import THAT package, whatever PYTHONPATH says (an earlier version of this
+    # script compared the current code with itself that way).
+    done = subprocess.run(cmd, env=env, cwd=src, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise SystemExit(f"case {proposer} with {src} failed:\n{done.stderr[-3000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    if not Path(result["package"]).resolve().is_relative_to(Path(src).resolve()):
+        raise SystemExit(f"the run meant for {src} imported draftheads from {result['package']}")
+    return result
 
 
 def main() -> None:

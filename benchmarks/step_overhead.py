@@ -6,8 +6,10 @@
 Each round is a fresh subprocess per code version, alternating (after, before, after, ...), so both
 see the same machine load. A round decodes the same held-out prompts greedily with the heads
 (their saved tree) and reports, per prompt, (decode time - verify-forward time) / steps, the
-tokens/s, and (in one extra untimed run) the host reads of device data per step counted by
-`draftheads.inference.host_syncs` (loaded from this checkout by path for both versions).
+tokens/s, and (in one extra untimed run) the host reads of device data and the tensor operations
+outside the target forward per step (each a kernel launch on an accelerator: a step-overhead
+measure that machine load does not blur) counted by `draftheads.inference.host_syncs` (loaded
+from this checkout by path for both versions).
 ``--baseline-src``: a checkout of the package before the change (`git archive C | tar -x -C DIR`).
 """
 from __future__ import annotations
@@ -52,8 +54,9 @@ if count == "1":
     mod = importlib.util.module_from_spec(spec); spec.loader.exec_module(mod)
     with torch.inference_mode(), mod.HostSyncCounter(target, heads) as c:
         out = decoder.generate(prompts[0], max_new_tokens=int(max_new), eos_token_id=[])
-    syncs = {"steps": out.stats["steps"], "outside": dict(c.outside), "inside": dict(c.inside)}
-print(json.dumps({"rows": rows, "syncs": syncs}))
+    syncs = {"steps": out.stats["steps"], "outside": dict(c.outside), "inside": dict(c.inside),
+             "ops_outside": c.ops_outside}
+print(json.dumps({"rows": rows, "syncs": syncs, "package": dh.__file__}))
 """
 
 
@@ -62,10 +65,16 @@ def run_round(src: str, args: argparse.Namespace, count: bool) -> dict:
     counter = str(HERE / "draftheads" / "inference" / "host_syncs.py")
     cmd = [sys.executable, "-c", ROUND, args.target, args.heads, str(args.prompts), str(args.max_new_tokens), counter,
            "1" if count else "0"]
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
+    # cwd=src: `python -c` puts the working directory first on sys.path, so run from another
+    # checkout it would import THAT package, whatever PYTHONPATH says (an earlier version of this
+    # script compared the current code with itself that way).
+    done = subprocess.run(cmd, env=env, cwd=src, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise SystemExit(f"round with {src} failed:\n{done.stderr[-3000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    if not Path(result["package"]).resolve().is_relative_to(Path(src).resolve()):
+        raise SystemExit(f"the run meant for {src} imported draftheads from {result['package']}")
+    return result
 
 
 def spread(values: list[float]) -> dict[str, float]:
@@ -103,8 +112,8 @@ def main() -> None:
     summary["after_over_before_outside"] = spread(ratio)
     summary["identical_outputs"] = same
     lines = [f"# Per-step time outside the target forward (demo target, heads {args.heads}, 1 thread)", "",
-             "| code | outside ms/step median (q1-q3) | tokens/s median (q1-q3) | host reads/step outside forward (ours) | inside forward |",
-             "|---|---|---|---|---|"]
+             "| code | outside ms/step median (q1-q3) | tokens/s median (q1-q3) | host reads/step outside forward (ours) | inside forward | tensor ops/step outside forward |",
+             "|---|---|---|---|---|---|"]
     for name in versions:
         s = summary[name]
         syn = s["syncs"]
@@ -112,7 +121,7 @@ def main() -> None:
         inside = sum(syn["inside"].values()) / syn["steps"]
         lines.append(f"| {name} | {s['outside_ms']['median']:.2f} ({s['outside_ms']['q1']:.2f}-{s['outside_ms']['q3']:.2f}) | "
                      f"{s['tokens_per_s']['median']:.1f} ({s['tokens_per_s']['q1']:.1f}-{s['tokens_per_s']['q3']:.1f}) | "
-                     f"{per:.2f} {syn['outside']} | {inside:.2f} |")
+                     f"{per:.2f} {syn['outside']} | {inside:.2f} | {syn.get('ops_outside', 0) / syn['steps']:.1f} |")
     r = summary["after_over_before_outside"]
     lines += ["", f"after/before outside-forward time, paired per prompt and round: median {r['median']:.3f} "
                   f"(q1 {r['q1']:.3f}, q3 {r['q3']:.3f}); identical outputs: {same}"]

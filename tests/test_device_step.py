@@ -162,9 +162,21 @@ def test_greedy_batch_step_reads_the_device_once_for_all_rows(medusa_setup, meth
     assert syncs.total_outside <= out.stats["steps"] + 1, (dict(syncs.outside), out.stats["steps"])
 
 
-def test_batched_greedy_acceptance_equals_acceptance_row_by_row():
-    """Random trees of different shapes and logits with ties: the batched acceptance picks, per row,
-    the path, tokens and next token that `accept_greedy` picks for that row alone."""
+def _deepest_accepted_node(shape: TreeShape, tokens: list[int], predicted: list[int]) -> int:
+    """Brute force: a node is accepted when its token is the argmax at its parent and its parent is
+    accepted; with distinct sibling tokens at most one node per depth is, and the deepest one wins."""
+    ok = [True] + [False] * (shape.size - 1)
+    for i in range(1, shape.size):
+        p = shape.parents[i]
+        ok[i] = ok[p] and tokens[i] == predicted[p]
+    depth = shape.depth.tolist()
+    return max((i for i in range(shape.size) if ok[i]), key=lambda i: depth[i])
+
+
+def test_batched_greedy_acceptance_matches_a_brute_force_per_row():
+    """Random trees of different shapes in one padded batch (tiny vocabulary: drafts match often):
+    per row, the accepted path ends at the deepest node whose whole path matches, the next token
+    is the argmax there, and the single-tree acceptance agrees."""
     from draftheads.inference.accept_rows import accept_greedy_rows
     from draftheads.inference.ragged import pad_trees
 
@@ -175,17 +187,33 @@ def test_batched_greedy_acceptance_equals_acceptance_row_by_row():
         TreeShape((-1,)),  # root only
         TreeShape.from_choices([[0], [1], [2], [0, 0], [0, 1], [2, 0], [2, 0, 0]]),
     ]
-    vocab = 4  # a tiny vocabulary: drafts match often, and argmax ties are common
-    for trial in range(40):
+    vocab = 4
+    deep = 0
+    for trial in range(60):
         picked = [shapes[int(i)] for i in torch.randint(0, len(shapes), (5,), generator=gen)]
-        trees = [Tree(s, torch.randint(0, vocab, (s.size,), generator=gen)) for s in picked]
-        tokens, _, _ = pad_trees(trees)
-        logits = torch.randint(0, 3, (len(trees), tokens.shape[1], vocab), generator=gen).float()
-        got = accept_greedy_rows(trees, tokens, logits)
+        trees = []
+        for shape in picked:  # siblings get distinct tokens, as top-k drafts do
+            tokens = [int(torch.randint(0, vocab, (1,), generator=gen))] + [0] * (shape.size - 1)
+            for kids in shape.children:
+                for kid, tok in zip(kids, torch.randperm(vocab, generator=gen).tolist()):
+                    tokens[kid] = tok
+            trees.append(Tree(shape, torch.tensor(tokens)))
+        padded, _, _ = pad_trees(trees)
+        logits = torch.rand(len(trees), padded.shape[1], vocab, generator=gen)
+        got = accept_greedy_rows(trees, padded, logits)
         for r, tree in enumerate(trees):
-            alone = TreeVerifier.accept_greedy(Tree(tree.shape, tree.tokens.clone()), logits[r, : tree.shape.size])
-            assert got[r].nodes == alone.nodes, (trial, r)
-            assert got[r].next_token == alone.next_token and got[r].tokens == alone.tokens, (trial, r)
+            predicted = logits[r, : tree.shape.size].argmax(-1).tolist()
+            node = _deepest_accepted_node(tree.shape, tree.tokens.tolist(), predicted)
+            path = []
+            while node >= 0:
+                path.insert(0, node)
+                node = tree.shape.parents[node]
+            deep = max(deep, len(path))
+            assert got[r].nodes == path, (trial, r)
+            assert got[r].tokens == tree.tokens[path].tolist() and got[r].next_token == predicted[path[-1]], (trial, r)
+            alone = TreeVerifier.accept_greedy(tree, logits[r, : tree.shape.size])
+            assert (alone.nodes, alone.tokens, alone.next_token) == (got[r].nodes, got[r].tokens, got[r].next_token)
+    assert deep >= 3  # paths two drafts deep were accepted somewhere
 
 
 @pytest.mark.parametrize("grad_mode", [torch.no_grad, torch.inference_mode])

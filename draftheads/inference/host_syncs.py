@@ -34,6 +34,8 @@ class _Dispatch(TorchDispatchMode):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         owner = self.owner
+        if not owner._depth:
+            owner.ops_outside += 1  # a kernel launch on an accelerator
         inputs = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
         on_device = [t for t in inputs if owner.is_device_data(t)]
         name = func._schema.name
@@ -98,6 +100,9 @@ class HostSyncCounter:
         self.inside: Counter[str] = Counter()
         self._depth = 0
         self.reading_scalar = False  # inside a scalar read already counted by the function mode
+        #: Tensor operations dispatched outside the target's forward (our code and the proposer's):
+        #: each is a kernel launch on an accelerator, so a load-independent measure of step overhead.
+        self.ops_outside = 0
         self._handles: list[Any] = []
         self._modes: list[Any] = []
 

@@ -65,20 +65,26 @@ class TreeShape:
             depth[i] = depth[p] + 1
         return torch.tensor(depth, dtype=torch.long)
 
-    @property
+    @cached_property
     def max_depth(self) -> int:
-        return int(self.depth.max())
+        """Host arithmetic (asked several times a step: no tensor ops)."""
+        depth = [0] * self.size
+        for i, p in enumerate(self.parents[1:], start=1):
+            depth[i] = depth[p] + 1
+        return max(depth)
 
     @cached_property
     def ancestor_mask(self) -> torch.Tensor:
         """[n, n] bool: node i may attend to node j (j is i or an ancestor of i)."""
+        # Built as Python lists, then ONE tensor: dynamic (EAGLE) trees build a new shape every step,
+        # and row-by-row tensor writes cost ~100 small ops per step there.
         n = self.size
-        mask = torch.zeros(n, n, dtype=torch.bool)
+        rows: list[list[bool]] = []
         for i in range(n):
-            if i:
-                mask[i] = mask[self.parents[i]]
-            mask[i, i] = True
-        return mask
+            row = list(rows[self.parents[i]]) if i else [False] * n
+            row[i] = True
+            rows.append(row)
+        return torch.tensor(rows, dtype=torch.bool)
 
     @cached_property
     def children(self) -> tuple[tuple[int, ...], ...]:
@@ -88,17 +94,22 @@ class TreeShape:
         return tuple(tuple(k) for k in kids)
 
     @cached_property
-    def paths(self) -> torch.Tensor:
-        """[num_leaves, max_depth + 1] node indices of every root-to-leaf path, padded with -1."""
-        leaves = [i for i in range(self.size) if not self.children[i]]
+    def leaf_paths(self) -> tuple[tuple[int, ...], ...]:
+        """Node indices of every root-to-leaf path, root first, leaves in node order."""
         rows = []
-        for leaf in leaves:
+        for leaf in (i for i in range(self.size) if not self.children[i]):
             path, j = [], leaf
             while j >= 0:
                 path.append(j)
                 j = self.parents[j]
-            rows.append(path[::-1] + [-1] * (self.max_depth + 1 - len(path)))
-        return torch.tensor(rows, dtype=torch.long)
+            rows.append(tuple(path[::-1]))
+        return tuple(rows)
+
+    @cached_property
+    def paths(self) -> torch.Tensor:
+        """[num_leaves, max_depth + 1] node indices of every root-to-leaf path, padded with -1."""
+        width = self.max_depth + 1
+        return torch.tensor([list(p) + [-1] * (width - len(p)) for p in self.leaf_paths], dtype=torch.long)
 
     @cached_property
     def _truncations(self) -> dict[int, "TreeShape"]:

@@ -32,8 +32,6 @@ class Acceptance:
     next_token: int  # the target's token after the path (bonus or residual sample): next step's root
     #: The tree's tokens along the path (root first), when acceptance already brought them to the host.
     tokens: list[int] | None = None
-    #: The path on the target's device, when acceptance computed it there (saves a host-to-device copy).
-    device_path: torch.Tensor | None = None
     _nodes: list[int] | None = field(default=None, repr=False)
 
     @property
@@ -49,11 +47,9 @@ class Acceptance:
 
     def index(self, device: torch.device) -> slice | torch.Tensor:
         """What selects the path's rows from a tensor on ``device``: a slice (a view) when the path is
-        contiguous, else an index tensor already there, so no host sync."""
+        contiguous, else the path copied there (host to device: no sync)."""
         if self.contiguous:
             return slice(0, len(self.nodes))
-        if self.device_path is not None and self.device_path.device == device:
-            return self.device_path
         return self.path.to(device, non_blocking=True)
 
 
@@ -264,37 +260,12 @@ class TreeVerifier:
     def accept_greedy(tree: Tree, logits: torch.Tensor) -> Acceptance:
         """Longest root-to-node path whose tokens all equal the target's argmax at their parent.
 
-        Computed where the logits are; ONE transfer brings back the path, its tokens and the next
-        token (on a GPU every host read is a stall of the device)."""
-        if tree.shape.paths.shape[0] == 1 and tree.tokens.device.type == "cpu":
-            # A chain (one leaf; root-only included) drafted on the host: walk it in Python, cheaper
-            # than the tensor ops below for the few nodes a chain has (every step of plain,
-            # draft-model and prompt-lookup decoding comes here). One transfer: the argmaxes.
-            predicted_list = logits.argmax(dim=-1).tolist()
-            chain = tree.tokens.tolist()
-            m = 1
-            while m < len(chain) and chain[m] == predicted_list[m - 1]:
-                m += 1
-            return Acceptance(torch.arange(m), predicted_list[m - 1], tokens=chain[:m], _nodes=list(range(m)))
-        device = logits.device
-        paths = shape_on_device(tree.shape, device, logits.dtype).paths  # [leaves, D+1], -1 padded
-        predicted = logits.argmax(dim=-1)
-        tokens = tree.tokens.to(device, non_blocking=True)
-        child, parent = paths[:, 1:], paths[:, :-1]
-        ok = (child >= 0) & (tokens[child.clamp(min=0)] == predicted[parent.clamp(min=0)])
-        lengths = ok.long().cumprod(dim=1).sum(dim=1)
-        best = lengths.argmax()  # the first longest path, as on the host
-        path = paths[best]  # [D+1]
-        accepted = lengths[best].reshape(1)  # drafts accepted = index of the path's last node
-        next_token = predicted[path.gather(0, accepted)]
-        # The one transfer: [accepted, next token, path (D+1), its tokens (D+1)].
-        packed = torch.cat([accepted, next_token, path, tokens[path.clamp(min=0)]]).tolist()
-        m, width = packed[0] + 1, paths.shape[1]
-        nodes = packed[2 : 2 + m]
-        return Acceptance(
-            torch.tensor(nodes, dtype=torch.long), packed[1], tokens=packed[2 + width : 2 + width + m],
-            device_path=path[:m], _nodes=nodes,
-        )
+        ONE transfer brings the argmax of every node and the tree's tokens to the host (on a GPU
+        every host read is a stall of the device); the walk down the tree's few paths is then
+        plain Python, cheaper than a dozen small tensor ops."""
+        n = tree.shape.size
+        values = torch.cat([logits.argmax(dim=-1), tree.tokens.to(logits.device, non_blocking=True)]).tolist()
+        return greedy_acceptance(tree.shape, values[:n], values[n:])
 
     @staticmethod
     def accept_sampling(
@@ -368,6 +339,22 @@ class TreeVerifier:
         best = int(lengths.argmax())
         path = paths[best, : int(lengths[best]) + 1]
         return Acceptance(path.cpu(), sample(probs[path[-1]], generator))
+
+
+def greedy_acceptance(shape: TreeShape, predicted: list[int], tokens: list[int]) -> Acceptance:
+    """The first longest root-first path of ``shape`` whose every drafted token equals the target's
+    argmax (``predicted``) at its parent, and the target's next token after it (host lists, as one
+    transfer brought them back)."""
+    best: tuple[int, ...] = (0,)
+    for path in shape.leaf_paths:
+        m = 1
+        while m < len(path) and tokens[path[m]] == predicted[path[m - 1]]:
+            m += 1
+        if m > len(best):
+            best = path[:m]
+    nodes = list(best)
+    return Acceptance(torch.tensor(nodes, dtype=torch.long), predicted[nodes[-1]],
+                      tokens=[tokens[i] for i in nodes], _nodes=nodes)
 
 
 def commit(cache: DynamicCache, prefix_len: int, path: torch.Tensor | Acceptance) -> None:
