@@ -301,3 +301,20 @@ def test_models_of_another_layout_fall_back_to_all_hidden_states(monkeypatch):
             out = target(ids, **tap.forward_kwargs())
     torch.testing.assert_close(tap.features(got, out), torch.cat([reference[1], reference[2]], -1), rtol=0, atol=0)
     assert FeatureTap(target, ()).forward_kwargs() == {} and FeatureTap(target, ()).features({}, out) is None
+
+
+def test_drafting_into_the_cache_does_not_read_positions_back():
+    """EAGLE's draft layer sizes its RoPE table from the draft cache's capacity, not from
+    ``positions.max()``: on a GPU the positions live on the device and that read is a sync per depth."""
+    target = tiny_target("llama", layers=2)
+    head = dh.EagleHead.for_target(target, num_heads=2).eval()
+    hidden = target.config.hidden_size
+    cache = head.new_cache(32, torch.device("cpu"), torch.float32)
+    features, tokens = torch.randn(1, 3, hidden), torch.tensor([[5, 6, 7]])
+    mask = torch.ones(1, 3, 7, dtype=torch.bool)
+    with torch.no_grad(), HostSyncCounter(head, target=None) as syncs:
+        positions = torch.tensor([[4, 5, 6]])
+        syncs.taint(positions)  # stands for positions built on the accelerator
+        g, attn_in = head.first_input(features, tokens)
+        head.run_layers(g, attn_in, positions, mask, cache=cache, cache_length=4)
+    assert syncs.total_outside == 0, dict(syncs.outside)

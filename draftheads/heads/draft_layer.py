@@ -123,10 +123,15 @@ class DraftLayer(nn.Module):
             self._fused_cache[name] = hit
         return hit[1]
 
-    def _rotary(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    def _rotary(
+        self, positions: torch.Tensor, dtype: torch.dtype, bound: int | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos/sin for ``positions``: computed under autograd, else looked up in a cached table.
+        ``bound`` (> every position, known on the host) sizes the table without reading
+        ``positions`` back from the device, a host sync per draft depth on a GPU."""
         if torch.is_grad_enabled():
             return rotary(positions, self.inv_freq, dtype, self.rope_scale)
-        needed = int(positions.max()) + 1
+        needed = bound if bound is not None else int(positions.max()) + 1
         if self._rope is None or self._rope[0].shape[0] < needed or self._rope[0].dtype != dtype or self._rope[0].device != positions.device:
             size = max(needed, 2 * (0 if self._rope is None else self._rope[0].shape[0]), 512)
             self._rope = rotary(torch.arange(size, device=positions.device), self.inv_freq, dtype, self.rope_scale)
@@ -160,7 +165,9 @@ class DraftLayer(nn.Module):
         q = q.view(bsz, n, self.num_heads, self.head_dim).transpose(1, 2)
         k = k.view(bsz, n, self.num_kv_heads, self.head_dim).transpose(1, 2)
         v = v.view(bsz, n, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        cos, sin = self._rotary(positions, q.dtype)
+        # Drafting into a preallocated cache: positions stay below its capacity (a sequence's
+        # position never exceeds its slot in the cache), so that bounds the RoPE table.
+        cos, sin = self._rotary(positions, q.dtype, bound=None if cache is None else cache[0].shape[2])
         q, k = apply_rotary(q, cos[:, None], sin[:, None]), apply_rotary(k, cos[:, None], sin[:, None])
         if cache is not None:
             keys_buf, values_buf, length = cache
