@@ -191,15 +191,17 @@ def generate_batch(
         verify_seconds = timer.seconds()  # after acceptance's transfer: no extra device sync
         target_seconds += verify_seconds
         state = commit_rows(cache, state, paths, state.next_pos)
+        # The accepted tokens on the host: greedy and sampling acceptance brought them back already.
+        path_tokens = [acc.tokens if acc.tokens is not None else tree.tokens[p].tolist()
+                       for tree, acc, p in zip(trees, accs, paths)]
         proposer.accepted(
-            [tree.tokens[p] for tree, p in zip(trees, paths)],
+            [torch.tensor(tokens) for tokens in path_tokens],
             [None if feats is None else feats[pos, p.to(feats.device)] for pos, p in enumerate(paths)],
         )
         proposer.observe([t.shape.size - 1 for t in trees], [p.numel() - 1 for p in paths], verify_seconds)
         finished = []
-        for pos, (row, tree, acc, path) in enumerate(zip(active, trees, accs, paths)):
-            path_tokens = acc.tokens if acc.tokens is not None else tree.tokens[path].tolist()
-            emitted = path_tokens[1:] + [acc.next_token]
+        for row, acc, tokens in zip(active, accs, path_tokens):
+            emitted = tokens[1:] + [acc.next_token]
             row_accepts[row].append(len(emitted))
             done = False
             for i, tok in enumerate(emitted):

@@ -60,7 +60,10 @@ def pad_trees(trees: list[Tree]) -> tuple[torch.Tensor, torch.Tensor, torch.Tens
     influences a real node, and its query row is never fully masked (which would give NaN)."""
     n = max(t.shape.size for t in trees)
     rows = len(trees)
+    shape = trees[0].shape
     # Tokens stay where the proposer drafted them (heads: on the device), so no host read here.
+    if all(t.shape is shape for t in trees):  # one tree shape for every row (Medusa/Hydra): views
+        return torch.stack([t.tokens for t in trees]), shape.depth.expand(rows, n), shape.ancestor_mask.expand(rows, n, n)
     tokens = torch.stack([torch.cat([t.tokens, t.tokens[:1].expand(n - t.shape.size)]) for t in trees])
     depth = torch.zeros(rows, n, dtype=torch.long)
     ancestors = torch.eye(n, dtype=torch.bool).repeat(rows, 1, 1)
@@ -106,16 +109,19 @@ def commit_rows(cache, state: RaggedState, paths: list[torch.Tensor], step_pos: 
     front of that region and the cache keeps max(accepted) of the n slots (views, no copy of the
     prefix). ``step_pos`` [rows] is each row's logical position of its root."""
     start = state.slots
-    lengths = [int(p.numel()) for p in paths]
+    nodes = [p.tolist() for p in paths]  # host paths: no device read
+    lengths = [len(p) for p in nodes]
     kept = max(lengths)
-    contiguous = all(bool((p == torch.arange(p.numel())).all()) for p in paths)
-    if not contiguous:
-        index = torch.stack([torch.cat([p, p.new_full((kept - p.numel(),), int(p[-1]))]) for p in paths])
+    if any(p != list(range(len(p))) for p in nodes):
+        index = torch.tensor([p + [p[-1]] * (kept - len(p)) for p in nodes])
+        gathers: dict[tuple, torch.Tensor] = {}  # one index per (device, heads, head dim), not per layer
         for layer in _layers(cache):
             for name in ("keys", "values"):
                 tensor = getattr(layer, name)
-                idx = index.to(tensor.device)[:, None, :, None].expand(-1, tensor.shape[1], -1, tensor.shape[3])
-                tensor[:, :, start : start + kept] = tensor[:, :, start:].gather(2, idx)
+                key = (tensor.device, tensor.shape[1], tensor.shape[3])
+                if key not in gathers:
+                    gathers[key] = index.to(tensor.device)[:, None, :, None].expand(-1, key[1], -1, key[2])
+                tensor[:, :, start : start + kept] = tensor[:, :, start:].gather(2, gathers[key])
     for layer in _layers(cache):
         layer.keys = layer.keys[:, :, : start + kept]
         layer.values = layer.values[:, :, : start + kept]
