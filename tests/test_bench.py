@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import copy
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -55,6 +56,8 @@ def test_bench_end_to_end_writes_report_and_plots(tiny_target_dir, heads_dir, qu
     for key in ("device", "dtype", "torch", "transformers", "draftheads", "cpu", "gpu", "torch_threads"):
         assert key in env
     assert env["dtype"] == "float32" and env["device"] == "cpu"
+    import draftheads
+    assert env["draftheads_path"] == str(Path(draftheads.__file__).resolve().parent)  # which checkout ran
     assert report["args"]["max_new_tokens"] == 8 and report["settings"]["seed"] == 3
     assert [m["name"] for m in report["methods"]] == ["medusa", "draft-model", "prompt-lookup"]
     medusa = report["methods"][0]
