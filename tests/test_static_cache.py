@@ -59,6 +59,23 @@ def test_static_cache_greedy_medusa_matches_generate(medusa_setup):
     assert sum(lengths) / len(lengths) > 1.5, "drafts barely accepted: the commit paths would not be exercised"
 
 
+def test_padded_trees_match_generate(medusa_setup):
+    """What compile does to shapes, without compiling: truncated Medusa trees padded to the full
+    tree, prompt-lookup chains to powers of two; padding rows must change nothing."""
+    target, heads, train_prompts = medusa_setup
+    for proposer in (heads, PromptLookupProposer()):
+        decoder = dh.SpeculativeDecoder(target, proposer, cache="static")
+        decoder.verifier.pad_trees = True
+        sizes, forward = [], decoder.verifier.forward
+        decoder.verifier.forward = lambda cache, tree, prefix: (sizes.append(tree.shape.size), forward(cache, tree, prefix))[1]
+        padded, step = [], decoder.verifier._step
+        decoder.verifier._step = lambda ids, *rest: (padded.append(ids.shape[1]), step(ids, *rest))[1]
+        _check_greedy(target, decoder, _prompts(train_prompts)[:2])
+        allowed = {decoder.proposer.shape.size} if proposer is heads else {1, 2, 4, 8, 16}
+        assert set(padded) <= allowed, sorted(set(padded))
+        assert any(p > n for p, n in zip(padded, sizes)), "no tree was padded: the test would be vacuous"
+
+
 def test_static_cache_greedy_prompt_lookup_matches_generate(medusa_setup):
     target, _, train_prompts = medusa_setup
     decoder = dh.SpeculativeDecoder(target, PromptLookupProposer(), cache="static")

@@ -94,7 +94,7 @@ class SpeculativeDecoder:
     shapes; ``compile=True`` (or a backend name such as "aot_eager") then runs that forward through
     ``torch.compile(dynamic=False)``: one compilation per tree size, paid on first use.
     ``max_cache_len`` fixes the static cache's length (calls needing more are refused); by default
-    it is sized per call (prompt + max_new_tokens + tree, rounded up to 256) and reused. Same output
+    it is sized per call (prompt + max_new_tokens + tree, rounded up to 64) and reused. Same output
     as the default dynamic cache; whether it is faster depends on the device: measure it
     (benchmarks/static_compile.py)."""
 

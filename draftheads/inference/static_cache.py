@@ -31,7 +31,7 @@ from .verify import Acceptance, AttentionSpan, TreeVerifier, shape_on_device, tr
 
 #: Cache lengths are rounded up to a multiple of this, so that calls with different prompt lengths
 #: reuse one cache and one compiled graph per tree size (shapes are part of a compiled graph).
-BUCKET = 256
+BUCKET = 64
 #: Tree slots reserved beyond prompt + max_new_tokens when the proposer's tree size is unknown.
 DEFAULT_HEADROOM = 64
 #: Graphs one compiled verify forward may hold (one per tree size: prompt lookup and adaptive chains
@@ -46,11 +46,33 @@ def bucketed(length: int) -> int:
 
 
 def tree_headroom(proposer: Any) -> int | None:
-    """Cache slots a tree may take beyond prompt + max_new_tokens, when the proposer has a static tree
-    shape (Medusa, Hydra): its nodes beyond one per level (a tree's depth never passes the tokens
-    left, truncation only removes nodes). None when unknown (dynamic trees, chains of any length)."""
+    """Cache slots a forward may take beyond prompt + max_new_tokens, when the proposer has a static
+    tree shape (Medusa, Hydra): its size (a compiled forward pads truncated trees up to it). None
+    when unknown (dynamic trees, chains of any length)."""
     shape = getattr(proposer, "shape", None)
-    return shape.size - shape.max_depth - 1 if isinstance(shape, TreeShape) else None
+    return shape.size if isinstance(shape, TreeShape) else None
+
+
+def graph_size(n: int, full: int | None) -> int:
+    """Tokens of a compiled forward for a tree of ``n`` nodes: the proposer's full static tree size
+    when it fits (Medusa's trees truncated near max_new_tokens: one graph), else the next power of
+    two (chains of any length: a handful of graphs instead of one per length)."""
+    if full is not None and n <= full:
+        return full
+    return 1 << (n - 1).bit_length()
+
+
+def padded_block(shape: TreeShape, size: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """[size, size] additive mask: the tree's own block, then padding rows that see only themselves
+    (their outputs are dropped) and that no tree node sees. Cached on the shape, like its block."""
+    key = ("padded", size, device, dtype)
+    if key not in shape.on_device:
+        n = shape.size
+        block = torch.full((size, size), torch.finfo(dtype).min, dtype=dtype, device=device)
+        block[:n, :n] = shape_on_device(shape, device, dtype).block
+        block[range(n, size), range(n, size)] = 0
+        shape.on_device[key] = block
+    return shape.on_device[key]
 
 
 class StaticTreeCache:
@@ -148,13 +170,13 @@ class _FixedWidthMask:
         self.placed: int | None = None  # prefix of the last placement
 
     def place(self, shape: TreeShape, prefix_len: int) -> torch.Tensor:
-        n, low = shape.size, torch.finfo(self.buffer.dtype).min
+        n, low = self.buffer.shape[0], torch.finfo(self.buffer.dtype).min
         if self.placed is None or prefix_len < self.placed:
             self.buffer.fill_(low)
             self.buffer[:, :prefix_len] = 0
         else:
             self.buffer[:, self.placed : prefix_len] = 0  # newly committed prefix; later columns stay masked
-        self.buffer[:, prefix_len : prefix_len + n] = shape_on_device(shape, self.buffer.device, self.buffer.dtype).block
+        self.buffer[:, prefix_len : prefix_len + n] = padded_block(shape, n, self.buffer.device, self.buffer.dtype)
         self.placed = prefix_len
         return self.buffer[None, None]
 
@@ -170,7 +192,8 @@ class StaticTreeVerifier(TreeVerifier):
 
     ``compile``: False (eager), True (``torch.compile`` with the default backend, inductor) or a
     backend name ("eager", "aot_eager", "inductor", ...), always ``dynamic=False``: one graph per
-    tree size and cache length. Features come from ``output_hidden_states`` of the tree tokens
+    tree size and cache length; trees are padded to `graph_size` tokens so that truncated trees and
+    chains of many lengths share a few graphs. Features come from ``output_hidden_states`` of the tree tokens
     (n rows per layer, cheap) because forward hooks added per call defeat compilation."""
 
     def __init__(
@@ -185,6 +208,9 @@ class StaticTreeVerifier(TreeVerifier):
         self.store = StaticTreeCache(max_cache_len, headroom)
         self._masks: dict[tuple[int, int], _FixedWidthMask] = {}
         self._step: Callable[..., Any] = self._forward_tokens
+        self._full = headroom  # the proposer's static tree size, if it has one
+        #: Pad trees to `graph_size` (on with compile, where every new size is a new graph).
+        self.pad_trees = bool(compile)
         if compile:
             import torch._dynamo.config as dynamo_config
 
@@ -198,22 +224,30 @@ class StaticTreeVerifier(TreeVerifier):
     def commit(self, cache: Cache, prefix_len: int, acc: Acceptance) -> None:
         self.store.commit(prefix_len, acc)
 
-    def attention_mask(self, shape: TreeShape, prefix_len: int) -> torch.Tensor | dict[str, torch.Tensor]:
+    def attention_mask(self, shape: TreeShape, prefix_len: int, size: int) -> torch.Tensor | dict[str, torch.Tensor]:
+        """[1, 1, size, W] (or one per layer type) for a tree padded to ``size`` tokens."""
         width = self.store.capacity
         total = prefix_len + shape.max_depth + 1
         limiting = {name: span for name, span in self.spans.items() if span.limits(total)}
         if not limiting:
-            key = (shape.size, width)
+            key = (size, width)
             if key not in self._masks:
-                self._masks[key] = _FixedWidthMask(shape.size, width, self.target.dtype, self.target.device)
+                self._masks[key] = _FixedWidthMask(size, width, self.target.dtype, self.target.device)
             return self._masks[key].place(shape, prefix_len)
-        # Windows or chunks hide part of the prefix: built as on the dynamic path, then widened.
+        # Windows or chunks hide part of the prefix: built as on the dynamic path, then widened (and
+        # padding rows see only themselves).
         dtype, device, none = self.target.dtype, self.target.device, AttentionSpan()
-        masks = {
-            name: _padded(tree_attention_mask(shape, prefix_len, dtype, device, window=limiting.get(name, none).window,
-                                              chunk=limiting.get(name, none).chunk), width)
-            for name in self.spans
-        }
+        pad = size - shape.size
+        masks = {}
+        for name in self.spans:
+            span = limiting.get(name, none)
+            tree = _padded(tree_attention_mask(shape, prefix_len, dtype, device, window=span.window, chunk=span.chunk),
+                           width)
+            if pad:
+                rows = torch.full((1, 1, pad, width), torch.finfo(dtype).min, dtype=dtype, device=device)
+                rows[0, 0, range(pad), range(prefix_len + shape.size, prefix_len + size)] = 0
+                tree = torch.cat([tree, rows], dim=2)
+            masks[name] = tree
         return masks[""] if list(masks) == [""] else masks
 
     def _forward_tokens(self, input_ids, position_ids, attention_mask, cache):
@@ -229,14 +263,16 @@ class StaticTreeVerifier(TreeVerifier):
         return out.logits, parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
 
     def forward(self, cache: Cache, tree: Tree, prefix_len: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-        self.store.ensure(prefix_len + tree.shape.size, prefix_len)
-        cache = self.store.cache
+        n = tree.shape.size
+        size = graph_size(n, self._full) if self.pad_trees else n
+        self.store.ensure(prefix_len + size, prefix_len)
         device = self.target.device
-        on_device = shape_on_device(tree.shape, device, self.target.dtype)
+        tokens = tree.tokens.to(device, non_blocking=True)
+        positions = shape_on_device(tree.shape, device, self.target.dtype).depth + prefix_len
+        if size > n:  # padding: any token, at the root's position; its logits and cache slots are dropped
+            tokens = torch.cat([tokens, tokens.new_zeros(size - n)])
+            positions = torch.cat([positions, positions.new_full((size - n,), prefix_len)])
         logits, features = self._step(
-            tree.tokens.to(device, non_blocking=True)[None],
-            (on_device.depth + prefix_len)[None],
-            self.attention_mask(tree.shape, prefix_len),
-            cache,
+            tokens[None], positions[None], self.attention_mask(tree.shape, prefix_len, size), self.store.cache
         )
-        return logits[0], None if features is None else features[0]
+        return logits[0, :n], None if features is None else features[0, :n]
