@@ -141,6 +141,10 @@ def test_static_cache_bad_input_is_refused():
         dh.SpeculativeDecoder(target, PromptLookupProposer(), cache="paged")
     with pytest.raises(ValueError, match="need cache='static'"):
         dh.SpeculativeDecoder(target, PromptLookupProposer(), compile=True)
+    with pytest.raises(ValueError, match="max_cache_len must be >= 1"):
+        dh.SpeculativeDecoder(target, PromptLookupProposer(), cache="static", max_cache_len=0)
+    with pytest.raises(ValueError, match="max_cache_len must be a whole number"):
+        dh.SpeculativeDecoder(target, PromptLookupProposer(), cache="static", max_cache_len=32.5)
     decoder = dh.SpeculativeDecoder(target, PromptLookupProposer(), cache="static", max_cache_len=32)
     ids = torch.tensor([[5, 9, 33, 17, 8, 5]])
     with pytest.raises(ValueError, match=r"max_cache_len=32"):

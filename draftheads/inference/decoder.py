@@ -92,7 +92,8 @@ class SpeculativeDecoder:
     ``cache="static"`` (opt-in; one sequence at a time) decodes in a preallocated KV cache of fixed
     length (`inference.static_cache`), so every verify forward of a given tree size has the same
     shapes; ``compile=True`` (or a backend name such as "aot_eager") then runs that forward through
-    ``torch.compile(dynamic=False)``: one compilation per tree size, paid on first use.
+    ``torch.compile(dynamic=False)``: one compilation per padded tree size (Medusa/Hydra: one; chains:
+    a power of two each), paid on first use (seconds to minutes on a CPU).
     ``max_cache_len`` fixes the static cache's length (calls needing more are refused); by default
     it is sized per call (prompt + max_new_tokens + tree, rounded up to 64) and reused. Same output
     as the default dynamic cache; whether it is faster depends on the device: measure it
@@ -110,6 +111,10 @@ class SpeculativeDecoder:
     ) -> None:
         if cache not in CACHE_KINDS:
             raise ValueError(f"cache must be one of {CACHE_KINDS}, got {cache!r}")
+        if max_cache_len is not None and _whole_number(max_cache_len, "max_cache_len") < 1:
+            raise ValueError(f"max_cache_len must be >= 1 (or None to size the cache per call), got {max_cache_len}")
+        if not isinstance(compile, (bool, str)):
+            raise ValueError(f"compile must be True/False or a torch.compile backend name, got {compile!r}")
         if cache != "static" and (compile or max_cache_len is not None):
             raise ValueError(
                 "compile and max_cache_len need cache='static': with the dynamic cache every verify forward "

@@ -13,7 +13,9 @@ allocated once at a fixed length W (a multiple of `BUCKET`, reused across calls)
   ``cumulative_length = prefix + m``; no slicing.
 
 Every verify forward of a tree of n nodes then has the same shapes, and
-``torch.compile(..., dynamic=False)`` compiles once per tree size. Sliding-window and chunked layers
+``torch.compile(..., dynamic=False)`` compiles once per tree size; compiled forwards pad trees to a
+few sizes (`graph_size`) so truncated trees and chains of every length share graphs. The prompt's
+KV entries exist twice for a moment after the prefill (the copy). Sliding-window and chunked layers
 get a full-length layer and the same window/chunk rules as `tree_attention_mask` (per layer type for
 models that mix them), exactly as the dynamic path does.
 """
