@@ -5,19 +5,17 @@ from __future__ import annotations
 
 import pytest
 import torch
+from inference_utils import greedy_reference, self_distilled_heads, tiny_target
+from stats import law_pvalue
 from transformers import DynamicCache
 
 import draftheads as dh
-from draftheads.inference import PromptLookupProposer, TreeShape
+from draftheads.inference import PromptLookupProposer, TreeShape, static_cache
 from draftheads.inference import decoder as decoder_module
-from draftheads.inference import static_cache
 from draftheads.inference.sampling import SamplingParams
 from draftheads.inference.static_cache import StaticTreeVerifier
 from draftheads.inference.tree import Tree
 from draftheads.inference.verify import Acceptance
-
-from inference_utils import greedy_reference, self_distilled_heads, tiny_target
-from stats import law_pvalue
 
 # Prompt lengths 6 (the heads' training prompts) and a longer, repetitive one (> the 24-token
 # sliding window and the 16-token chunks of inference_utils.ARCHS, so their masks matter, and
@@ -59,6 +57,14 @@ def test_static_cache_greedy_medusa_matches_generate(medusa_setup):
     assert sum(lengths) / len(lengths) > 1.5, "drafts barely accepted: the commit paths would not be exercised"
 
 
+def _recording(fn, record):
+    def wrapped(*args):
+        record(*args)
+        return fn(*args)
+
+    return wrapped
+
+
 def test_padded_trees_match_generate(medusa_setup):
     """What compile does to shapes, without compiling: truncated Medusa trees padded to the full
     tree, prompt-lookup chains to powers of two; padding rows must change nothing."""
@@ -66,10 +72,9 @@ def test_padded_trees_match_generate(medusa_setup):
     for proposer in (heads, PromptLookupProposer()):
         decoder = dh.SpeculativeDecoder(target, proposer, cache="static")
         decoder.verifier.pad_trees = True
-        sizes, forward = [], decoder.verifier.forward
-        decoder.verifier.forward = lambda cache, tree, prefix: (sizes.append(tree.shape.size), forward(cache, tree, prefix))[1]
-        padded, step = [], decoder.verifier._step
-        decoder.verifier._step = lambda ids, *rest: (padded.append(ids.shape[1]), step(ids, *rest))[1]
+        sizes, padded = [], []
+        decoder.verifier.forward = _recording(decoder.verifier.forward, lambda cache, tree, prefix: sizes.append(tree.shape.size))
+        decoder.verifier._step = _recording(decoder.verifier._step, lambda ids, *rest: padded.append(ids.shape[1]))
         _check_greedy(target, decoder, _prompts(train_prompts)[:2])
         allowed = {decoder.proposer.shape.size} if proposer is heads else {1, 2, 4, 8, 16}
         assert set(padded) <= allowed, sorted(set(padded))
@@ -156,7 +161,8 @@ def test_static_cache_bad_input_is_refused():
 
 
 def test_static_cache_samples_the_target_distribution():
-    from test_sampling import NEW as SAMPLED, TREE, VOCAB, drafts_accepted, empirical_counts, exact_distribution
+    from test_sampling import NEW as SAMPLED
+    from test_sampling import TREE, VOCAB, drafts_accepted, empirical_counts, exact_distribution
 
     target = tiny_target("llama", seed=3, vocab=VOCAB, hidden=32, layers=1)
     with torch.no_grad():
