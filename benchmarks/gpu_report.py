@@ -12,7 +12,10 @@ Sections (each recorded even when another fails; a failure is written into the r
 4. per-step time outside the target forward and host reads of device data per step;
 5. batch 1/4/16 tokens/s through `SpeculativeDecoder` with [B, T] inputs (skipped, with the
    decoder's own message, where batches are refused);
-6. heads-training tokens/s (Medusa heads, forward + backward + optimizer step on target features).
+6. batch 1 with the dynamic cache vs cache="static" vs static + torch.compile of the verify forward
+   (inductor on CUDA, dynamo's eager backend on a CPU) on the demo target if given, else an 8-layer
+   Llama with 7B's layer shape in bf16 (small mode: a 2-layer model), compile time apart;
+7. heads-training tokens/s (Medusa heads, forward + backward + optimizer step on target features).
 Writes DIR/report.json and DIR/report.md.
 """
 from __future__ import annotations
@@ -179,6 +182,62 @@ def batch_throughput(args, device) -> dict:
     return {"rows": rows}
 
 
+def static_cache(args, device) -> dict:
+    """Batch 1: the default dynamic cache vs cache="static" vs static + torch.compile of the verify
+    forward, interleaved rounds, tokens/s per call (prefill included), compile time apart."""
+    if args.target and args.heads:
+        target = AutoModelForCausalLM.from_pretrained(args.target, dtype=torch.float32,
+                                                      attn_implementation="sdpa").to(device).eval()
+        heads = dh.load_heads(args.heads, target=target).to(device)
+        model = f"demo target {args.target}, heads {args.heads}"
+    else:
+        from transformers import LlamaConfig, LlamaForCausalLM
+
+        if args.small:
+            cfg, dtype = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                              num_key_value_heads=2, vocab_size=128), torch.float32
+        else:  # Llama-2-7B's layer shape, 8 of its 32 layers: representative per-layer cost, 4x less compiling
+            cfg, dtype = dict(hidden_size=4096, intermediate_size=11008, num_hidden_layers=8, num_attention_heads=32,
+                              num_key_value_heads=32, vocab_size=32000), torch.bfloat16
+        torch.manual_seed(0)
+        with torch.device(device):
+            torch.set_default_dtype(dtype)
+            try:
+                target = LlamaForCausalLM(LlamaConfig(max_position_embeddings=4096, **cfg)).eval()
+            finally:
+                torch.set_default_dtype(torch.float32)
+        heads = dh.MedusaHeads.for_target(target, num_heads=3, num_layers=1).to(device=device, dtype=dtype)
+        model = f"random Llama {cfg} in {dtype}, random Medusa heads"
+    # On a CPU inductor compiles for minutes: --small checks the plumbing with dynamo's eager backend.
+    backend = "inductor" if device.type == "cuda" else "eager"
+    prompt_len, n, rounds = (16, 8, 1) if args.small else (512, 128, 3)
+    vocab = target.get_output_embeddings().weight.shape[0]
+    ids = torch.randint(3, vocab, (1, prompt_len), generator=torch.Generator().manual_seed(4)).to(device)
+    decoders = {"dynamic": dh.SpeculativeDecoder(target, heads),
+                "static": dh.SpeculativeDecoder(target, heads, cache="static"),
+                "static+compile": dh.SpeculativeDecoder(target, heads, cache="static", compile=backend)}
+    outputs, warmup, times = {}, {}, {name: [] for name in decoders}
+    for name, decoder in decoders.items():
+        warmup[name] = timed_generate(lambda: outputs.setdefault(name, decoder.generate(ids, max_new_tokens=n, eos_token_id=[])),
+                                      device, 1)
+    for r in range(rounds):
+        names = list(decoders)[r % 3:] + list(decoders)[: r % 3]
+        for name in names:
+            times[name].append(timed_generate(lambda: decoders[name].generate(ids, max_new_tokens=n, eos_token_id=[]), device, 1))
+    ref = reference(target, ids, n)
+    rows = []
+    for name in decoders:
+        out = outputs[name]
+        rows.append({"method": name, "tokens_per_s": n / statistics.median(times[name]),
+                     "tokens_per_s_min": n / max(times[name]), "tokens_per_s_max": n / min(times[name]),
+                     "speed_vs_dynamic": statistics.median(times["dynamic"]) / statistics.median(times[name]),
+                     "steps": out.stats["steps"], "compile_s": max(warmup[name] - statistics.median(times[name]), 0.0),
+                     "identical_to_generate": torch.equal(out.sequences.cpu(), ref),
+                     "identical_to_dynamic": torch.equal(out.sequences, outputs["dynamic"].sequences)})
+    return {"model": model, "backend": backend, "prompt_tokens": prompt_len, "new_tokens": n, "rounds": rounds,
+            "tree_nodes": decoders["dynamic"].proposer.shape.size, "rows": rows}
+
+
 def training_throughput(args, device) -> dict:
     target = tiny("llama", device, torch.float32, hidden=128 if args.small else 1024, layers=2 if args.small else 8,
                   vocab=1024 if args.small else 32000)
@@ -206,7 +265,8 @@ def training_throughput(args, device) -> dict:
 
 
 SECTIONS = {"exactness": exactness, "demo_speedups": demo_speedups, "verify_times": verify_times,
-            "step_overhead": step_overhead, "batch_throughput": batch_throughput, "training_throughput": training_throughput}
+            "step_overhead": step_overhead, "batch_throughput": batch_throughput, "static_cache": static_cache,
+            "training_throughput": training_throughput}
 
 
 def main() -> None:

@@ -21,7 +21,7 @@ def test_gpu_script_small_run_writes_every_section(tmp_path):
     report = json.loads((out / "report.json").read_text())
     sections = report["sections"]
     assert set(sections) == {"exactness", "demo_speedups", "verify_times", "step_overhead", "batch_throughput",
-                             "training_throughput"}
+                             "static_cache", "training_throughput"}
     assert not [name for name, r in sections.items() if "error" in r]
     rows = sections["exactness"]["rows"]
     assert {r["arch"] for r in rows} == {"llama", "qwen2", "mistral", "gemma"}
@@ -30,5 +30,8 @@ def test_gpu_script_small_run_writes_every_section(tmp_path):
     assert set(sections["verify_times"]["seconds"]) == {"1", "16", "64", "128"}
     assert sections["step_overhead"]["medusa"]["host_reads_per_step"] <= 1.5
     assert [r["batch"] for r in sections["batch_throughput"]["rows"]] == [1, 4, 16]
+    static = {r["method"]: r for r in sections["static_cache"]["rows"]}
+    assert set(static) == {"dynamic", "static", "static+compile"}
+    assert all(r["identical_to_generate"] and r["identical_to_dynamic"] for r in static.values()), static
     assert sections["training_throughput"]["tokens_per_s"] > 0
     assert (out / "report.md").read_text().startswith("# draftheads device evidence")

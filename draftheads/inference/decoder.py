@@ -17,7 +17,8 @@ from .sampling import resolve_sampling, sample, warn_unapplied_settings
 from .default_tree import resolve_tree
 from .tree import TreeShape
 from .output import SpeculativeOutput, last_logits_only as _last_logits_only
-from .verify import TreeVerifier, check_tree_attention, commit
+from .verify import TreeVerifier, check_tree_attention
+from .static_cache import CACHE_KINDS, StaticTreeVerifier, tree_headroom
 from .batch import check_batch, generate_batch, token_matrix, wants_batch_path
 from .timing import ForwardTimer
 
@@ -62,7 +63,17 @@ class SpeculativeDecoder:
     """Lossless speculative decoding of ``target`` with any proposer (or heads, wrapped as one).
 
     ``check_model`` probes once that the target honours a 4D tree mask and raises
-    ``UnsupportedModelError`` otherwise, instead of decoding garbage."""
+    ``UnsupportedModelError`` otherwise, instead of decoding garbage.
+
+    ``cache="static"`` (opt-in; one sequence at a time) decodes in a preallocated KV cache of fixed
+    length (`inference.static_cache`), so every verify forward of a given tree size has the same
+    shapes; ``compile=True`` (or a backend name such as "aot_eager") then runs that forward through
+    ``torch.compile(dynamic=False)``: one compilation per padded tree size (Medusa/Hydra: one; chains:
+    a power of two each), paid on first use (seconds to minutes on a CPU).
+    ``max_cache_len`` fixes the static cache's length (calls needing more are refused); by default
+    it is sized per call (prompt + max_new_tokens + tree, rounded up to 64) and reused. Same output
+    as the default dynamic cache; whether it is faster depends on the device: measure it
+    (benchmarks/static_compile.py)."""
 
     def __init__(
         self,
@@ -70,7 +81,21 @@ class SpeculativeDecoder:
         proposer: Proposer | torch.nn.Module,
         tree: list[list[int]] | TreeShape | None = None,
         check_model: bool = True,
+        cache: str = "dynamic",
+        compile: bool | str = False,
+        max_cache_len: int | None = None,
     ) -> None:
+        if cache not in CACHE_KINDS:
+            raise ValueError(f"cache must be one of {CACHE_KINDS}, got {cache!r}")
+        if max_cache_len is not None and _whole_number(max_cache_len, "max_cache_len") < 1:
+            raise ValueError(f"max_cache_len must be >= 1 (or None to size the cache per call), got {max_cache_len}")
+        if not isinstance(compile, (bool, str)):
+            raise ValueError(f"compile must be True/False or a torch.compile backend name, got {compile!r}")
+        if cache != "static" and (compile or max_cache_len is not None):
+            raise ValueError(
+                "compile and max_cache_len need cache='static': with the dynamic cache every verify forward "
+                "has new shapes, so a compiled forward would recompile every step"
+            )
         if not isinstance(proposer, Proposer):
             bind = getattr(proposer, "bind_target", None)
             if bind is None:
@@ -86,9 +111,15 @@ class SpeculativeDecoder:
         self.target = target.eval()
         self.proposer = proposer
         # Only the hidden states the proposer reads are captured (none for prompt lookup).
-        self.verifier = TreeVerifier(target, feature_layers=proposer.feature_layers)
-        if check_model:
-            check_tree_attention(target, self.verifier)
+        dynamic_verifier = TreeVerifier(target, feature_layers=proposer.feature_layers)
+        self.verifier = dynamic_verifier
+        self.cache = cache
+        if cache == "static":
+            self.verifier = StaticTreeVerifier(
+                target, proposer.feature_layers, compile=compile, max_cache_len=max_cache_len, headroom=tree_headroom(proposer)
+            )
+        if check_model:  # the 4D-mask property the static path relies on too
+            check_tree_attention(target, dynamic_verifier)
         self.max_positions = getattr(text_config(target), "max_position_embeddings", None)
         warn_unapplied_settings(getattr(target, "generation_config", None))
 
@@ -127,6 +158,12 @@ class SpeculativeDecoder:
         max_new_tokens = _whole_number(max_new_tokens, "max_new_tokens")
         input_ids = token_matrix(input_ids)
         if wants_batch_path(input_ids, attention_mask):
+            if self.cache == "static":
+                raise ValueError(
+                    f"cache='static' decodes one sequence at a time (got input_ids of shape {list(input_ids.shape)}"
+                    f"{' with an attention_mask' if attention_mask is not None else ''}); for batches use the default "
+                    "cache='dynamic', whose batched loop keeps a ragged cache"
+                )
             return self._generate_batch(
                 input_ids, attention_mask, max_new_tokens, params, eos_token_id, streamer, generator, seed, acceptance
             )
@@ -148,6 +185,8 @@ class SpeculativeDecoder:
                 input_ids=prompt[None], use_cache=True, **tap.forward_kwargs(), **{self.verifier.cache_arg: cache},
                 **_last_logits_only(self.target),
             )
+        # The static cache copies the prompt's entries into its own preallocated buffers.
+        cache = self.verifier.own_cache(cache, prompt.numel(), prompt.numel() + max_new_tokens)
         last_logits = out.logits[0, -1]
         root = int(last_logits.argmax()) if params.greedy else sample(params.probs(last_logits), generator)
         features = tap.features(captured, out)
@@ -182,7 +221,7 @@ class SpeculativeDecoder:
             m = len(path_tokens)
             verify_seconds = timer.seconds()  # after acceptance's transfer: no extra device sync
             target_seconds += verify_seconds
-            commit(cache, prefix_len, acc)
+            self.verifier.commit(cache, prefix_len, acc)
             prefix_len += m
             self.proposer.accepted(
                 torch.tensor(path_tokens, dtype=torch.long), None if hidden is None else hidden[acc.index(hidden.device)]

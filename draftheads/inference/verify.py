@@ -209,6 +209,15 @@ class TreeVerifier:
         entry[1] = prefix_len
         return buffer[None, None, :, :need]
 
+    # -- the cache (a static cache overrides these: `static_cache.StaticTreeVerifier`) ----------------
+    def own_cache(self, prefill: DynamicCache, prefix_len: int, end: int) -> DynamicCache:
+        """The cache the loop decodes in after a prefill into ``prefill``, for a call that ends at
+        ``end`` tokens: the same one here."""
+        return prefill
+
+    def commit(self, cache: DynamicCache, prefix_len: int, acc: Acceptance) -> None:
+        commit(cache, prefix_len, acc)
+
     # -- the forward ------------------------------------------------------------------------------
     def attention_mask(self, shape: TreeShape, prefix_len: int) -> torch.Tensor | dict[str, torch.Tensor] | None:
         dtype = self.target.dtype
