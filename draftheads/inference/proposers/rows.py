@@ -1,8 +1,9 @@
 """Proposers for a batch of sequences: one tree per row, rows dropping out as they finish.
 
 Medusa and Hydra heads draft every row in one batched call (`draft_rows`): their only
-per-sequence state is the last hidden state. Every other proposer (EAGLE's draft layer with its
-own KV cache, a draft LM, prompt lookup) keeps per-sequence state, so each row gets its own
+per-sequence state is the last hidden state. EAGLE and EAGLE-3 draft every row with one
+draft-layer forward per depth over a shared draft KV cache (`eagle_rows.EagleRows`). Every other
+proposer (a draft LM, prompt lookup) keeps per-sequence state, so each row gets its own
 `Proposer.fork` and drafts on its own.
 """
 from __future__ import annotations
@@ -104,6 +105,11 @@ class ForkedRows(RowProposer):
 
 def row_proposer(proposer: Proposer) -> RowProposer:
     """The batched form of ``proposer``: batched drafting where the method allows it."""
+    from .eagle import EagleProposer
+    from .eagle_rows import EagleRows  # imports this module (RowProposer): imported here, not at the top
+
     if isinstance(proposer, (MedusaProposer, HydraProposer)) and hasattr(proposer, "draft_rows"):
         return HeadsRows(proposer)
+    if isinstance(proposer, EagleProposer):
+        return EagleRows(proposer)
     return ForkedRows(proposer)
