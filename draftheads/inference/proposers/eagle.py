@@ -145,4 +145,4 @@ class EagleProposer(Proposer):
         first_pos = torch.full((1,), prefix, dtype=torch.long, device=self.device)
         tokens, parents, scores = grow(self.head, self._logits, self._vocab_ids_dev, self._cache, visible, first_pos,
                                        root_state[None], depth, self.top_k)
-        return select(root, tokens[0].cpu(), parents[0].cpu(), scores[0].cpu(), self.total_tokens, self.vocab_ids)
+        return select([root], tokens, parents, scores, [tokens.shape[1]], self.total_tokens, self._vocab_ids_dev)[0]

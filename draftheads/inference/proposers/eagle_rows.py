@@ -45,7 +45,8 @@ class EagleRows(RowProposer):
         self._ids = [p.tolist() for p in prompts]
         self._pending = [[h] for h in hidden]  # per row: target features not yet fed to the draft
         self._lengths = torch.zeros(len(prompts), dtype=torch.long)  # committed draft-cache positions per row
-        self._visible = torch.zeros(len(prompts), 0, dtype=torch.bool, device=self.device)  # [rows, slots]
+        # [rows, slots] on the host: the layout is host bookkeeping (no device reads to plan a step)
+        self._visible = torch.zeros(len(prompts), 0, dtype=torch.bool)
         self._cache = None
         self._reserve(max(len(ids) for ids in self._ids) + 256)
 
@@ -83,7 +84,7 @@ class EagleRows(RowProposer):
     def _gather(self, rows: torch.Tensor | None = None) -> None:
         """Keep ``rows`` (all when None) with their visible slots moved to the front, in order:
         the cache becomes as long as the longest row, with no holes inside any row."""
-        visible = self._visible if rows is None else self._visible[rows.to(self.device)]
+        visible = self._visible if rows is None else self._visible[rows]
         counts = visible.sum(dim=1)
         width = int(counts.max()) if visible.shape[0] else 0
         # Stable sort: visible slots first, in their order; then the holes.
@@ -97,7 +98,7 @@ class EagleRows(RowProposer):
                 idx = order.to(src.device)[:, None, :, None].expand(-1, src.shape[1], -1, src.shape[3])
                 dst[:, :, :width] = src.gather(2, idx)
         self._cache = new
-        self._visible = torch.arange(width, device=self.device)[None] < counts[:, None]
+        self._visible = torch.arange(width)[None] < counts[:, None]
         self.compactions += 1
 
     def _excess(self) -> int:
@@ -126,10 +127,11 @@ class EagleRows(RowProposer):
         g, attn_in = self.head.first_input(feats, nxt.to(dev))
         positions = (self._lengths[:, None] + torch.arange(m)[None]).to(dev)
         causal = torch.ones(m, m, dtype=torch.bool, device=dev).tril()  # padding never precedes a real position
-        mask = torch.cat([self._visible[:, None].expand(rows, m, prefix), causal.expand(rows, m, m)], dim=2)
+        visible = self._visible.to(dev, non_blocking=True)
+        mask = torch.cat([visible[:, None].expand(rows, m, prefix), causal.expand(rows, m, m)], dim=2)
         state, _ = self.head.run_layers(g, attn_in, positions, mask, cache=self._cache, cache_length=prefix)
         new = torch.arange(m)[None] < counts[:, None]
-        self._visible = torch.cat([self._visible, new.to(dev)], dim=1)
+        self._visible = torch.cat([self._visible, new], dim=1)
         self._lengths = self._lengths + counts
         return state[torch.arange(rows, device=dev), (counts - 1).clamp(min=0).to(dev)]
 
@@ -148,15 +150,10 @@ class EagleRows(RowProposer):
         ):
             self._gather()
         tokens, parents, scores = grow(
-            self.head, p._logits, p._vocab_ids_dev, self._cache, self._visible, self._lengths.to(self.device),
-            root_states, max(depths), p.top_k,
+            self.head, p._logits, p._vocab_ids_dev, self._cache, self._visible.to(self.device, non_blocking=True),
+            self._lengths.to(self.device, non_blocking=True), root_states, max(depths), p.top_k,
         )
-        tokens, parents, scores = tokens.cpu(), parents.cpu(), scores.cpu()
-        trees = []
-        for r, (root, depth) in enumerate(zip(roots, depths)):
-            if depth < 1:
-                trees.append(Tree(TreeShape((-1,)), torch.tensor([root])))
-                continue
-            n = nodes_up_to(depth, p.top_k)  # a row drafting shallower keeps only its first levels
-            trees.append(select(root, tokens[r, :n], parents[r, :n], scores[r, :n], p.total_tokens, p.vocab_ids))
-        return trees
+        # A row drafting shallower keeps only its first levels' nodes (what its own proposer grows).
+        nodes = [nodes_up_to(max(d, 1), p.top_k) for d in depths]
+        trees = select(roots, tokens, parents, scores, nodes, p.total_tokens, p._vocab_ids_dev)
+        return [tree if d >= 1 else Tree(TreeShape((-1,)), torch.tensor([root])) for tree, d, root in zip(trees, depths, roots)]

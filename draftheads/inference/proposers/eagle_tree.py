@@ -81,22 +81,32 @@ def nodes_up_to(depth: int, top_k: int) -> int:
     return top_k + (depth - 1) * top_k * top_k
 
 
-def select(root: int, tokens: torch.Tensor, parents: torch.Tensor, scores: torch.Tensor, total_tokens: int,
-           vocab_ids: torch.Tensor | None) -> Tree:
-    """One row's best ``total_tokens - 1`` nodes (CPU tensors [nodes]), re-indexed into a tree
-    (creation order keeps parents first). A child's joint probability never exceeds its
-    parent's, so the kept set is connected."""
-    budget = min(total_tokens - 1, scores.numel())
-    # Stable descending sort: on equal scores the earlier-created node (a parent) wins.
-    order = torch.sort(-scores, stable=True).indices[:budget]
-    keep = order.sort().values  # creation order
-    new_id = {0: 0}
-    new_parents = [-1]
-    parent_list = parents.tolist()
-    for j, node in enumerate((keep + 1).tolist(), start=1):
-        new_id[node] = j
-        new_parents.append(new_id[parent_list[node - 1]])
-    drafted = tokens[keep]
+def select(roots: list[int], tokens: torch.Tensor, parents: torch.Tensor, scores: torch.Tensor, nodes: list[int],
+           total_tokens: int, vocab_ids: torch.Tensor | None) -> list[Tree]:
+    """Each row's best ``total_tokens - 1`` of its first ``nodes[r]`` nodes (``grow``'s output),
+    re-indexed into a tree (creation order keeps parents first). A child's joint probability never
+    exceeds its parent's, so the kept set is connected. The ranking runs where the nodes are; the
+    kept nodes come to the host in one transfer."""
+    rows, created = scores.shape
+    budget = min(total_tokens - 1, max(nodes))
+    limit = torch.tensor(nodes, device=scores.device)[:, None]
+    beyond = torch.arange(created, device=scores.device)[None] >= limit  # a row drafting shallower
+    ranked = (-scores).masked_fill(beyond, float("inf"))
+    # Stable ascending sort of -score: on equal scores the earlier-created node (a parent) wins.
+    order = torch.sort(ranked, dim=1, stable=True).indices[:, :budget]
+    picked = tokens.gather(1, order)
     if vocab_ids is not None:
-        drafted = vocab_ids[drafted]
-    return Tree(TreeShape(tuple(new_parents)), torch.cat([torch.tensor([root]), drafted]))
+        picked = vocab_ids[picked]
+    kept = torch.stack([order, picked, parents.gather(1, order)], dim=1).tolist()  # the one transfer
+    trees = []
+    for root, n, (node_order, node_tokens, node_parents) in zip(roots, nodes, kept):
+        best = list(zip(node_order, node_tokens, node_parents))[: min(total_tokens - 1, n)]
+        chosen = sorted(best)  # creation order: parents before children
+        new_id = {0: 0}
+        new_parents, drafted = [-1], [root]
+        for j, (index, token, parent) in enumerate(chosen, start=1):
+            new_id[index + 1] = j
+            new_parents.append(new_id[parent])
+            drafted.append(token)
+        trees.append(Tree(TreeShape(tuple(new_parents)), torch.tensor(drafted)))
+    return trees
