@@ -19,7 +19,7 @@ import torch
 from ..tree import Tree, TreeShape
 from .eagle import EagleProposer
 from .eagle_tree import grow, nodes_up_to, select
-from .rows import RowProposer
+from .row_base import RowProposer
 
 COMPACTION = ("auto", "never", "always")
 HOLE_FRACTION = 0.25

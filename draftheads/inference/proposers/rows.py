@@ -10,35 +10,15 @@ from __future__ import annotations
 
 import torch
 
-from ..sampling import SamplingParams
 from ..tree import Tree
 from .base import Proposer
+from .eagle import EagleProposer
+from .eagle_rows import EagleRows
 from .hydra import HydraProposer
 from .medusa import MedusaProposer
+from .row_base import RowProposer
 
-
-class RowProposer:
-    """The batch interface the batched decode loop calls; rows are positions in the active batch."""
-
-    def start(self, prompts: list[torch.Tensor], hidden: list[torch.Tensor | None], params: SamplingParams,
-              generator: torch.Generator | None) -> None:
-        raise NotImplementedError
-
-    def propose(self, roots: list[int], max_depths: list[int]) -> list[Tree]:
-        raise NotImplementedError
-
-    def accepted(self, tokens: list[torch.Tensor], hidden: list[torch.Tensor | None]) -> None:
-        raise NotImplementedError
-
-    def observe(self, drafted: list[int], accepted: list[int], verify_seconds: float) -> None:
-        """Per-row feedback, as `Proposer.observe` (optional)."""
-
-    def keep(self, rows: list[int]) -> None:
-        """Only ``rows`` (positions in the current batch, in order) go on decoding."""
-        raise NotImplementedError
-
-    def stats(self) -> dict:
-        return {}
+__all__ = ["EagleRows", "ForkedRows", "HeadsRows", "RowProposer", "row_proposer", "truncate"]
 
 
 def truncate(tree: Tree, max_depth: int) -> Tree:
@@ -105,9 +85,6 @@ class ForkedRows(RowProposer):
 
 def row_proposer(proposer: Proposer) -> RowProposer:
     """The batched form of ``proposer``: batched drafting where the method allows it."""
-    from .eagle import EagleProposer
-    from .eagle_rows import EagleRows  # imports this module (RowProposer): imported here, not at the top
-
     if isinstance(proposer, (MedusaProposer, HydraProposer)) and hasattr(proposer, "draft_rows"):
         return HeadsRows(proposer)
     if isinstance(proposer, EagleProposer):
