@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import draftheads as dh
+from draftheads.inference.host_syncs import HostSyncCounter
 from draftheads.inference.proposers.eagle_rows import EagleRows
 from draftheads.inference.proposers.rows import row_proposer
 from draftheads.inference.sampling import SamplingParams
@@ -118,3 +119,36 @@ def test_eagle_proposers_draft_rows_together(target):
 def test_bad_compaction_is_refused(target):
     with pytest.raises(ValueError, match="compaction"):
         EagleRows(dh.EagleProposer(random_heads("eagle", target)), compaction="sometimes")
+
+
+@pytest.mark.parametrize("compaction", ["auto", "always"])
+def test_batched_drafting_reads_the_device_once_per_step(compaction, one_torch_thread):
+    """All rows' trees come to the host in one transfer per step, whatever the rows' lengths, a
+    compaction or a row leaving: the draft cache's layout is planned from host bookkeeping (one
+    forked proposer per row reads the device once per row)."""
+    target = tiny_target("llama")
+    heads = random_heads("eagle", target).float()
+    proposer = dh.EagleProposer(heads, **TREE)
+    feat = heads.config.hidden_size
+    gen = torch.Generator().manual_seed(4)
+    prompts = [torch.randint(3, 64, (n,), generator=gen) for n in PROMPT_LENGTHS]
+    batched = EagleRows(proposer, compaction=compaction)
+    steps = 5
+    with HostSyncCounter(target, heads) as syncs:
+        hidden = [torch.randn(n, feat, generator=gen) for n in PROMPT_LENGTHS]
+        for h in hidden:
+            syncs.taint(h)  # target features live on the accelerator
+        batched.start(prompts, hidden, SamplingParams(), None)
+        rows = len(prompts)
+        for step in range(steps):
+            trees = batched.propose([5] * rows, [64] * rows)
+            paths = [accepted_path(t, gen) for t in trees]
+            feats = [torch.randn(p.numel(), feat, generator=gen) for p in paths]
+            for f in feats:
+                syncs.taint(f)
+            batched.accepted([t.tokens[p] for t, p in zip(trees, paths)], feats)
+            if step == 1:
+                batched.keep([0, 2, 3])
+                rows = 3
+    assert syncs.total_outside <= steps, f"{dict(syncs.outside)} host reads in {steps} steps"
+    assert batched.compactions >= 1
