@@ -162,10 +162,10 @@ class EagleHead(DraftHeads):
             new_kv.append(kv)
         return x, new_kv
 
-    def new_cache(self, capacity: int, device, dtype) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """Empty per-layer key/value buffers for drafting one sequence."""
+    def new_cache(self, capacity: int, device, dtype, rows: int = 1) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Empty per-layer key/value buffers for drafting ``rows`` sequences."""
         ex = self.config.extra
-        shape = (1, ex["num_key_value_heads"], capacity, ex["head_dim"])
+        shape = (rows, ex["num_key_value_heads"], capacity, ex["head_dim"])
         return [(torch.empty(shape, device=device, dtype=dtype), torch.empty(shape, device=device, dtype=dtype)) for _ in self.layers]
 
     def logits(self, state: torch.Tensor) -> torch.Tensor:

@@ -19,6 +19,7 @@ import torch
 from ..sampling import SamplingParams
 from ..tree import Tree, TreeShape
 from .base import Proposer
+from .eagle_tree import grow, select
 
 # Small enough to pay off on a CPU, where verify cost grows quickly with tree size; `draftheads
 # calibrate` measures better values for the device.
@@ -138,68 +139,10 @@ class EagleProposer(Proposer):
         depth = min(self.depth, max_depth)
         if depth < 1 or self.total_tokens == 1:  # nothing to draft (total_tokens=1 = plain decoding)
             return Tree(TreeShape((-1,)), torch.tensor([root]))
-        head, k, dev = self.head, self.top_k, self.device
         root_state = self._catch_up(root)
         prefix = self._cached
-
-        logp = self._logits(root_state[None]).float().log_softmax(-1)[0]
-        top = logp.topk(k)
-        # Every created node (root = node 0 excluded): draft-vocab token, parent node, joint log-prob.
-        tokens, parents, scores = [top.indices], [torch.zeros(k, dtype=torch.long, device=dev)], [top.values]
-        frontier = torch.arange(1, k + 1, device=dev)  # node ids of the nodes to expand next
-        frontier_states = root_state[None].expand(k, -1)  # their parents' draft states
-        frontier_tokens = top.indices
-        max_expanded = k * (depth - 1)
-        # anc[i, j]: expanded node j is node i's ancestor or itself (rows in the tree part of the cache)
-        anc = torch.zeros(max_expanded, max_expanded, dtype=torch.bool, device=dev)
-        row_of = torch.full((1 + k + (depth - 1) * k * k,), -1, dtype=torch.long, device=dev)
-        expanded, created = 0, k
-        arange_k = torch.arange(k, device=dev)
-        for level in range(1, depth):
-            n = frontier.numel()
-            new_rows = expanded + arange_k[:n]
-            parent_row = row_of[torch.cat(parents)[frontier - 1]]
-            rows = torch.zeros(n, max_expanded, dtype=torch.bool, device=dev)
-            has_parent = parent_row >= 0
-            if bool(has_parent.any()):
-                rows[has_parent] = anc[parent_row[has_parent]]
-            rows[arange_k[:n], new_rows] = True
-            anc[new_rows] = rows
-            row_of[frontier] = new_rows
-            mask = torch.ones(n, prefix + expanded + n, dtype=torch.bool, device=dev)
-            mask[:, prefix:] = rows[:, : expanded + n]
-            fed = frontier_tokens if self._vocab_ids_dev is None else self._vocab_ids_dev[frontier_tokens]
-            g, attn_in = head.next_input(frontier_states[None], fed[None])
-            positions = torch.full((1, n), prefix + level - 1, device=dev)
-            out, _ = head.run_layers(g, attn_in, positions, mask[None], cache=self._cache, cache_length=prefix + expanded)
-            expanded += n
-
-            best = self._logits(out[0]).float().log_softmax(-1).topk(k, dim=-1)
-            cand_scores = (torch.cat(scores)[frontier - 1][:, None] + best.values).reshape(-1)
-            tokens.append(best.indices.reshape(-1))
-            parents.append(frontier.repeat_interleave(k))
-            scores.append(cand_scores)
-            keep = cand_scores.topk(k).indices
-            frontier = created + 1 + keep
-            frontier_states = out[0][keep // k]
-            frontier_tokens = tokens[-1][keep]
-            created += cand_scores.numel()
-
-        return self._select(root, torch.cat(tokens), torch.cat(parents), torch.cat(scores))
-
-    def _select(self, root: int, tokens: torch.Tensor, parents: torch.Tensor, scores: torch.Tensor) -> Tree:
-        """The best ``total_tokens - 1`` nodes, re-indexed into a tree (creation order keeps parents first)."""
-        budget = min(self.total_tokens - 1, scores.numel())
-        # Stable descending sort: on equal scores the earlier-created node (a parent) wins.
-        order = torch.sort(-scores.cpu(), stable=True).indices[:budget]
-        keep = order.sort().values  # creation order
-        new_id = {0: 0}
-        new_parents = [-1]
-        parent_list = parents.cpu().tolist()
-        for j, node in enumerate((keep + 1).tolist(), start=1):
-            new_id[node] = j
-            new_parents.append(new_id[parent_list[node - 1]])
-        drafted = tokens.cpu()[keep]
-        if self.vocab_ids is not None:
-            drafted = self.vocab_ids[drafted]
-        return Tree(TreeShape(tuple(new_parents)), torch.cat([torch.tensor([root]), drafted]))
+        visible = torch.ones(1, prefix, dtype=torch.bool, device=self.device)
+        first_pos = torch.full((1,), prefix, dtype=torch.long, device=self.device)
+        tokens, parents, scores = grow(self.head, self._logits, self._vocab_ids_dev, self._cache, visible, first_pos,
+                                       root_state[None], depth, self.top_k)
+        return select([root], tokens, parents, scores, [tokens.shape[1]], self.total_tokens, self._vocab_ids_dev)[0]

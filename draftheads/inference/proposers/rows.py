@@ -1,43 +1,24 @@
 """Proposers for a batch of sequences: one tree per row, rows dropping out as they finish.
 
 Medusa and Hydra heads draft every row in one batched call (`draft_rows`): their only
-per-sequence state is the last hidden state. Every other proposer (EAGLE's draft layer with its
-own KV cache, a draft LM, prompt lookup) keeps per-sequence state, so each row gets its own
+per-sequence state is the last hidden state. EAGLE and EAGLE-3 draft every row with one
+draft-layer forward per depth over a shared draft KV cache (`eagle_rows.EagleRows`). Every other
+proposer (a draft LM, prompt lookup) keeps per-sequence state, so each row gets its own
 `Proposer.fork` and drafts on its own.
 """
 from __future__ import annotations
 
 import torch
 
-from ..sampling import SamplingParams
 from ..tree import Tree
 from .base import Proposer
+from .eagle import EagleProposer
+from .eagle_rows import EagleRows
 from .hydra import HydraProposer
 from .medusa import MedusaProposer
+from .row_base import RowProposer
 
-
-class RowProposer:
-    """The batch interface the batched decode loop calls; rows are positions in the active batch."""
-
-    def start(self, prompts: list[torch.Tensor], hidden: list[torch.Tensor | None], params: SamplingParams,
-              generator: torch.Generator | None) -> None:
-        raise NotImplementedError
-
-    def propose(self, roots: list[int], max_depths: list[int]) -> list[Tree]:
-        raise NotImplementedError
-
-    def accepted(self, tokens: list[torch.Tensor], hidden: list[torch.Tensor | None]) -> None:
-        raise NotImplementedError
-
-    def observe(self, drafted: list[int], accepted: list[int], verify_seconds: float) -> None:
-        """Per-row feedback, as `Proposer.observe` (optional)."""
-
-    def keep(self, rows: list[int]) -> None:
-        """Only ``rows`` (positions in the current batch, in order) go on decoding."""
-        raise NotImplementedError
-
-    def stats(self) -> dict:
-        return {}
+__all__ = ["EagleRows", "ForkedRows", "HeadsRows", "RowProposer", "row_proposer", "truncate"]
 
 
 def truncate(tree: Tree, max_depth: int) -> Tree:
@@ -106,4 +87,6 @@ def row_proposer(proposer: Proposer) -> RowProposer:
     """The batched form of ``proposer``: batched drafting where the method allows it."""
     if isinstance(proposer, (MedusaProposer, HydraProposer)) and hasattr(proposer, "draft_rows"):
         return HeadsRows(proposer)
+    if isinstance(proposer, EagleProposer):
+        return EagleRows(proposer)
     return ForkedRows(proposer)

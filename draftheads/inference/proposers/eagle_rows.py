@@ -1,0 +1,159 @@
+"""EAGLE / EAGLE-3 drafting for a batch: one draft-layer forward per depth for all rows.
+
+Forking one `EagleProposer` per row runs rows x depths small forwards per step, where kernel
+launches, not FLOPs, set the cost. Here the rows share one draft KV cache [rows, kv, slots, hd]:
+- catch-up: each row feeds the positions committed since its last step (a different number per
+  row: accepted counts differ, prompts differ at the first step), padded to the longest; the
+  padding slots become holes that the row's mask hides (``visible`` [rows, slots]). Positions are
+  per row (each row's own committed count), so holes never shift RoPE.
+- expansion: `eagle_tree.grow` with every row's visibility mask; each row gets the tree its own
+  `EagleProposer` would draft (same code, only the cache layout differs).
+- holes are removed (one gather of the draft cache, each row's entries then contiguous from slot
+  0: right-padded with per-row lengths) when rows leave the batch, and by the ``compaction``
+  policy when that shortens the cache: "auto" by over a quarter, "always" by any slot, "never".
+"""
+from __future__ import annotations
+
+import torch
+
+from ..tree import Tree, TreeShape
+from .eagle import EagleProposer
+from .eagle_tree import grow, nodes_up_to, select
+from .row_base import RowProposer
+
+COMPACTION = ("auto", "never", "always")
+HOLE_FRACTION = 0.25
+
+
+class EagleRows(RowProposer):
+    """Batched form of an `EagleProposer`: per row, the same tree as that row's own forked proposer."""
+
+    def __init__(self, proposer: EagleProposer, compaction: str = "auto") -> None:
+        if compaction not in COMPACTION:
+            raise ValueError(f"EAGLE draft-cache compaction must be one of {COMPACTION}, got {compaction!r}")
+        self.proposer, self.compaction = proposer, compaction
+        self.head = proposer.head
+        self._cache: list[tuple[torch.Tensor, torch.Tensor]] | None = None
+        self.compactions = 0
+        self.max_excess = 0
+
+    @property
+    def device(self) -> torch.device:
+        return self.proposer.device
+
+    def start(self, prompts, hidden, params, generator) -> None:
+        self._ids = [p.tolist() for p in prompts]
+        self._pending = [[h] for h in hidden]  # per row: target features not yet fed to the draft
+        self._lengths = torch.zeros(len(prompts), dtype=torch.long)  # committed draft-cache positions per row
+        # [rows, slots] on the host: the layout is host bookkeeping (no device reads to plan a step)
+        self._visible = torch.zeros(len(prompts), 0, dtype=torch.bool)
+        self._cache = None
+        self._reserve(max(len(ids) for ids in self._ids) + 256)
+
+    def accepted(self, tokens, hidden) -> None:
+        for ids, pending, t, h in zip(self._ids, self._pending, tokens, hidden):
+            ids.extend(t.tolist())
+            pending.append(h)
+
+    def keep(self, rows: list[int]) -> None:
+        """Drop the rows that left; the same copy of the draft cache removes the holes."""
+        self._ids = [self._ids[r] for r in rows]
+        self._pending = [self._pending[r] for r in rows]
+        self._lengths = self._lengths[rows]
+        self._gather(torch.tensor(rows, dtype=torch.long))
+
+    def stats(self) -> dict:
+        return {**self.proposer.stats(), "draft_cache": {"compaction": self.compaction, "compactions": self.compactions,
+                                                         "max_excess_slots": self.max_excess}}
+
+    # -- the draft cache --------------------------------------------------------------------------
+    def _reserve(self, slots: int) -> None:
+        """Room for ``slots`` slots in the preallocated buffers (doubling, keeping the used ones)."""
+        have = 0 if self._cache is None else self._cache[0][0].shape[2]
+        if slots <= have:
+            return
+        w = self.head.fc.weight
+        new = self.head.new_cache(max(slots, 2 * have), w.device, w.dtype, rows=self._visible.shape[0])
+        used = self._visible.shape[1]
+        if self._cache is not None and used:
+            for (nk, nv), (ok, ov) in zip(new, self._cache):
+                nk[:, :, :used] = ok[:, :, :used]
+                nv[:, :, :used] = ov[:, :, :used]
+        self._cache = new
+
+    def _gather(self, rows: torch.Tensor | None = None) -> None:
+        """Keep ``rows`` (all when None) with their visible slots moved to the front, in order:
+        the cache becomes as long as the longest row, with no holes inside any row."""
+        visible = self._visible if rows is None else self._visible[rows]
+        counts = visible.sum(dim=1)
+        width = int(counts.max()) if visible.shape[0] else 0
+        # Stable sort: visible slots first, in their order; then the holes.
+        order = torch.sort((~visible).long(), dim=1, stable=True).indices[:, :width]
+        capacity = self._cache[0][0].shape[2]
+        new = self.head.new_cache(capacity, self._cache[0][0].device, self._cache[0][0].dtype, rows=visible.shape[0])
+        for (nk, nv), (ok, ov) in zip(new, self._cache):
+            for dst, src in ((nk, ok), (nv, ov)):
+                if rows is not None:
+                    src = src.index_select(0, rows.to(src.device))
+                idx = order.to(src.device)[:, None, :, None].expand(-1, src.shape[1], -1, src.shape[3])
+                dst[:, :, :width] = src.gather(2, idx)
+        self._cache = new
+        self._visible = torch.arange(width)[None] < counts[:, None]
+        self.compactions += 1
+
+    def _excess(self) -> int:
+        """Slots a compaction would remove: the cache is longer than its longest row."""
+        return self._visible.shape[1] - int(self._visible.sum(dim=1).max())
+
+    # -- one step ---------------------------------------------------------------------------------
+    def _catch_up(self, roots: list[int], drafting: list[bool]) -> torch.Tensor:
+        """Feed each drafting row's newly committed positions (rows not drafting feed none and keep
+        theirs pending, as their own proposer would); return the draft state at each row's root [rows, d]."""
+        dev, rows = self.device, len(roots)
+        fed = [torch.cat(p).to(dev) if d else None for p, d in zip(self._pending, drafting)]
+        counts = torch.tensor([0 if f is None else f.shape[0] for f in fed], dtype=torch.long)
+        m, prefix = int(counts.max()), self._visible.shape[1]
+        self._reserve(prefix + m + self.proposer.top_k * self.proposer.depth + 1)
+        some = next(f for f in fed if f is not None)
+        feats = some.new_zeros(rows, m, some.shape[1])
+        nxt = torch.zeros(rows, m, dtype=torch.long)
+        for r, f in enumerate(fed):
+            if f is None:
+                continue
+            n, start = f.shape[0], int(self._lengths[r])
+            feats[r, :n] = f
+            nxt[r, :n] = torch.tensor(self._ids[r][start + 1 :] + [roots[r]])
+            self._pending[r] = []
+        g, attn_in = self.head.first_input(feats, nxt.to(dev))
+        positions = (self._lengths[:, None] + torch.arange(m)[None]).to(dev)
+        causal = torch.ones(m, m, dtype=torch.bool, device=dev).tril()  # padding never precedes a real position
+        visible = self._visible.to(dev, non_blocking=True)
+        mask = torch.cat([visible[:, None].expand(rows, m, prefix), causal.expand(rows, m, m)], dim=2)
+        state, _ = self.head.run_layers(g, attn_in, positions, mask, cache=self._cache, cache_length=prefix)
+        new = torch.arange(m)[None] < counts[:, None]
+        self._visible = torch.cat([self._visible, new], dim=1)
+        self._lengths = self._lengths + counts
+        return state[torch.arange(rows, device=dev), (counts - 1).clamp(min=0).to(dev)]
+
+    @torch.inference_mode()
+    def propose(self, roots: list[int], max_depths: list[int]) -> list[Tree]:
+        p = self.proposer
+        depths = [0 if p.total_tokens == 1 else min(p.depth, d) for d in max_depths]
+        drafting = [d >= 1 for d in depths]
+        if not any(drafting):  # nothing to draft (total_tokens=1 = plain decoding)
+            return [Tree(TreeShape((-1,)), torch.tensor([root])) for root in roots]
+        root_states = self._catch_up(roots, drafting)
+        excess = self._excess()
+        self.max_excess = max(self.max_excess, excess)
+        if self.compaction == "always" and excess or (
+            self.compaction == "auto" and excess > HOLE_FRACTION * self._visible.shape[1]
+        ):
+            self._gather()
+        tokens, parents, scores = grow(
+            self.head, p._logits, p._vocab_ids_dev, self._cache, self._visible.to(self.device, non_blocking=True),
+            self._lengths.to(self.device, non_blocking=True), root_states, max(depths), p.top_k,
+        )
+        # A row drafting shallower keeps only its first levels' nodes (what its own proposer grows).
+        nodes = [nodes_up_to(max(d, 1), p.top_k) for d in depths]
+        trees = select(roots, tokens, parents, scores, nodes, p.total_tokens, p._vocab_ids_dev)
+        return [tree if d >= 1 else Tree(TreeShape((-1,)), torch.tensor([root])) for tree, d, root in zip(trees, depths, roots)]

@@ -1,0 +1,112 @@
+"""EAGLE-2's tree growth and rerank for a batch of rows, shared by `EagleProposer` (one row) and
+`EagleRows` (every row of a batch in one draft-layer forward per depth).
+
+Every row expands exactly ``top_k`` nodes per depth, so the rows stay aligned: the same number
+of nodes, the same cache slots for the tree part, different tokens and parents. Only each row's
+committed draft cache differs (its length, and in a batch, holes), which the caller describes
+with a per-row visibility mask over the committed slots and the position of each row's root.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from ..tree import Tree, TreeShape
+
+
+def grow(
+    head: torch.nn.Module,
+    logits: Callable[[torch.Tensor], torch.Tensor],
+    vocab_ids: torch.Tensor | None,
+    cache: list[tuple[torch.Tensor, torch.Tensor]],
+    visible: torch.Tensor,
+    first_pos: torch.Tensor,
+    root_states: torch.Tensor,
+    depth: int,
+    top_k: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Every node of each row's dynamic tree, ``depth`` levels deep: (draft-vocab tokens, parent
+    node ids (root = 0, node i = entry i - 1), joint log-probabilities), each [rows, nodes] in
+    creation order, ``top_k + (depth - 1) * top_k**2`` nodes.
+
+    ``visible`` [rows, T] bool: the committed cache slots each row attends to (the tree part is
+    written after slot T, then dropped); ``first_pos`` [rows]: the position of each row's first
+    drafted level (its committed draft length, what the draft layer's RoPE sees);
+    ``root_states`` [rows, d]: the draft state at the root."""
+    k, dev = top_k, root_states.device
+    rows, width = root_states.shape
+    prefix = visible.shape[1]
+    top = logits(root_states).float().log_softmax(-1).topk(k, dim=-1)
+    tokens, parents, scores = [top.indices], [torch.zeros(rows, k, dtype=torch.long, device=dev)], [top.values]
+    frontier = torch.arange(1, k + 1, device=dev).expand(rows, k)  # node ids of the nodes to expand next
+    frontier_states = root_states[:, None].expand(rows, k, width)  # their parents' draft states
+    frontier_tokens = top.indices
+    max_expanded = k * (depth - 1)
+    # anc[r, i, j]: in row r, expanded node j is expanded node i's ancestor or itself (tree-part slots)
+    anc = torch.zeros(rows, max_expanded, max_expanded, dtype=torch.bool, device=dev)
+    slot_of = torch.full((rows, 1 + k + (depth - 1) * k * k), -1, dtype=torch.long, device=dev)
+    expanded, created = 0, k
+    arange_k = torch.arange(k, device=dev)
+    for level in range(1, depth):
+        new_slots = expanded + arange_k  # every row expands k nodes, into the same slots
+        parent_slot = slot_of.gather(1, torch.cat(parents, 1).gather(1, frontier - 1))  # -1: the root
+        sees = anc.gather(1, parent_slot.clamp(min=0)[..., None].expand(-1, -1, max_expanded))
+        sees &= (parent_slot >= 0)[..., None]
+        sees[:, arange_k, new_slots] = True
+        anc[:, new_slots] = sees
+        slot_of.scatter_(1, frontier, new_slots.expand(rows, k))
+        mask = torch.cat([visible[:, None].expand(rows, k, prefix), sees[:, :, : expanded + k]], dim=2)
+        fed = frontier_tokens if vocab_ids is None else vocab_ids[frontier_tokens]
+        g, attn_in = head.next_input(frontier_states, fed)
+        positions = (first_pos + level - 1)[:, None].expand(rows, k)
+        out, _ = head.run_layers(g, attn_in, positions, mask, cache=cache, cache_length=prefix + expanded)
+        expanded += k
+
+        best = logits(out).float().log_softmax(-1).topk(k, dim=-1)  # [rows, k, k]
+        cand_scores = (torch.cat(scores, 1).gather(1, frontier - 1)[..., None] + best.values).reshape(rows, -1)
+        tokens.append(best.indices.reshape(rows, -1))
+        parents.append(frontier.repeat_interleave(k, dim=1))
+        scores.append(cand_scores)
+        keep = cand_scores.topk(k, dim=-1).indices
+        frontier = created + 1 + keep
+        frontier_states = out.gather(1, (keep // k)[..., None].expand(-1, -1, width))
+        frontier_tokens = tokens[-1].gather(1, keep)
+        created += cand_scores.shape[1]
+    return torch.cat(tokens, 1), torch.cat(parents, 1), torch.cat(scores, 1)
+
+
+def nodes_up_to(depth: int, top_k: int) -> int:
+    """How many nodes `grow` creates in its first ``depth`` levels."""
+    return top_k + (depth - 1) * top_k * top_k
+
+
+def select(roots: list[int], tokens: torch.Tensor, parents: torch.Tensor, scores: torch.Tensor, nodes: list[int],
+           total_tokens: int, vocab_ids: torch.Tensor | None) -> list[Tree]:
+    """Each row's best ``total_tokens - 1`` of its first ``nodes[r]`` nodes (``grow``'s output),
+    re-indexed into a tree (creation order keeps parents first). A child's joint probability never
+    exceeds its parent's, so the kept set is connected. The ranking runs where the nodes are; the
+    kept nodes come to the host in one transfer."""
+    rows, created = scores.shape
+    budget = min(total_tokens - 1, max(nodes))
+    limit = torch.tensor(nodes, device=scores.device)[:, None]
+    beyond = torch.arange(created, device=scores.device)[None] >= limit  # a row drafting shallower
+    ranked = (-scores).masked_fill(beyond, float("inf"))
+    # Stable ascending sort of -score: on equal scores the earlier-created node (a parent) wins.
+    order = torch.sort(ranked, dim=1, stable=True).indices[:, :budget]
+    picked = tokens.gather(1, order)
+    if vocab_ids is not None:
+        picked = vocab_ids[picked]
+    kept = torch.stack([order, picked, parents.gather(1, order)], dim=1).tolist()  # the one transfer
+    trees = []
+    for root, n, (node_order, node_tokens, node_parents) in zip(roots, nodes, kept):
+        best = list(zip(node_order, node_tokens, node_parents))[: min(total_tokens - 1, n)]
+        chosen = sorted(best)  # creation order: parents before children
+        new_id = {0: 0}
+        new_parents, drafted = [-1], [root]
+        for j, (index, token, parent) in enumerate(chosen, start=1):
+            new_id[index + 1] = j
+            new_parents.append(new_id[parent])
+            drafted.append(token)
+        trees.append(Tree(TreeShape(tuple(new_parents)), torch.tensor(drafted)))
+    return trees

@@ -1,0 +1,154 @@
+"""Batched EAGLE drafting (`EagleRows`) grows, for every row, the tree that row's own forked
+`EagleProposer` grows: same shape, same tokens, step after step, with rows of different prompt
+lengths (holes in the shared draft cache from the first step), different accepted counts, rows
+drafting shallower near their token budget, and a row leaving the batch.
+
+The proposers are driven directly (random features and accepted paths), so every quantity the
+draft cache holds is exercised without a target in the loop; the heads' weights are randomised
+(a fresh head's output projections are zero, which would make attention, and so the masks,
+irrelevant). float64 keeps reduction-order differences far from top-k ties.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import draftheads as dh
+from draftheads.inference.host_syncs import HostSyncCounter
+from draftheads.inference.proposers.eagle_rows import EagleRows
+from draftheads.inference.proposers.rows import row_proposer
+from draftheads.inference.sampling import SamplingParams
+
+from inference_utils import tiny_target
+
+PROMPT_LENGTHS = (3, 11, 6, 17)
+STEPS = 7
+LEAVES_AFTER = 3  # row 1 leaves the batch after this step
+TREE = {"total_tokens": 10, "depth": 4, "top_k": 3}
+
+
+def random_heads(head_type: str, target) -> torch.nn.Module:
+    torch.manual_seed(7)
+    if head_type == "eagle":
+        heads = dh.EagleHead.for_target(target)
+    else:
+        heads = dh.Eagle3Head.for_target(target, draft_vocab_size=48)
+        heads.set_draft_vocab(torch.arange(target.config.vocab_size).flip(0))
+    with torch.no_grad():
+        for p in heads.parameters():
+            p.add_(torch.randn_like(p) * 0.2)
+    return heads.double().eval()
+
+
+def accepted_path(tree, gen: torch.Generator) -> torch.Tensor:
+    """The path from the root to a random node of ``tree`` (what the verifier may accept)."""
+    node = int(torch.randint(tree.shape.size, (1,), generator=gen))
+    path = [node]
+    while tree.shape.parents[path[-1]] != -1:
+        path.append(tree.shape.parents[path[-1]])
+    return torch.tensor(path[::-1])
+
+
+def same_tree(a, b) -> bool:
+    return a.shape.parents == b.shape.parents and torch.equal(a.tokens, b.tokens)
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_target("llama").double()
+
+
+@pytest.mark.parametrize("compaction", ["never", "always", "auto"])
+@pytest.mark.parametrize("head_type", ["eagle", "eagle3"])
+def test_batched_trees_equal_forked_trees(target, head_type, compaction, one_torch_thread):
+    heads = random_heads(head_type, target)
+    proposer = dh.EagleProposer(heads, **TREE)
+    feat = heads.fc.weight.shape[1] - (0 if heads.fuses_layers else heads.config.hidden_size)
+    gen = torch.Generator().manual_seed(3)
+    vocab = target.config.vocab_size
+    prompts = [torch.randint(3, vocab, (n,), generator=gen) for n in PROMPT_LENGTHS]
+    hidden = [torch.randn(n, feat, generator=gen, dtype=torch.float64) for n in PROMPT_LENGTHS]
+    params = SamplingParams()
+
+    batched = EagleRows(proposer, compaction=compaction)
+    batched.start(prompts, hidden, params, None)
+    forked = [proposer.fork() for _ in prompts]
+    for row, ids, h in zip(forked, prompts, hidden):
+        row.start(ids, h, params, None)
+    alive = list(range(len(prompts)))  # original row of each batch position
+    roots = [int(t) for t in torch.randint(3, vocab, (len(prompts),), generator=gen)]
+    compared = shallow = 0
+    for step in range(STEPS):
+        # Row 2 drafts shallower at step 2 (near its budget) and not at all at step 4.
+        max_depths = [{(2, 2): 2, (4, 2): 0}.get((step, r), 64) for r in alive]
+        trees = batched.propose(roots, max_depths)
+        for pos, r in enumerate(alive):
+            alone = forked[r].propose(roots[pos], max_depths[pos])
+            assert same_tree(trees[pos], alone), (
+                f"step {step}, row {r}: batched tree {trees[pos].shape.parents} {trees[pos].tokens.tolist()} differs "
+                f"from the row's own proposer's {alone.shape.parents} {alone.tokens.tolist()}"
+            )
+            compared += alone.shape.size > 1
+            shallow += 1 < alone.shape.size and alone.shape.max_depth < TREE["depth"]
+        paths = [accepted_path(t, gen) for t in trees]
+        toks = [t.tokens[p] for t, p in zip(trees, paths)]
+        feats = [torch.randn(p.numel(), feat, generator=gen, dtype=torch.float64) for p in paths]
+        batched.accepted(toks, feats)
+        for r, t, f in zip(alive, toks, feats):
+            forked[r].accepted(t, f)
+        roots = [int(t) for t in torch.randint(3, vocab, (len(alive),), generator=gen)]
+        if step == LEAVES_AFTER:
+            keep = [pos for pos, r in enumerate(alive) if r != 1]
+            batched.keep(keep)
+            alive = [alive[pos] for pos in keep]
+            roots = [roots[pos] for pos in keep]
+    assert compared >= STEPS * 3 and shallow >= 1, "too few trees compared: the test would be vacuous"
+    stats = batched.stats()["draft_cache"]
+    if compaction == "never":
+        assert stats["max_excess_slots"] > 0, "the draft cache never had holes: the masks were not exercised"
+    if compaction == "always":
+        assert stats["compactions"] > 1
+
+
+def test_eagle_proposers_draft_rows_together(target):
+    """The batched decode loop gets `EagleRows` for EAGLE and EAGLE-3, not one fork per row."""
+    for head_type in ("eagle", "eagle3"):
+        assert isinstance(row_proposer(dh.EagleProposer(random_heads(head_type, target))), EagleRows)
+
+
+def test_bad_compaction_is_refused(target):
+    with pytest.raises(ValueError, match="compaction"):
+        EagleRows(dh.EagleProposer(random_heads("eagle", target)), compaction="sometimes")
+
+
+@pytest.mark.parametrize("compaction", ["auto", "always"])
+def test_batched_drafting_reads_the_device_once_per_step(compaction, one_torch_thread):
+    """All rows' trees come to the host in one transfer per step, whatever the rows' lengths, a
+    compaction or a row leaving: the draft cache's layout is planned from host bookkeeping (one
+    forked proposer per row reads the device once per row)."""
+    target = tiny_target("llama")
+    heads = random_heads("eagle", target).float()
+    proposer = dh.EagleProposer(heads, **TREE)
+    feat = heads.config.hidden_size
+    gen = torch.Generator().manual_seed(4)
+    prompts = [torch.randint(3, 64, (n,), generator=gen) for n in PROMPT_LENGTHS]
+    batched = EagleRows(proposer, compaction=compaction)
+    steps = 5
+    with HostSyncCounter(target, heads) as syncs:
+        hidden = [torch.randn(n, feat, generator=gen) for n in PROMPT_LENGTHS]
+        for h in hidden:
+            syncs.taint(h)  # target features live on the accelerator
+        batched.start(prompts, hidden, SamplingParams(), None)
+        rows = len(prompts)
+        for step in range(steps):
+            trees = batched.propose([5] * rows, [64] * rows)
+            paths = [accepted_path(t, gen) for t in trees]
+            feats = [torch.randn(p.numel(), feat, generator=gen) for p in paths]
+            for f in feats:
+                syncs.taint(f)
+            batched.accepted([t.tokens[p] for t, p in zip(trees, paths)], feats)
+            if step == 1:
+                batched.keep([0, 2, 3])
+                rows = 3
+    assert syncs.total_outside <= steps, f"{dict(syncs.outside)} host reads in {steps} steps"
+    assert batched.compactions >= 1
