@@ -307,3 +307,10 @@ def test_bench_shows_the_mode_each_batch_size_ran(tiny_target_dir, medusa_dir, t
     md = (out / "report.md").read_text()
     assert "| 1 | medusa (speculative) |" in md and "| 2 | medusa (plain) |" in md
     assert "| 2 | prompt-lookup |" in md  # no plan: shown as before
+
+
+def test_measured_plan_takes_a_root_only_tree(setup, one_torch_thread):
+    """Calibration may choose no drafts at all (a root-only tree): timing it must still work."""
+    target, heads, prompts = setup
+    result = measure_batch_plan(target, heads, [], [prompts[0], prompts[1]], [1, 2], new_tokens=4, rounds=1)
+    assert set(result.plan) == {1, 2}
