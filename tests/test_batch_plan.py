@@ -314,3 +314,23 @@ def test_measured_plan_takes_a_root_only_tree(setup, one_torch_thread):
     target, heads, prompts = setup
     result = measure_batch_plan(target, heads, [], [prompts[0], prompts[1]], [1, 2], new_tokens=4, rounds=1)
     assert set(result.plan) == {1, 2}
+
+
+def test_recalibrating_ignores_a_saved_plan(monkeypatch, one_torch_thread):
+    """EAGLE tree settings are timed by decoding: a plan from an earlier calibration marking batch 1
+    plain must not turn every setting into plain decoding (they would all time the same)."""
+    from draftheads.inference.calibrate import calibrate_dynamic_tree
+
+    target = tiny_target("llama")
+    heads = dh.EagleHead.for_target(target).eval()
+    heads.batch_plan = {1: "plain"}
+
+    def no_plain(*args, **kwargs):
+        raise AssertionError("calibration decoded plainly because of a saved batch plan")
+
+    monkeypatch.setattr("draftheads.inference.decoder.generate_plain", no_plain)
+    gen = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(3, 60, (1, 6), generator=gen)]
+    grid = [{"total_tokens": 4, "depth": 2, "top_k": 2}]
+    result = calibrate_dynamic_tree(target, heads, prompts, new_tokens=4, grid=grid, rounds=1)
+    assert len(result.candidates) == 2
