@@ -2,7 +2,7 @@
 
     draftheads train --config configs/demo.yaml [key.sub=value ...]
     draftheads generate --target PATH_OR_ID --heads DIR --prompt "..."
-    draftheads calibrate --target PATH_OR_ID --heads DIR [--prompts FILE]
+    draftheads calibrate --target PATH_OR_ID --heads DIR [--prompts FILE] [--batch-sizes 1,4,8]
     draftheads bench --target PATH_OR_ID --heads DIR [--prompt-lookup] [--questions FILE.jsonl] --out results/
     draftheads distill --target PATH_OR_ID --data FILE --out data/regen.jsonl [--engine hf|vllm] [--resume]
     draftheads cache-features --config CONFIG --out DIR [--dtype bfloat16]
@@ -185,10 +185,33 @@ def _calibrate_dynamic(args, target, heads, prompts) -> int:
         print(f"  {c['total_tokens']:3d} {c['depth']:2d} {c['top_k']:2d}: {c['tokens_per_second']:7.1f}  {c['mean_accept_length']:.2f}")
     print(f"chosen: {result.tree}, {result.mean_accept_length:.2f} tokens/step, "
           f"{result.expected_speedup:.2f}x our plain one-token steps")
+    plan = _batch_plan(args, target, heads, result.tree, prompts)
     if not args.dry_run:
-        write_json_atomically(Path(args.heads) / TREE_NAME, {"tree": result.tree, "calibration": result.to_json()})
+        write_json_atomically(Path(args.heads) / TREE_NAME, {"tree": result.tree, "calibration": result.to_json(), **plan})
         print(f"saved to {Path(args.heads) / TREE_NAME}: SpeculativeDecoder uses it by default")
     return 0
+
+
+def _batch_plan(args, target, heads, tree, prompts) -> dict:
+    """With --batch-sizes: time the chosen tree against plain decoding per batch size and return
+    the tree.json keys of the plan (``batch_plan``, ``batch_plan_measured``); else nothing."""
+    if not args.batch_sizes:
+        return {}
+    from .inference.batch_calibrate import measure_batch_plan
+
+    result = measure_batch_plan(target, heads, tree, prompts, args.batch_sizes, new_tokens=args.new_tokens)
+    print("\n".join(result.lines()))
+    return result.to_json()
+
+
+def _batch_sizes(text: str) -> list[int]:
+    try:
+        sizes = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated batch sizes like 1,4,8, got {text!r}") from None
+    if not sizes or any(s < 1 for s in sizes):
+        raise argparse.ArgumentTypeError(f"batch sizes must be whole numbers >= 1, got {text!r}")
+    return sizes
 
 
 def cmd_calibrate(args) -> int:
@@ -216,8 +239,10 @@ def cmd_calibrate(args) -> int:
     print(f"tree: {result.tree}")
     vocab = result.draft_vocab_size
     print(f"draft vocabulary: {'the whole vocabulary' if vocab is None else f'the {vocab} most frequent training tokens'}")
+    heads.draft_vocab_size = vocab  # the batch plan times the tree as the decoder will run it
+    plan = _batch_plan(args, target, heads, result.tree, prompts)
     if not args.dry_run:
-        write_json_atomically(Path(args.heads) / TREE_NAME, result.to_json())
+        write_json_atomically(Path(args.heads) / TREE_NAME, {**result.to_json(), **plan})
         print(f"saved to {Path(args.heads) / TREE_NAME}: SpeculativeDecoder uses it by default")
     return 0
 
@@ -273,6 +298,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--new-tokens", type=_positive_int, default=64)
     p.add_argument("--max-nodes", type=_positive_int, default=64)
     p.add_argument("--dry-run", action="store_true", help="print the chosen tree without saving it")
+    p.add_argument("--batch-sizes", type=_batch_sizes, default=None, metavar="1,4,8",
+                   help="also time the chosen tree against plain decoding at these batch sizes and save a per-size "
+                        "plan (batch_plan in tree.json): SpeculativeDecoder decodes plainly where speculation loses")
     p.set_defaults(func=cmd_calibrate)
 
     from .bench.command import add_parser as add_bench_parser

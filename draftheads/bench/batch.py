@@ -119,6 +119,7 @@ class BatchBench:
                         run[m.name] = {
                             "seconds": seconds, "new_tokens": out.num_new_tokens,
                             "mean_accept_length": out.mean_accept_length,
+                            "mode": out.stats.get("mode"),  # "plain" where the method's batch plan says so
                             "exact": bool(torch.equal(out.sequences, reference)) if self.temperature == 0 else None,
                         }
                     runs.append(run)
@@ -154,13 +155,15 @@ def summarize_batch(runs: list[dict[str, Any]], names: list[str]) -> dict[str, A
             "speedup_max": max(ratios) if ratios else None,
             "mean_accept_length": statistics.fmean(r[name]["mean_accept_length"] for r in runs),
             "all_exact": all(exact) if exact else None,
+            "modes": sorted({r[name].get("mode") for r in runs if r[name].get("mode")}),
         }
     out["runs"] = runs
     return out
 
 
-def batch_markdown(table: dict[str, Any], names: list[str]) -> str:
-    """The batch table: one row per batch size and method."""
+def batch_markdown(table: dict[str, Any], names: list[str], planned: list[str] | tuple = ()) -> str:
+    """The batch table: one row per batch size and method; a method in ``planned`` (its decoder has
+    a batch plan) is shown with the mode it ran at that size, e.g. ``medusa (plain)``."""
     lines = ["| batch | method | tokens/s | vs plain (median [min-max]) | accepted/step | exact |",
              "|---:|---|---:|---|---:|---|"]
     for size, res in table.items():
@@ -170,5 +173,6 @@ def batch_markdown(table: dict[str, Any], names: list[str]) -> str:
             ratio = "n/a" if r["speedup_median"] is None else (
                 f"{r['speedup_median']:.2f}x [{r['speedup_min']:.2f}-{r['speedup_max']:.2f}]")
             exact = "" if r["all_exact"] is None else ("yes" if r["all_exact"] else "NO")
-            lines.append(f"| {size} | {name} | {r['tokens_per_second']:.1f} | {ratio} | {r['mean_accept_length']:.2f} | {exact} |")
+            label = f"{name} ({'/'.join(r.get('modes') or ['?'])})" if name in planned else name
+            lines.append(f"| {size} | {label} | {r['tokens_per_second']:.1f} | {ratio} | {r['mean_accept_length']:.2f} | {exact} |")
     return "\n".join(lines)

@@ -20,6 +20,7 @@ def run_batch_sizes(args, target, tokenizer, methods, questions, source: str) ->
                        use_chat_template=not args.no_chat_template)
     table = bench.run(questions, args.batch_size, args.batches, args.warmup, progress=not args.no_progress)
     names = [m.name for m in methods]
+    planned = [m.name for m in methods if getattr(m.decoder, "batch_plan", None)]  # heads calibrated with --batch-sizes
     report = {
         "format_version": 1,
         "kind": "batch",
@@ -37,10 +38,12 @@ def run_batch_sizes(args, target, tokenizer, methods, questions, source: str) ->
     out.mkdir(parents=True, exist_ok=args.overwrite)
     md = (f"# draftheads bench, batched\n\n{source}; {args.max_new_tokens} new tokens, temperature {args.temperature}.\n"
           "Speedups are per-batch ratios of tokens/s to plain batched `generate` on the same batch "
-          "(median [min-max] over batches), methods and plain interleaved.\n\n" + batch_markdown(table, names) + "\n")
+          "(median [min-max] over batches), methods and plain interleaved."
+          + (" A method with a batch plan shows the mode it ran in parentheses: (plain) is the target's own `generate`."
+             if planned else "") + "\n\n" + batch_markdown(table, names, planned) + "\n")
     write_text_atomically(out / REPORT_JSON, json.dumps(report, indent=1, default=str) + "\n")
     write_text_atomically(out / REPORT_MD, md)
-    print(batch_markdown(table, names))
+    print(batch_markdown(table, names, planned))
     print(f"\nwrote {out / REPORT_JSON}, {out / REPORT_MD}")
     if report["all_exact"] is False:
         print(f"warning: some batched outputs differ from plain {PLAIN} generate (see 'exact' in report.json)", file=sys.stderr)

@@ -38,6 +38,9 @@ class Method:
         vocab = getattr(proposer, "vocab_ids", None)
         if vocab is not None:
             out["draft_vocab_size"] = int(vocab.numel())
+        plan = getattr(self.decoder, "batch_plan", None)
+        if plan:
+            out["batch_plan"] = {str(size): mode for size, mode in sorted(plan.items())}
         for attr in ("gamma", "max_gamma", "max_ngram", "num_tokens"):
             value = getattr(proposer, attr, None)
             if isinstance(value, (int, float)) and not isinstance(value, bool):

@@ -22,6 +22,7 @@ from .folder import CONFIG_NAME, TREE_NAME, WEIGHTS_NAME, read_tree, read_tree_o
 from .hydra import HydraHeads
 from .medusa import MedusaHeads
 from .tree_check import tree_problem
+from .batch_plan import read_batch_plan
 
 
 def head_types() -> dict[str, type]:
@@ -150,6 +151,7 @@ def load_heads(
         if problem:
             raise ValueError(f"{path / TREE_NAME}: {problem}; fix it, delete it or run draftheads calibrate again")
     heads.tree_origin = read_tree_origin(path)
+    heads.batch_plan = read_batch_plan(path, TREE_NAME)  # None for folders calibrated without --batch-sizes
     if target is not None:
         heads.bind_target(target)
         ref = target.get_output_embeddings().weight

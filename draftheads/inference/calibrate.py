@@ -219,7 +219,7 @@ def calibrate(
 ) -> CalibratedTree:
     """Measure acceptance on ``prompts`` (greedy continuations by the target itself) and verify
     times on this device, and return the tree with the best expected tokens per second."""
-    decoder = SpeculativeDecoder(target, heads)  # the continuation is the target's, only faster
+    decoder = SpeculativeDecoder(target, heads, batch_plan=None)  # the continuation is the target's, only faster
     sequences = [decoder.generate(p, max_new_tokens=new_tokens, temperature=0.0, eos_token_id=[]).sequences[0] for p in prompts]
     skip = [p.shape[-1] for p in prompts]
     sizes = sizes or [n for n in (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64) if n <= max_nodes + 1]
@@ -293,7 +293,9 @@ def calibrate_dynamic_tree(
         grid = [{**g, "draft_vocab_size": v} for g in DYNAMIC_GRID for v in vocabs]
     # First: plain decoding through the same loop (total_tokens=1 drafts nothing at all).
     settings = [{"total_tokens": 1, "depth": 1, "top_k": 1}] + list(grid)
-    decoders = [SpeculativeDecoder(target, heads, tree=s, check_model=(i == 0)) for i, s in enumerate(settings)]
+    # batch_plan=None: a plan saved by an earlier calibration must not turn these timings into plain decoding.
+    decoders = [SpeculativeDecoder(target, heads, tree=s, check_model=(i == 0), batch_plan=None)
+                for i, s in enumerate(settings)]
     for p in prompts[:1]:  # warm-up
         for d in decoders:
             d.generate(p, max_new_tokens=8, temperature=0.0, eos_token_id=[])

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import operator
 import time
-from typing import Any
+from typing import Any, Mapping
 
 import torch
 from transformers import DynamicCache
 
+from ..heads.batch_plan import PLAIN, SPECULATIVE, BatchPlan, mode_for, parse_batch_plan
 from ..heads.config import text_config
 from .proposers import Proposer
 from .sampling import resolve_sampling, sample, warn_unapplied_settings
@@ -20,6 +21,7 @@ from .output import SpeculativeOutput, last_logits_only as _last_logits_only
 from .verify import TreeVerifier, check_tree_attention
 from .static_cache import CACHE_KINDS, StaticTreeVerifier, tree_headroom
 from .batch import check_batch, generate_batch, token_matrix, wants_batch_path
+from .plain import generate_plain
 from .timing import ForwardTimer
 
 
@@ -59,6 +61,21 @@ def _device_of(model: torch.nn.Module) -> torch.device:
     return device if isinstance(device, torch.device) else next(model.parameters()).device
 
 
+def _resolve_plan(batch_plan: Any, proposer: Any) -> BatchPlan | None:
+    """The decoder's plan from its ``batch_plan`` argument (see `SpeculativeDecoder`)."""
+    if batch_plan is None:
+        return None
+    if isinstance(batch_plan, str):
+        if batch_plan != "heads":
+            raise ValueError(
+                f"batch_plan must be 'heads' (the plan saved with the heads), None (always speculative) or a dict "
+                f"like {{1: 'speculative', 4: 'plain'}}; got {batch_plan!r}"
+            )
+        saved = None if isinstance(proposer, Proposer) else getattr(proposer, "batch_plan", None)
+        return None if saved is None else parse_batch_plan(saved, "heads.batch_plan")
+    return parse_batch_plan(batch_plan, "batch_plan")
+
+
 class SpeculativeDecoder:
     """Lossless speculative decoding of ``target`` with any proposer (or heads, wrapped as one).
 
@@ -73,7 +90,14 @@ class SpeculativeDecoder:
     ``max_cache_len`` fixes the static cache's length (calls needing more are refused); by default
     it is sized per call (prompt + max_new_tokens + tree, rounded up to 64) and reused. Same output
     as the default dynamic cache; whether it is faster depends on the device: measure it
-    (benchmarks/static_compile.py)."""
+    (benchmarks/static_compile.py).
+
+    ``batch_plan`` says at which batch sizes to decode plainly (the target's own `generate`)
+    because speculation does not pay there: ``"heads"`` (default) follows the plan that
+    `draftheads calibrate --batch-sizes` saved with the heads (none: always speculative);
+    ``None`` always speculates; a dict such as ``{1: "speculative", 4: "plain"}`` forces one
+    (sizes between keys follow the nearest key at or below, see `heads.batch_plan`). Proposers
+    (prompt lookup, a draft model) have no heads folder, so a dict is their only plan."""
 
     def __init__(
         self,
@@ -84,6 +108,7 @@ class SpeculativeDecoder:
         cache: str = "dynamic",
         compile: bool | str = False,
         max_cache_len: int | None = None,
+        batch_plan: str | Mapping[int | str, str] | None = "heads",
     ) -> None:
         if cache not in CACHE_KINDS:
             raise ValueError(f"cache must be one of {CACHE_KINDS}, got {cache!r}")
@@ -96,6 +121,7 @@ class SpeculativeDecoder:
                 "compile and max_cache_len need cache='static': with the dynamic cache every verify forward "
                 "has new shapes, so a compiled forward would recompile every step"
             )
+        self.batch_plan: BatchPlan | None = _resolve_plan(batch_plan, proposer)
         if not isinstance(proposer, Proposer):
             bind = getattr(proposer, "bind_target", None)
             if bind is None:
@@ -149,7 +175,10 @@ class SpeculativeDecoder:
         step, but LOSSY (not the target's distribution). The default, "exact", is lossless.
 
         A batch ``input_ids`` [B, T] (left-padded, with its ``attention_mask``, as for `generate`)
-        decodes all rows together, each exactly as `generate` decodes it (see `inference.batch`)."""
+        decodes all rows together, each exactly as `generate` decodes it (see `inference.batch`).
+
+        A batch size the decoder's ``batch_plan`` marks plain is decoded by ``target.generate``
+        itself; ``out.stats["mode"]`` says which mode ran ("speculative" or "plain")."""
         if acceptance not in ("exact", "typical"):
             raise ValueError(f"acceptance must be 'exact' or 'typical', got {acceptance!r}")
         params = resolve_sampling(getattr(self.target, "generation_config", None), do_sample, temperature, top_k, top_p)
@@ -157,6 +186,9 @@ class SpeculativeDecoder:
             raise ValueError("typical acceptance needs temperature > 0 (at temperature 0 decoding is greedy and exact)")
         max_new_tokens = _whole_number(max_new_tokens, "max_new_tokens")
         input_ids = token_matrix(input_ids)
+        if self.mode_for(input_ids.shape[0]) == PLAIN:
+            return self._generate_plain(input_ids, attention_mask, max_new_tokens, params, eos_token_id, streamer,
+                                        generator, seed)
         if wants_batch_path(input_ids, attention_mask):
             if self.cache == "static":
                 raise ValueError(
@@ -251,7 +283,8 @@ class SpeculativeDecoder:
             prefill_seconds=t1 - t0,
             decode_seconds=t2 - t1,
             target_seconds=target_seconds,
-            stats={"new_tokens": len(new_tokens), "steps": len(accept_lengths), **self.proposer.stats()},
+            stats={"mode": SPECULATIVE, "new_tokens": len(new_tokens), "steps": len(accept_lengths),
+                   **self.proposer.stats()},
         )
 
     #: When the batched loop removes cache holes: "auto", "never" or "always" (see `inference.batch`).
@@ -263,17 +296,42 @@ class SpeculativeDecoder:
         if streamer is not None:
             raise ValueError("streaming supports one sequence at a time (as transformers' streamers do): pass one row")
         eos_list = _eos_list(self.target, eos_token_id)
-        pad = getattr(getattr(self.target, "generation_config", None), "pad_token_id", None)
-        if pad is None and eos_list:
-            pad = eos_list[0]  # what `generate` pads with when the model has no pad token
+        pad = self._pad_id(eos_list)
         input_ids, attention_mask = check_batch(input_ids, attention_mask, pad, eos_list)
         self._check_budget(f"{input_ids.shape[1]} tokens, padding included", input_ids.shape[1], max_new_tokens)
         if generator is None and seed is not None:
             generator = torch.Generator().manual_seed(seed)
-        return generate_batch(
+        out = generate_batch(
             self, input_ids, attention_mask, max_new_tokens, params, set(eos_list), pad, generator, acceptance,
             compaction=self.batch_compaction,
         )
+        out.stats = {"mode": SPECULATIVE, **out.stats}
+        return out
+
+    def mode_for(self, batch_size: int) -> str:
+        """"speculative" or "plain": how a batch of ``batch_size`` rows is decoded under this
+        decoder's batch plan."""
+        return mode_for(self.batch_plan, batch_size)
+
+    def _generate_plain(self, input_ids, attention_mask, max_new_tokens, params, eos_token_id, streamer, generator,
+                        seed) -> SpeculativeOutput:
+        """A batch size the plan marks plain: the target's own `generate`, same inputs checks."""
+        if streamer is not None and input_ids.shape[0] > 1:
+            raise ValueError("streaming supports one sequence at a time (as transformers' streamers do): pass one row")
+        eos_list = _eos_list(self.target, eos_token_id)
+        pad = self._pad_id(eos_list)
+        input_ids, attention_mask = check_batch(input_ids, attention_mask, pad, eos_list)
+        self._check_budget(f"{input_ids.shape[1]} tokens, padding included", input_ids.shape[1], max_new_tokens)
+        if generator is None and seed is not None:
+            generator = torch.Generator().manual_seed(seed)
+        return generate_plain(self.target, input_ids, attention_mask, max_new_tokens, params, eos_list, pad,
+                              generator, streamer)
+
+    def _pad_id(self, eos_list: list[int]) -> int | None:
+        pad = getattr(getattr(self.target, "generation_config", None), "pad_token_id", None)
+        if pad is None and eos_list:
+            pad = eos_list[0]  # what `generate` pads with when the model has no pad token
+        return pad
 
     def _check_inputs(self, input_ids: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
         """One row ([1, T], from `token_matrix`): not empty, and within the model's context."""

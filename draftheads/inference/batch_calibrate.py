@@ -1,0 +1,151 @@
+"""`draftheads calibrate --batch-sizes`: at which batch sizes does speculation still pay here?
+
+A verify forward over B rows x n tree tokens costs about what B x n plain tokens cost once the
+device is busy (a CPU at batch 4 already is), so the gain of speculation shrinks as the batch
+grows and turns into a loss. The answer depends on the device, the target and the heads'
+acceptance, so it is measured: for every batch size, left-padded batches built from the
+calibration prompts are decoded greedily with the chosen tree and with plain decoding (the
+target's `generate`, what the decoder runs for a batch the plan marks plain), the two modes
+interleaved batch by batch and their order alternated, over ``rounds`` rounds. Speculation is
+the plan's answer for a size when the median over batches of its tokens/s ratio to plain exceeds 1:
+a median, not total tokens / total seconds, because on a shared machine one slow moment in one
+run can swing the totals (seen here: totals 0.42x against a per-batch median of 0.82x).
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ..heads.batch_plan import MEASURED_KEY, PLAIN, PLAN_KEY, SPECULATIVE, BatchPlan, plan_to_json
+from .decoder import SpeculativeDecoder
+
+
+def left_padded(prompts: list[torch.Tensor], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """One [B, T] batch (and its mask) from 1-D or [1, T] prompts, padded on the left."""
+    rows = [p.reshape(-1) for p in prompts]
+    width = max(r.numel() for r in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, row in enumerate(rows):
+        ids[i, width - row.numel():] = row
+        mask[i, width - row.numel():] = 1
+    return ids, mask
+
+
+def prompt_batches(prompts: list[torch.Tensor], size: int, pad_id: int, min_batches: int = 2) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Consecutive groups of ``size`` prompts, wrapping around, at least ``min_batches`` of them
+    (so that even the largest size is timed on more than one batch per round)."""
+    count = max(min_batches, -(-len(prompts) // size))
+    return [left_padded([prompts[(b * size + i) % len(prompts)] for i in range(size)], pad_id) for b in range(count)]
+
+
+@dataclass
+class BatchPlanResult:
+    plan: BatchPlan
+    measured: dict[int, dict[str, Any]] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        """The keys `draftheads calibrate` adds to ``tree.json``."""
+        return {PLAN_KEY: plan_to_json(self.plan), MEASURED_KEY: {str(k): v for k, v in sorted(self.measured.items())}}
+
+    def lines(self) -> list[str]:
+        out = ["batch plan (greedy; speculative / plain tokens/s, median [min-max] over batches, interleaved):"]
+        for size, m in sorted(self.measured.items()):
+            out.append(
+                f"  batch {size}: per batch {m['speedup_median']:.2f}x [{m['speedup_min']:.2f}-{m['speedup_max']:.2f}] "
+                f"over {m['timed_batches']} batches (totals: speculative {m['speculative_tokens_per_second']:.1f}, "
+                f"plain {m['plain_tokens_per_second']:.1f} tokens/s = {m['speedup']:.2f}x) -> {self.plan[size]}"
+            )
+        return out
+
+
+def _pad_id(target: torch.nn.Module) -> int:
+    config = getattr(target, "generation_config", None)
+    for value in (getattr(config, "pad_token_id", None), getattr(config, "eos_token_id", None)):
+        if isinstance(value, list):
+            value = value[0] if value else None
+        if value is not None:
+            return int(value)
+    return 0
+
+
+@torch.inference_mode()
+def measure_batch_plan(
+    target: torch.nn.Module,
+    heads: torch.nn.Module,
+    tree: list[list[int]] | dict,
+    prompts: list[torch.Tensor],
+    batch_sizes: list[int],
+    new_tokens: int = 64,
+    rounds: int = 2,
+) -> BatchPlanResult:
+    """Time speculative decoding with ``tree`` against plain decoding at every batch size (see the
+    module docstring) and return the plan with its measurements."""
+    if not prompts:
+        raise ValueError("no prompts to build batches from")
+    if rounds < 1:
+        raise ValueError(f"rounds must be >= 1, got {rounds}")
+    sizes = sorted(set(batch_sizes))
+    if not sizes or any(isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in sizes):
+        raise ValueError(f"batch sizes must be whole numbers >= 1, got {batch_sizes!r}")
+    decoders = {
+        SPECULATIVE: SpeculativeDecoder(target, heads, tree=tree, batch_plan=None, check_model=False),
+        PLAIN: SpeculativeDecoder(target, heads, tree=tree, batch_plan={1: PLAIN}, check_model=False),
+    }
+    pad = _pad_id(target)
+    batches = {size: prompt_batches(prompts, size, pad) for size in sizes}
+    sync = (lambda: torch.cuda.synchronize(target.device)) if target.device.type == "cuda" else (lambda: None)
+
+    def timed(mode: str, ids: torch.Tensor, mask: torch.Tensor, max_new: int) -> tuple[int, float]:
+        sync()
+        t0 = time.perf_counter()
+        out = decoders[mode].generate(ids, attention_mask=mask, max_new_tokens=max_new, temperature=0.0, eos_token_id=[])
+        sync()
+        seconds = time.perf_counter() - t0
+        if out.stats.get("mode") != mode:  # the plan override must route the call, or the figures mean nothing
+            raise RuntimeError(f"asked for {mode} decoding but the decoder ran {out.stats.get('mode')!r}")
+        return out.num_new_tokens, seconds
+
+    for size in sizes:  # warm-up at each shape: allocator, thread pool, lazy initialisation
+        ids, mask = batches[size][0]
+        for mode in decoders:
+            timed(mode, ids, mask, min(8, new_tokens))
+    tokens = {size: {m: 0 for m in decoders} for size in sizes}
+    seconds = {size: {m: 0.0 for m in decoders} for size in sizes}
+    ratios: dict[int, list[float]] = {size: [] for size in sizes}
+    index = 0
+    for _ in range(rounds):
+        for size in sizes:
+            for ids, mask in batches[size]:
+                order = (SPECULATIVE, PLAIN) if index % 2 == 0 else (PLAIN, SPECULATIVE)
+                index += 1
+                rate = {}
+                for mode in order:
+                    n, s = timed(mode, ids, mask, new_tokens)
+                    tokens[size][mode] += n
+                    seconds[size][mode] += s
+                    rate[mode] = n / s if s > 0 else 0.0
+                if rate[PLAIN] > 0:
+                    ratios[size].append(rate[SPECULATIVE] / rate[PLAIN])
+    plan: BatchPlan = {}
+    measured: dict[int, dict[str, Any]] = {}
+    for size in sizes:
+        spec = tokens[size][SPECULATIVE] / max(seconds[size][SPECULATIVE], 1e-12)
+        plain = tokens[size][PLAIN] / max(seconds[size][PLAIN], 1e-12)
+        median = statistics.median(ratios[size]) if ratios[size] else spec / max(plain, 1e-12)
+        plan[size] = SPECULATIVE if median > 1.0 else PLAIN
+        measured[size] = {
+            "speculative_tokens_per_second": spec,
+            "plain_tokens_per_second": plain,
+            "speedup": spec / plain if plain > 0 else None,
+            "speedup_median": median,  # decides the plan
+            "speedup_min": min(ratios[size]) if ratios[size] else None,
+            "speedup_max": max(ratios[size]) if ratios[size] else None,
+            "timed_batches": len(ratios[size]),
+            "new_tokens": new_tokens,
+        }
+    return BatchPlanResult(plan, measured)
