@@ -22,7 +22,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import draftheads as dh
-from draftheads.bench.batch import left_pad
+from draftheads.inference.batch import left_pad
 from draftheads.demo import corpus_texts, resolve_target
 
 POLICIES = ("never", "auto", "always")

@@ -21,7 +21,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import draftheads as dh
 import draftheads.inference.batch as batch
-from draftheads.bench.batch import left_pad
+from draftheads.inference.batch import left_pad
 from draftheads.demo import corpus_texts, resolve_target
 from draftheads.inference.proposers.eagle_rows import EagleRows
 from draftheads.inference.proposers.rows import ForkedRows

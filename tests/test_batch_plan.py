@@ -14,6 +14,7 @@ from transformers import AutoModelForCausalLM, TextStreamer
 import draftheads as dh
 from draftheads.cli import main
 from draftheads.heads.batch_plan import mode_for, parse_batch_plan
+from draftheads.inference.batch import left_pad
 from draftheads.inference.batch_calibrate import measure_batch_plan
 
 from inference_utils import self_distilled_heads, tiny_target
@@ -30,13 +31,7 @@ def setup():
 
 
 def left_padded(rows: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
-    width = max(len(r) for r in rows)
-    ids = torch.full((len(rows), width), PAD, dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for i, row in enumerate(rows):
-        ids[i, width - len(row):] = torch.tensor(row)
-        mask[i, width - len(row):] = 1
-    return ids, mask
+    return left_pad([torch.tensor(r) for r in rows], PAD)
 
 
 def rows_of(prompts: torch.Tensor, n: int) -> list[list[int]]:

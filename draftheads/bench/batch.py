@@ -15,19 +15,9 @@ from typing import Any
 
 import torch
 
+from ..inference.batch import left_pad
 from .methods import PLAIN, Method
 from .runner import encode_turn, fit_context, _sync
-
-
-def left_pad(prompts: list[torch.Tensor], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """One batch from 1-D prompts, padded on the left as decoder-only `generate` needs."""
-    width = max(p.numel() for p in prompts)
-    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for r, p in enumerate(prompts):
-        ids[r, width - p.numel():] = p
-        mask[r, width - p.numel():] = 1
-    return ids, mask
 
 
 def new_token_count(sequences: torch.Tensor, width: int, eos: set[int], pad_id: int) -> int:

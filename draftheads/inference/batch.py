@@ -41,6 +41,19 @@ def token_matrix(input_ids: Any) -> torch.Tensor:
     return ids
 
 
+def left_pad(prompts: list[torch.Tensor], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """One [B, T] batch and its attention mask from 1-D (or [1, T]) prompts, padded on the left as
+    decoder-only `generate` needs."""
+    rows = [p.reshape(-1) for p in prompts]
+    width = max(r.numel() for r in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, row in enumerate(rows):
+        ids[i, width - row.numel():] = row
+        mask[i, width - row.numel():] = 1
+    return ids, mask
+
+
 def wants_batch_path(input_ids: torch.Tensor, attention_mask: Any) -> bool:
     """Whether a call needs the batched loop: several rows, or one row with padding
     (``input_ids`` as `token_matrix` returns it)."""

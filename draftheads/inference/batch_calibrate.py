@@ -21,26 +21,15 @@ from typing import Any
 import torch
 
 from ..heads.batch_plan import MEASURED_KEY, PLAIN, PLAN_KEY, SPECULATIVE, BatchPlan, plan_to_json
+from .batch import left_pad
 from .decoder import SpeculativeDecoder
-
-
-def left_padded(prompts: list[torch.Tensor], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """One [B, T] batch (and its mask) from 1-D or [1, T] prompts, padded on the left."""
-    rows = [p.reshape(-1) for p in prompts]
-    width = max(r.numel() for r in rows)
-    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for i, row in enumerate(rows):
-        ids[i, width - row.numel():] = row
-        mask[i, width - row.numel():] = 1
-    return ids, mask
 
 
 def prompt_batches(prompts: list[torch.Tensor], size: int, pad_id: int, min_batches: int = 2) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Consecutive groups of ``size`` prompts, wrapping around, at least ``min_batches`` of them
     (so that even the largest size is timed on more than one batch per round)."""
     count = max(min_batches, -(-len(prompts) // size))
-    return [left_padded([prompts[(b * size + i) % len(prompts)] for i in range(size)], pad_id) for b in range(count)]
+    return [left_pad([prompts[(b * size + i) % len(prompts)] for i in range(size)], pad_id) for b in range(count)]
 
 
 @dataclass

@@ -295,12 +295,9 @@ class SpeculativeDecoder:
         """Batch > 1 (or a padded row): the ragged-cache loop of `inference.batch`."""
         if streamer is not None:
             raise ValueError("streaming supports one sequence at a time (as transformers' streamers do): pass one row")
-        eos_list = _eos_list(self.target, eos_token_id)
-        pad = self._pad_id(eos_list)
-        input_ids, attention_mask = check_batch(input_ids, attention_mask, pad, eos_list)
-        self._check_budget(f"{input_ids.shape[1]} tokens, padding included", input_ids.shape[1], max_new_tokens)
-        if generator is None and seed is not None:
-            generator = torch.Generator().manual_seed(seed)
+        input_ids, attention_mask, eos_list, pad, generator = self._checked_batch(
+            input_ids, attention_mask, max_new_tokens, eos_token_id, generator, seed
+        )
         out = generate_batch(
             self, input_ids, attention_mask, max_new_tokens, params, set(eos_list), pad, generator, acceptance,
             compaction=self.batch_compaction,
@@ -318,14 +315,21 @@ class SpeculativeDecoder:
         """A batch size the plan marks plain: the target's own `generate`, same inputs checks."""
         if streamer is not None and input_ids.shape[0] > 1:
             raise ValueError("streaming supports one sequence at a time (as transformers' streamers do): pass one row")
+        input_ids, attention_mask, eos_list, pad, generator = self._checked_batch(
+            input_ids, attention_mask, max_new_tokens, eos_token_id, generator, seed
+        )
+        return generate_plain(self.target, input_ids, attention_mask, max_new_tokens, params, eos_list, pad,
+                              generator, streamer)
+
+    def _checked_batch(self, input_ids, attention_mask, max_new_tokens, eos_token_id, generator, seed):
+        """A batch's inputs checked as `generate` checks them: (ids, mask, EOS ids, pad id, generator)."""
         eos_list = _eos_list(self.target, eos_token_id)
         pad = self._pad_id(eos_list)
         input_ids, attention_mask = check_batch(input_ids, attention_mask, pad, eos_list)
         self._check_budget(f"{input_ids.shape[1]} tokens, padding included", input_ids.shape[1], max_new_tokens)
         if generator is None and seed is not None:
             generator = torch.Generator().manual_seed(seed)
-        return generate_plain(self.target, input_ids, attention_mask, max_new_tokens, params, eos_list, pad,
-                              generator, streamer)
+        return input_ids, attention_mask, eos_list, pad, generator
 
     def _pad_id(self, eos_list: list[int]) -> int | None:
         pad = getattr(getattr(self.target, "generation_config", None), "pad_token_id", None)
