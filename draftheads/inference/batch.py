@@ -115,8 +115,11 @@ def _gather_rows(values: list[Any], rows: list[int]) -> list[Any]:
 
 
 def _mask_for(verifier, state: RaggedState, depth: torch.Tensor, ancestors: torch.Tensor, dtype, device):
-    """The 4D mask (or one per layer type, as `TreeVerifier.attention_mask`) for this step."""
-    masks = {name: ragged_mask(state, depth, ancestors, span, dtype).to(device) for name, span in verifier.spans.items()}
+    """The 4D mask (or one per layer type, as `TreeVerifier.attention_mask`) for this step, built on
+    the device from the host's slot table: [rows, slots] positions travel, not [rows, n, slots] floats."""
+    state = RaggedState(state.slot_pos.to(device, non_blocking=True), state.next_pos.to(device, non_blocking=True))
+    depth, ancestors = depth.to(device, non_blocking=True), ancestors.to(device, non_blocking=True)
+    masks = {name: ragged_mask(state, depth, ancestors, span, dtype) for name, span in verifier.spans.items()}
     if len(masks) == 1:
         return next(iter(masks.values()))
     return masks

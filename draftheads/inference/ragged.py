@@ -54,9 +54,9 @@ def prefill_state(attention_mask: torch.Tensor) -> tuple[RaggedState, torch.Tens
 
 
 def pad_trees(trees: list[Tree]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Tokens [rows, n] (where the trees' tokens are), depths [rows, n] and ancestor masks [rows, n, n]
-    (on the host) of trees padded to the
-    largest one. A padding node is a copy of its row's root that sees only itself: it never
+    """Tokens [rows, n] (where the trees' tokens are), depths [rows, n] and ancestor masks
+    [rows, n, n] (on the host, read-only views when every row has the same shape) of trees padded to
+    the largest one. A padding node is a copy of its row's root that sees only itself: it never
     influences a real node, and its query row is never fully masked (which would give NaN)."""
     n = max(t.shape.size for t in trees)
     rows = len(trees)
@@ -82,7 +82,8 @@ def ragged_mask(
     dtype: torch.dtype,
 ) -> torch.Tensor:
     """Additive mask [rows, 1, n, slots + n]: each node sees its row's valid slots (within the
-    span's window/chunk, by logical position) and its tree ancestors and itself."""
+    span's window/chunk, by logical position) and its tree ancestors and itself. Built where the
+    inputs are: the batched loop moves the slot table there, n times smaller than the mask."""
     q_pos = state.next_pos[:, None] + depth  # [rows, n]
     prefix = (state.slot_pos >= 0)[:, None, :].expand(-1, depth.shape[1], -1)  # [rows, n, slots]
     visible = torch.cat([prefix, ancestors], dim=2)
@@ -93,7 +94,7 @@ def ragged_mask(
             visible = visible & ((q - k_pos) < span.window)
         if span.chunk is not None:
             visible = visible & ((q // span.chunk) == (k_pos // span.chunk))
-    mask = torch.zeros(visible.shape, dtype=dtype)
+    mask = torch.zeros(visible.shape, dtype=dtype, device=visible.device)
     mask.masked_fill_(~visible, torch.finfo(dtype).min)
     return mask[:, None]
 
