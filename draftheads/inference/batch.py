@@ -206,7 +206,7 @@ def generate_batch(
         paths = [acc.path.cpu() for acc in accs]
         verify_seconds = timer.seconds()  # after acceptance's transfer: no extra device sync
         target_seconds += verify_seconds
-        state = commit_rows(cache, state, paths, state.next_pos)
+        state = commit_rows(cache, state, [acc.nodes for acc in accs], state.next_pos)
         # The accepted tokens on the host: greedy and sampling acceptance brought them back already.
         path_tokens = [acc.tokens if acc.tokens is not None else tree.tokens[p].tolist()
                        for tree, acc, p in zip(trees, accs, paths)]

@@ -103,18 +103,18 @@ def _layers(cache) -> list:
     return list(cache.layers)
 
 
-def commit_rows(cache, state: RaggedState, paths: list[torch.Tensor], step_pos: torch.Tensor) -> RaggedState:
-    """Keep each row's accepted nodes (``paths[r]``, tree node indices, root first) in the cache.
+def commit_rows(cache, state: RaggedState, paths: list[list[int]], step_pos: torch.Tensor) -> RaggedState:
+    """Keep each row's accepted nodes (``paths[r]``, tree node indices, root first, as acceptance
+    brought them to the host) in the cache.
 
     The step's tree took n slots after ``state.slots`` in every row; accepted nodes move to the
     front of that region and the cache keeps max(accepted) of the n slots (views, no copy of the
     prefix). ``step_pos`` [rows] is each row's logical position of its root."""
     start = state.slots
-    nodes = [p.tolist() for p in paths]  # host paths: no device read
-    lengths = [len(p) for p in nodes]
+    lengths = [len(p) for p in paths]
     kept = max(lengths)
-    if any(p != list(range(len(p))) for p in nodes):
-        index = torch.tensor([p + [p[-1]] * (kept - len(p)) for p in nodes])
+    if any(p != list(range(len(p))) for p in paths):
+        index = torch.tensor([p + [p[-1]] * (kept - len(p)) for p in paths])
         gathers: dict[tuple, torch.Tensor] = {}  # one index per (device, heads, head dim), not per layer
         for layer in _layers(cache):
             for name in ("keys", "values"):
