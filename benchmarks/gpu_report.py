@@ -60,6 +60,19 @@ def tiny(arch: str, device: torch.device, dtype: torch.dtype, hidden: int = 64, 
     return model.to(device=device, dtype=dtype).eval()
 
 
+def random_llama(cfg: dict, dtype: torch.dtype, device: torch.device) -> torch.nn.Module:
+    """A random-weight Llama of ``cfg``'s shape, built directly on ``device`` in ``dtype`` (a 7B-shaped
+    model in fp32 on the host first would need 4x its bf16 memory)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    with torch.device(device):
+        torch.set_default_dtype(dtype)
+        try:
+            return LlamaForCausalLM(LlamaConfig(max_position_embeddings=4096, **cfg)).eval()
+        finally:
+            torch.set_default_dtype(torch.float32)
+
+
 def reference(target, ids: torch.Tensor, n: int) -> torch.Tensor:
     return target.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=n,
                            min_new_tokens=n, eos_token_id=None, pad_token_id=0).cpu()
@@ -130,14 +143,7 @@ def verify_times(args, device) -> dict:
         cfg = dict(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32, num_attention_heads=32,
                    num_key_value_heads=32, vocab_size=32000)
         dtype, context = torch.bfloat16, 1024
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    with torch.device(device):
-        torch.set_default_dtype(dtype)
-        try:
-            target = LlamaForCausalLM(LlamaConfig(max_position_embeddings=4096, **cfg)).eval()
-        finally:
-            torch.set_default_dtype(torch.float32)
+    target = random_llama(cfg, dtype, device)
     sizes = [1, 16, 64, 128]
     times = measure_verify_times(target, sizes, context=context, repeats=3 if args.small else 15)
     del target
@@ -191,8 +197,6 @@ def static_cache(args, device) -> dict:
         heads = dh.load_heads(args.heads, target=target).to(device)
         model = f"demo target {args.target}, heads {args.heads}"
     else:
-        from transformers import LlamaConfig, LlamaForCausalLM
-
         if args.small:
             cfg, dtype = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                               num_key_value_heads=2, vocab_size=128), torch.float32
@@ -200,12 +204,7 @@ def static_cache(args, device) -> dict:
             cfg, dtype = dict(hidden_size=4096, intermediate_size=11008, num_hidden_layers=8, num_attention_heads=32,
                               num_key_value_heads=32, vocab_size=32000), torch.bfloat16
         torch.manual_seed(0)
-        with torch.device(device):
-            torch.set_default_dtype(dtype)
-            try:
-                target = LlamaForCausalLM(LlamaConfig(max_position_embeddings=4096, **cfg)).eval()
-            finally:
-                torch.set_default_dtype(torch.float32)
+        target = random_llama(cfg, dtype, device)
         heads = dh.MedusaHeads.for_target(target, num_heads=3, num_layers=1).to(device=device, dtype=dtype)
         model = f"random Llama {cfg} in {dtype}, random Medusa heads"
     # On a CPU inductor compiles for minutes: --small checks the plumbing with dynamo's eager backend.
