@@ -22,6 +22,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from draftheads.atomic import write_text_atomically
+
 HERE = Path(__file__).resolve().parents[1]
 
 ROUND = r"""
@@ -129,8 +131,8 @@ def main() -> None:
     if args.out:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
-        (out / "results.json").write_text(json.dumps({"args": vars(args), "summary": summary}, indent=1))
-        (out / "results.md").write_text("\n".join(lines) + "\n")
+        write_text_atomically(out / "results.json", json.dumps({"args": vars(args), "summary": summary}, indent=1))
+        write_text_atomically(out / "results.md", "\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":
