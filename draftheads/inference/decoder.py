@@ -188,14 +188,14 @@ class SpeculativeDecoder:
             input_ids, attention_mask, eos, pad, generator = self._checked_batch(
                 input_ids, attention_mask, max_new_tokens, eos_token_id, generator, seed
             )
-            store = RaggedKV(self.verifier, input_ids, attention_mask, self.compaction)
+            store = RaggedKV(self.verifier, attention_mask, self.compaction)
         else:
             input_ids = self._check_inputs(input_ids, max_new_tokens)
             eos = eos_ids(self.target, eos_token_id)
             pad = pad_id(self.target, eos)
             if generator is None and seed is not None:
                 generator = torch.Generator().manual_seed(seed)
-            store = SequenceKV(self.verifier, input_ids, max_new_tokens)
+            store = SequenceKV(self.verifier, max_new_tokens)
         settings = Settings(max_new_tokens, params, self.target.device, set(eos), pad, acceptance, generator, streamer)
         out = decode(store, self.proposer.rows(self.compaction), input_ids, settings)
         out.stats = {"mode": SPECULATIVE, **out.stats}

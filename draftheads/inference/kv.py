@@ -64,13 +64,14 @@ class SequenceKV:
     """One unpadded sequence in the verifier's cache: masks over prefix + tree only, none at all
     for chains (the model's own causal fast path)."""
 
-    def __init__(self, verifier, input_ids: torch.Tensor, max_new_tokens: int) -> None:
-        self.verifier, self.input_ids, self.max_new_tokens = verifier, input_ids, max_new_tokens
+    def __init__(self, verifier, max_new_tokens: int) -> None:
+        self.verifier, self.max_new_tokens = verifier, max_new_tokens
         self.cache = None
         self.prefix_len = 0
 
-    def prefill(self) -> Prefilled:
-        prompt = self.input_ids[0].to(self.verifier.target.device)
+    def prefill(self, input_ids: torch.Tensor) -> Prefilled:
+        """The prompt ([1, T]) in the cache."""
+        prompt = input_ids[0].to(self.verifier.target.device)
         cache = DynamicCache()
         last, features = self.verifier.prefill(cache, prompt[None])
         # The static cache copies the prompt's entries into its own preallocated buffers.

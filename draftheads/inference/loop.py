@@ -80,7 +80,7 @@ def start(store, proposer, input_ids: torch.Tensor, settings: Settings) -> Rows:
     """Prefill the prompts, pick each row's first token, start the proposer."""
     if settings.streamer is not None:
         settings.streamer.put(input_ids[0].cpu())
-    pre: Prefilled = store.prefill()
+    pre: Prefilled = store.prefill(input_ids)
     roots = first_tokens(pre.last_logits, settings)
     proposer.start(pre.prompts, pre.hidden, settings.params, settings.generator)
     del pre  # with output_hidden_states (fallback) the features hold every layer's states

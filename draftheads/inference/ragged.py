@@ -169,21 +169,21 @@ class RaggedKV:
     the KV store of `loop.py` for every batch but one unpadded row. ``compaction``: when holes
     are removed (`compaction.py`)."""
 
-    def __init__(self, verifier, input_ids: torch.Tensor, attention_mask: torch.Tensor, compaction: str = "auto") -> None:
-        self.verifier, self.input_ids, self.attention_mask = verifier, input_ids, attention_mask
+    def __init__(self, verifier, attention_mask: torch.Tensor, compaction: str = "auto") -> None:
+        self.verifier, self.attention_mask = verifier, attention_mask
         self.compaction = check_compaction(compaction)
         self.cache = DynamicCache()
         self.state: RaggedState | None = None
         self.compactions = self.max_holes = 0
         self._compacted = False  # this step's drop of finished rows removed the holes already
 
-    def prefill(self) -> Prefilled:
-        """The padded prompts, positions counted over real tokens as `generate` counts them."""
+    def prefill(self, input_ids: torch.Tensor) -> Prefilled:
+        """The padded prompts [B, T], positions counted over real tokens as `generate` counts them."""
         self.state, position_ids = prefill_state(self.attention_mask)
-        last, features = self.verifier.prefill(self.cache, self.input_ids, self.attention_mask, position_ids)
-        width, device = self.input_ids.shape[1], self.verifier.target.device
+        last, features = self.verifier.prefill(self.cache, input_ids, self.attention_mask, position_ids)
+        width, device = input_ids.shape[1], self.verifier.target.device
         lengths = self.attention_mask.sum(dim=1).tolist()
-        prompts = [self.input_ids[r, width - n:].to(device) for r, n in enumerate(lengths)]
+        prompts = [input_ids[r, width - n:].to(device) for r, n in enumerate(lengths)]
         hidden = [None if features is None else features[r, width - n:] for r, n in enumerate(lengths)]
         return Prefilled(last, prompts, hidden)
 

@@ -14,8 +14,6 @@ launches, not FLOPs, set the cost. Here the rows share one draft KV cache [rows,
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 
 from ..compaction import check_compaction, wants_compaction
@@ -23,14 +21,11 @@ from ..tree import Tree, TreeShape
 from .eagle_tree import grow, nodes_up_to, select
 from .row_base import RowProposer
 
-if TYPE_CHECKING:
-    from .eagle import EagleProposer
-
 
 class EagleRows(RowProposer):
     """Batched form of an `EagleProposer`: per row, the same tree as that row's own forked proposer."""
 
-    def __init__(self, proposer: "EagleProposer", compaction: str = "auto") -> None:
+    def __init__(self, proposer, compaction: str = "auto") -> None:  # an `eagle.EagleProposer` (eagle imports this module)
         self.proposer, self.compaction = proposer, check_compaction(compaction, "EAGLE draft-cache compaction")
         self.feature_layers = proposer.feature_layers
         self.head = proposer.head

@@ -8,15 +8,10 @@ written per sequence (`base.Proposer`: a draft model, prompt lookup) and wrapped
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 
 from ..sampling import SamplingParams
 from ..tree import Tree
-
-if TYPE_CHECKING:
-    from .base import Proposer
 
 
 class RowProposer:
@@ -62,11 +57,11 @@ class ForkedRows(RowProposer):
     the call is what the caller sees, its stats are the output's), one `Proposer.fork` per row for
     more (their stats under ``row_stats``)."""
 
-    def __init__(self, proposer: "Proposer") -> None:
+    def __init__(self, proposer) -> None:  # a `base.Proposer` (base imports this module)
         self.proposer = proposer
         self.feature_layers = proposer.feature_layers
-        self.forks: list[Proposer] = []
-        self._all: list[Proposer] = []
+        self.forks: list = []
+        self._all: list = []
 
     def start(self, prompts, hidden, params, generator) -> None:
         self.forks = [self.proposer] if len(prompts) == 1 else [self.proposer.fork() for _ in prompts]
