@@ -169,12 +169,12 @@ class SpeculativeDecoder:
         step, but LOSSY (not the target's distribution). The default, "exact", is lossless.
 
         A batch ``input_ids`` [B, T] (left-padded, with its ``attention_mask``, as for `generate`)
-        decodes all rows together, each exactly as `generate` decodes it (see `inference.batch`).
+        decodes all rows together, each exactly as `generate` decodes it (see `inference.ragged`).
 
         A batch size the decoder's ``batch_plan`` marks plain is decoded by ``target.generate``
         itself; ``out.stats["mode"]`` says which mode ran ("speculative" or "plain")."""
         if acceptance not in ACCEPTANCE:
-            raise ValueError(f"acceptance must be one of {ACCEPTANCE}, got {acceptance!r}")
+            raise ValueError(f"acceptance must be {' or '.join(map(repr, ACCEPTANCE))}, got {acceptance!r}")
         params = resolve_sampling(getattr(self.target, "generation_config", None), do_sample, temperature, top_k, top_p)
         if acceptance == "typical" and params.greedy:
             raise ValueError("typical acceptance needs temperature > 0 (at temperature 0 decoding is greedy and exact)")
