@@ -19,7 +19,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 import draftheads as dh
 from draftheads.atomic import write_json_atomically
 from draftheads.demo import corpus_texts, resolve_target
-from draftheads.inference.batch import left_pad
+from draftheads.inference.inputs import left_pad
 
 
 def add_arguments(ap: argparse.ArgumentParser, batches: int) -> None:

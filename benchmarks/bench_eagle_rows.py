@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import argparse
 
-import draftheads.inference.batch as batch
 from batch_ab import add_arguments, compare
+from draftheads.inference.proposers.eagle import EagleProposer
 from draftheads.inference.proposers.eagle_rows import EagleRows
-from draftheads.inference.proposers.rows import ForkedRows
+from draftheads.inference.proposers.row_base import ForkedRows
 
 MODES = {
     "forked": ForkedRows,
@@ -27,7 +27,8 @@ MODES = {
 
 def _mode(name: str):
     def switch(decoder) -> None:
-        batch.row_proposer = MODES[name]  # what the batched loop calls to wrap the decoder's proposer
+        # The batch form the decode loop drafts through (`Proposer.rows`).
+        EagleProposer.rows = lambda proposer, compaction="auto": MODES[name](proposer)
     return switch
 
 

@@ -8,16 +8,10 @@ from __future__ import annotations
 
 import sys
 
-import draftheads.inference.batch as batch
 from draftheads.cli import main
 from draftheads.inference.proposers.eagle import EagleProposer
-from draftheads.inference.proposers.rows import ForkedRows, row_proposer
-
-
-def forked_eagle(proposer):
-    return ForkedRows(proposer) if isinstance(proposer, EagleProposer) else row_proposer(proposer)
-
+from draftheads.inference.proposers.row_base import ForkedRows
 
 if __name__ == "__main__":
-    batch.row_proposer = forked_eagle
+    EagleProposer.rows = lambda proposer, compaction="auto": ForkedRows(proposer)  # the batch form the loop drafts through
     raise SystemExit(main(["bench", *sys.argv[1:]]))

@@ -94,3 +94,13 @@ def self_distilled_heads(target: torch.nn.Module, num_heads: int = 3, steps: int
         loss.backward()
         opt.step()
     return heads.eval(), prompts
+
+
+def select_features(hidden_states: tuple[torch.Tensor, ...], layers: list[int] | None) -> torch.Tensor:
+    """What a proposer reads from the target, from all of ``output_hidden_states``: the last hidden
+    state after the final norm (``None``), or the hidden states entering the given layers,
+    concatenated (EAGLE-3's fused features; ``hidden_states[i]`` is the input of decoder layer i).
+    The reference `inference.features.FeatureTap` is checked against."""
+    if layers is None:
+        return hidden_states[-1]
+    return torch.cat([hidden_states[i] for i in layers], dim=-1)

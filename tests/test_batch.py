@@ -44,9 +44,7 @@ def reference(target, ids, mask, eos=None, new=NEW) -> torch.Tensor:
 def check_rows_exact(target, source, rows, eos=None, new=NEW, compaction=None):
     """Decode ``rows`` as one batch; compare with generate on the batch and on every row alone."""
     ids, mask = left_padded(rows)
-    decoder = dh.SpeculativeDecoder(target, source)
-    if compaction is not None:
-        decoder.batch_compaction = compaction
+    decoder = dh.SpeculativeDecoder(target, source, compaction="auto" if compaction is None else compaction)
     out = decoder.generate(ids, attention_mask=mask, max_new_tokens=new, eos_token_id=[] if eos is None else eos)
     batched = reference(target, ids, mask, eos=eos, new=new)
     assert out.sequences.shape == batched.shape, f"{tuple(out.sequences.shape)} vs generate's {tuple(batched.shape)}"

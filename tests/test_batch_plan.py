@@ -14,7 +14,7 @@ from transformers import AutoModelForCausalLM, TextStreamer
 import draftheads as dh
 from draftheads.cli import main
 from draftheads.heads.batch_plan import mode_for, parse_batch_plan
-from draftheads.inference.batch import left_pad
+from draftheads.inference.inputs import left_pad
 from draftheads.inference.batch_calibrate import measure_batch_plan
 
 from inference_utils import self_distilled_heads, tiny_target

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from inference_utils import ARCHS, VOCAB, greedy_reference, self_distilled_heads, tiny_target
+from inference_utils import ARCHS, VOCAB, greedy_reference, select_features, self_distilled_heads, tiny_target
 from transformers import DynamicCache
 
 import draftheads as dh
@@ -12,7 +12,9 @@ from draftheads.inference.features import FeatureTap
 from draftheads.inference.host_syncs import HostSyncCounter
 from draftheads.inference.sampling import sample_inverse_cdf
 from draftheads.inference.tree import Tree, TreeShape
-from draftheads.inference.verify import TreeVerifier, select_features, tree_attention_mask
+from draftheads.inference.accept import accept_greedy, accept_sampling
+from draftheads.inference.masks import tree_attention_mask
+from draftheads.inference.verify import TreeVerifier
 
 
 class ForwardSpy:
@@ -177,7 +179,7 @@ def test_batched_greedy_acceptance_matches_a_brute_force_per_row():
     """Random trees of different shapes in one padded batch (tiny vocabulary: drafts match often):
     per row, the accepted path ends at the deepest node whose whole path matches, the next token
     is the argmax there, and the single-tree acceptance agrees."""
-    from draftheads.inference.accept_rows import accept_greedy_rows
+    from draftheads.inference.accept import accept_greedy_rows
     from draftheads.inference.ragged import pad_trees
 
     gen = torch.Generator().manual_seed(3)
@@ -211,7 +213,7 @@ def test_batched_greedy_acceptance_matches_a_brute_force_per_row():
             deep = max(deep, len(path))
             assert got[r].nodes == path, (trial, r)
             assert got[r].tokens == tree.tokens[path].tolist() and got[r].next_token == predicted[path[-1]], (trial, r)
-            alone = TreeVerifier.accept_greedy(tree, logits[r, : tree.shape.size])
+            alone = accept_greedy(tree, logits[r, : tree.shape.size])
             assert (alone.nodes, alone.tokens, alone.next_token) == (got[r].nodes, got[r].tokens, got[r].next_token)
     assert deep >= 3  # paths two drafts deep were accepted somewhere
 
@@ -283,7 +285,7 @@ def test_sampling_acceptance_takes_no_vocabulary_row_to_the_host(medusa_setup):
         logits, _ = verifier.forward(cache, tree, prompts.shape[1])
     params = dh.inference.sampling.resolve_sampling(None, True, 1.0, 0, 1.0)
     with HostSyncCounter(target) as syncs:
-        verifier.accept_sampling(tree, logits, params, torch.Generator().manual_seed(0))
+        accept_sampling(tree, logits, params, torch.Generator().manual_seed(0))
     assert "tolist" not in syncs.outside and "copy_to_host" not in syncs.outside  # scalars only
 
 

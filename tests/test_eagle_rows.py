@@ -16,7 +16,6 @@ import torch
 import draftheads as dh
 from draftheads.inference.host_syncs import HostSyncCounter
 from draftheads.inference.proposers.eagle_rows import EagleRows
-from draftheads.inference.proposers.rows import row_proposer
 from draftheads.inference.sampling import SamplingParams
 
 from inference_utils import tiny_target
@@ -113,7 +112,7 @@ def test_batched_trees_equal_forked_trees(target, head_type, compaction, one_tor
 def test_eagle_proposers_draft_rows_together(target):
     """The batched decode loop gets `EagleRows` for EAGLE and EAGLE-3, not one fork per row."""
     for head_type in ("eagle", "eagle3"):
-        assert isinstance(row_proposer(dh.EagleProposer(random_heads(head_type, target))), EagleRows)
+        assert isinstance(dh.EagleProposer(random_heads(head_type, target)).rows(), EagleRows)
 
 
 def test_bad_compaction_is_refused(target):

@@ -12,7 +12,7 @@ from safetensors.torch import load_file
 import draftheads as dh
 from conftest import make_tiny_model
 from draftheads.export import ExportError, export_heads
-from draftheads.inference.verify import select_features
+from inference_utils import select_features
 from engine_reference import eagle1_forward, eagle3_forward, medusa_logits, read_folder
 
 

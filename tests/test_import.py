@@ -306,7 +306,7 @@ def test_round_trip_gives_the_same_draft_logits_and_decoding(tmp_path, tiny_targ
         for a, b in zip(medusa_draft_logits(heads, hs[-1][0]), medusa_draft_logits(back, hs[-1][0])):
             torch.testing.assert_close(b, a, rtol=0, atol=0)
     else:
-        sel = dh.inference.verify.select_features
+        from inference_utils import select_features as sel
         mine = draftheads_two_steps(heads, sel(hs, heads.feature_layers)[0][:-2], ids[1:-1], ids[2:])
         theirs = draftheads_two_steps(back, sel(hs, back.feature_layers)[0][:-2], ids[1:-1], ids[2:])
         # EAGLE-3's fc columns come back in layer order: the same sum in another order (float rounding only).

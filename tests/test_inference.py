@@ -217,7 +217,7 @@ def test_probe_catches_a_chunked_model_decoded_with_full_attention_masks():
     verifier = TreeVerifier(target)
     assert verifier.spans["chunked_attention"].chunk == 16
     dh.inference.check_tree_attention(target, verifier)  # the real masks pass
-    verifier.spans = {name: dh.inference.verify.AttentionSpan() for name in verifier.spans}
+    verifier.spans = {name: dh.inference.masks.AttentionSpan() for name in verifier.spans}
     with pytest.raises(dh.UnsupportedModelError, match="after a 15-token prefix"):
         dh.inference.check_tree_attention(target, verifier)
 
@@ -267,7 +267,7 @@ def test_model_failing_in_the_probe_prefill_is_refused():
 
 
 def test_probe_looks_around_every_window_and_chunk_the_model_uses():
-    from draftheads.inference.verify import PROBE_PREFIX, probe_prefix_lengths
+    from draftheads.inference.probe import PROBE_PREFIX, probe_prefix_lengths
 
     assert probe_prefix_lengths(tiny_target("llama", max_position_embeddings=4096)) == [4, PROBE_PREFIX]
     assert probe_prefix_lengths(tiny_target("mistral")) == [4, 23, 26, 254]  # window 24; clipped to the context

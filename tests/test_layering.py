@@ -146,3 +146,39 @@ def test_checks_catch_an_upward_import_and_a_cycle(tmp_path):
         "draftheads.heads.a:2 imports draftheads.inference.b (inference is a higher layer of heads)"
     ]
     assert cycles(graph) == [["draftheads.heads.c", "draftheads.heads.d"]]
+
+
+#: Inside inference, the decode loop drafts only through the proposer interface and decodes only
+#: in the KV store it is handed: a loop importing a drafting method, a cache layout or the
+#: verifier would grow a second path for it. Proposers see tokens and features, never the loop,
+#: the decoder or the target's caches.
+LOOP_MAY_NOT_IMPORT = ("draftheads.inference.proposers", "draftheads.inference.decoder", "draftheads.inference.verify",
+                       "draftheads.inference.ragged", "draftheads.inference.static_cache", "draftheads.inference.probe")
+PROPOSERS_MAY_NOT_IMPORT = ("draftheads.inference.loop", "draftheads.inference.decoder", "draftheads.inference.kv",
+                            "draftheads.inference.ragged", "draftheads.inference.static_cache", "draftheads.inference.accept")
+
+
+def forbidden_imports(graph: dict[str, dict[str, int]], importer: str, forbidden: tuple[str, ...]) -> list[str]:
+    return sorted(f"{module}:{line} imports {target}" for module, targets in graph.items()
+                  if module == importer or module.startswith(importer + ".")
+                  for target, line in targets.items() if target.startswith(forbidden))
+
+
+def test_the_decode_loop_knows_no_drafting_method_or_cache_layout():
+    assert forbidden_imports(import_graph(), "draftheads.inference.loop", LOOP_MAY_NOT_IMPORT) == []
+
+
+def test_proposers_know_nothing_of_the_loop_or_the_caches():
+    assert forbidden_imports(import_graph(), "draftheads.inference.proposers", PROPOSERS_MAY_NOT_IMPORT) == []
+
+
+def test_inner_rules_catch_a_loop_importing_a_proposer(tmp_path):
+    pkg = tmp_path / "draftheads"
+    (pkg / "inference" / "proposers").mkdir(parents=True)
+    for init in (pkg, pkg / "inference", pkg / "inference" / "proposers"):
+        (init / "__init__.py").write_text("")
+    (pkg / "inference" / "loop.py").write_text("def f():\n    from .proposers.medusa import MedusaProposer\n")
+    (pkg / "inference" / "proposers" / "medusa.py").write_text("")
+    assert forbidden_imports(import_graph(pkg), "draftheads.inference.loop", LOOP_MAY_NOT_IMPORT) == [
+        "draftheads.inference.loop:2 imports draftheads.inference.proposers.medusa"
+    ]

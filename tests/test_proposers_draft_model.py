@@ -8,7 +8,7 @@ import torch
 import draftheads as dh
 from draftheads.inference.sampling import SamplingParams
 from draftheads.inference.tree import Tree, TreeShape
-from draftheads.inference.verify import TreeVerifier
+from draftheads.inference import accept
 
 from proposer_utils import ARCHS, VOCAB, check_greedy_exact, prompts, reference, tiny_lm
 from stats import biased_accept_sampling, chi_square_pvalue
@@ -182,7 +182,7 @@ def test_rejection_sampling_with_stochastic_drafts_is_exact(params):
     world = SmallWorld(params)
     # the test has teeth only if the draft is far from the target
     assert float((world.p0 - world.q0).abs().sum()) / 2 > 0.2
-    counts = world.run(TreeVerifier.accept_sampling, TRIALS, seed=0)
+    counts = world.run(accept.accept_sampling, TRIALS, seed=0)
     assert chi_square_pvalue(counts, world.exact) > 1e-3
 
 
@@ -226,7 +226,7 @@ class SiblingSampler:
 @pytest.mark.parametrize("params", SAMPLING, ids=["t1", "topk-topp"])
 def test_sampled_sibling_drafts_keep_the_target_distribution(params):
     world = SmallWorld(params)
-    counts, later = SiblingSampler(world, k=3).run(TreeVerifier.accept_sampling, 3000, seed=0)
+    counts, later = SiblingSampler(world, k=3).run(accept.accept_sampling, 3000, seed=0)
     assert later > 300, "later siblings were (almost) never accepted: the residual rule went untested"
     assert chi_square_pvalue(counts, world.exact) > 1e-3
     biased, _ = SiblingSampler(world, k=3).run(biased_accept_sampling("resample_from_p"), 3000, seed=0)

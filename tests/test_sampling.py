@@ -17,6 +17,7 @@ from transformers import DynamicCache
 import draftheads as dh
 from draftheads.inference.sampling import SamplingParams
 from draftheads.inference.tree import Tree, TreeShape
+from draftheads.inference.accept import accept_sampling, accept_typical
 from draftheads.inference.verify import TreeVerifier
 
 from inference_utils import tiny_target
@@ -99,7 +100,7 @@ def test_tree_acceptance_draws_the_target_distribution(setup, params):
     tree, logits = scored_tree(target, prompt)
     law = exact_emission_law(tree, logits, params)
     assert abs(sum(law.values()) - 1) < 1e-5
-    counts = draw_emissions(TreeVerifier.accept_sampling, tree, logits, params, DRAWS)
+    counts = draw_emissions(accept_sampling, tree, logits, params, DRAWS)
     pvalue = law_pvalue(counts, law)
     assert pvalue > 1e-3, f"chi-square p-value {pvalue:.2g}: accepted tokens are not the target's law"
     # Drafts were accepted, at both depths: the test exercised the tree, not just the residual.
@@ -184,9 +185,9 @@ def test_typical_acceptance_is_opt_in_and_follows_its_threshold(setup):
     params = SamplingParams(temperature=1.0)
     gen = torch.Generator().manual_seed(0)
     # a threshold of 1 (min(1, 10 e^-H) = 1 here) rejects every draft -> only the root, a plain step
-    assert TreeVerifier.accept_typical(tree, logits, params, gen, epsilon=1.0, delta=10.0).path.tolist() == [0]
+    assert accept_typical(tree, logits, params, gen, epsilon=1.0, delta=10.0).path.tolist() == [0]
     # a negative threshold accepts every draft: the deepest path is taken
-    deep = TreeVerifier.accept_typical(tree, logits, params, gen, epsilon=-1.0)
+    deep = accept_typical(tree, logits, params, gen, epsilon=-1.0)
     assert deep.path.numel() == tree.shape.max_depth + 1
     decoder = dh.SpeculativeDecoder(target, heads, tree=TREE)
     out = decoder.generate(prompt, max_new_tokens=8, temperature=1.0, acceptance="typical", seed=0, eos_token_id=[])

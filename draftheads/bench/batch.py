@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from ..inference.batch import left_pad
+from ..inference.inputs import left_pad
 from .methods import PLAIN, Method
 from .runner import encode_turn, fit_context, _sync
 

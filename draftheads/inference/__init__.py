@@ -4,7 +4,10 @@ from .proposers import DraftModelProposer, EagleProposer, HydraProposer, MedusaP
 from .sampling import SamplingParams
 from .tokenizer_check import check_same_tokenizer
 from .tree import Tree, TreeShape, default_choices
-from .verify import TreeVerifier, UnsupportedModelError, check_tree_attention, commit, tree_attention_mask
+from .kv import commit
+from .masks import UnsupportedModelError, tree_attention_mask
+from .probe import check_tree_attention
+from .verify import TreeVerifier
 
 __all__ = [
     "DraftModelProposer",

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from ..heads.batch_plan import MEASURED_KEY, PLAIN, PLAN_KEY, SPECULATIVE, BatchPlan, plan_to_json
-from .batch import left_pad
+from .inputs import eos_ids, left_pad, pad_id
 from .decoder import SpeculativeDecoder
 
 
@@ -52,16 +52,6 @@ class BatchPlanResult:
         return out
 
 
-def _pad_id(target: torch.nn.Module) -> int:
-    config = getattr(target, "generation_config", None)
-    for value in (getattr(config, "pad_token_id", None), getattr(config, "eos_token_id", None)):
-        if isinstance(value, list):
-            value = value[0] if value else None
-        if value is not None:
-            return int(value)
-    return 0
-
-
 @torch.inference_mode()
 def measure_batch_plan(
     target: torch.nn.Module,
@@ -85,7 +75,8 @@ def measure_batch_plan(
         SPECULATIVE: SpeculativeDecoder(target, heads, tree=tree, batch_plan=None, check_model=False),
         PLAIN: SpeculativeDecoder(target, heads, tree=tree, batch_plan={1: PLAIN}, check_model=False),
     }
-    pad = _pad_id(target)
+    pad = pad_id(target, eos_ids(target, None))
+    pad = 0 if pad is None else pad  # masked left padding: any id will do when the model names none
     batches = {size: prompt_batches(prompts, size, pad) for size in sizes}
     sync = (lambda: torch.cuda.synchronize(target.device)) if target.device.type == "cuda" else (lambda: None)
 

@@ -1,48 +1,36 @@
-"""The decode loop: propose -> verify (one target forward) -> accept -> commit, until done.
+"""`SpeculativeDecoder`: argument checks and the choice of mode; the decoding itself is `loop.py`.
 
-Read it top to bottom: everything a step does is in `generate`.
+A call is decoded plainly (the target's `generate`, for batch sizes the batch plan marks plain) or
+speculatively: one unpadded row in the verifier's own cache (`kv.SequenceKV`, dynamic or
+static), anything else in a ragged batch cache (`ragged.RaggedKV`); both through the same loop.
 """
 from __future__ import annotations
 
 import operator
-import time
 from typing import Any, Mapping
 
 import torch
-from transformers import DynamicCache
 
 from ..heads.batch_plan import PLAIN, SPECULATIVE, BatchPlan, mode_for, parse_batch_plan
 from ..heads.config import text_config
-from .proposers import Proposer
-from .sampling import resolve_sampling, sample, warn_unapplied_settings
+from .accept import ACCEPTANCE
+from .compaction import check_compaction
 from .default_tree import resolve_tree
-from .tree import TreeShape
-from .output import SpeculativeOutput, last_logits_only as _last_logits_only
-from .verify import TreeVerifier, check_tree_attention
-from .static_cache import CACHE_KINDS, StaticTreeVerifier, tree_headroom
-from .batch import check_batch, generate_batch, token_matrix, wants_batch_path
+from .inputs import check_batch, eos_ids, pad_id, token_matrix, wants_batch_path
+from .kv import SequenceKV
+from .loop import Settings, decode
+from .output import SpeculativeOutput
 from .plain import generate_plain
-from .timing import ForwardTimer
+from .probe import check_tree_attention
+from .proposers import Proposer
+from .proposers.row_base import RowProposer
+from .ragged import RaggedKV
+from .sampling import resolve_sampling, warn_unapplied_settings
+from .static_cache import CACHE_KINDS, StaticTreeVerifier, tree_headroom
+from .tree import TreeShape
+from .verify import TreeVerifier
 
-
-def _eos_set(target: torch.nn.Module, eos_token_id: int | list[int] | None) -> set[int]:
-    if eos_token_id is None:
-        gen_cfg = getattr(target, "generation_config", None)
-        eos_token_id = getattr(gen_cfg, "eos_token_id", None)
-    if eos_token_id is None:
-        return set()
-    return {int(eos_token_id)} if isinstance(eos_token_id, int) else {int(e) for e in eos_token_id}
-
-
-def _eos_list(target: torch.nn.Module, eos_token_id: int | list[int] | None) -> list[int]:
-    """The EOS ids in the order given (`generate` pads with the first when there is no pad id)."""
-    if eos_token_id is None:
-        eos_token_id = getattr(getattr(target, "generation_config", None), "eos_token_id", None)
-    if eos_token_id is None:
-        return []
-    return [int(eos_token_id)] if isinstance(eos_token_id, int) else [int(e) for e in eos_token_id]
-
-
+PROPOSERS = (Proposer, RowProposer)
 
 
 def _whole_number(value: Any, name: str) -> int:
@@ -71,7 +59,7 @@ def _resolve_plan(batch_plan: Any, proposer: Any) -> BatchPlan | None:
                 f"batch_plan must be 'heads' (the plan saved with the heads), None (always speculative) or a dict "
                 f"like {{1: 'speculative', 4: 'plain'}}; got {batch_plan!r}"
             )
-        saved = None if isinstance(proposer, Proposer) else getattr(proposer, "batch_plan", None)
+        saved = None if isinstance(proposer, PROPOSERS) else getattr(proposer, "batch_plan", None)
         return None if saved is None else parse_batch_plan(saved, "heads.batch_plan")
     return parse_batch_plan(batch_plan, "batch_plan")
 
@@ -97,7 +85,11 @@ class SpeculativeDecoder:
     `draftheads calibrate --batch-sizes` saved with the heads (none: always speculative);
     ``None`` always speculates; a dict such as ``{1: "speculative", 4: "plain"}`` forces one
     (sizes between keys follow the nearest key at or below, see `heads.batch_plan`). Proposers
-    (prompt lookup, a draft model) have no heads folder, so a dict is their only plan."""
+    (prompt lookup, a draft model) have no heads folder, so a dict is their only plan.
+
+    ``compaction`` says when a batch's caches (the target's, and EAGLE's draft cache) remove the
+    holes rows leave when they accept different numbers of tokens: "auto", "never" or "always"
+    (`inference.compaction`); the output is the same either way."""
 
     def __init__(
         self,
@@ -109,7 +101,9 @@ class SpeculativeDecoder:
         compile: bool | str = False,
         max_cache_len: int | None = None,
         batch_plan: str | Mapping[int | str, str] | None = "heads",
+        compaction: str = "auto",
     ) -> None:
+        self.compaction = check_compaction(compaction)
         if cache not in CACHE_KINDS:
             raise ValueError(f"cache must be one of {CACHE_KINDS}, got {cache!r}")
         if max_cache_len is not None and _whole_number(max_cache_len, "max_cache_len") < 1:
@@ -122,7 +116,7 @@ class SpeculativeDecoder:
                 "has new shapes, so a compiled forward would recompile every step"
             )
         self.batch_plan: BatchPlan | None = _resolve_plan(batch_plan, proposer)
-        if not isinstance(proposer, Proposer):
+        if not isinstance(proposer, PROPOSERS):
             bind = getattr(proposer, "bind_target", None)
             if bind is None:
                 raise TypeError(f"expected heads or a Proposer, got {type(proposer).__name__}")
@@ -175,12 +169,12 @@ class SpeculativeDecoder:
         step, but LOSSY (not the target's distribution). The default, "exact", is lossless.
 
         A batch ``input_ids`` [B, T] (left-padded, with its ``attention_mask``, as for `generate`)
-        decodes all rows together, each exactly as `generate` decodes it (see `inference.batch`).
+        decodes all rows together, each exactly as `generate` decodes it (see `inference.ragged`).
 
         A batch size the decoder's ``batch_plan`` marks plain is decoded by ``target.generate``
         itself; ``out.stats["mode"]`` says which mode ran ("speculative" or "plain")."""
-        if acceptance not in ("exact", "typical"):
-            raise ValueError(f"acceptance must be 'exact' or 'typical', got {acceptance!r}")
+        if acceptance not in ACCEPTANCE:
+            raise ValueError(f"acceptance must be {' or '.join(map(repr, ACCEPTANCE))}, got {acceptance!r}")
         params = resolve_sampling(getattr(self.target, "generation_config", None), do_sample, temperature, top_k, top_p)
         if acceptance == "typical" and params.greedy:
             raise ValueError("typical acceptance needs temperature > 0 (at temperature 0 decoding is greedy and exact)")
@@ -190,120 +184,33 @@ class SpeculativeDecoder:
             return self._generate_plain(input_ids, attention_mask, max_new_tokens, params, eos_token_id, streamer,
                                         generator, seed)
         if wants_batch_path(input_ids, attention_mask):
-            if self.cache == "static":
-                raise ValueError(
-                    f"cache='static' decodes one sequence at a time (got input_ids of shape {list(input_ids.shape)}"
-                    f"{' with an attention_mask' if attention_mask is not None else ''}); for batches use the default "
-                    "cache='dynamic', whose batched loop keeps a ragged cache"
-                )
-            return self._generate_batch(
-                input_ids, attention_mask, max_new_tokens, params, eos_token_id, streamer, generator, seed, acceptance
+            self._check_batch_options(input_ids, attention_mask, streamer)
+            input_ids, attention_mask, eos, pad, generator = self._checked_batch(
+                input_ids, attention_mask, max_new_tokens, eos_token_id, generator, seed
             )
-        input_ids = self._check_inputs(input_ids, max_new_tokens)
-        if generator is None and seed is not None:
-            generator = torch.Generator().manual_seed(seed)
-        eos = _eos_set(self.target, eos_token_id)
-        device = self.target.device
-        prompt = input_ids[0].to(device)
-        if streamer is not None:
-            streamer.put(input_ids[0].cpu())
-
-        # Prefill: the prompt in the target cache, its last logits give the first token.
-        t0 = time.perf_counter()
-        cache = DynamicCache()
-        tap = self.verifier.tap
-        with tap.capture() as captured:
-            out = self.target(
-                input_ids=prompt[None], use_cache=True, **tap.forward_kwargs(), **{self.verifier.cache_arg: cache},
-                **_last_logits_only(self.target),
-            )
-        # The static cache copies the prompt's entries into its own preallocated buffers.
-        cache = self.verifier.own_cache(cache, prompt.numel(), prompt.numel() + max_new_tokens)
-        last_logits = out.logits[0, -1]
-        root = int(last_logits.argmax()) if params.greedy else sample(params.probs(last_logits), generator)
-        features = tap.features(captured, out)
-        del out, captured  # with output_hidden_states (fallback) they hold every layer's states
-        self.proposer.start(prompt, None if features is None else features[0], params, generator)
-        new_tokens = [root]
-        prefix_len = prompt.numel()
-        if streamer is not None:
-            streamer.put(torch.tensor([root]))
-        t1 = time.perf_counter()
-
-        accept_lengths: list[int] = []
-        target_seconds = 0.0
-        done = root in eos or max_new_tokens == 1
-        while not done:
-            # 1. propose: never draft past max_new_tokens (the bonus token takes the last slot).
-            tree = self.proposer.propose(root, max_depth=max_new_tokens - len(new_tokens) - 1)
-            # 2. verify: one target forward over the whole tree.
-            timer = ForwardTimer(device)
-            logits, hidden = self.verifier.forward(cache, tree, prefix_len)
-            timer.stop()
-            # 3. accept: the longest valid path, plus the target's own next token.
-            if params.greedy:
-                acc = self.verifier.accept_greedy(tree, logits)
-            elif acceptance == "typical":
-                acc = self.verifier.accept_typical(tree, logits, params, generator)
-            else:
-                acc = self.verifier.accept_sampling(tree, logits, params, generator)
-            # 4. commit: prefix + accepted path stay in the cache; tell the proposer.
-            # Host bookkeeping reads only what acceptance brought back (greedy: one transfer).
-            path_tokens = acc.tokens if acc.tokens is not None else tree.tokens[acc.path].tolist()
-            m = len(path_tokens)
-            verify_seconds = timer.seconds()  # after acceptance's transfer: no extra device sync
-            target_seconds += verify_seconds
-            self.verifier.commit(cache, prefix_len, acc)
-            prefix_len += m
-            self.proposer.accepted(
-                torch.tensor(path_tokens, dtype=torch.long), None if hidden is None else hidden[acc.index(hidden.device)]
-            )
-            self.proposer.observe(tree.shape.size - 1, m - 1, verify_seconds)
-            emitted = path_tokens[1:] + [acc.next_token]
-            accept_lengths.append(len(emitted))
-            for i, tok in enumerate(emitted):
-                if tok in eos:
-                    emitted = emitted[: i + 1]
-                    done = True
-                    break
-            emitted = emitted[: max_new_tokens - len(new_tokens)]
-            new_tokens.extend(emitted)
-            if streamer is not None:
-                streamer.put(torch.tensor(emitted))
-            root = acc.next_token
-            done = done or len(new_tokens) >= max_new_tokens
-        t2 = time.perf_counter()
-        if streamer is not None:
-            streamer.end()
-
-        sequences = torch.cat([input_ids[0].cpu(), torch.tensor(new_tokens, dtype=input_ids.dtype)])[None]
-        return SpeculativeOutput(
-            sequences=sequences,
-            accept_lengths=accept_lengths,
-            prefill_seconds=t1 - t0,
-            decode_seconds=t2 - t1,
-            target_seconds=target_seconds,
-            stats={"mode": SPECULATIVE, "new_tokens": len(new_tokens), "steps": len(accept_lengths),
-                   **self.proposer.stats()},
-        )
-
-    #: When the batched loop removes cache holes: "auto", "never" or "always" (see `inference.batch`).
-    batch_compaction = "auto"
-
-    def _generate_batch(self, input_ids, attention_mask, max_new_tokens, params, eos_token_id, streamer, generator,
-                        seed, acceptance) -> SpeculativeOutput:
-        """Batch > 1 (or a padded row): the ragged-cache loop of `inference.batch`."""
-        if streamer is not None:
-            raise ValueError("streaming supports one sequence at a time (as transformers' streamers do): pass one row")
-        input_ids, attention_mask, eos_list, pad, generator = self._checked_batch(
-            input_ids, attention_mask, max_new_tokens, eos_token_id, generator, seed
-        )
-        out = generate_batch(
-            self, input_ids, attention_mask, max_new_tokens, params, set(eos_list), pad, generator, acceptance,
-            compaction=self.batch_compaction,
-        )
+            store = RaggedKV(self.verifier, attention_mask, self.compaction)
+        else:
+            input_ids = self._check_inputs(input_ids, max_new_tokens)
+            eos = eos_ids(self.target, eos_token_id)
+            pad = pad_id(self.target, eos)
+            if generator is None and seed is not None:
+                generator = torch.Generator().manual_seed(seed)
+            store = SequenceKV(self.verifier, max_new_tokens)
+        settings = Settings(max_new_tokens, params, self.target.device, set(eos), pad, acceptance, generator, streamer)
+        out = decode(store, self.proposer.rows(self.compaction), input_ids, settings)
         out.stats = {"mode": SPECULATIVE, **out.stats}
         return out
+
+    def _check_batch_options(self, input_ids: torch.Tensor, attention_mask: Any, streamer: Any) -> None:
+        """What a batch (or a padded row) cannot be decoded with: the static cache, a streamer."""
+        if self.cache == "static":
+            raise ValueError(
+                f"cache='static' decodes one sequence at a time (got input_ids of shape {list(input_ids.shape)}"
+                f"{' with an attention_mask' if attention_mask is not None else ''}); for batches use the default "
+                "cache='dynamic', whose batched loop keeps a ragged cache"
+            )
+        if streamer is not None:
+            raise ValueError("streaming supports one sequence at a time (as transformers' streamers do): pass one row")
 
     def mode_for(self, batch_size: int) -> str:
         """"speculative" or "plain": how a batch of ``batch_size`` rows is decoded under this
@@ -323,19 +230,13 @@ class SpeculativeDecoder:
 
     def _checked_batch(self, input_ids, attention_mask, max_new_tokens, eos_token_id, generator, seed):
         """A batch's inputs checked as `generate` checks them: (ids, mask, EOS ids, pad id, generator)."""
-        eos_list = _eos_list(self.target, eos_token_id)
-        pad = self._pad_id(eos_list)
-        input_ids, attention_mask = check_batch(input_ids, attention_mask, pad, eos_list)
+        eos = eos_ids(self.target, eos_token_id)
+        pad = pad_id(self.target, eos)
+        input_ids, attention_mask = check_batch(input_ids, attention_mask, pad, eos)
         self._check_budget(f"{input_ids.shape[1]} tokens, padding included", input_ids.shape[1], max_new_tokens)
         if generator is None and seed is not None:
             generator = torch.Generator().manual_seed(seed)
-        return input_ids, attention_mask, eos_list, pad, generator
-
-    def _pad_id(self, eos_list: list[int]) -> int | None:
-        pad = getattr(getattr(self.target, "generation_config", None), "pad_token_id", None)
-        if pad is None and eos_list:
-            pad = eos_list[0]  # what `generate` pads with when the model has no pad token
-        return pad
+        return input_ids, attention_mask, eos, pad, generator
 
     def _check_inputs(self, input_ids: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
         """One row ([1, T], from `token_matrix`): not empty, and within the model's context."""

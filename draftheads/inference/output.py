@@ -1,5 +1,5 @@
-"""What a decode returns, and the prefill's logits_to_keep rule: shared by the single-sequence loop
-(decoder.py) and the batched one (batch.py), so neither imports the other for them."""
+"""What a decode returns, and the one logits_to_keep rule (the prefill, the model probe and draft
+models ask only for the logits they read)."""
 from __future__ import annotations
 
 import inspect
@@ -28,15 +28,15 @@ class SpeculativeOutput:
 
 
 
-def last_logits_only(model: torch.nn.Module) -> dict[str, int]:
-    """``logits_to_keep=1`` where the forward takes it, as `generate` does in its prefill: only the
-    last prompt position's logits are used, and the LM head over a whole prompt is not free (for
-    the demo's 128-token prompts ~20% of the prefill). Hidden states are unaffected."""
+def logits_to_keep(model: torch.nn.Module, n: int) -> dict[str, int]:
+    """``logits_to_keep=n`` where the forward takes it, as `generate` does in its prefill: only the
+    last ``n`` positions' logits are used, and the LM head over a whole prompt is not free (a long
+    prompt times a large vocabulary is gigabytes of fp32 logits). Hidden states are unaffected."""
     forward = type(model).forward
     keep = _KEEPS_LAST.get(forward)
     if keep is None:
         keep = _KEEPS_LAST[forward] = "logits_to_keep" in inspect.signature(model.forward).parameters
-    return {"logits_to_keep": 1} if keep else {}
+    return {"logits_to_keep": n} if keep else {}
 
 
 _KEEPS_LAST: dict[Any, bool] = {}

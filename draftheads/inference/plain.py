@@ -78,7 +78,7 @@ def generate_plain(
     generator: torch.Generator | None = None,
     streamer: Any = None,
 ) -> SpeculativeOutput:
-    """Decode a left-padded batch (validated by `batch.check_batch`) with ``target.generate``.
+    """Decode a left-padded batch (validated by `inputs.check_batch`) with ``target.generate``.
 
     The output's ``accept_lengths`` are 1 per row and step (one token per target forward) and its
     stats say ``"mode": "plain"``; the whole call is ``decode_seconds`` (`generate` does not

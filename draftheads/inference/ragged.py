@@ -18,8 +18,13 @@ from dataclasses import dataclass
 
 import torch
 
+from transformers import DynamicCache
+
+from .accept import Acceptance
+from .compaction import check_compaction, wants_compaction
+from .kv import Prefilled, Verified
+from .masks import FULL, AttentionSpan, additive, span_visible
 from .tree import Tree
-from .verify import AttentionSpan
 
 
 @dataclass
@@ -87,16 +92,10 @@ def ragged_mask(
     q_pos = state.next_pos[:, None] + depth  # [rows, n]
     prefix = (state.slot_pos >= 0)[:, None, :].expand(-1, depth.shape[1], -1)  # [rows, n, slots]
     visible = torch.cat([prefix, ancestors], dim=2)
-    if span.window is not None or span.chunk is not None:
+    if span != FULL:
         k_pos = torch.cat([state.slot_pos, q_pos], dim=1)[:, None, :]  # [rows, 1, slots + n]
-        q = q_pos[:, :, None]
-        if span.window is not None:
-            visible = visible & ((q - k_pos) < span.window)
-        if span.chunk is not None:
-            visible = visible & ((q // span.chunk) == (k_pos // span.chunk))
-    mask = torch.zeros(visible.shape, dtype=dtype, device=visible.device)
-    mask.masked_fill_(~visible, torch.finfo(dtype).min)
-    return mask[:, None]
+        visible = span_visible(visible, q_pos[:, :, None], k_pos, span)
+    return additive(visible, dtype)[:, None]
 
 
 def _layers(cache) -> list:
@@ -163,3 +162,66 @@ def compact(cache, state: RaggedState, rows: list[int] | None = None) -> RaggedS
             idx = order.to(tensor.device)[:, None, :, None].expand(-1, tensor.shape[1], -1, tensor.shape[3])
             setattr(layer, name, picked.gather(2, idx))
     return RaggedState(new_pos, next_pos)
+
+
+class RaggedKV:
+    """A left-padded batch in one shared cache with per-row holes (see the module docstring):
+    the KV store of `loop.py` for every batch but one unpadded row. ``compaction``: when holes
+    are removed (`compaction.py`)."""
+
+    def __init__(self, verifier, attention_mask: torch.Tensor, compaction: str = "auto") -> None:
+        self.verifier, self.attention_mask = verifier, attention_mask
+        self.compaction = check_compaction(compaction)
+        self.cache = DynamicCache()
+        self.state: RaggedState | None = None
+        self.compactions = self.max_holes = 0
+        self._compacted = False  # this step's drop of finished rows removed the holes already
+
+    def prefill(self, input_ids: torch.Tensor) -> Prefilled:
+        """The padded prompts [B, T], positions counted over real tokens as `generate` counts them."""
+        self.state, position_ids = prefill_state(self.attention_mask)
+        last, features = self.verifier.prefill(self.cache, input_ids, self.attention_mask, position_ids)
+        width, device = input_ids.shape[1], self.verifier.target.device
+        lengths = self.attention_mask.sum(dim=1).tolist()
+        prompts = [input_ids[r, width - n:].to(device) for r, n in enumerate(lengths)]
+        hidden = [None if features is None else features[r, width - n:] for r, n in enumerate(lengths)]
+        return Prefilled(last, prompts, hidden)
+
+    def _mask(self, depth: torch.Tensor, ancestors: torch.Tensor) -> torch.Tensor | dict[str, torch.Tensor]:
+        """The 4D mask (or one per layer type) for this step, built on the device from the host's
+        slot table: [rows, slots] positions travel, not [rows, n, slots] floats."""
+        target = self.verifier.target
+        device = target.device
+        state = RaggedState(self.state.slot_pos.to(device, non_blocking=True), self.state.next_pos.to(device, non_blocking=True))
+        depth, ancestors = depth.to(device, non_blocking=True), ancestors.to(device, non_blocking=True)
+        masks = {name: ragged_mask(state, depth, ancestors, span, target.dtype) for name, span in self.verifier.spans.items()}
+        return next(iter(masks.values())) if len(masks) == 1 else masks
+
+    def verify(self, trees: list[Tree]) -> Verified:
+        tokens, depth, ancestors = pad_trees(trees)
+        tokens = tokens.to(self.verifier.target.device)
+        logits, features = self.verifier.forward_rows(
+            self.cache, tokens, self.state.next_pos[:, None] + depth, self._mask(depth, ancestors))
+        return Verified(tokens, logits, features)
+
+    def commit(self, accs: list[Acceptance]) -> None:
+        self.state = commit_rows(self.cache, self.state, [acc.nodes for acc in accs], self.state.next_pos)
+        self.max_holes = max(self.max_holes, self.state.holes)
+        self._compacted = False
+
+    def keep(self, rows: list[int]) -> None:
+        """Only ``rows`` (positions in the batch) go on; unless compaction is off, the same copy
+        removes the holes."""
+        self._compacted = self.compaction != "never"
+        self.state = keep_rows(self.cache, self.state, rows, compact_too=self._compacted)
+        self.compactions += self._compacted
+
+    def tidy(self) -> None:
+        """After a step: remove the holes when the policy says they cost more than a copy."""
+        if not self._compacted and wants_compaction(self.compaction, self.state.holes, self.state.slot_pos.numel()):
+            self.state = compact(self.cache, self.state)
+            self.compactions += 1
+        self._compacted = False
+
+    def stats(self) -> dict:
+        return {"compaction": self.compaction, "compactions": self.compactions, "max_holes": self.max_holes}

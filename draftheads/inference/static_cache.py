@@ -28,8 +28,10 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import Cache, StaticLayer
 
+from .accept import Acceptance
+from .masks import limiting_spans, shape_on_device, span_masks
 from .tree import Tree, TreeShape
-from .verify import Acceptance, AttentionSpan, TreeVerifier, shape_on_device, tree_attention_mask
+from .verify import TreeVerifier
 
 #: Cache lengths are rounded up to a multiple of this, so that calls with different prompt lengths
 #: reuse one cache and one compiled graph per tree size (shapes are part of a compiled graph).
@@ -183,10 +185,17 @@ class _FixedWidthMask:
         return self.buffer[None, None]
 
 
-def _padded(mask: torch.Tensor, width: int) -> torch.Tensor:
-    """A [1, 1, n, prefix + n] mask widened to ``width`` columns, the new ones masked."""
-    pad = width - mask.shape[-1]
-    return torch.nn.functional.pad(mask, (0, pad), value=torch.finfo(mask.dtype).min)
+def _widened(mask: torch.Tensor, shape: TreeShape, prefix_len: int, size: int, width: int) -> torch.Tensor:
+    """A [1, 1, n, prefix + n] tree mask as [1, 1, size, width]: the new columns masked, padding
+    rows (trees padded to ``size``) seeing only themselves."""
+    low = torch.finfo(mask.dtype).min
+    mask = torch.nn.functional.pad(mask, (0, width - mask.shape[-1]), value=low)
+    pad = size - shape.size
+    if pad:
+        rows = torch.full((1, 1, pad, width), low, dtype=mask.dtype, device=mask.device)
+        rows[0, 0, range(pad), range(prefix_len + shape.size, prefix_len + size)] = 0
+        mask = torch.cat([mask, rows], dim=2)
+    return mask
 
 
 class StaticTreeVerifier(TreeVerifier):
@@ -226,11 +235,11 @@ class StaticTreeVerifier(TreeVerifier):
     def commit(self, cache: Cache, prefix_len: int, acc: Acceptance) -> None:
         self.store.commit(prefix_len, acc)
 
-    def attention_mask(self, shape: TreeShape, prefix_len: int, size: int) -> torch.Tensor | dict[str, torch.Tensor]:
-        """[1, 1, size, W] (or one per layer type) for a tree padded to ``size`` tokens."""
+    def attention_mask(self, shape: TreeShape, prefix_len: int, size: int | None = None) -> torch.Tensor | dict[str, torch.Tensor]:
+        """[1, 1, size, W] (or one per layer type) for a tree padded to ``size`` tokens (default: none)."""
+        size = shape.size if size is None else size
         width = self.store.capacity
-        total = prefix_len + shape.max_depth + 1
-        limiting = {name: span for name, span in self.spans.items() if span.limits(total)}
+        limiting = limiting_spans(self.spans, shape, prefix_len)
         if not limiting:
             key = (size, width)
             if key not in self._masks:
@@ -238,19 +247,10 @@ class StaticTreeVerifier(TreeVerifier):
             return self._masks[key].place(shape, prefix_len)
         # Windows or chunks hide part of the prefix: built as on the dynamic path, then widened (and
         # padding rows see only themselves).
-        dtype, device, none = self.target.dtype, self.target.device, AttentionSpan()
-        pad = size - shape.size
-        masks = {}
-        for name in self.spans:
-            span = limiting.get(name, none)
-            tree = _padded(tree_attention_mask(shape, prefix_len, dtype, device, window=span.window, chunk=span.chunk),
-                           width)
-            if pad:
-                rows = torch.full((1, 1, pad, width), torch.finfo(dtype).min, dtype=dtype, device=device)
-                rows[0, 0, range(pad), range(prefix_len + shape.size, prefix_len + size)] = 0
-                tree = torch.cat([tree, rows], dim=2)
-            masks[name] = tree
-        return masks[""] if list(masks) == [""] else masks
+        masks = span_masks(limiting, shape, prefix_len, self.target.dtype, self.target.device)
+        if isinstance(masks, dict):
+            return {name: _widened(mask, shape, prefix_len, size, width) for name, mask in masks.items()}
+        return _widened(masks, shape, prefix_len, size, width)
 
     def _forward_tokens(self, input_ids, position_ids, attention_mask, cache):
         """The part that is compiled: fixed shapes for a given tree size and cache length."""

@@ -1,4 +1,5 @@
-"""The proposer interface: every drafting method implements these three calls.
+"""The per-sequence proposer interface: a drafting method written for one sequence implements
+these three calls; the loop drafts every row through `rows()` (`row_base.RowProposer`).
 
 The decode loop owns the target, its cache and the verifier; a proposer only sees tokens and
 the target's hidden states, and returns a candidate Tree. Nothing about attention masks or
@@ -13,6 +14,7 @@ import torch
 
 from ..sampling import SamplingParams
 from ..tree import Tree
+from .row_base import ForkedRows, RowProposer
 
 
 class Proposer(ABC):
@@ -63,3 +65,9 @@ class Proposer(ABC):
         same settings and models, its own per-sequence state. `start` resets that state, so a
         shallow copy is enough unless the proposer keeps buffers that `start` reuses."""
         return copy.copy(self)
+
+    def rows(self, compaction: str = "auto") -> RowProposer:
+        """The batch form the decode loop drafts through (batch 1 is a batch of one row): one
+        forked proposer per row here; drafters that batch their rows (heads, EAGLE) return their own.
+        ``compaction`` is the decoder's policy for caches with holes (`inference.compaction`)."""
+        return ForkedRows(self)

@@ -19,13 +19,13 @@ measured acceptance rate of each draft position, draft step time and verify time
 """
 from __future__ import annotations
 
-import inspect
 import time
 from typing import Any
 
 import torch
 from transformers import DynamicCache
 
+from ..output import logits_to_keep
 from ..sampling import SamplingParams, sample
 from ..tokenizer_check import check_same_tokenizer, tokenizer_size
 from ..tree import Tree, TreeShape
@@ -119,9 +119,8 @@ class DraftModelProposer(Proposer):
                 "tokens: this draft cannot score every token (wrong checkpoint or tokenizer?)"
             )
         self.target_vocab: int | None = None  # set by bind_target
-        params = inspect.signature(draft_model.forward).parameters
         self._cache_arg = cache_kwarg(draft_model)
-        self._keep_last = {"logits_to_keep": 1} if "logits_to_keep" in params else {}
+        self._keep_last = logits_to_keep(draft_model, 1)
         self._shapes: dict[int, TreeShape] = {}
         self._cache: DynamicCache | None = None
         self._pending: list[int] = []

@@ -19,6 +19,8 @@ import torch
 from ..sampling import SamplingParams
 from ..tree import Tree, TreeShape
 from .base import Proposer
+from .eagle_rows import EagleRows
+from .row_base import RowProposer
 from .eagle_tree import grow, select
 
 # Small enough to pay off on a CPU, where verify cost grows quickly with tree size; `draftheads
@@ -99,6 +101,10 @@ class EagleProposer(Proposer):
     def accepted(self, tokens, hidden) -> None:
         self._ids.extend(tokens.tolist())
         self._pending.append(hidden)
+
+    def rows(self, compaction: str = "auto") -> RowProposer:
+        """Every row drafted with one draft-layer forward per depth over a shared draft cache."""
+        return EagleRows(self, compaction=compaction)
 
     def stats(self) -> dict:
         return {"eagle_tree": {"total_tokens": self.total_tokens, "depth": self.depth, "top_k": self.top_k,

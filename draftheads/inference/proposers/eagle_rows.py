@@ -10,28 +10,24 @@ launches, not FLOPs, set the cost. Here the rows share one draft KV cache [rows,
   `EagleProposer` would draft (same code, only the cache layout differs).
 - holes are removed (one gather of the draft cache, each row's entries then contiguous from slot
   0: right-padded with per-row lengths) when rows leave the batch, and by the ``compaction``
-  policy when that shortens the cache: "auto" by over a quarter, "always" by any slot, "never".
+  policy (`inference.compaction`, the decoder's ``compaction``).
 """
 from __future__ import annotations
 
 import torch
 
+from ..compaction import check_compaction, wants_compaction
 from ..tree import Tree, TreeShape
-from .eagle import EagleProposer
 from .eagle_tree import grow, nodes_up_to, select
 from .row_base import RowProposer
-
-COMPACTION = ("auto", "never", "always")
-HOLE_FRACTION = 0.25
 
 
 class EagleRows(RowProposer):
     """Batched form of an `EagleProposer`: per row, the same tree as that row's own forked proposer."""
 
-    def __init__(self, proposer: EagleProposer, compaction: str = "auto") -> None:
-        if compaction not in COMPACTION:
-            raise ValueError(f"EAGLE draft-cache compaction must be one of {COMPACTION}, got {compaction!r}")
-        self.proposer, self.compaction = proposer, compaction
+    def __init__(self, proposer, compaction: str = "auto") -> None:  # an `eagle.EagleProposer` (eagle imports this module)
+        self.proposer, self.compaction = proposer, check_compaction(compaction, "EAGLE draft-cache compaction")
+        self.feature_layers = proposer.feature_layers
         self.head = proposer.head
         self._cache: list[tuple[torch.Tensor, torch.Tensor]] | None = None
         self.compactions = 0
@@ -145,9 +141,7 @@ class EagleRows(RowProposer):
         root_states = self._catch_up(roots, drafting)
         excess = self._excess()
         self.max_excess = max(self.max_excess, excess)
-        if self.compaction == "always" and excess or (
-            self.compaction == "auto" and excess > HOLE_FRACTION * self._visible.shape[1]
-        ):
+        if wants_compaction(self.compaction, excess, self._visible.shape[1]):
             self._gather()
         tokens, parents, scores = grow(
             self.head, p._logits, p._vocab_ids_dev, self._cache, self._visible.to(self.device, non_blocking=True),

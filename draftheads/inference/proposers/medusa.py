@@ -11,6 +11,7 @@ import torch
 from ..sampling import SamplingParams
 from ..tree import Tree, TreeShape, default_choices
 from .base import Proposer
+from .row_base import RowProposer
 
 
 class MedusaProposer(Proposer):
@@ -99,6 +100,10 @@ class MedusaProposer(Proposer):
     def accepted(self, tokens, hidden) -> None:
         self._last_hidden = hidden[-1]
 
+    def rows(self, compaction: str = "auto") -> "MedusaRows":
+        """Every row drafted in one call (`draft_rows`): the only per-sequence state is a hidden state."""
+        return MedusaRows(self)
+
     @torch.no_grad()
     def draft_rows(self, roots: torch.Tensor, hidden: torch.Tensor, max_depth: int) -> tuple[TreeShape, torch.Tensor]:
         """Batched `propose` for a batch of sequences: ``roots`` [B], ``hidden`` [B, H] (each row's
@@ -118,3 +123,37 @@ class MedusaProposer(Proposer):
         drafted = candidates[head, :, rank].T  # [B, n - 1]
         # Tokens stay on the device (the batched verify reads them there): no copy to the host.
         return shape, torch.cat([roots.to(drafted.device, non_blocking=True), drafted], dim=1)
+
+
+def truncate(tree: Tree, max_depth: int) -> Tree:
+    """``tree`` without nodes deeper than ``max_depth``: a row near max_new_tokens in a batch drafted
+    deeper. Exact for heads whose nodes depend only on their ancestors (Medusa, Hydra)."""
+    if max_depth >= tree.shape.max_depth:
+        return tree
+    keep = tree.shape.depth <= max_depth
+    return Tree(tree.shape.truncated(max_depth), tree.tokens[keep])
+
+
+class MedusaRows(RowProposer):
+    """Medusa or Hydra heads drafting all rows at once from each row's last hidden state."""
+
+    def __init__(self, proposer: MedusaProposer) -> None:
+        self.proposer = proposer
+        self.feature_layers = proposer.feature_layers
+        self._last: torch.Tensor | None = None  # [rows, H]
+
+    def start(self, prompts, hidden, params, generator) -> None:
+        self._last = torch.stack([h[-1] for h in hidden])
+
+    def propose(self, roots: list[int], max_depths: list[int]) -> list[Tree]:
+        shape, tokens = self.proposer.draft_rows(torch.tensor(roots), self._last, max(max_depths))
+        return [truncate(Tree(shape, tokens[r]), d) for r, d in enumerate(max_depths)]
+
+    def accepted(self, tokens, hidden) -> None:
+        self._last = torch.stack([h[-1] for h in hidden])
+
+    def keep(self, rows: list[int]) -> None:
+        self._last = self._last[rows]
+
+    def stats(self) -> dict:
+        return self.proposer.stats()

@@ -1,0 +1,168 @@
+"""Which path of a verified tree is accepted, and the target's token after it.
+
+- `accept_greedy_rows`: greedy for every row of a step in ONE host transfer (each row's argmaxes
+  and tree tokens), then a walk of each tree's few paths in Python (`greedy_acceptance`); on a GPU
+  every host read stalls the device, so a batch of B rows must not read B times.
+- `accept_sampling`: lossless rejection sampling down the tree (the target's exact law).
+- `accept_typical`: Medusa's typical acceptance, LOSSY and opt-in (``acceptance="typical"``).
+
+`accept_rows` picks the rule for a step; the verifier never decides acceptance.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from .masks import shape_on_device
+from .sampling import SamplingParams, sample
+from .tree import Tree, TreeShape
+
+ACCEPTANCE = ("exact", "typical")
+
+
+@dataclass
+class Acceptance:
+    path: torch.Tensor  # node indices of the accepted path, root first: [m] (on the host)
+    next_token: int  # the target's token after the path (bonus or residual sample): next step's root
+    #: The tree's tokens along the path (root first), when acceptance already brought them to the host.
+    tokens: list[int] | None = None
+    _nodes: list[int] | None = field(default=None, repr=False)
+
+    @property
+    def nodes(self) -> list[int]:
+        if self._nodes is None:
+            self._nodes = self.path.tolist()
+        return self._nodes
+
+    @property
+    def contiguous(self) -> bool:
+        """The path is nodes 0..m-1 (always for chains): the cache and features need no gather."""
+        return self.nodes == list(range(len(self.nodes)))
+
+    def index(self, device: torch.device) -> slice | torch.Tensor:
+        """What selects the path's rows from a tensor on ``device``: a slice (a view) when the path is
+        contiguous, else the path copied there (host to device: no sync)."""
+        if self.contiguous:
+            return slice(0, len(self.nodes))
+        return self.path.to(device, non_blocking=True)
+
+
+def greedy_acceptance(shape: TreeShape, predicted: list[int], tokens: list[int]) -> Acceptance:
+    """The first longest root-first path of ``shape`` whose every drafted token equals the target's
+    argmax (``predicted``) at its parent, and the target's next token after it (host lists, as one
+    transfer brought them back)."""
+    best: tuple[int, ...] = (0,)
+    for path in shape.leaf_paths:
+        m = 1
+        while m < len(path) and tokens[path[m]] == predicted[path[m - 1]]:
+            m += 1
+        if m > len(best):
+            best = path[:m]
+    nodes = list(best)
+    return Acceptance(torch.tensor(nodes, dtype=torch.long), predicted[nodes[-1]],
+                      tokens=[tokens[i] for i in nodes], _nodes=nodes)
+
+
+def accept_greedy_rows(trees: list[Tree], tokens: torch.Tensor, logits: torch.Tensor) -> list[Acceptance]:
+    """Per row, the longest path whose tokens all equal the target's argmax at their parent.
+
+    ``tokens`` [rows, n] are the trees' tokens as verified (padded, on the logits' device) and
+    ``logits`` [rows, n, V] the verify forward's output; one ``tolist`` brings back everything."""
+    n = tokens.shape[1]
+    packed = torch.cat([logits.argmax(dim=-1), tokens.to(logits.device, non_blocking=True)], dim=1).tolist()
+    return [greedy_acceptance(tree.shape, row[:n], row[n:]) for tree, row in zip(trees, packed)]
+
+
+def accept_greedy(tree: Tree, logits: torch.Tensor) -> Acceptance:
+    """`accept_greedy_rows` for one tree and its logits [n, V]."""
+    return accept_greedy_rows([tree], tree.tokens[None], logits[None])[0]
+
+
+def accept_sampling(
+    tree: Tree, logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None
+) -> Acceptance:
+    """Lossless rejection sampling down the tree.
+
+    At an accepted node with target distribution p (processed like `generate` does), its
+    children are tried in order. A deterministic draft x (a point mass) is accepted with
+    probability r(x) where r is the current residual; on rejection r(x) is zeroed and r
+    renormalised. A sampled draft x ~ q (``tree.draft_probs``) is accepted with probability
+    min(1, r(x)/q(x)); on rejection r <- norm(max(r - q, 0)) (SpecInfer's rule, exact for
+    siblings drawn independently from q). If every child is rejected, the next token is drawn
+    from the residual; at a leaf it is drawn from p itself (the bonus token).
+    """
+    children = tree.shape.children
+    tokens = tree.tokens.tolist()
+    node, path = 0, [0]
+    device = logits.device
+    while True:
+        # Vocabulary rows stay where the logits are: only scalars come to the host.
+        residual = params.probs(logits[node])
+        for child in children[node]:
+            x = tokens[child]
+            total = residual.sum()
+            if tree.draft_probs is None:
+                accept_prob = residual[x] / total
+            else:
+                q = tree.draft_probs[child].to(device, torch.float32, non_blocking=True)
+                accept_prob = torch.clamp(residual[x] / total / q[x].clamp(min=1e-30), max=1.0)
+            if float(torch.rand((), generator=generator)) < float(accept_prob):
+                node = child
+                path.append(child)
+                break
+            if tree.draft_probs is None:
+                residual[x] = 0.0
+            else:
+                residual = torch.clamp(residual / total - q, min=0.0)
+            if float(residual.sum()) <= 0.0:
+                # Only reachable through float rounding: the residual is empty when the draft
+                # covers p exactly, in which case acceptance had probability 1.
+                residual = params.probs(logits[node])
+        else:
+            return Acceptance(torch.tensor(path, dtype=torch.long), sample(residual, generator),
+                              tokens=[tokens[i] for i in path], _nodes=path)
+
+
+def accept_typical(
+    tree: Tree,
+    logits: torch.Tensor,
+    params: SamplingParams,
+    generator: torch.Generator | None,
+    epsilon: float = 0.09,
+    delta: float = 0.3,
+) -> Acceptance:
+    """Medusa's "typical acceptance". LOSSY: the output no longer follows the target's
+    distribution. A draft x is accepted when p(x) > min(epsilon, delta * exp(-H(p))) under
+    the target's processed distribution p at its parent; the longest such path wins and the
+    next token is sampled from p at its end. Opt-in only (`acceptance="typical"`)."""
+    probs = params.probs(logits)  # stays on the device; only the path comes to the host
+    entropy = -(probs * probs.clamp(min=1e-30).log()).sum(-1)
+    threshold = torch.minimum(torch.full_like(entropy, epsilon), delta * torch.exp(-entropy))
+    tokens = tree.tokens.to(probs.device, non_blocking=True)
+    paths = shape_on_device(tree.shape, probs.device, logits.dtype).paths
+    if paths.shape[1] == 1:
+        return Acceptance(torch.zeros(1, dtype=torch.long), sample(probs[0], generator))
+    child, parent = paths[:, 1:].clamp(min=0), paths[:, :-1].clamp(min=0)
+    p_child = probs[parent, tokens[child]]
+    ok = (paths[:, 1:] >= 0) & (p_child > threshold[parent])
+    lengths = ok.long().cumprod(dim=1).sum(dim=1)
+    best = int(lengths.argmax())
+    path = paths[best, : int(lengths[best]) + 1]
+    return Acceptance(path.cpu(), sample(probs[path[-1]], generator))
+
+
+def accept_rows(
+    trees: list[Tree],
+    tokens: torch.Tensor,
+    logits: torch.Tensor,
+    params: SamplingParams,
+    acceptance: str,
+    generator: torch.Generator | None,
+) -> list[Acceptance]:
+    """One step's acceptance for every row (``tokens`` [rows, n] and ``logits`` [rows, n, V] as
+    verified; trees padded to n): greedy at temperature 0 (one transfer), else the sampling rule."""
+    if params.greedy:
+        return accept_greedy_rows(trees, tokens, logits)
+    rule = accept_typical if acceptance == "typical" else accept_sampling
+    return [rule(tree, logits[r, : tree.shape.size], params, generator) for r, tree in enumerate(trees)]
