@@ -178,8 +178,10 @@ def generate_batch(
     active, state, compacted = _drop_finished(cache, state, proposer, active, finished, compaction)
     compactions += compacted
     roots = [new_tokens[r][-1] for r in active]
+    budget = decoder._budget()
     while active:
-        trees = proposer.propose(roots, [max_new_tokens - len(new_tokens[r]) - 1 for r in active])
+        step_start = time.perf_counter()
+        trees = proposer.propose(roots, budget.caps([max_new_tokens - len(new_tokens[r]) - 1 for r in active]))
         tokens, depth, ancestors = pad_trees(trees)
         timer = ForwardTimer(torch.device(device))
         device_tokens = tokens.to(device)
@@ -236,6 +238,8 @@ def generate_batch(
             compacted = True
         compactions += compacted
         roots = [acc.next_token for acc, done in zip(accs, finished) if not done]
+        budget.record(max(t.shape.max_depth for t in trees), [p.numel() - 1 for p in paths],
+                      time.perf_counter() - step_start)
     t2 = time.perf_counter()
 
     sequences = _assemble(input_ids, new_tokens, pad_token_id)
@@ -257,6 +261,7 @@ def generate_batch(
             "compactions": compactions,
             "max_holes": max_holes,
             **proposer.stats(),
+            **budget.stats(),
         },
     )
 

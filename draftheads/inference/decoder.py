@@ -23,6 +23,7 @@ from .static_cache import CACHE_KINDS, StaticTreeVerifier, tree_headroom
 from .batch import check_batch, generate_batch, token_matrix, wants_batch_path
 from .plain import generate_plain
 from .timing import ForwardTimer
+from .draft_budget import DraftBudget, resolve_budget
 
 
 def _eos_set(target: torch.nn.Module, eos_token_id: int | list[int] | None) -> set[int]:
@@ -97,7 +98,15 @@ class SpeculativeDecoder:
     `draftheads calibrate --batch-sizes` saved with the heads (none: always speculative);
     ``None`` always speculates; a dict such as ``{1: "speculative", 4: "plain"}`` forces one
     (sizes between keys follow the nearest key at or below, see `heads.batch_plan`). Proposers
-    (prompt lookup, a draft model) have no heads folder, so a dict is their only plan."""
+    (prompt lookup, a draft model) have no heads folder, so a dict is their only plan.
+
+    ``draft_budget`` decides, step by step within a generation, how deep to draft: "auto"
+    (default, `inference.draft_budget.OnlineDraftBudget`) measures what speculation earns
+    (accepted tokens per step) against what a step costs, and caps the draft to a shallower
+    sub-tree, or to a plain root-only step, when that is faster, probing the full draft again now
+    and then; ``None`` always drafts in full (seed-reproducible sampling); or a `DraftBudget`.
+    Lossless either way: a step's cap depends only on earlier steps. ``out.stats["draft_budget"]``
+    counts the steps taken full, capped and plain."""
 
     def __init__(
         self,
@@ -109,6 +118,7 @@ class SpeculativeDecoder:
         compile: bool | str = False,
         max_cache_len: int | None = None,
         batch_plan: str | Mapping[int | str, str] | None = "heads",
+        draft_budget: str | DraftBudget | None = "auto",
     ) -> None:
         if cache not in CACHE_KINDS:
             raise ValueError(f"cache must be one of {CACHE_KINDS}, got {cache!r}")
@@ -122,6 +132,7 @@ class SpeculativeDecoder:
                 "has new shapes, so a compiled forward would recompile every step"
             )
         self.batch_plan: BatchPlan | None = _resolve_plan(batch_plan, proposer)
+        self.draft_budget = resolve_budget(draft_budget)
         if not isinstance(proposer, Proposer):
             bind = getattr(proposer, "bind_target", None)
             if bind is None:
@@ -233,9 +244,12 @@ class SpeculativeDecoder:
         accept_lengths: list[int] = []
         target_seconds = 0.0
         done = root in eos or max_new_tokens == 1
+        budget = self._budget()
         while not done:
-            # 1. propose: never draft past max_new_tokens (the bonus token takes the last slot).
-            tree = self.proposer.propose(root, max_depth=max_new_tokens - len(new_tokens) - 1)
+            step_start = time.perf_counter()
+            # 1. propose: never draft past max_new_tokens (the bonus token takes the last slot), nor
+            # deeper than the draft budget allows (0 = a plain step) when speculation does not pay.
+            tree = self.proposer.propose(root, max_depth=budget.cap(max_new_tokens - len(new_tokens) - 1))
             # 2. verify: one target forward over the whole tree.
             timer = ForwardTimer(device)
             logits, hidden = self.verifier.forward(cache, tree, prefix_len)
@@ -272,6 +286,7 @@ class SpeculativeDecoder:
                 streamer.put(torch.tensor(emitted))
             root = acc.next_token
             done = done or len(new_tokens) >= max_new_tokens
+            budget.record(tree.shape.max_depth, [m - 1], time.perf_counter() - step_start)
         t2 = time.perf_counter()
         if streamer is not None:
             streamer.end()
@@ -284,8 +299,16 @@ class SpeculativeDecoder:
             decode_seconds=t2 - t1,
             target_seconds=target_seconds,
             stats={"mode": SPECULATIVE, "new_tokens": len(new_tokens), "steps": len(accept_lengths),
-                   **self.proposer.stats()},
+                   **self.proposer.stats(), **budget.stats()},
         )
+
+    def _budget(self) -> DraftBudget:
+        """This call's draft budget, started for a new generation. A proposer that sizes its own
+        draft from measured costs (a draft model's adaptive gamma) is left to it: two rules
+        capping one draft would fight."""
+        budget = self.draft_budget if not getattr(self.proposer, "budgets_own_draft", False) else DraftBudget()
+        budget.start()
+        return budget
 
     #: When the batched loop removes cache holes: "auto", "never" or "always" (see `inference.batch`).
     batch_compaction = "auto"

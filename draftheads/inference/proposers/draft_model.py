@@ -134,6 +134,12 @@ class DraftModelProposer(Proposer):
         self._step_draft = 0.0
         self._step_verify: float | None = None
 
+    @property
+    def budgets_own_draft(self) -> bool:
+        """With gamma="auto" the draft length is chosen here (`AdaptiveGamma`, from the draft's
+        own per-forward time), so the decoder's step-level draft budget stands aside."""
+        return self.gamma is None
+
     # -- set-up ----------------------------------------------------------------------------------
     def bind_target(self, target: torch.nn.Module) -> None:
         """Check the draft against the target's logits size (called by the decoder)."""
