@@ -12,6 +12,8 @@ from draftheads.inference.draft_budget import (
     CAPPED, FULL, PLAIN, DraftBudget, OnlineDraftBudget, expected_tokens, interpolate, pick_depth, resolve_budget,
 )
 
+pytestmark = pytest.mark.online_draft_budget
+
 DEPTH = 3  # the proposer's full draft
 
 

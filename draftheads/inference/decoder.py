@@ -133,6 +133,7 @@ class SpeculativeDecoder:
             )
         self.batch_plan: BatchPlan | None = _resolve_plan(batch_plan, proposer)
         self.draft_budget = resolve_budget(draft_budget)
+        self._budget_given = isinstance(draft_budget, DraftBudget)
         if not isinstance(proposer, Proposer):
             bind = getattr(proposer, "bind_target", None)
             if bind is None:
@@ -304,9 +305,10 @@ class SpeculativeDecoder:
 
     def _budget(self) -> DraftBudget:
         """This call's draft budget, started for a new generation. A proposer that sizes its own
-        draft from measured costs (a draft model's adaptive gamma) is left to it: two rules
-        capping one draft would fight."""
-        budget = self.draft_budget if not getattr(self.proposer, "budgets_own_draft", False) else DraftBudget()
+        draft (a draft model: adaptive gamma, or the user's fixed gamma) is left to it under the
+        default "auto" (two rules capping one draft would fight); a budget given explicitly applies."""
+        own = getattr(self.proposer, "budgets_own_draft", False) and not self._budget_given
+        budget = DraftBudget() if own else self.draft_budget
         budget.start()
         return budget
 

@@ -258,13 +258,20 @@ class OnlineDraftBudget(DraftBudget):
         return out
 
 
+def auto_budget() -> DraftBudget:
+    """What ``draft_budget="auto"`` (the decoder's default) builds: the online rule. The test suite
+    replaces it with the off budget for tests that measure the full draft's acceptance (see
+    tests/conftest.py); the tests of the budget itself keep it."""
+    return OnlineDraftBudget()
+
+
 def resolve_budget(draft_budget: Any) -> DraftBudget:
-    """The decoder's budget from its ``draft_budget`` argument: "auto" (the online rule), None or
+    """The decoder's budget from its ``draft_budget`` argument: "auto" (`auto_budget`), None or
     False (off: always the full draft), or a `DraftBudget` instance."""
     if isinstance(draft_budget, DraftBudget):
         return draft_budget
-    if draft_budget == "auto" or draft_budget is True:
-        return OnlineDraftBudget()
+    if isinstance(draft_budget, str) and draft_budget == "auto" or draft_budget is True:
+        return auto_budget()
     if draft_budget is None or draft_budget is False:
         return DraftBudget()
     raise ValueError(

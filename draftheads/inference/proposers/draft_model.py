@@ -64,6 +64,9 @@ class DraftModelProposer(Proposer):
     """
 
     feature_layers = ()  # tokens only: the verifier captures no hidden state
+    # The draft length is chosen here: gamma="auto" by `AdaptiveGamma` (from the draft's own
+    # per-forward time), an int by the user; the decoder's default draft budget stands aside.
+    budgets_own_draft = True
 
     def __init__(
         self,
@@ -133,12 +136,6 @@ class DraftModelProposer(Proposer):
         self._step_start: float | None = None
         self._step_draft = 0.0
         self._step_verify: float | None = None
-
-    @property
-    def budgets_own_draft(self) -> bool:
-        """With gamma="auto" the draft length is chosen here (`AdaptiveGamma`, from the draft's
-        own per-forward time), so the decoder's step-level draft budget stands aside."""
-        return self.gamma is None
 
     # -- set-up ----------------------------------------------------------------------------------
     def bind_target(self, target: torch.nn.Module) -> None:
