@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import time
@@ -65,11 +66,14 @@ def main() -> None:
         return variants[name].generate(ids, max_new_tokens=args.max_new_tokens, temperature=temperature, top_k=0,
                                        top_p=1.0, eos_token_id=[], seed=seed)
 
-    samples = []
+    samples, loads = [], []
     names = ["plain", *variants]
     with torch.inference_mode():
-        for name in names:  # untimed warm-up of every variant
-            (plain if name == "plain" else lambda *a: speculative(name, *a))(prompts[0], 0.7, 0)
+        for name in names:  # untimed warm-up of every variant (first calls pay lazy initialisation)
+            if name == "plain":
+                plain(prompts[0][:, :32], 0.7, 0)
+            else:
+                variants[name].generate(prompts[0][:, :32], max_new_tokens=16, temperature=0.7, top_k=0, eos_token_id=[])
         index = 0
         for temperature in [float(t) for t in args.temperatures.split(",")]:
             for p, ids in enumerate(prompts):
@@ -94,11 +98,16 @@ def main() -> None:
                         samples.append(row)
                     print(temperature, p, seed, " ".join(f"{n}={results['plain'][1] / results[n][1]:.2f}" for n in names[1:]),
                           flush=True)
+                    loads.append(os.getloadavg()[0])
+                    write(out_dir, args, samples, names, loads)  # after every sample: a killed run keeps what it did
+    print(summary(samples, names[1:]))
+
+
+def write(out_dir: Path, args, samples, names, loads) -> None:
     env = {"torch": torch.__version__, "machine": platform.processor() or platform.machine(), "threads": args.threads,
-           "args": vars(args), "load_average": list(__import__("os").getloadavg())}
+           "args": vars(args), "load_average_1min": {"min": min(loads), "median": statistics.median(loads), "max": max(loads)}}
     write_text_atomically(out_dir / "results.json", json.dumps({"environment": env, "samples": samples}, indent=1))
     write_text_atomically(out_dir / "summary.md", summary(samples, names[1:]))
-    print(summary(samples, names[1:]))
 
 
 def summary(samples, names) -> str:

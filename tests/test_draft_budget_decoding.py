@@ -291,6 +291,6 @@ def test_the_default_is_the_online_budget_and_a_draft_model_keeps_its_own():
     assert isinstance(dh.SpeculativeDecoder(target, heads).draft_budget, OnlineDraftBudget)
     draft = dh.DraftModelProposer(tiny_target("llama", seed=1), gamma="auto")
     out = dh.SpeculativeDecoder(target, draft).generate(torch.tensor([[1, 5, 9]]), max_new_tokens=20, eos_token_id=[])
-    assert out.stats["draft_budget"]["policy"] == "off" and "gamma_histogram" in out.stats
+    assert out.stats["draft_budget"]["policy"] == "proposer" and "gamma_histogram" in out.stats
     with pytest.raises(ValueError, match="draft_budget must be 'auto'"):
         dh.SpeculativeDecoder(target, heads, draft_budget="sometimes")

@@ -308,7 +308,10 @@ class SpeculativeDecoder:
         draft (a draft model: adaptive gamma, or the user's fixed gamma) is left to it under the
         default "auto" (two rules capping one draft would fight); a budget given explicitly applies."""
         own = getattr(self.proposer, "budgets_own_draft", False) and not self._budget_given
-        budget = DraftBudget() if own else self.draft_budget
+        budget = self.draft_budget
+        if own:
+            budget = DraftBudget()
+            budget.name = "proposer"  # the proposer's own rule: see its stats (e.g. gamma_histogram)
         budget.start()
         return budget
 

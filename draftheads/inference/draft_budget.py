@@ -20,7 +20,6 @@ after it) and it never touches a tensor, a clock or a model.
 from __future__ import annotations
 
 import math
-import statistics
 from collections import deque
 from typing import Any, Sequence
 
@@ -107,9 +106,11 @@ class OnlineDraftBudget(DraftBudget):
       any cap below d would have done: the accepted path of a truncated tree is the truncated
       path). A cap of d commits 1 + reach[0] + ... + reach[d - 1] tokens. Reset every generation:
       acceptance follows the text and the temperature.
-    - what a cap costs: the median wall seconds of the last ``window`` steps taken at that cap
+    - what a cap costs: the least wall seconds of the last ``window`` steps taken at that cap
       (one table per number of active rows), straight lines between measured caps. Kept across
-      generations: it is the device's, not the text's.
+      generations: it is the device's, not the text's. The minimum, not the median: the cap taken
+      is measured every step and the others only now and then, so on a machine whose load moves a
+      median compares a busy moment with a quiet one; the minimum of each compares quiet with quiet.
     - the first ``warmup`` steps of a generation take the full draft (nothing is known yet).
       Then, until ``min_samples`` plain steps have been measured at this batch size, every other
       step is a plain one (interleaved with full ones); a plain step is measured again when the
@@ -132,7 +133,7 @@ class OnlineDraftBudget(DraftBudget):
         probe_every: int = 16,
         max_probe_every: int = 64,
         marginal: float = 0.85,
-        remeasure_every: int = 256,
+        remeasure_every: int = 64,
         min_samples: int = 3,
     ) -> None:
         super().__init__()
@@ -160,7 +161,7 @@ class OnlineDraftBudget(DraftBudget):
         self.remeasure_every, self.min_samples = remeasure_every, min_samples
         self.depth = 0  # deepest tree a full step has drafted (the proposer's full draft)
         self._seconds: dict[int, dict[int, deque[float]]] = {}  # rows -> cap -> last seconds
-        self._medians: dict[int, dict[int, float]] = {}
+        self._costs: dict[int, dict[int, float]] = {}
         self._measured_at: dict[int, dict[int, int]] = {}  # rows -> cap -> step count of its last sample
         self._steps = 0  # every step this budget has seen, all generations
         self.start()
@@ -182,7 +183,7 @@ class OnlineDraftBudget(DraftBudget):
 
     def step_seconds(self, rows: int, depth: int) -> float:
         """Estimated seconds of a step capped at ``depth`` with ``rows`` active rows."""
-        return interpolate(self._medians[rows], depth)
+        return interpolate(self._costs[rows], depth)
 
     def rates(self, rows: int) -> list[float]:
         """Expected tokens per second of every cap 0..depth (per row: every row drafts the same cap)."""
@@ -192,7 +193,7 @@ class OnlineDraftBudget(DraftBudget):
     def choose(self, rows: int) -> int | None:
         self._rows, self._probing = rows, False
         self._generation_steps += 1
-        measured = self._medians.get(rows, {})
+        measured = self._costs.get(rows, {})
         if self._generation_steps <= self.warmup or self.depth == 0 or self.depth not in measured:
             return None
         plain_samples = len(self._seconds[rows].get(0, ()))
@@ -234,7 +235,7 @@ class OnlineDraftBudget(DraftBudget):
         self._steps += 1
         samples = self._seconds.setdefault(rows, {}).setdefault(cap, deque(maxlen=self.window))
         samples.append(max(float(seconds), 0.0))
-        self._medians.setdefault(rows, {})[cap] = statistics.median(samples)
+        self._costs.setdefault(rows, {})[cap] = min(samples)
         self._measured_at.setdefault(rows, {})[cap] = self._steps
         if cap > 0 and accepted:
             while len(self.reach) < cap:
@@ -253,7 +254,7 @@ class OnlineDraftBudget(DraftBudget):
         out["draft_budget"].update(
             {"probes": self.probes, "plain_measurements": self.measurements, "full_depth": self.depth,
              "reach": [round(r, 4) for r in self.reach],
-             "step_seconds": {rows: dict(sorted(m.items())) for rows, m in self._medians.items()}}
+             "step_seconds": {rows: dict(sorted(m.items())) for rows, m in self._costs.items()}}
         )
         return out
 
