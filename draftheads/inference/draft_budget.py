@@ -106,12 +106,11 @@ class OnlineDraftBudget(DraftBudget):
       any cap below d would have done: the accepted path of a truncated tree is the truncated
       path). A cap of d commits 1 + reach[0] + ... + reach[d - 1] tokens. Reset every generation:
       acceptance follows the text and the temperature.
-    - what a cap costs: the least wall seconds it took over the last ``window`` steps (its latest
-      sample when none falls there), one table per number of active rows, straight lines between
-      measured caps. Kept across generations: it is the device's, not the text's. The minimum over
-      one time span for every cap, not a median of each cap's last few samples: the cap being taken
-      is timed every step and the others now and then, so on a machine whose load moves, per-cap
-      medians compare a busy moment with a quiet one.
+    - what a cap costs: the least wall seconds of the last ``window`` steps taken at that cap
+      (one table per number of active rows), straight lines between measured caps. Kept across
+      generations: it is the device's, not the text's. The minimum, not the median: the cap taken
+      is measured every step and the others only now and then, so on a machine whose load moves a
+      median compares a busy moment with a quiet one; the minimum of each compares quiet with quiet.
     - the first ``warmup`` steps of a generation take the full draft (nothing is known yet).
       Then, until ``min_samples`` plain steps have been measured at this batch size, every other
       step is a plain one (interleaved with full ones); a plain step is measured again when the
@@ -129,8 +128,8 @@ class OnlineDraftBudget(DraftBudget):
         self,
         warmup: int = 4,
         decay: float = 0.8,
-        window: int = 128,
-        margin: float = 0.03,
+        window: int = 9,
+        margin: float = 0.10,
         probe_every: int = 16,
         max_probe_every: int = 64,
         marginal: float = 0.85,
@@ -149,21 +148,20 @@ class OnlineDraftBudget(DraftBudget):
             ("max_probe_every", max_probe_every, True, lambda v: v >= probe_every),
             ("marginal", marginal, False, lambda v: 0.0 < v <= 1.0),
             ("remeasure_every", remeasure_every, True, lambda v: v >= 1),
-            ("min_samples", min_samples, True, lambda v: v >= 1),
+            ("min_samples", min_samples, True, lambda v: 1 <= v <= window),
         )
         for name, value, whole, ok in checks:
             if not number(value, whole) or not ok(value):
                 raise ValueError(f"OnlineDraftBudget: {name}={value!r} is out of range "
                                  "(warmup, window, probe_every, remeasure_every: whole numbers >= 1; 0 <= decay < 1; "
                                  "margin >= 0; max_probe_every >= probe_every; 0 < marginal <= 1; "
-                                 "min_samples >= 1)")
+                                 "1 <= min_samples <= window)")
         self.warmup, self.decay, self.window, self.margin = warmup, decay, window, margin
         self.probe_every, self.max_probe_every, self.marginal = probe_every, max_probe_every, marginal
         self.remeasure_every, self.min_samples = remeasure_every, min_samples
         self.depth = 0  # deepest tree a full step has drafted (the proposer's full draft)
-        # rows -> cap -> (step, seconds) with increasing seconds: the sliding-window minimum
-        self._seconds: dict[int, dict[int, deque[tuple[int, float]]]] = {}
-        self._counts: dict[int, dict[int, int]] = {}  # rows -> cap -> samples ever taken
+        self._seconds: dict[int, dict[int, deque[float]]] = {}  # rows -> cap -> last seconds
+        self._costs: dict[int, dict[int, float]] = {}
         self._measured_at: dict[int, dict[int, int]] = {}  # rows -> cap -> step count of its last sample
         self._steps = 0  # every step this budget has seen, all generations
         self.start()
@@ -185,30 +183,20 @@ class OnlineDraftBudget(DraftBudget):
 
     def step_seconds(self, rows: int, depth: int) -> float:
         """Estimated seconds of a step capped at ``depth`` with ``rows`` active rows."""
-        return interpolate(self.costs(rows), depth)
-
-    def costs(self, rows: int) -> dict[int, float]:
-        """cap -> its least step seconds over the last ``window`` steps (see the class docstring)."""
-        out = {}
-        for cap, samples in self._seconds.get(rows, {}).items():
-            while len(samples) > 1 and samples[0][0] <= self._steps - self.window:
-                samples.popleft()  # expired; the newest sample always stays
-            out[cap] = samples[0][1]
-        return out
+        return interpolate(self._costs[rows], depth)
 
     def rates(self, rows: int) -> list[float]:
         """Expected tokens per second of every cap 0..depth (per row: every row drafts the same cap)."""
-        costs = self.costs(rows)
-        return [self.expected_tokens(d) / max(interpolate(costs, d), 1e-12) for d in range(self.depth + 1)]
+        return [self.expected_tokens(d) / max(self.step_seconds(rows, d), 1e-12) for d in range(self.depth + 1)]
 
     # -- the decision -----------------------------------------------------------------------------
     def choose(self, rows: int) -> int | None:
         self._rows, self._probing = rows, False
         self._generation_steps += 1
-        measured = self._counts.get(rows, {})
+        measured = self._costs.get(rows, {})
         if self._generation_steps <= self.warmup or self.depth == 0 or self.depth not in measured:
             return None
-        plain_samples = measured.get(0, 0)
+        plain_samples = len(self._seconds[rows].get(0, ()))
         if plain_samples < self.min_samples:
             # Plain steps measured between full ones, not back to back: a burst of load then
             # weighs on both sides of the comparison instead of on one.
@@ -245,13 +233,9 @@ class OnlineDraftBudget(DraftBudget):
         cap = min(self.depth if choice is None else choice, self._limit, self.depth)
         rows = max(len(accepted), 1)
         self._steps += 1
-        samples = self._seconds.setdefault(rows, {}).setdefault(cap, deque())
-        seconds = max(float(seconds), 0.0)
-        while samples and samples[-1][1] >= seconds:
-            samples.pop()  # never the minimum again while this newer, cheaper sample is in the window
-        samples.append((self._steps, seconds))
-        counts = self._counts.setdefault(rows, {})
-        counts[cap] = counts.get(cap, 0) + 1
+        samples = self._seconds.setdefault(rows, {}).setdefault(cap, deque(maxlen=self.window))
+        samples.append(max(float(seconds), 0.0))
+        self._costs.setdefault(rows, {})[cap] = min(samples)
         self._measured_at.setdefault(rows, {})[cap] = self._steps
         if cap > 0 and accepted:
             while len(self.reach) < cap:
@@ -270,7 +254,7 @@ class OnlineDraftBudget(DraftBudget):
         out["draft_budget"].update(
             {"probes": self.probes, "plain_measurements": self.measurements, "full_depth": self.depth,
              "reach": [round(r, 4) for r in self.reach],
-             "step_seconds": {rows: dict(sorted(self.costs(rows).items())) for rows in self._seconds}}
+             "step_seconds": {rows: dict(sorted(m.items())) for rows, m in self._costs.items()}}
         )
         return out
 
