@@ -114,6 +114,19 @@ def _reset_accelerate_state():
     GradientState._reset_state()
 
 
+@pytest.fixture(autouse=True)
+def _full_drafts_unless_testing_the_budget(request, monkeypatch):
+    """The decoder's default draft budget caps drafts from measured step times, so how much a test
+    drafts would follow the machine's load. Tests that measure the full draft (acceptance per
+    position, a batch row drafting what it drafts alone, engine parity) get the off budget for
+    "auto"; tests marked ``online_draft_budget`` (the budget's own) keep the real default."""
+    if request.node.get_closest_marker("online_draft_budget") is None:
+        from draftheads.inference import draft_budget
+
+        monkeypatch.setattr(draft_budget, "auto_budget", draft_budget.DraftBudget)
+    yield
+
+
 @pytest.fixture
 def one_torch_thread(monkeypatch):
     """Tiny matmuls on a shared machine: one torch thread, also inside ``run()`` (which would

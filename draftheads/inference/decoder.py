@@ -20,6 +20,7 @@ from .inputs import check_batch, eos_ids, pad_id, token_matrix, wants_batch_path
 from .kv import SequenceKV
 from .loop import Settings, decode
 from .output import SpeculativeOutput
+from .draft_budget import DraftBudget, resolve_budget
 from .plain import generate_plain
 from .probe import check_tree_attention
 from .proposers import Proposer
@@ -89,7 +90,15 @@ class SpeculativeDecoder:
 
     ``compaction`` says when a batch's caches (the target's, and EAGLE's draft cache) remove the
     holes rows leave when they accept different numbers of tokens: "auto", "never" or "always"
-    (`inference.compaction`); the output is the same either way."""
+    (`inference.compaction`); the output is the same either way.
+
+    ``draft_budget`` decides, step by step within a generation, how deep to draft: "auto"
+    (default, `inference.draft_budget.OnlineDraftBudget`) measures what speculation earns
+    (accepted tokens per step) against what a step costs, and caps the draft to a shallower
+    sub-tree, or to a plain root-only step, when that is faster, probing the full draft again now
+    and then; ``None`` always drafts in full (seed-reproducible sampling); or a `DraftBudget`.
+    Lossless either way: a step's cap depends only on earlier steps. ``out.stats["draft_budget"]``
+    counts the steps taken full, capped and plain."""
 
     def __init__(
         self,
@@ -102,6 +111,7 @@ class SpeculativeDecoder:
         max_cache_len: int | None = None,
         batch_plan: str | Mapping[int | str, str] | None = "heads",
         compaction: str = "auto",
+        draft_budget: str | DraftBudget | None = "auto",
     ) -> None:
         self.compaction = check_compaction(compaction)
         if cache not in CACHE_KINDS:
@@ -116,6 +126,8 @@ class SpeculativeDecoder:
                 "has new shapes, so a compiled forward would recompile every step"
             )
         self.batch_plan: BatchPlan | None = _resolve_plan(batch_plan, proposer)
+        self.draft_budget = resolve_budget(draft_budget)
+        self._budget_given = isinstance(draft_budget, DraftBudget)
         if not isinstance(proposer, PROPOSERS):
             bind = getattr(proposer, "bind_target", None)
             if bind is None:
@@ -196,10 +208,23 @@ class SpeculativeDecoder:
             if generator is None and seed is not None:
                 generator = torch.Generator().manual_seed(seed)
             store = SequenceKV(self.verifier, max_new_tokens)
-        settings = Settings(max_new_tokens, params, self.target.device, set(eos), pad, acceptance, generator, streamer)
+        settings = Settings(max_new_tokens, params, self.target.device, set(eos), pad, acceptance, generator, streamer,
+                            self._budget())
         out = decode(store, self.proposer.rows(self.compaction), input_ids, settings)
         out.stats = {"mode": SPECULATIVE, **out.stats}
         return out
+
+    def _budget(self) -> DraftBudget:
+        """This call's draft budget, started for a new generation. A proposer that sizes its own
+        draft (a draft model: adaptive gamma, or the user's fixed gamma) is left to it under the
+        default "auto" (two rules capping one draft would fight); a budget given explicitly applies."""
+        own = getattr(self.proposer, "budgets_own_draft", False) and not self._budget_given
+        budget = self.draft_budget
+        if own:
+            budget = DraftBudget()
+            budget.name = "proposer"  # the proposer's own rule: see its stats (e.g. gamma_histogram)
+        budget.start()
+        return budget
 
     def _check_batch_options(self, input_ids: torch.Tensor, attention_mask: Any, streamer: Any) -> None:
         """What a batch (or a padded row) cannot be decoded with: the static cache, a streamer."""

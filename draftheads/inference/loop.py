@@ -34,6 +34,7 @@ class Settings:
     acceptance: str = "exact"
     generator: torch.Generator | None = None
     streamer: Any = None
+    budget: Any = None  # an `inference.draft_budget.DraftBudget`: caps each step's draft depth (None: never)
 
 
 @dataclass
@@ -56,8 +57,10 @@ class Rows:
 
 def draft_depths(rows: Rows, settings: Settings) -> list[int]:
     """How deep each active row may draft this step: never past max_new_tokens (the target's own
-    next token takes the last slot). A policy capping drafts per step caps here (0 = a plain step)."""
-    return [settings.max_new_tokens - len(rows.new_tokens[r]) - 1 for r in rows.active]
+    next token takes the last slot), nor deeper than the draft budget allows from earlier steps
+    (0 = a plain step) when speculation does not pay."""
+    limits = [settings.max_new_tokens - len(rows.new_tokens[r]) - 1 for r in rows.active]
+    return limits if settings.budget is None else settings.budget.caps(limits)
 
 
 def cut(emitted: list[int], eos: set[int], room: int) -> tuple[list[int], bool]:
@@ -136,6 +139,7 @@ def drop_finished(store, proposer, rows: Rows, finished: list[bool]) -> None:
 
 def step(store, proposer, rows: Rows, settings: Settings) -> None:
     """One speculative step for every active row: propose, one verify forward, accept, commit."""
+    step_start = time.perf_counter()
     trees = proposer.propose(rows.roots, draft_depths(rows, settings))
     timer = ForwardTimer(settings.device)
     verified = store.verify(trees)
@@ -151,6 +155,9 @@ def step(store, proposer, rows: Rows, settings: Settings) -> None:
     drop_finished(store, proposer, rows, emit(rows, accs, tokens, settings))
     if rows.active:
         store.tidy()
+    if settings.budget is not None:
+        settings.budget.record(max(t.shape.max_depth for t in trees), [len(t) - 1 for t in tokens],
+                               time.perf_counter() - step_start)
 
 
 def assemble(input_ids: torch.Tensor, new_tokens: list[list[int]], pad_token_id: int | None) -> torch.Tensor:
@@ -190,5 +197,6 @@ def decode(store, proposer, input_ids: torch.Tensor, settings: Settings) -> Spec
             "verify_tokens": rows.verify_tokens,
             **store.stats(),
             **proposer.stats(),
+            **({} if settings.budget is None else settings.budget.stats()),
         },
     )

@@ -25,6 +25,10 @@ class Proposer(ABC):
     #: never all L+1 hidden states.
     feature_layers: tuple[int, ...] = (-1,)
 
+    #: True for a proposer that already sizes its draft each step from measured costs (a draft
+    #: model's adaptive gamma): the decoder's draft budget (`inference.draft_budget`) then stays off.
+    budgets_own_draft: bool = False
+
     def bind_target(self, target: torch.nn.Module) -> None:
         """Called once by the decoder with the target (optional): a proposer with its own model
         checks here that it fits the target (e.g. a draft LM's vocabulary) and raises otherwise."""

@@ -64,6 +64,9 @@ class DraftModelProposer(Proposer):
     """
 
     feature_layers = ()  # tokens only: the verifier captures no hidden state
+    # The draft length is chosen here: gamma="auto" by `AdaptiveGamma` (from the draft's own
+    # per-forward time), an int by the user; the decoder's default draft budget stands aside.
+    budgets_own_draft = True
 
     def __init__(
         self,

@@ -1,0 +1,281 @@
+"""How deep to draft each step, so that speculation never makes decoding slower than plain steps.
+
+Speculation pays only when the tokens a step commits outweigh what the step costs against a
+plain step (the root alone: one token verified, nothing drafted). Both sides move during one
+generation (acceptance with the text and the temperature, step cost with the device's load), so
+the decode loop asks a `DraftBudget` before every step for a depth cap: the proposer's full
+draft, a shallower sub-tree of it, or 0 (a plain step). Every proposer already takes
+``propose(root, max_depth)``, so one rule serves them all.
+
+Lossless by construction: the cap of a step is computed from EARLIER steps only (their accepted
+counts and their seconds), before the step drafts, so it never depends on that step's target
+output; every accepted token is still decided by the verifier against the target's own law. It is
+not reproducible from a seed alone: the cap follows measured seconds, so a seeded sampled run can
+draft differently run to run (each run is still an exact sample of the target). Pass
+``draft_budget=None`` to `SpeculativeDecoder` for seed-reproducible runs (always the full draft).
+
+The module is pure host arithmetic: the loop hands it numbers (`caps` before a step, `record`
+after it) and it never touches a tensor, a clock or a model.
+"""
+from __future__ import annotations
+
+import math
+from collections import deque
+from typing import Any, Sequence
+
+FULL, CAPPED, PLAIN = "full", "capped", "plain"
+
+
+class DraftBudget:
+    """Always the full draft (no cap): the off switch, and the interface of every budget.
+
+    A subclass overrides `choose` (the next step's cap: ``None`` = full, 0 = plain, d = at most d
+    drafted tokens deep) and `record` (what the step earned and cost); this class turns the choice
+    into per-row limits and counts the steps taken in each mode for ``out.stats``."""
+
+    name = "off"
+
+    def __init__(self) -> None:
+        self.counts = {FULL: 0, CAPPED: 0, PLAIN: 0}
+        self._choice: int | None = None
+        self._limit = 0
+
+    def start(self) -> None:
+        """A new generation: per-generation counts start again (what was learned about the device may stay)."""
+        self.counts = {FULL: 0, CAPPED: 0, PLAIN: 0}
+        self._choice = None
+
+    def choose(self, rows: int) -> int | None:
+        return None
+
+    def caps(self, limits: Sequence[int]) -> list[int]:
+        """Each active row's ``max_depth`` for the next step: its own ``limits[r]`` (tokens left
+        before max_new_tokens) under the step's one cap for all rows."""
+        choice = self.choose(len(limits))
+        self._choice, self._limit = choice, max(limits, default=0)
+        self.counts[FULL if choice is None else PLAIN if choice == 0 else CAPPED] += 1
+        return [limit if choice is None else min(choice, limit) for limit in limits]
+
+    def cap(self, limit: int) -> int:
+        """`caps` for one sequence."""
+        return self.caps([limit])[0]
+
+    def record(self, drafted: int, accepted: Sequence[int], seconds: float) -> None:
+        """After the step: the deepest tree it drafted (0 = plain), each row's accepted drafted
+        tokens (the bonus token excluded), and the step's wall seconds (draft + verify + commit)."""
+
+    def stats(self) -> dict[str, Any]:
+        return {"draft_budget": {"policy": self.name, "steps": dict(self.counts)}}
+
+
+def interpolate(known: dict[int, float], depth: int) -> float:
+    """``known[depth]`` when measured, else the straight line between the nearest measured depths
+    on either side (the nearest one when there is only one side)."""
+    if depth in known:
+        return known[depth]
+    below = [d for d in known if d < depth]
+    above = [d for d in known if d > depth]
+    if not below or not above:
+        return known[max(below)] if below else known[min(above)]
+    lo, hi = max(below), min(above)
+    return known[lo] + (known[hi] - known[lo]) * (depth - lo) / (hi - lo)
+
+
+def expected_tokens(reach: Sequence[float], depth: int) -> float:
+    """Tokens a step capped at ``depth`` commits: the bonus token plus P(at least j drafts
+    accepted) for j = 1..depth (``reach[j - 1]``)."""
+    return 1.0 + sum(reach[:depth])
+
+
+def pick_depth(rates: Sequence[float], margin: float) -> int:
+    """The deepest depth whose rate is within ``margin`` of the best: a shallower draft (or a
+    plain step) must be clearly faster to be taken, not a timing wobble ahead."""
+    best = max(rates)
+    for depth in range(len(rates) - 1, -1, -1):
+        if rates[depth] * (1.0 + margin) >= best:
+            return depth
+    return 0
+
+
+class OnlineDraftBudget(DraftBudget):
+    """The default budget: each step, the cap with the most expected tokens per second.
+
+    - what a cap earns: ``reach[j - 1]``, the probability that a step drafting at least j deep
+      accepts at least j drafts, is an exponential average (``decay`` per step) of what the steps
+      of THIS generation that drafted j deep or more showed (a step capped at d tells exactly how
+      any cap below d would have done: the accepted path of a truncated tree is the truncated
+      path). A cap of d commits 1 + reach[0] + ... + reach[d - 1] tokens. Reset every generation:
+      acceptance follows the text and the temperature.
+    - what a cap costs: the least wall seconds of the last ``window`` steps taken at that cap
+      (one table per number of active rows), straight lines between measured caps. Kept across
+      generations: it is the device's, not the text's. The minimum, not the median: the cap taken
+      is measured every step and the others only now and then, so on a machine whose load moves a
+      median compares a busy moment with a quiet one; the minimum of each compares quiet with quiet.
+    - the first ``warmup`` steps of a generation take the full draft (nothing is known yet).
+      Then, until ``min_samples`` plain steps have been measured at this batch size, every other
+      step is a plain one (interleaved with full ones); a plain step is measured again when the
+      last one is ``remeasure_every`` steps old.
+    - the cap taken is the deepest one within ``margin`` of the best rate (ties go to drafting).
+    - while a shallower cap wins, every ``probe_interval`` steps a probe takes the full draft to
+      refresh what deep drafts earn; a probe that beats the current cap's expected rate probes
+      again at once (a good stretch of text is picked up within a few steps), a probe whose rate
+      is below ``marginal`` x the winner's doubles the interval (up to ``max_probe_every``).
+    """
+
+    name = "online"
+
+    def __init__(
+        self,
+        warmup: int = 4,
+        decay: float = 0.8,
+        window: int = 9,
+        margin: float = 0.10,
+        probe_every: int = 16,
+        max_probe_every: int = 64,
+        marginal: float = 0.85,
+        remeasure_every: int = 64,
+        min_samples: int = 3,
+    ) -> None:
+        super().__init__()
+        def number(value: Any, whole: bool) -> bool:
+            kinds = (int,) if whole else (int, float)
+            return not isinstance(value, bool) and isinstance(value, kinds) and math.isfinite(value)
+
+        checks = (
+            ("warmup", warmup, True, lambda v: v >= 1), ("decay", decay, False, lambda v: 0.0 <= v < 1.0),
+            ("window", window, True, lambda v: v >= 1), ("margin", margin, False, lambda v: v >= 0.0),
+            ("probe_every", probe_every, True, lambda v: v >= 1),
+            ("max_probe_every", max_probe_every, True, lambda v: v >= probe_every),
+            ("marginal", marginal, False, lambda v: 0.0 < v <= 1.0),
+            ("remeasure_every", remeasure_every, True, lambda v: v >= 1),
+            ("min_samples", min_samples, True, lambda v: 1 <= v <= window),
+        )
+        for name, value, whole, ok in checks:
+            if not number(value, whole) or not ok(value):
+                raise ValueError(f"OnlineDraftBudget: {name}={value!r} is out of range "
+                                 "(warmup, window, probe_every, remeasure_every: whole numbers >= 1; 0 <= decay < 1; "
+                                 "margin >= 0; max_probe_every >= probe_every; 0 < marginal <= 1; "
+                                 "1 <= min_samples <= window)")
+        self.warmup, self.decay, self.window, self.margin = warmup, decay, window, margin
+        self.probe_every, self.max_probe_every, self.marginal = probe_every, max_probe_every, marginal
+        self.remeasure_every, self.min_samples = remeasure_every, min_samples
+        self.depth = 0  # deepest tree a full step has drafted (the proposer's full draft)
+        self._seconds: dict[int, dict[int, deque[float]]] = {}  # rows -> cap -> last seconds
+        self._costs: dict[int, dict[int, float]] = {}
+        self._measured_at: dict[int, dict[int, int]] = {}  # rows -> cap -> step count of its last sample
+        self._steps = 0  # every step this budget has seen, all generations
+        self.start()
+
+    def start(self) -> None:
+        super().start()
+        self.reach: list[float] = []
+        self._generation_steps = 0
+        self.probe_interval = self.probe_every
+        self._since_probe = 0
+        self._probing = False
+        self._rows = 1
+        self.probes = self.measurements = 0
+        self._expected_rate: float | None = None  # what the current (non-full) choice promises
+
+    # -- estimates --------------------------------------------------------------------------------
+    def expected_tokens(self, depth: int) -> float:
+        return expected_tokens(self.reach, depth)
+
+    def step_seconds(self, rows: int, depth: int) -> float:
+        """Estimated seconds of a step capped at ``depth`` with ``rows`` active rows."""
+        return interpolate(self._costs[rows], depth)
+
+    def rates(self, rows: int) -> list[float]:
+        """Expected tokens per second of every cap 0..depth (per row: every row drafts the same cap)."""
+        return [self.expected_tokens(d) / max(self.step_seconds(rows, d), 1e-12) for d in range(self.depth + 1)]
+
+    # -- the decision -----------------------------------------------------------------------------
+    def choose(self, rows: int) -> int | None:
+        self._rows, self._probing = rows, False
+        self._generation_steps += 1
+        measured = self._costs.get(rows, {})
+        if self._generation_steps <= self.warmup or self.depth == 0 or self.depth not in measured:
+            return None
+        plain_samples = len(self._seconds[rows].get(0, ()))
+        if plain_samples < self.min_samples:
+            # Plain steps measured between full ones, not back to back: a burst of load then
+            # weighs on both sides of the comparison instead of on one.
+            if (self._generation_steps - self.warmup) % 2 == 1 or 0 not in measured:
+                self.measurements += 1
+                return 0
+            return None
+        rates = self.rates(rows)
+        depth = pick_depth(rates, self.margin)
+        if depth == self.depth:
+            self._since_probe, self.probe_interval = 0, self.probe_every
+            if self._steps - self._measured_at[rows][0] > self.remeasure_every:
+                self.measurements += 1
+                return 0
+            return None
+        self._expected_rate = rates[depth]
+        self._since_probe += 1
+        if self._since_probe >= self.probe_interval:
+            self._since_probe, self._probing = 0, True
+            self.probes += 1
+            if rates[-1] < self.marginal * rates[depth]:
+                self.probe_interval = min(2 * self.probe_interval, self.max_probe_every)
+            else:
+                self.probe_interval = self.probe_every
+            return None
+        return depth
+
+    def record(self, drafted: int, accepted: Sequence[int], seconds: float) -> None:
+        choice = self._choice
+        if choice is None:
+            self.depth = max(self.depth, drafted)
+        # The cap the step really ran under: near max_new_tokens the row limits cut it too. A full
+        # step that drafted shallower by itself (prompt lookup without a match) still counts as full.
+        cap = min(self.depth if choice is None else choice, self._limit, self.depth)
+        rows = max(len(accepted), 1)
+        self._steps += 1
+        samples = self._seconds.setdefault(rows, {}).setdefault(cap, deque(maxlen=self.window))
+        samples.append(max(float(seconds), 0.0))
+        self._costs.setdefault(rows, {})[cap] = min(samples)
+        self._measured_at.setdefault(rows, {})[cap] = self._steps
+        if cap > 0 and accepted:
+            while len(self.reach) < cap:
+                self.reach.append(-1.0)  # unseen yet: the first observation sets it
+            for j in range(1, cap + 1):
+                hit = sum(a >= j for a in accepted) / len(accepted)
+                old = self.reach[j - 1]
+                self.reach[j - 1] = hit if old < 0 else self.decay * old + (1.0 - self.decay) * hit
+        if self._probing and self._expected_rate is not None and accepted:
+            earned = (1.0 + sum(accepted) / len(accepted)) / max(seconds, 1e-12)
+            if earned >= self._expected_rate:
+                self._since_probe = self.probe_interval  # the next step probes again
+
+    def stats(self) -> dict[str, Any]:
+        out = super().stats()
+        out["draft_budget"].update(
+            {"probes": self.probes, "plain_measurements": self.measurements, "full_depth": self.depth,
+             "reach": [round(r, 4) for r in self.reach],
+             "step_seconds": {rows: dict(sorted(m.items())) for rows, m in self._costs.items()}}
+        )
+        return out
+
+
+def auto_budget() -> DraftBudget:
+    """What ``draft_budget="auto"`` (the decoder's default) builds: the online rule. The test suite
+    replaces it with the off budget for tests that measure the full draft's acceptance (see
+    tests/conftest.py); the tests of the budget itself keep it."""
+    return OnlineDraftBudget()
+
+
+def resolve_budget(draft_budget: Any) -> DraftBudget:
+    """The decoder's budget from its ``draft_budget`` argument: "auto" (`auto_budget`), None or
+    False (off: always the full draft), or a `DraftBudget` instance."""
+    if isinstance(draft_budget, DraftBudget):
+        return draft_budget
+    if isinstance(draft_budget, str) and draft_budget == "auto" or draft_budget is True:
+        return auto_budget()
+    if draft_budget is None or draft_budget is False:
+        return DraftBudget()
+    raise ValueError(
+        f"draft_budget must be 'auto' (cap the draft online, down to plain steps, when speculation does not pay), "
+        f"None (always the full draft) or a DraftBudget; got {draft_budget!r}"
+    )
