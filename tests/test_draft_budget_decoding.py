@@ -19,6 +19,7 @@ import torch
 import draftheads as dh
 from draftheads.inference.draft_budget import CAPPED, FULL, PLAIN, DraftBudget, OnlineDraftBudget
 from draftheads.inference.proposers import EagleProposer, Proposer
+from draftheads.inference.proposers.eagle_rows import EagleRows
 from draftheads.inference.sampling import SamplingParams
 from draftheads.inference.tree import Tree, TreeShape
 
@@ -109,11 +110,15 @@ def test_eagle_draft_cache_catches_up_on_the_tokens_of_plain_steps():
     heads, prompts = trained_heads(target, "eagle", steps=80)
     seen: list[tuple[int, int]] = []
 
-    class Checked(EagleProposer):
-        def _catch_up(self, root):
-            state = super()._catch_up(root)
-            seen.append((self._cached, len(self._ids)))
+    class CheckedRows(EagleRows):  # the loop drafts EAGLE through its batch form, batch 1 included
+        def _catch_up(self, roots, drafting):
+            state = super()._catch_up(roots, drafting)
+            seen.extend((int(self._lengths[r]), len(self._ids[r])) for r, d in enumerate(drafting) if d)
             return state
+
+    class Checked(EagleProposer):
+        def rows(self, compaction="auto"):
+            return CheckedRows(self, compaction=compaction)
 
     proposer = Checked(heads)
     ids = prompts[:1]
