@@ -80,3 +80,50 @@ def test_calibrate_reports_malformed_prompt_line(tiny_target_dir, heads_dir, tmp
     prompts.write_text('{"turns": ["ok"]}\n{not json\n')
     with pytest.raises(SystemExit, match="bad.jsonl:2"):
         main(["calibrate", "--target", str(tiny_target_dir), "--heads", str(heads_dir), "--prompts", str(prompts)])
+
+
+def test_a_missing_target_folder_is_a_message_naming_it(tmp_path, heads_dir, capsys):
+    """transformers raised a bare OSError (after a minute of Hub retries offline) for a typo'd path."""
+    missing = tmp_path / "nonexistent"
+    assert main(["generate", "--target", str(missing), "--heads", str(heads_dir), "--prompt", "x"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and str(missing) in err and "no such folder" in err and "Traceback" not in err
+    (tmp_path / "empty").mkdir()
+    assert main(["generate", "--target", str(tmp_path / "empty"), "--heads", str(heads_dir), "--prompt", "x"]) == 2
+    assert "has no config.json" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("value", ["nan", "-1"])
+def test_generate_refuses_a_temperature_generate_refuses(tiny_target_dir, heads_dir, value, capsys):
+    code = main(["generate", "--target", str(tiny_target_dir), "--heads", str(heads_dir), "--prompt", "x",
+                 "--max-new-tokens", "3", "--no-chat-template", f"--temperature={value}"])
+    assert code == 2
+    assert "error: temperature must be" in capsys.readouterr().err
+
+
+def test_import_needs_a_target_and_offers_no_prompt_options(tmp_path, capsys):
+    """Without --target, import used to start building the demo target (an hour on a busy machine)."""
+    with pytest.raises(SystemExit) as exit_:
+        main(["import", str(tmp_path / "src"), str(tmp_path / "out")])
+    assert exit_.value.code == 2
+    assert "--target" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+    with pytest.raises(SystemExit):
+        main(["import", "--help"])
+    help_text = capsys.readouterr().out
+    assert "--target" in help_text and "--no-chat-template" not in help_text
+
+
+def test_heads_without_a_fingerprint_need_the_named_opt_out(tiny_target_dir, heads_dir, tmp_path, capsys):
+    import shutil
+
+    edited = shutil.copytree(heads_dir, tmp_path / "edited")
+    cfg = json.loads((edited / "config.json").read_text())
+    del cfg["target"]["lm_head_fingerprint"]
+    (edited / "config.json").write_text(json.dumps(cfg))
+    args = ["generate", "--target", str(tiny_target_dir), "--heads", str(edited), "--prompt", "x",
+            "--max-new-tokens", "3", "--no-chat-template", "--quiet"]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "lm_head_fingerprint" in err and "--no-fingerprint-check" in err and "Traceback" not in err
+    assert main(args + ["--no-fingerprint-check"]) == 0

@@ -14,7 +14,7 @@ from transformers import DynamicCache
 from ..heads.batch_plan import PLAIN, SPECULATIVE, BatchPlan, mode_for, parse_batch_plan
 from ..heads.config import text_config
 from .proposers import Proposer
-from .sampling import resolve_sampling, sample, warn_unapplied_settings
+from .sampling import resolve_generator, resolve_sampling, sample, warn_unapplied_settings
 from .default_tree import resolve_tree
 from .tree import TreeShape
 from .output import SpeculativeOutput, last_logits_only as _last_logits_only
@@ -182,6 +182,7 @@ class SpeculativeDecoder:
         if acceptance not in ("exact", "typical"):
             raise ValueError(f"acceptance must be 'exact' or 'typical', got {acceptance!r}")
         params = resolve_sampling(getattr(self.target, "generation_config", None), do_sample, temperature, top_k, top_p)
+        generator, seed = resolve_generator(generator, seed), None
         if acceptance == "typical" and params.greedy:
             raise ValueError("typical acceptance needs temperature > 0 (at temperature 0 decoding is greedy and exact)")
         max_new_tokens = _whole_number(max_new_tokens, "max_new_tokens")
