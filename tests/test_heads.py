@@ -127,3 +127,16 @@ def test_heads_without_a_target_fingerprint_are_refused_on_another_target(tmp_pa
     # the named opt-out, and loading without a target (nothing to check against), still work
     assert dh.load_heads(folder, target=trained_on, check_fingerprint=False).config.num_heads == 2
     assert dh.load_heads(folder).config.num_heads == 2
+
+
+def test_heads_with_non_finite_weights_are_refused_at_load_as_at_save(target, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    folder = dh.MedusaHeads.for_target(target, num_heads=2).save_pretrained(tmp_path / "h")
+    state = load_file(str(folder / WEIGHTS_NAME))
+    name = sorted(k for k, v in state.items() if v.is_floating_point())[0]
+    for bad in (float("nan"), float("inf")):
+        state[name].view(-1)[0] = bad
+        save_file(state, str(folder / WEIGHTS_NAME))  # written by something other than save_pretrained
+        with pytest.raises(ValueError, match=f"non-finite values.*{name}"):
+            dh.load_heads(folder)

@@ -18,7 +18,7 @@ from safetensors.torch import load_file
 from ..atomic import restore_interrupted_swap, write_folder_atomically, write_json_atomically  # noqa: F401 (re-exported)
 from .config import FORMAT_VERSION, HeadsConfig
 from .eagle import Eagle3Head, EagleHead
-from .folder import CONFIG_NAME, TREE_NAME, WEIGHTS_NAME, read_tree, read_tree_origin, save_heads  # noqa: F401 (re-exported)
+from .folder import CONFIG_NAME, TREE_NAME, WEIGHTS_NAME, non_finite_tensors, read_tree, read_tree_origin, save_heads  # noqa: F401 (re-exported)
 from .hydra import HydraHeads
 from .medusa import MedusaHeads
 from .tree_check import tree_problem
@@ -163,6 +163,9 @@ def load_heads(
                 + ", ".join(f"{k} {tuple(state[k].shape)} != {tuple(expected[k].shape)}" for k in wrong_shape[:8])
             )
         raise ValueError(f"{weights} does not match its config.json ({'; '.join(details)})")
+    bad = non_finite_tensors(state)
+    if bad:
+        raise ValueError(f"{weights}: {bad}: these heads are unusable (exported from a diverged run, or damaged)")
     heads.load_state_dict(state, strict=True)
     validate = getattr(heads, "validate_loaded", None)
     if validate is not None:
