@@ -91,6 +91,100 @@ def test_resume_refuses_a_checkpoint_written_with_another_config(tmp_path, tiny_
     assert _steps(Path(cfg.train.output_dir)) == ["step-2", "step-4"]
 
 
+_HOLD_LOCK = """
+import sys, time
+from draftheads.train.run_dir import RunLock
+RunLock(sys.argv[1]).acquire()
+print("locked", flush=True)
+time.sleep(120)
+"""
+
+
+def test_a_second_run_into_a_running_runs_folder_is_refused_at_once(tmp_path, tiny_target_dir, tiny_text_jsonl, monkeypatch):
+    """A running run may not have written anything yet (a real target loads for minutes): its
+    lock, not its files, must stop the second run, before the second loads anything."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from draftheads.train import loop
+    from draftheads.train.run_dir import LOCK_NAME
+
+    cfg = _cfg(tmp_path, tiny_target_dir, tiny_text_jsonl, max_steps=1, eval_every=0)
+    out = Path(cfg.train.output_dir)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1]), os.environ.get("PYTHONPATH", "")])}
+    first = subprocess.Popen([sys.executable, "-c", _HOLD_LOCK, str(out)], stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        assert first.stdout.readline().strip() == "locked"
+
+        def no_loading(*args, **kwargs):
+            raise AssertionError("the second run loaded its target instead of being refused")
+
+        with monkeypatch.context() as m:
+            m.setattr(loop, "load_target", no_loading)
+            with pytest.raises(RunFolderError, match="in use by another run") as err:
+                loop.run(cfg)
+        assert f"pid {first.pid} on " in str(err.value) and "started 20" in str(err.value)
+        assert not (out / "config.json").exists()  # the second run wrote nothing
+    finally:
+        first.send_signal(signal.SIGKILL)  # killed: its lock file stays behind
+        first.wait()
+    assert (out / LOCK_NAME).is_file()
+    result = loop.run(cfg)  # a dead run's lock does not block
+    assert result.step == 1 and not (out / LOCK_NAME).exists()  # and a finished run leaves none
+
+
+def test_a_folder_with_only_another_runs_config_is_refused(tmp_path, tiny_target_dir, tiny_text_jsonl):
+    """config.json is the first file a run writes: a run started elsewhere shows by it alone."""
+    from draftheads.train.loop import run
+
+    cfg = _cfg(tmp_path, tiny_target_dir, tiny_text_jsonl, max_steps=1, eval_every=0, seed=1)
+    out = Path(cfg.train.output_dir)
+    out.mkdir(parents=True)
+    other = _cfg(tmp_path, tiny_target_dir, tiny_text_jsonl, max_steps=1, eval_every=0, seed=0)
+    (out / "config.json").write_text(json.dumps(other.to_dict()))
+    with pytest.raises(RunFolderError, match=r"already holds a run \(config.json\)"):
+        run(cfg)
+    with pytest.raises(RunFolderError, match="no checkpoint to resume from"):  # resume=auto: not this run's config
+        run(_cfg(tmp_path, tiny_target_dir, tiny_text_jsonl, max_steps=1, eval_every=0, seed=1, resume="auto"))
+    # the same run, killed before its first checkpoint and requeued with resume=auto, starts fresh
+    again = _cfg(tmp_path, tiny_target_dir, tiny_text_jsonl, max_steps=1, eval_every=0, seed=1, resume="auto")
+    (out / "config.json").write_text(json.dumps(again.to_dict()))
+    assert run(again).step == 1
+
+
+def test_a_resumed_runs_metrics_equal_the_uninterrupted_runs(tmp_path, tiny_target_dir, tiny_text_jsonl, monkeypatch):
+    """Killed after the step-4 checkpoint of 6 steps, resumed: the eval history and the trained
+    token count of metrics.json cover the whole run (they were lost: evals [] and the tokens of
+    the resumed part only). log_every=3 leaves tokens unlogged at the checkpoint."""
+    from draftheads.train import loop
+
+    common = dict(max_steps=6, eval_every=2, save_every=2, log_every=3)
+    straight = loop.run(_cfg(tmp_path / "straight", tiny_target_dir, tiny_text_jsonl, **common)).metrics
+
+    real_save = loop.save_checkpoint
+
+    def killed_after_step_4(accelerator, output_dir, step, state):
+        path = real_save(accelerator, output_dir, step, state)
+        if step == 4:
+            raise KeyboardInterrupt("killed")
+        return path
+
+    cfg = _cfg(tmp_path / "resumed", tiny_target_dir, tiny_text_jsonl, **common)
+    with monkeypatch.context() as m:
+        m.setattr(loop, "save_checkpoint", killed_after_step_4)
+        with pytest.raises(KeyboardInterrupt):
+            loop.run(cfg)
+    cfg.train.resume = "auto"
+    resumed = json.loads((Path(cfg.train.output_dir) / "metrics.json").read_text()) if loop.run(cfg) else None
+    assert [e["step"] for e in straight["evals"]] == [2, 4]
+    assert resumed["evals"] == json.loads(json.dumps(straight["evals"]))
+    assert resumed["train_tokens"] == straight["train_tokens"] > 0
+    assert resumed["final_eval"] == json.loads(json.dumps(straight["final_eval"]))
+    assert resumed["best"]["step"] == straight["best"]["step"]
+
+
 # ---------------------------------------------------------------------------------------------
 # A diverged run
 # ---------------------------------------------------------------------------------------------
