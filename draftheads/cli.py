@@ -1,4 +1,4 @@
-"""`draftheads` command line: train, generate, calibrate, bench.
+"""`draftheads` command line.
 
     draftheads train --config configs/demo.yaml [key.sub=value ...]
     draftheads generate --target PATH_OR_ID --heads DIR --prompt "..."
@@ -6,6 +6,10 @@
     draftheads bench --target PATH_OR_ID --heads DIR [--prompt-lookup] [--questions FILE.jsonl] --out results/
     draftheads distill --target PATH_OR_ID --data FILE --out data/regen.jsonl [--engine hf|vllm] [--resume]
     draftheads cache-features --config CONFIG --out DIR [--dtype bfloat16]
+    draftheads export HEADS OUT --format vllm|sglang|speculators
+    draftheads import SRC OUT --target PATH_OR_ID
+
+Every command imports torch and transformers only when it runs, so ``--help`` is instant.
 """
 from __future__ import annotations
 
@@ -278,8 +282,8 @@ def _add_target_args(p: argparse.ArgumentParser, *, required: bool = False, deco
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="draftheads", description=__doc__.split("\n\n")[0])
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = argparse.ArgumentParser(prog="draftheads")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     from .train.command import add_arguments as add_train_arguments
 
@@ -331,6 +335,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_import_parser(sub, lambda p: _add_target_args(p, required=True, decodes=False)).set_defaults(
         func=lambda args: run_import(args, lambda path: _load_target(path, args.device, args.dtype, args.trust_remote_code))
     )
+    # from the registered commands, so the summary never lists fewer than exist
+    parser.description = "draftheads: train speculative-decoding draft heads, decode losslessly. Commands: " + ", ".join(sub.choices)
     return parser
 
 

@@ -127,3 +127,52 @@ def test_heads_without_a_fingerprint_need_the_named_opt_out(tiny_target_dir, hea
     err = capsys.readouterr().err
     assert "lm_head_fingerprint" in err and "--no-fingerprint-check" in err and "Traceback" not in err
     assert main(args + ["--no-fingerprint-check"]) == 0
+
+
+_HEAVY = ("torch", "transformers", "datasets", "accelerate")
+_WHAT_LOADED = """
+import sys
+{code}
+print("LOADED:", *sorted(m for m in {heavy} if m in sys.modules))
+"""
+
+
+def _modules_loaded_by(code: str) -> list[str]:
+    """The heavy libraries a fresh interpreter holds after ``code`` (not timed: what was imported)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1]), os.environ.get("PYTHONPATH", "")])}
+    out = subprocess.run([sys.executable, "-c", _WHAT_LOADED.format(code=code, heavy=_HEAVY)],
+                         capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return out.stdout.splitlines()[-1].split()[1:]  # after the help texts: the LOADED line
+
+
+def test_import_and_help_load_no_torch_or_transformers():
+    """`draftheads --help` took 3+ s and `import draftheads` 2 s, all of it importing torch,
+    transformers and datasets that neither needs."""
+    assert _modules_loaded_by("import draftheads") == []
+    helps = "\n".join(
+        f"try:\n    main([{', '.join(repr(a) for a in args)}])\nexcept SystemExit:\n    pass"
+        for args in (["--help"], ["train", "--help"], ["generate", "--help"], ["import", "--help"], ["export", "--help"])
+    )
+    assert _modules_loaded_by("from draftheads.cli import main\n" + helps) == []
+    # the public API is unchanged: every exported name resolves (and then loads torch)
+    assert _modules_loaded_by("import draftheads as dh\nassert all(getattr(dh, n) is not None for n in dh.__all__)\n"
+                              "assert dh.SpeculativeDecoder.__name__ == 'SpeculativeDecoder'") == ["torch", "transformers"]
+
+
+def test_top_level_help_lists_every_command(capsys):
+    from draftheads.cli import build_parser
+
+    parser = build_parser()
+    commands = next(a for a in parser._actions if a.dest == "command").choices
+    assert {"train", "generate", "calibrate", "bench", "distill", "cache-features", "export", "import"} <= set(commands)
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    summary = capsys.readouterr().out.split("positional arguments")[0]
+    for name in commands:
+        assert name in summary, name
