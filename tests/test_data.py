@@ -346,8 +346,9 @@ def test_a_row_whose_text_field_has_another_name_is_an_error_not_an_empty_row(pl
     path = _write_jsonl(tmp_path / "mixed.jsonl", rows)
     with pytest.raises(ValueError, match=r"row 1 has no 'text' field .*holds 'txt'; set data.text_field=txt"):
         build_datasets(_cfg(path, tmp_path, eval_fraction=0), plain_tok)
-    # a row that only lacks the text (no other field with content) is still an empty row, counted
-    path = _write_jsonl(tmp_path / "empty.jsonl", [{"text": CORPUS[0], "id": 1}, {"id": 2}, {"text": CORPUS[1], "id": 3}])
+    # a row that only lacks the text (its other fields are those every row has: metadata) is still
+    # an empty row, counted
+    path = _write_jsonl(tmp_path / "empty.jsonl", [{"text": CORPUS[0], "url": "u/1"}, {"url": "u/2"}, {"text": CORPUS[1], "url": "u/3"}])
     _, _, stats = build_datasets(_cfg(path, tmp_path, eval_fraction=0), plain_tok)
     assert (stats.rows_read, stats.rows_kept, stats.dropped_empty) == (3, 2, 1)
     # chat rows: a conversation under another key is named too

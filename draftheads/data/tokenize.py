@@ -146,13 +146,15 @@ class RowTokenizer:
         out = [ex for ex in out if any(ex[1])]
         return (OK, out) if out else (NO_TRAINABLE, [])
 
-    def missing_field(self, batch: dict[str, list[Any]], i: int) -> str | None:
+    def missing_field(self, batch: dict[str, list[Any]], i: int, metadata: set[str]) -> str | None:
         """Why row ``i`` of ``batch`` is an error rather than an empty row: it has no value in the
-        column the format reads but holds text elsewhere (a row written with another field name,
-        e.g. ``txt``: counting it as empty would drop it without a word). None otherwise."""
+        column the format reads but holds text in a field that rows with that column do not have
+        (a row written with another field name, e.g. ``txt``: counting it as empty would drop it
+        without a word). ``metadata``: the fields that do come with the column (an id, a url), which
+        say nothing. None otherwise."""
         if batch[self.column][i] is not None:
             return None
-        others = [c for c in batch if c not in (self.column, ROW_COLUMN) and _holds_content(batch[c][i])]
+        others = [c for c in batch if c not in metadata and c not in (self.column, ROW_COLUMN) and _holds_content(batch[c][i])]
         if not others:
             return None
         row = batch[ROW_COLUMN][i]
@@ -164,8 +166,10 @@ class RowTokenizer:
 
     def __call__(self, batch: dict[str, list[Any]]) -> dict[str, list[Any]]:
         cols: dict[str, list[Any]] = {name: [] for name in FEATURES}
+        present = [j for j, v in enumerate(batch[self.column]) if v is not None]
+        metadata = {c for c in batch if any(batch[c][j] is not None for j in present)}
         for i, (value, row) in enumerate(zip(batch[self.column], batch[ROW_COLUMN])):
-            problem = self.missing_field(batch, i)
+            problem = self.missing_field(batch, i, metadata)
             if problem:
                 raise ValueError(problem)
             status, examples = self.examples(value, row)
