@@ -93,7 +93,7 @@ def test_resume_refuses_a_checkpoint_written_with_another_config(tmp_path, tiny_
 
 _HOLD_LOCK = """
 import sys, time
-from draftheads.train.run_dir import RunLock
+from draftheads.train.run_lock import RunLock
 RunLock(sys.argv[1]).acquire()
 print("locked", flush=True)
 time.sleep(120)
@@ -109,7 +109,7 @@ def test_a_second_run_into_a_running_runs_folder_is_refused_at_once(tmp_path, ti
     import sys
 
     from draftheads.train import loop
-    from draftheads.train.run_dir import LOCK_NAME
+    from draftheads.train.run_lock import LOCK_NAME
 
     cfg = _cfg(tmp_path, tiny_target_dir, tiny_text_jsonl, max_steps=1, eval_every=0)
     out = Path(cfg.train.output_dir)

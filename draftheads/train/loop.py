@@ -51,15 +51,8 @@ from .export_tree import SAMPLE_ROWS, write_export_tree
 from .metrics import HeadStats, format_heads, ranks_for, static_tree
 from .model import TargetWithHeads
 from .stability import MAX_NONFINITE_STEPS, NonFiniteGuard
-from .run_dir import (
-    RunFolderError,
-    RunLock,
-    check_context,
-    check_resume_config,
-    check_writable,
-    clear_run,
-    guard_fresh_run,
-)
+from .run_dir import RunFolderError, check_context, check_resume_config, check_writable, clear_run, guard_fresh_run
+from .run_lock import RunLock
 from .tracking import init_trackers, prepare_tracker
 
 

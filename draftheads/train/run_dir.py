@@ -7,18 +7,14 @@ old run's files (only those a run writes, nothing else), and a resume is refused
 checkpoint was written with another config (anything but the step budget and where things go).
 
 A run that is still going may not have written any of those files yet (loading a real target
-takes minutes), so a running run also holds a lock on its folder (``RunLock``): a second run
-into it is refused at once, naming the first (pid, host, start time). The lock is an OS file
-lock, which dies with its process: a killed run's leftover lock file never blocks the next run.
+takes minutes), so a running run also holds a lock on its folder (run_lock.py).
 """
 from __future__ import annotations
 
 import json
 import os
 import shutil
-import socket
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +23,6 @@ RUN_ARTEFACTS = ("checkpoints", "heads", "best", "metrics.json", "config.json")
 # Their presence means a run already lives here. config.json is written first, at the start of a
 # run: a run on another machine (whose lock this one cannot see) shows that way before anything else.
 RUN_MARKERS = ("checkpoints", "heads", "best", "metrics.json", "config.json")
-LOCK_NAME = ".draftheads-run.lock"
 
 # Config keys a resumed run may change: the step budget, and where outputs, caches and logs go.
 RESUMABLE_KEYS = (
@@ -110,102 +105,6 @@ def _same_run_config(output_dir: Path, config: dict[str, Any]) -> bool:
     except (OSError, UnicodeDecodeError, json.JSONDecodeError):
         return False
     return isinstance(saved, dict) and not config_differences(saved, config)
-
-
-class RunLock:
-    """An exclusive lock on a run folder for as long as the run goes on (a context manager).
-
-    ``LOCK_NAME`` holds who took it (pid, host, start time, command) for the refusal message;
-    the exclusion itself is ``fcntl.flock`` on that file, which the OS drops when the process
-    ends however it ends, so a lock file left by a killed run is taken over, not obeyed. Where
-    there is no ``flock`` (Windows) a lock whose pid is dead on this host is taken over."""
-
-    def __init__(self, output_dir: str | os.PathLike) -> None:
-        self.path = Path(output_dir) / LOCK_NAME
-        self.fd: int | None = None
-        self.took_over: dict[str, Any] | None = None  # the stale lock's record, when one was replaced
-
-    def __enter__(self) -> "RunLock":
-        self.acquire()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.release()
-
-    def acquire(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        previous = _read_lock(fd)
-        try:
-            import fcntl
-        except ImportError:  # no flock: trust a live pid on this host
-            fcntl = None
-        if fcntl is not None:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError:
-                os.close(fd)
-                raise RunFolderError(self._held_message(previous)) from None
-        elif previous and _alive(previous):
-            os.close(fd)
-            raise RunFolderError(self._held_message(previous))
-        self.took_over = previous or None
-        record = {
-            "pid": os.getpid(),
-            "host": socket.gethostname(),
-            "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            "command": " ".join(_argv())[:500],
-        }
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, (json.dumps(record) + "\n").encode(), 0)
-        self.fd = fd
-
-    def release(self) -> None:
-        if self.fd is None:
-            return
-        try:
-            if _read_lock(self.fd).get("pid") == os.getpid():
-                self.path.unlink(missing_ok=True)  # still ours: a finished run leaves no lock file
-        finally:
-            os.close(self.fd)  # drops the flock
-            self.fd = None
-
-    def _held_message(self, holder: dict[str, Any]) -> str:
-        who = (
-            f"pid {holder.get('pid', '?')} on {holder.get('host', '?')}, started {holder.get('started', '?')}"
-            + (f": {holder['command']}" if holder.get("command") else "")
-        )
-        return (
-            f"train.output_dir {self.path.parent} is in use by another run ({who}). Wait for it to finish, stop it, "
-            "or choose another train.output_dir"
-        )
-
-
-def _read_lock(fd: int) -> dict[str, Any]:
-    try:
-        data = json.loads(os.pread(fd, 4096, 0).decode() or "{}")
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
-def _alive(holder: dict[str, Any]) -> bool:
-    """Whether the lock's process still runs (unknowable for another host: assume it does)."""
-    if holder.get("host") != socket.gethostname():
-        return True
-    try:
-        os.kill(int(holder["pid"]), 0)
-    except (KeyError, ValueError, TypeError, ProcessLookupError):
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _argv() -> list[str]:
-    import sys
-
-    return [os.path.basename(sys.argv[0] or "python"), *sys.argv[1:]]
 
 
 def clear_run(output_dir: Path) -> list[str]:
