@@ -378,10 +378,15 @@ def test_update_does_not_depend_on_the_micro_batch_split(tmp_path, tiny_target_d
     two = _cfg(tmp_path / "two", tiny_target_dir, tiny_text_jsonl, *extra, batch_size=4, grad_accum=2, **common)
     a, b = _step_gradients(one), _step_gradients(two)
     assert len(a) == len(b) == 4 and len(a[0]) == len(b[0]) > 0
+    # a parameter behind a zero-initialised one (EAGLE's layer) gets no gradient at step 1; every
+    # parameter must get one at some step, or its comparison would be vacuous
+    assert all(any(bool(g[i].abs().max() > 0) for g in a) for i in range(len(a[0]))), "a parameter never got a gradient"
     for step, (ga, gb) in enumerate(zip(a, b), start=1):
         for i, (x, y) in enumerate(zip(ga, gb)):
             scale = float(x.abs().max())
-            assert scale > 0, f"step {step}, parameter {i}: no gradient (the comparison would be vacuous)"
+            if scale == 0:
+                assert float(y.abs().max()) == 0, f"step {step}, parameter {i}: a gradient in one split only"
+                continue
             worst = float((x - y).abs().max()) / scale
             assert worst < 1e-4, f"step {step}, parameter {i}: gradients differ by {worst:.2e} of their scale"
 
