@@ -1,20 +1,36 @@
-"""draftheads: train speculative-decoding draft heads on a frozen Hugging Face LM, decode losslessly."""
-from .heads import Eagle3Head, EagleHead, HeadsConfig, HydraHeads, MedusaHeads, TargetInfo, load_heads, save_heads
-from .inference import (
-    DraftModelProposer,
-    EagleProposer,
-    HydraProposer,
-    MedusaProposer,
-    PromptLookupProposer,
-    Proposer,
-    SamplingParams,
-    SpeculativeDecoder,
-    SpeculativeOutput,
-    Tree,
-    TreeShape,
-    UnsupportedModelError,
-    check_same_tokenizer,
+"""draftheads: train speculative-decoding draft heads on a frozen Hugging Face LM, decode losslessly.
+
+The public names load on first use (``dh.SpeculativeDecoder`` imports torch and transformers
+then), so ``import draftheads`` and the command line's ``--help`` stay fast."""
+from typing import TYPE_CHECKING
+
+from .lazy import lazy_exports
+
+_HEADS = ("Eagle3Head", "EagleHead", "HeadsConfig", "HydraHeads", "MedusaHeads", "TargetInfo", "load_heads", "save_heads")
+_INFERENCE = (
+    "DraftModelProposer", "EagleProposer", "HydraProposer", "MedusaProposer", "PromptLookupProposer", "Proposer",
+    "SamplingParams", "SpeculativeDecoder", "SpeculativeOutput", "Tree", "TreeShape", "UnsupportedModelError",
+    "check_same_tokenizer",
 )
+__getattr__, __dir__ = lazy_exports(__name__, {**dict.fromkeys(_HEADS, ".heads"), **dict.fromkeys(_INFERENCE, ".inference")})
+
+if TYPE_CHECKING:
+    from .heads import Eagle3Head, EagleHead, HeadsConfig, HydraHeads, MedusaHeads, TargetInfo, load_heads, save_heads
+    from .inference import (
+        DraftModelProposer,
+        EagleProposer,
+        HydraProposer,
+        MedusaProposer,
+        PromptLookupProposer,
+        Proposer,
+        SamplingParams,
+        SpeculativeDecoder,
+        SpeculativeOutput,
+        Tree,
+        TreeShape,
+        UnsupportedModelError,
+        check_same_tokenizer,
+    )
 
 __version__ = "0.1.0"
 

@@ -1,4 +1,4 @@
-"""`draftheads` command line: train, generate, calibrate, bench.
+"""`draftheads` command line.
 
     draftheads train --config configs/demo.yaml [key.sub=value ...]
     draftheads generate --target PATH_OR_ID --heads DIR --prompt "..."
@@ -6,6 +6,10 @@
     draftheads bench --target PATH_OR_ID --heads DIR [--prompt-lookup] [--questions FILE.jsonl] --out results/
     draftheads distill --target PATH_OR_ID --data FILE --out data/regen.jsonl [--engine hf|vllm] [--resume]
     draftheads cache-features --config CONFIG --out DIR [--dtype bfloat16]
+    draftheads export HEADS OUT --format vllm|sglang|speculators
+    draftheads import SRC OUT --target PATH_OR_ID
+
+Every command imports torch and transformers only when it runs, so ``--help`` is instant.
 """
 from __future__ import annotations
 
@@ -48,7 +52,7 @@ def _proposer(args, target, tokenizer):
     if sum(chosen) != 1:
         raise SystemExit("error: give exactly one of --heads DIR, --draft-model PATH_OR_ID, --prompt-lookup")
     if args.heads:
-        heads = dh.load_heads(args.heads, target=target)
+        heads = dh.load_heads(args.heads, target=target, check_fingerprint=not args.no_fingerprint_check)
         return heads
     if args.prompt_lookup:
         return dh.PromptLookupProposer()
@@ -222,7 +226,7 @@ def cmd_calibrate(args) -> int:
     if not args.dry_run:
         _check_writable(Path(args.heads))
     target, tokenizer = _load_target(args.target, args.device, args.dtype, args.trust_remote_code)
-    heads = dh.load_heads(args.heads, target=target)
+    heads = dh.load_heads(args.heads, target=target, check_fingerprint=not args.no_fingerprint_check)
     prompts = _calibration_prompts(args, tokenizer)
     if heads.dynamic_tree:
         return _calibrate_dynamic(args, target, heads, prompts)
@@ -259,17 +263,27 @@ def cmd_train(args) -> int:
     return run_command(args)
 
 
-def _add_target_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--target", default="demo", help='HF model id or folder; "demo" = the offline demo target')
+def _add_target_args(p: argparse.ArgumentParser, *, required: bool = False, decodes: bool = True) -> None:
+    """The target options. ``required``: no "demo" default (a command whose output is tied to
+    one target must not quietly build the demo); ``decodes``: the command prompts the target with
+    heads (prompt and heads-check options)."""
+    if required:
+        p.add_argument("--target", required=True, help='HF model id or folder the heads are for; "demo" = the offline demo target')
+    else:
+        p.add_argument("--target", default="demo", help='HF model id or folder; "demo" = the offline demo target')
     p.add_argument("--device", default=None, help="cuda, cuda:1, cpu (default: cuda if available)")
     p.add_argument("--dtype", default="auto", help="auto (bf16 on CUDA with bf16, else fp16 on CUDA, fp32 on CPU), float32, bfloat16, float16")
     p.add_argument("--trust-remote-code", action="store_true", help="allow custom modeling code from the hub")
-    p.add_argument("--no-chat-template", action="store_true", help="feed the prompt as raw text")
+    if decodes:
+        p.add_argument("--no-chat-template", action="store_true", help="feed the prompt as raw text")
+        p.add_argument("--no-fingerprint-check", action="store_true",
+                       help="load heads whose config.json records no target LM-head fingerprint (you vouch that they "
+                            "were trained for --target)")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="draftheads", description=__doc__.split("\n\n")[0])
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = argparse.ArgumentParser(prog="draftheads")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     from .train.command import add_arguments as add_train_arguments
 
@@ -318,15 +332,33 @@ def build_parser() -> argparse.ArgumentParser:
     from .export.command import add_import_parser, add_parser as add_export_parser, run_import
 
     add_export_parser(sub)
-    add_import_parser(sub, _add_target_args).set_defaults(
+    add_import_parser(sub, lambda p: _add_target_args(p, required=True, decodes=False)).set_defaults(
         func=lambda args: run_import(args, lambda path: _load_target(path, args.device, args.dtype, args.trust_remote_code))
     )
+    # from the registered commands, so the summary never lists fewer than exist
+    parser.description = "draftheads: train speculative-decoding draft heads, decode losslessly. Commands: " + ", ".join(sub.choices)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return args.func(args)
+    try:
+        return args.func(args)
+    except ValueError as e:  # a bad --target or sampling value: the message, not a traceback
+        from .target import TargetLoadError
+
+        if not isinstance(e, (TargetLoadError, *_user_errors())):
+            raise
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+def _user_errors() -> tuple[type, ...]:
+    """Errors of bad input that commands let through to ``main`` (each names what to fix)."""
+    from .heads.io import UnverifiedTargetError
+    from .inference.sampling import SamplingError
+
+    return (SamplingError, UnverifiedTargetError)
 
 
 if __name__ == "__main__":

@@ -7,12 +7,42 @@ same everywhere.
 from __future__ import annotations
 
 import contextlib
+import re
+from pathlib import Path
 from typing import Any, ContextManager
 
 import torch
 
 from .demo import resolve_target
 from .device import default_device, resolve_dtype
+
+
+# ``name`` or ``owner/name`` as the Hugging Face Hub spells model ids.
+_HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*(/[A-Za-z0-9][A-Za-z0-9_.-]*)?$")
+
+
+class TargetLoadError(ValueError):
+    """The target name is neither a model folder nor a loadable Hub model; the message says which."""
+
+
+def check_target_source(name_or_path: str) -> None:
+    """Refuse, before transformers tries the Hub (and retries a missing network for a minute), a
+    target that is meant as a folder but is not a model folder."""
+    path = Path(name_or_path).expanduser()
+    looks_local = path.is_absolute() or name_or_path.startswith((".", "~")) or not _HUB_ID.match(name_or_path)
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise TargetLoadError(
+                f"target {name_or_path}: the folder has no config.json, so it is not a Hugging Face model folder "
+                "(pass the folder that holds the model's config.json and weights)"
+            )
+    elif path.exists():
+        raise TargetLoadError(f"target {name_or_path} is a file: pass the model's folder (with config.json) or a Hub id")
+    elif looks_local:
+        raise TargetLoadError(
+            f"target {name_or_path}: no such folder (a target is a model folder with config.json, a Hugging Face "
+            'Hub id such as org/name, or "demo")'
+        )
 
 
 def load_target(
@@ -43,7 +73,11 @@ def load_target(
         kwargs["attn_implementation"] = attn_implementation
     if device is not None and device.type != "cpu":
         kwargs["device_map"] = {"": device}  # straight onto the accelerator, not through host RAM
-    target = AutoModelForCausalLM.from_pretrained(path, **kwargs)
-    tokenizer = AutoTokenizer.from_pretrained(path, **common)
+    check_target_source(str(path))
+    try:
+        target = AutoModelForCausalLM.from_pretrained(path, **kwargs)
+        tokenizer = AutoTokenizer.from_pretrained(path, **common)
+    except OSError as e:  # transformers' "not a local folder and not a valid model identifier", offline, gated...
+        raise TargetLoadError(f"cannot load the target {name_or_path}: {e}") from e
     target.requires_grad_(False)
     return target.eval(), tokenizer

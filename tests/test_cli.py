@@ -80,3 +80,99 @@ def test_calibrate_reports_malformed_prompt_line(tiny_target_dir, heads_dir, tmp
     prompts.write_text('{"turns": ["ok"]}\n{not json\n')
     with pytest.raises(SystemExit, match="bad.jsonl:2"):
         main(["calibrate", "--target", str(tiny_target_dir), "--heads", str(heads_dir), "--prompts", str(prompts)])
+
+
+def test_a_missing_target_folder_is_a_message_naming_it(tmp_path, heads_dir, capsys):
+    """transformers raised a bare OSError (after a minute of Hub retries offline) for a typo'd path."""
+    missing = tmp_path / "nonexistent"
+    assert main(["generate", "--target", str(missing), "--heads", str(heads_dir), "--prompt", "x"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and str(missing) in err and "no such folder" in err and "Traceback" not in err
+    (tmp_path / "empty").mkdir()
+    assert main(["generate", "--target", str(tmp_path / "empty"), "--heads", str(heads_dir), "--prompt", "x"]) == 2
+    assert "has no config.json" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("value", ["nan", "-1"])
+def test_generate_refuses_a_temperature_generate_refuses(tiny_target_dir, heads_dir, value, capsys):
+    code = main(["generate", "--target", str(tiny_target_dir), "--heads", str(heads_dir), "--prompt", "x",
+                 "--max-new-tokens", "3", "--no-chat-template", f"--temperature={value}"])
+    assert code == 2
+    assert "error: temperature must be" in capsys.readouterr().err
+
+
+def test_import_needs_a_target_and_offers_no_prompt_options(tmp_path, capsys):
+    """Without --target, import used to start building the demo target (an hour on a busy machine)."""
+    with pytest.raises(SystemExit) as exit_:
+        main(["import", str(tmp_path / "src"), str(tmp_path / "out")])
+    assert exit_.value.code == 2
+    assert "--target" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+    with pytest.raises(SystemExit):
+        main(["import", "--help"])
+    help_text = capsys.readouterr().out
+    assert "--target" in help_text and "--no-chat-template" not in help_text
+
+
+def test_heads_without_a_fingerprint_need_the_named_opt_out(tiny_target_dir, heads_dir, tmp_path, capsys):
+    import shutil
+
+    edited = shutil.copytree(heads_dir, tmp_path / "edited")
+    cfg = json.loads((edited / "config.json").read_text())
+    del cfg["target"]["lm_head_fingerprint"]
+    (edited / "config.json").write_text(json.dumps(cfg))
+    args = ["generate", "--target", str(tiny_target_dir), "--heads", str(edited), "--prompt", "x",
+            "--max-new-tokens", "3", "--no-chat-template", "--quiet"]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "lm_head_fingerprint" in err and "--no-fingerprint-check" in err and "Traceback" not in err
+    assert main(args + ["--no-fingerprint-check"]) == 0
+
+
+_HEAVY = ("torch", "transformers", "datasets", "accelerate")
+_WHAT_LOADED = """
+import sys
+{code}
+print("LOADED:", *sorted(m for m in {heavy} if m in sys.modules))
+"""
+
+
+def _modules_loaded_by(code: str) -> list[str]:
+    """The heavy libraries a fresh interpreter holds after ``code`` (not timed: what was imported)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1]), os.environ.get("PYTHONPATH", "")])}
+    out = subprocess.run([sys.executable, "-c", _WHAT_LOADED.format(code=code, heavy=_HEAVY)],
+                         capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return out.stdout.splitlines()[-1].split()[1:]  # after the help texts: the LOADED line
+
+
+def test_import_and_help_load_no_torch_or_transformers():
+    """`draftheads --help` took 3+ s and `import draftheads` 2 s, all of it importing torch,
+    transformers and datasets that neither needs."""
+    assert _modules_loaded_by("import draftheads") == []
+    helps = "\n".join(
+        f"try:\n    main([{', '.join(repr(a) for a in args)}])\nexcept SystemExit:\n    pass"
+        for args in (["--help"], ["train", "--help"], ["generate", "--help"], ["import", "--help"], ["export", "--help"])
+    )
+    assert _modules_loaded_by("from draftheads.cli import main\n" + helps) == []
+    # the public API is unchanged: every exported name resolves (and then loads torch)
+    assert _modules_loaded_by("import draftheads as dh\nassert all(getattr(dh, n) is not None for n in dh.__all__)\n"
+                              "assert dh.SpeculativeDecoder.__name__ == 'SpeculativeDecoder'") == ["torch", "transformers"]
+
+
+def test_top_level_help_lists_every_command(capsys):
+    from draftheads.cli import build_parser
+
+    parser = build_parser()
+    commands = next(a for a in parser._actions if a.dest == "command").choices
+    assert {"train", "generate", "calibrate", "bench", "distill", "cache-features", "export", "import"} <= set(commands)
+    for name in commands:  # the summary line under the usage (it named 4 of the 8)
+        assert name in parser.description, name
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    assert " ".join(parser.description.split()[:3]) in " ".join(capsys.readouterr().out.split())

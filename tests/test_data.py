@@ -340,6 +340,24 @@ def test_rows_without_trainable_tokens_are_dropped_and_counted(chatml_tok, tmp_p
     assert "2 without trainable tokens" in stats.summary()
 
 
+def test_a_row_whose_text_field_has_another_name_is_an_error_not_an_empty_row(plain_tok, chatml_tok, tmp_path):
+    """It used to be counted as empty and dropped: training went on without it."""
+    rows = [{"text": CORPUS[0]}, {"txt": CORPUS[1]}, {"text": ""}, {"text": CORPUS[2]}]
+    path = _write_jsonl(tmp_path / "mixed.jsonl", rows)
+    with pytest.raises(ValueError, match=r"row 1 has no 'text' field .*holds 'txt'; set data.text_field=txt"):
+        build_datasets(_cfg(path, tmp_path, eval_fraction=0), plain_tok)
+    # a row that only lacks the text (its other fields are those every row has: metadata) is still
+    # an empty row, counted
+    path = _write_jsonl(tmp_path / "empty.jsonl", [{"text": CORPUS[0], "url": "u/1"}, {"url": "u/2"}, {"text": CORPUS[1], "url": "u/3"}])
+    _, _, stats = build_datasets(_cfg(path, tmp_path, eval_fraction=0), plain_tok)
+    assert (stats.rows_read, stats.rows_kept, stats.dropped_empty) == (3, 2, 1)
+    # chat rows: a conversation under another key is named too
+    chat = [{"messages": CONVERSATIONS[0]}, {"conversation": CONVERSATIONS[1]}]
+    path = _write_jsonl(tmp_path / "chat.jsonl", chat)
+    with pytest.raises(ValueError, match=r"row 1 has no 'messages' field .*holds 'conversation'"):
+        build_datasets(_cfg(path, tmp_path, eval_fraction=0), chatml_tok)
+
+
 def test_empty_dataset_errors_name_path_and_counts(chatml_tok, plain_tok, tmp_path):
     empty = _write_parquet(tmp_path / "empty.parquet", [{"text": "x"}])
     datasets.Dataset.from_dict({"text": []}).to_parquet(str(empty))

@@ -332,3 +332,38 @@ def test_cli_export(tmp_path, capsys):
     assert "exists" in capsys.readouterr().err
     assert main(["export", str(tmp_path / "heads"), str(tmp_path / "out"), "--format", "vllm", "--overwrite"]) == 0
     assert load_file(str(tmp_path / "out" / "model.safetensors"))["blocks.0.layers.0.weight"].shape == (64, 64)
+
+
+def test_speculative_tokens_an_export_would_not_write_are_refused(tmp_path, capsys):
+    """0 used to write the heads' default; on a Medusa vLLM export the value was dropped silently."""
+    from draftheads.cli import main
+
+    target = target4()
+    eagle3_heads(target, feature_layers=[1, 2, 3]).save_pretrained(tmp_path / "eagle3")
+    for bad in (0, -1):
+        with pytest.raises(ExportError, match="num_speculative_tokens must be a whole number >= 1"):
+            export_heads(tmp_path / "eagle3", tmp_path / "o", "vllm", verifier="org/target", num_speculative_tokens=bad)
+    dh.MedusaHeads.for_target(make_tiny_model("llama"), num_heads=2).save_pretrained(tmp_path / "medusa")
+    with pytest.raises(ExportError, match="does not record draft tokens per step.*'num_speculative_tokens': 2"):
+        export_heads(tmp_path / "medusa", tmp_path / "o", "vllm", num_speculative_tokens=2)
+    assert not (tmp_path / "o").exists()
+    assert main(["export", str(tmp_path / "medusa"), str(tmp_path / "o"), "--format", "vllm",
+                 "--num-speculative-tokens", "0"]) == 2
+    assert "num_speculative_tokens must be" in capsys.readouterr().err
+    # where it is written, it is honoured
+    out = export_heads(tmp_path / "eagle3", tmp_path / "ok", "vllm", verifier="org/target", num_speculative_tokens=1)
+    config = json.loads((out / "config.json").read_text())
+    assert config["speculators_config"]["proposal_methods"][0]["speculative_tokens"] == 1
+
+
+def test_a_verifier_folder_that_does_not_exist_is_refused(tmp_path, capsys):
+    from draftheads.cli import main
+
+    dh.MedusaHeads.for_target(make_tiny_model("llama"), num_heads=2).save_pretrained(tmp_path / "heads")
+    missing = tmp_path / "does" / "not" / "exist"
+    with pytest.raises(ExportError, match=f"--verifier: target {missing}: no such folder"):
+        export_heads(tmp_path / "heads", tmp_path / "o", "vllm", verifier=str(missing))
+    assert main(["export", str(tmp_path / "heads"), str(tmp_path / "o"), "--format", "vllm", "--verifier", str(missing)]) == 2
+    assert "no such folder" in capsys.readouterr().err and not (tmp_path / "o").exists()
+    # a Hub id is not fetched at export time: it is written as given
+    assert export_heads(tmp_path / "heads", tmp_path / "ok", "vllm", verifier="org/target").is_dir()

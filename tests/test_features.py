@@ -210,3 +210,35 @@ def test_an_unrelated_folder_is_not_overwritten(tmp_path, tiny_target_dir, tiny_
     (out / "notes.txt").write_text("mine")
     with pytest.raises(FeatureCacheError, match="is not a feature cache"):
         _build(tmp_path, _cfg_dict(tmp_path, tiny_target_dir, tiny_text_jsonl), out)
+
+
+def test_an_fp32_cache_holds_the_targets_own_features_to_float32_rounding(tmp_path, tiny_target_dir, tiny_text_jsonl):
+    """What the README promises for --dtype float32: every cached row's hidden state is what the
+    target computes for that row run alone, to float32 rounding (a row's hidden states change in
+    their last bits with the batch it runs in, so not bit for bit), and the labels are the same."""
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from draftheads.data import build_datasets
+
+    data = _cfg_dict(tmp_path, tiny_target_dir, tiny_text_jsonl, "medusa", labels="target")
+    out = tmp_path / "features"
+    assert _cache(tmp_path, _yaml(tmp_path, data), out, "--dtype", "float32", "--batch-size", "3") == 0
+    index = json.loads((out / "index.json").read_text())
+    cfg = config_from_dict(data)
+    train, _, _ = build_datasets(cfg.data, AutoTokenizer.from_pretrained(tiny_target_dir))
+    target = AutoModelForCausalLM.from_pretrained(tiny_target_dir, dtype=torch.float32).eval()
+    shards = {name: load_file(str(out / name)) for name in index["splits"]["train"]["shards"]}
+    rows = index["splits"]["train"]["rows"]
+    assert len(rows) == len(train)
+    for i in range(0, len(rows), 7):
+        shard, offset, length = rows[i]
+        cached = shards[index["splits"]["train"]["shards"][shard]]
+        ids = torch.tensor([train[i]["input_ids"]])
+        with torch.no_grad():
+            alone = target(ids, output_hidden_states=True)
+        hidden = alone.hidden_states[-1][0]
+        assert cached["hidden"].dtype == torch.float32
+        got = cached["hidden"][offset : offset + length]
+        assert float((got - hidden).abs().max()) <= 1e-5 * float(hidden.abs().max()), i
+        assert torch.equal(cached["target_labels"][offset : offset + length].long(), alone.logits[0].argmax(-1)), i

@@ -101,3 +101,42 @@ def test_failed_export_keeps_the_previous_good_one(target, tmp_path, monkeypatch
     assert (path / WEIGHTS_NAME).read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["heads"]  # no temp folders left behind
     dh.load_heads(path, target=target)
+
+
+@pytest.mark.parametrize("edit", ["no fingerprint", "empty fingerprint", "no target"])
+def test_heads_without_a_target_fingerprint_are_refused_on_another_target(tmp_path, edit):
+    """Same architecture and sizes, another model: only the fingerprint tells them apart, so a
+    config without one (edited, or written by another tool) must not load silently."""
+    trained_on, other = tiny_target("llama", seed=0), tiny_target("llama", seed=1)
+    folder = dh.MedusaHeads.for_target(trained_on, num_heads=2).save_pretrained(tmp_path / "h")
+    with pytest.raises(ValueError, match="LM head weights differ"):  # unedited: refused there
+        dh.load_heads(folder, target=other)
+    cfg = json.loads((folder / "config.json").read_text())
+    if edit == "no fingerprint":
+        del cfg["target"]["lm_head_fingerprint"]
+    elif edit == "empty fingerprint":
+        cfg["target"]["lm_head_fingerprint"] = []
+    else:
+        del cfg["target"]
+    (folder / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match="lm_head_fingerprint|no 'target' object") as err:
+        dh.load_heads(folder, target=other)
+    assert "check_fingerprint=False" in str(err.value) and "config.json" in str(err.value)
+    with pytest.raises(ValueError, match="check_fingerprint=False"):
+        dh.load_heads(folder, target=trained_on)  # nothing proves it is the right one either
+    # the named opt-out, and loading without a target (nothing to check against), still work
+    assert dh.load_heads(folder, target=trained_on, check_fingerprint=False).config.num_heads == 2
+    assert dh.load_heads(folder).config.num_heads == 2
+
+
+def test_heads_with_non_finite_weights_are_refused_at_load_as_at_save(target, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    folder = dh.MedusaHeads.for_target(target, num_heads=2).save_pretrained(tmp_path / "h")
+    state = load_file(str(folder / WEIGHTS_NAME))
+    name = sorted(k for k, v in state.items() if v.is_floating_point())[0]
+    for bad in (float("nan"), float("inf")):
+        state[name].view(-1)[0] = bad
+        save_file(state, str(folder / WEIGHTS_NAME))  # written by something other than save_pretrained
+        with pytest.raises(ValueError, match=f"non-finite values.*{name}"):
+            dh.load_heads(folder)

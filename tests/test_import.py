@@ -157,6 +157,26 @@ def test_eagle_with_another_models_embedding_is_refused(tmp_path):
         read_heads(write(tmp_path / "eagle", raw, LLAMA_CONFIG), target)
 
 
+@pytest.mark.parametrize("layout", ["eagle", "eagle3", "speculators"])
+def test_eagle_config_without_intermediate_size_is_a_named_error(tmp_path, layout):
+    """It was a bare KeyError: 'intermediate_size'."""
+    target = target4()
+    layer_cfg = {k: v for k, v in LLAMA_CONFIG.items() if k != "intermediate_size"}
+    if layout == "eagle":
+        src = write(tmp_path / "e", safeailab_eagle(target), layer_cfg)
+    elif layout == "eagle3":
+        cfg = {**layer_cfg, "architectures": ["LlamaForCausalLMEagle3"], "draft_vocab_size": 100,
+               "eagle_config": {"eagle_aux_hidden_state_layer_ids": [0, 1, 2]}}
+        src = write(tmp_path / "e", eagle3_checkpoint("midlayer"), cfg)
+    else:
+        cfg = {"speculators_model_type": "eagle3", "architectures": ["Eagle3Speculator"], "transformer_layer_config": layer_cfg,
+               "draft_vocab_size": 100, "target_hidden_size": H, "norm_before_residual": False,
+               "eagle_aux_hidden_state_layer_ids": [0, 1, 3]}
+        src = write(tmp_path / "e", eagle3_checkpoint("layers.0", seed=1), cfg)
+    with pytest.raises(ValueError, match="no intermediate_size .*mlp.gate_proj.weight"):
+        read_heads(src, target)
+
+
 # -- EAGLE-3 --------------------------------------------------------------------------------------------
 def eagle3_checkpoint(prefix0, n_vocab=100, seed=0):
     perm = torch.randperm(V, generator=torch.Generator().manual_seed(seed))[:n_vocab]  # NOT sorted by id

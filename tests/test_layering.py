@@ -17,7 +17,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "draftheads"
 #: train sits above inference: the heads leave training with a tree chosen by timing the
 #: decoder (train/export_tree.py uses inference/calibrate.py); inference never imports train.
 LAYERS: list[set[str]] = [
-    {"atomic", "device", "schema"},  # shared helpers: atomic writes, devices and the dtype rule, strict config types
+    {"atomic", "device", "schema", "lazy"},  # shared helpers: atomic writes, devices and the dtype rule, strict config types, lazy package attributes
     {"demo"},  # the demo target (resolving the name "demo")
     {"target"},  # loading the frozen target (one dtype rule)
     {"heads", "data"},  # pure modules + safetensors io; datasets and collation

@@ -280,3 +280,34 @@ def test_generation_settings_we_do_not_apply_are_named():
     target.generation_config = GenerationConfig(do_sample=True, repetition_penalty=1.05, min_p=0.1)
     with pytest.warns(UserWarning, match=r"repetition_penalty=1\.05, min_p=0\.1: SpeculativeDecoder applies only"):
         dh.SpeculativeDecoder(target, dh.MedusaHeads.for_target(target, num_heads=2))
+
+
+@pytest.mark.parametrize("settings, match", [
+    ({"temperature": -1.0}, "temperature must be >= 0"),
+    ({"temperature": float("nan")}, "temperature must be a finite number"),
+    ({"temperature": float("inf")}, "temperature must be a finite number"),
+    ({"temperature": "0.7"}, "temperature must be a finite number, got '0.7'"),
+    ({"top_k": -2, "temperature": 1.0}, "top_k must be >= 0"),
+    ({"top_k": 2.5, "temperature": 1.0}, "top_k must be a whole number"),
+    ({"top_p": float("nan"), "temperature": 1.0}, "top_p must be a finite number"),
+    ({"top_p": 0.0, "temperature": 0}, r"top_p must be in \(0, 1\]"),  # refused even when greedy would ignore it
+])
+def test_sampling_values_generate_refuses_are_refused(setup, settings, match):
+    """A negative or NaN temperature used to decode greedily without a word (NaN > 0 is False)."""
+    from draftheads.inference.sampling import resolve_sampling
+
+    with pytest.raises(ValueError, match=match):
+        resolve_sampling(None, **settings)
+    target, heads, prompt = setup
+    with pytest.raises(ValueError, match=match):  # the API goes through the same check
+        dh.SpeculativeDecoder(target, heads).generate(prompt, max_new_tokens=2, **settings)
+
+
+def test_seed_and_generator_together_are_refused(setup):
+    target, heads, prompt = setup
+    decoder = dh.SpeculativeDecoder(target, heads)
+    with pytest.raises(ValueError, match="seed= or generator=, not both"):
+        decoder.generate(prompt, max_new_tokens=4, temperature=1.0, seed=1, generator=torch.Generator().manual_seed(2))
+    a = decoder.generate(prompt, max_new_tokens=6, temperature=1.0, seed=5).sequences
+    b = decoder.generate(prompt, max_new_tokens=6, temperature=1.0, generator=torch.Generator().manual_seed(5)).sequences
+    assert torch.equal(a, b)  # seed=N is generator=Generator().manual_seed(N)

@@ -8,10 +8,23 @@
     report.py      report.json and report.md;  plots.py: PNG plots;  environment.py: versions
     command.py     the command line
 """
-from .methods import Method, build_methods, resolve_compare
-from .metrics import summarize
-from .questions import Question, demo_questions, load_questions, select
-from .runner import Runner, Sample, Settings
+from typing import TYPE_CHECKING
+
+from ..lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from .methods import Method, build_methods, resolve_compare
+    from .metrics import summarize
+    from .questions import Question, demo_questions, load_questions, select
+    from .runner import Runner, Sample, Settings
+
+# loaded on first use: `draftheads bench --help` needs no torch
+__getattr__, __dir__ = lazy_exports(__name__, {
+    **dict.fromkeys(("Method", "build_methods", "resolve_compare"), ".methods"),
+    "summarize": ".metrics",
+    **dict.fromkeys(("Question", "demo_questions", "load_questions", "select"), ".questions"),
+    **dict.fromkeys(("Runner", "Sample", "Settings"), ".runner"),
+})
 
 __all__ = [
     "Method", "Question", "Runner", "Sample", "Settings", "build_methods", "demo_questions", "load_questions",

@@ -126,7 +126,8 @@ def _run(args, load_model) -> int:
         questions = demo_questions(tokenizer, num=args.max_questions or DEFAULT_DEMO_QUESTIONS)
         questions = select(questions, args.categories, None)
         source = f"demo held-out code (first 128 tokens of {len(questions)} held-out standard-library files)"
-    methods = build_methods(names, target, tokenizer, args.heads, heads_names, args.draft_model, load_model)
+    methods = build_methods(names, target, tokenizer, args.heads, heads_names, args.draft_model, load_model,
+                            check_fingerprint=not getattr(args, "no_fingerprint_check", False))
     if getattr(args, "batch_size", None):
         from .batch_command import run_batch_sizes
 

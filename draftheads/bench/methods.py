@@ -100,9 +100,10 @@ def build_methods(
     heads_names: list[str],
     draft_model: str | None,
     load_model: Callable[[str], tuple[Any, Any]],
+    check_fingerprint: bool = True,
 ) -> list[Method]:
     """Decoders for ``names``; ``load_model(path)`` returns (model, tokenizer) for a draft LM,
-    loaded the way the target was (device, dtype)."""
+    loaded the way the target was (device, dtype). ``check_fingerprint``: see ``load_heads``."""
     import draftheads as dh
 
     from ..heads import read_config
@@ -112,7 +113,7 @@ def build_methods(
     for name in names:
         if name in heads_names:
             folder = heads_dirs[heads_names.index(name)]
-            heads = dh.load_heads(folder, target=target)
+            heads = dh.load_heads(folder, target=target, check_fingerprint=check_fingerprint)
             config = read_config(Path(folder))
             info = {"head_type": config.head_type, "num_heads": getattr(config, "num_heads", None),
                     "tree_source": tree_source(heads, target.device)}  # calibration / training / device default

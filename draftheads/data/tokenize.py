@@ -146,9 +146,32 @@ class RowTokenizer:
         out = [ex for ex in out if any(ex[1])]
         return (OK, out) if out else (NO_TRAINABLE, [])
 
+    def missing_field(self, batch: dict[str, list[Any]], i: int, metadata: set[str]) -> str | None:
+        """Why row ``i`` of ``batch`` is an error rather than an empty row: it has no value in the
+        column the format reads but holds text in a field that rows with that column do not have
+        (a row written with another field name, e.g. ``txt``: counting it as empty would drop it
+        without a word). ``metadata``: the fields that do come with the column (an id, a url), which
+        say nothing. None otherwise."""
+        if batch[self.column][i] is not None:
+            return None
+        others = [c for c in batch if c not in metadata and c not in (self.column, ROW_COLUMN) and _holds_content(batch[c][i])]
+        if not others:
+            return None
+        row = batch[ROW_COLUMN][i]
+        hint = f"set data.text_field={others[0]} if that is its text, " if self.fmt == "text" else ""
+        return (
+            f"row {row} has no {self.column!r} field (looked for {self.column!r}: data.format is {self.fmt}) but "
+            f"holds {', '.join(repr(c) for c in others)}; {hint}rename the field in that row, or remove the row"
+        )
+
     def __call__(self, batch: dict[str, list[Any]]) -> dict[str, list[Any]]:
         cols: dict[str, list[Any]] = {name: [] for name in FEATURES}
-        for value, row in zip(batch[self.column], batch[ROW_COLUMN]):
+        present = [j for j, v in enumerate(batch[self.column]) if v is not None]
+        metadata = {c for c in batch if any(batch[c][j] is not None for j in present)}
+        for i, (value, row) in enumerate(zip(batch[self.column], batch[ROW_COLUMN])):
+            problem = self.missing_field(batch, i, metadata)
+            if problem:
+                raise ValueError(problem)
             status, examples = self.examples(value, row)
             # A dropped row still leaves one marker row, so the counts survive num_proc workers.
             for ids, mask in examples or [([], [])]:
@@ -158,6 +181,11 @@ class RowTokenizer:
                 cols[_STATUS].append(status)
                 cols[_TRAINABLE].append(sum(mask))
         return cols
+
+
+def _holds_content(value: Any) -> bool:
+    """A non-empty string or list: what a misnamed text or conversation field would hold."""
+    return isinstance(value, str) and bool(value.strip()) or isinstance(value, list) and bool(value)
 
 
 def tokenize_dataset(

@@ -23,8 +23,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    help="the target as the engine opens it (default: the target the heads were trained for; "
                         '"demo" = the demo target\'s cache folder)')
     p.add_argument("--num-speculative-tokens", type=int, default=None, metavar="N",
-                   help="speculators format: draft tokens per step written to the config (default: the heads' "
-                        "training draft steps)")
+                   help="EAGLE-3 heads in the speculators layout (--format vllm or speculators): draft tokens per "
+                        "step written to the config (default: the heads' training draft steps); refused for exports "
+                        "that do not record it (the engine takes it at serve time)")
     p.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
     p.set_defaults(func=cmd_export)
     return p

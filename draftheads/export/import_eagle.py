@@ -38,6 +38,11 @@ def _geometry(layer_cfg: dict, hidden: int, where: str) -> dict:
     if scaling:
         raise ValueError(f"{where}: RoPE scaling {scaling} in the draft layer: draftheads' draft layer applies plain RoPE")
     theta = layer_cfg.get("rope_theta") or rope.get("rope_theta") or 10000.0
+    if not layer_cfg.get("intermediate_size"):
+        raise ValueError(
+            f"{where}: config.json has no intermediate_size (the draft layer's MLP width, needed to build it); "
+            "add the value the checkpoint was trained with (the first dimension of mlp.gate_proj.weight)"
+        )
     return {
         "num_attention_heads": heads,
         "num_key_value_heads": int(layer_cfg.get("num_key_value_heads") or heads),

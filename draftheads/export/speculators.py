@@ -61,7 +61,7 @@ def export(heads, *, verifier: str | None, verifier_cfg: dict, num_speculative_t
         )
     n_layers_target = cfg.target.num_hidden_layers if cfg.target else int(verifier_cfg.get("num_hidden_layers", 0))
     ids = vllm_aux_ids(ex["feature_layers"], n_layers_target)
-    steps = int(num_speculative_tokens or cfg.num_heads)
+    steps = cfg.num_heads if num_speculative_tokens is None else int(num_speculative_tokens)  # 0 is refused, not the default
     if steps < 1:
         raise ExportError(f"num_speculative_tokens must be >= 1, got {steps}")
     tensors = eagle3_tensors(heads, "layers.0", "input_layernorm")

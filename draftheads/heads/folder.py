@@ -22,15 +22,21 @@ WEIGHTS_NAME = "model.safetensors"
 TREE_NAME = "tree.json"
 
 
+def non_finite_tensors(state: dict[str, torch.Tensor]) -> str | None:
+    """Which floating tensors of ``state`` hold NaN/inf (None: all finite). Saving and loading both
+    refuse such heads: they would draft garbage, which lossless decoding hides as a slowdown."""
+    bad = [k for k, v in state.items() if v.is_floating_point() and not bool(torch.isfinite(v).all())]
+    if not bad:
+        return None
+    return f"non-finite values (NaN/inf) in {', '.join(bad[:5])}{' ...' if len(bad) > 5 else ''} ({len(bad)} of {len(state)} tensors)"
+
+
 def save_heads(heads: torch.nn.Module, path: str | os.PathLike, tree: list[list[int]] | None = None) -> Path:
     """Export heads only (never the target's weights) as a versioned safetensors folder."""
     state = {k: v.detach().contiguous().cpu() for k, v in heads.state_dict().items()}
-    bad = [k for k, v in state.items() if v.is_floating_point() and not bool(torch.isfinite(v).all())]
+    bad = non_finite_tensors(state)
     if bad:
-        raise ValueError(
-            f"refusing to export heads to {path}: non-finite values (NaN/inf) in {', '.join(bad[:5])}"
-            f"{' ...' if len(bad) > 5 else ''} ({len(bad)} of {len(state)} tensors); did the training diverge?"
-        )
+        raise ValueError(f"refusing to export heads to {path}: {bad}; did the training diverge?")
     config = heads.config.to_dict()
     tree = tree if tree is not None else getattr(heads, "tree", None)
 

@@ -18,7 +18,7 @@ from safetensors.torch import load_file
 from ..atomic import restore_interrupted_swap, write_folder_atomically, write_json_atomically  # noqa: F401 (re-exported)
 from .config import FORMAT_VERSION, HeadsConfig
 from .eagle import Eagle3Head, EagleHead
-from .folder import CONFIG_NAME, TREE_NAME, WEIGHTS_NAME, read_tree, read_tree_origin, save_heads  # noqa: F401 (re-exported)
+from .folder import CONFIG_NAME, TREE_NAME, WEIGHTS_NAME, non_finite_tensors, read_tree, read_tree_origin, save_heads  # noqa: F401 (re-exported)
 from .hydra import HydraHeads
 from .medusa import MedusaHeads
 from .tree_check import tree_problem
@@ -101,16 +101,41 @@ def read_config(path: str | os.PathLike) -> HeadsConfig:
     return config
 
 
+class UnverifiedTargetError(ValueError):
+    """Heads whose config cannot show which target they were trained for (no fingerprint)."""
+
+
+def _require_fingerprint(config: HeadsConfig, cfg_file: Path) -> None:
+    """Refuse a config that cannot prove which target it belongs to (see ``load_heads``)."""
+    if config.target is not None and config.target.lm_head_fingerprint:
+        return
+    what = "no 'target' object" if config.target is None else "no target.lm_head_fingerprint"
+    raise UnverifiedTargetError(
+        f"{cfg_file} records {what}, so nothing shows these heads were trained for this target (format "
+        f"version {config.format_version} always writes it: was the file edited?). Re-export the heads with "
+        "draftheads, or, if you know they belong to this target, load them with check_fingerprint=False "
+        "(CLI: --no-fingerprint-check)"
+    )
+
+
 def load_heads(
     path: str | os.PathLike,
     target: torch.nn.Module | None = None,
     device: str | torch.device | None = None,
     dtype: torch.dtype | None = None,
+    check_fingerprint: bool = True,
 ) -> torch.nn.Module:
     """Load any head type from a folder, strictly. With ``target``, refuse heads trained for
-    another model (sizes or LM-head weights differ) and bind them to it."""
+    another model (sizes or LM-head weights differ) and bind them to it.
+
+    Every heads config draftheads writes records the target's LM-head fingerprint; one without it
+    (hand-edited, or from another tool) cannot be told apart from heads of another fine-tune of
+    the same architecture, so it is refused with a target unless ``check_fingerprint=False``
+    says the caller knows these heads belong to ``target``."""
     path = Path(path)
     config = read_config(path)
+    if target is not None and check_fingerprint:
+        _require_fingerprint(config, path / CONFIG_NAME)
     weights = path / WEIGHTS_NAME
     if not weights.is_file():
         raise FileNotFoundError(f"{weights} is missing (only safetensors weights are read, never pickles)")
@@ -138,6 +163,9 @@ def load_heads(
                 + ", ".join(f"{k} {tuple(state[k].shape)} != {tuple(expected[k].shape)}" for k in wrong_shape[:8])
             )
         raise ValueError(f"{weights} does not match its config.json ({'; '.join(details)})")
+    bad = non_finite_tensors(state)
+    if bad:
+        raise ValueError(f"{weights}: {bad}: these heads are unusable (exported from a diverged run, or damaged)")
     heads.load_state_dict(state, strict=True)
     validate = getattr(heads, "validate_loaded", None)
     if validate is not None:

@@ -26,7 +26,7 @@ from .probe import check_tree_attention
 from .proposers import Proposer
 from .proposers.row_base import RowProposer
 from .ragged import RaggedKV
-from .sampling import resolve_sampling, warn_unapplied_settings
+from .sampling import resolve_generator, resolve_sampling, warn_unapplied_settings
 from .static_cache import CACHE_KINDS, StaticTreeVerifier, tree_headroom
 from .tree import TreeShape
 from .verify import TreeVerifier
@@ -188,6 +188,7 @@ class SpeculativeDecoder:
         if acceptance not in ACCEPTANCE:
             raise ValueError(f"acceptance must be {' or '.join(map(repr, ACCEPTANCE))}, got {acceptance!r}")
         params = resolve_sampling(getattr(self.target, "generation_config", None), do_sample, temperature, top_k, top_p)
+        generator, seed = resolve_generator(generator, seed), None
         if acceptance == "typical" and params.greedy:
             raise ValueError("typical acceptance needs temperature > 0 (at temperature 0 decoding is greedy and exact)")
         max_new_tokens = _whole_number(max_new_tokens, "max_new_tokens")

@@ -6,6 +6,8 @@ than re-deriving their tie and threshold rules.
 """
 from __future__ import annotations
 
+import math
+import numbers
 import warnings
 from dataclasses import dataclass
 from typing import Any
@@ -17,6 +19,20 @@ from transformers.generation.logits_process import (
     TopKLogitsWarper,
     TopPLogitsWarper,
 )
+
+
+class SamplingError(ValueError):
+    """A sampling setting that `generate` would refuse too (negative or NaN temperature, ...)."""
+
+
+def _checked_number(value: Any, name: str, *, integer: bool = False) -> Any:
+    """``value`` if it is a finite real number (a whole one with ``integer``), else SamplingError.
+    A NaN temperature compares False with everything, so unchecked it would decode greedily."""
+    kind = numbers.Integral if integer else numbers.Real
+    if isinstance(value, bool) or not isinstance(value, kind) or not math.isfinite(value):
+        want = "a whole number" if integer else "a finite number"
+        raise SamplingError(f"{name} must be {want}, got {value!r}")
+    return value
 
 
 @dataclass(frozen=True)
@@ -101,7 +117,17 @@ def resolve_sampling(
     Greedy or sampling: an explicit ``temperature`` decides it (0 = greedy, > 0 = sampling, as
     this API always meant); otherwise ``do_sample``, otherwise the generation config's
     ``do_sample`` (unset = greedy, as in `generate`). A sampling temperature of 0 from the config
-    is greedy too. When greedy, top-k/top-p do not matter and are ignored, as `generate` does."""
+    is greedy too. When greedy, top-k/top-p do not matter and are ignored, as `generate` does.
+    Values `generate` would refuse (a negative, NaN or non-numeric temperature, a negative top-k,
+    a top-p outside (0, 1]) raise ``SamplingError`` whether or not they would be used."""
+    if temperature is not None and _checked_number(temperature, "temperature") < 0:
+        raise SamplingError(f"temperature must be >= 0 (0 = greedy), got {temperature}")
+    if top_k is not None and _checked_number(top_k, "top_k", integer=True) < 0:
+        raise SamplingError(f"top_k must be >= 0 (0 = off), got {top_k}")
+    if top_p is not None and not 0.0 < _checked_number(top_p, "top_p") <= 1.0:
+        raise SamplingError(f"top_p must be in (0, 1], got {top_p}")
+    if do_sample is not None and not isinstance(do_sample, bool):
+        raise SamplingError(f"do_sample must be True or False, got {do_sample!r}")
     if do_sample is not None and temperature is not None and do_sample != (temperature > 0):
         raise ValueError(
             f"do_sample={do_sample} contradicts temperature={temperature} (temperature 0 means greedy, > 0 "
@@ -120,6 +146,17 @@ def resolve_sampling(
         top_k=int(_setting(generation_config, "top_k") if top_k is None else top_k),
         top_p=float(_setting(generation_config, "top_p") if top_p is None else top_p),
     )
+
+
+def resolve_generator(generator: torch.Generator | None, seed: int | None) -> torch.Generator | None:
+    """The generator sampling draws from: ``generator``, or a fresh one seeded with ``seed``.
+    Both at once is refused: one of them would be ignored, and a caller who passed the seed
+    would think the run reproducible from it."""
+    if generator is not None and seed is not None:
+        raise SamplingError("give seed= or generator=, not both (the generator would ignore the seed)")
+    if seed is not None:
+        return torch.Generator().manual_seed(_checked_number(seed, "seed", integer=True))
+    return generator
 
 
 def warn_unapplied_settings(generation_config: Any) -> None:

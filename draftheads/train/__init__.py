@@ -1,7 +1,13 @@
 """Training draft heads on a frozen target: the accelerate loop, chunked losses, metrics, checkpoints."""
-from .losses import HeadLossOutput, medusa_loss, medusa_targets
-from .metrics import HeadStats, chain_acceptance_length
-from .model import TargetWithHeads
+from typing import TYPE_CHECKING
+
+from ..lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from .loop import TrainResult, run
+    from .losses import HeadLossOutput, medusa_loss, medusa_targets
+    from .metrics import HeadStats, chain_acceptance_length
+    from .model import TargetWithHeads
 
 __all__ = [
     "HeadLossOutput",
@@ -15,10 +21,9 @@ __all__ = [
 ]
 
 
-def __getattr__(name):
-    # The loop imports accelerate/transformers; keep `import draftheads.train` light for the rest.
-    if name in ("run", "TrainResult"):
-        from . import loop
-
-        return getattr(loop, name)
-    raise AttributeError(name)
+# torch, accelerate and transformers load on first use: `draftheads train --help` needs none
+__getattr__, __dir__ = lazy_exports(__name__, {
+    "HeadLossOutput": ".losses", "medusa_loss": ".losses", "medusa_targets": ".losses",
+    "HeadStats": ".metrics", "chain_acceptance_length": ".metrics",
+    "TargetWithHeads": ".model", "run": ".loop", "TrainResult": ".loop",
+})

@@ -52,6 +52,7 @@ from .metrics import HeadStats, format_heads, ranks_for, static_tree
 from .model import TargetWithHeads
 from .stability import MAX_NONFINITE_STEPS, NonFiniteGuard
 from .run_dir import RunFolderError, check_context, check_resume_config, check_writable, clear_run, guard_fresh_run
+from .run_lock import RunLock
 from .tracking import init_trackers, prepare_tracker
 
 
@@ -68,7 +69,13 @@ def run(cfg: ExperimentConfig, overwrite: bool = False) -> TrainResult:
     """Train heads as configured; return where they were exported and the final metrics.
 
     ``overwrite``: replace a previous run's files in ``train.output_dir`` (otherwise a fresh run
-    into a folder that holds a run is refused; see run_dir.py)."""
+    into a folder that holds a run is refused; see run_dir.py). While it runs, the run holds the
+    folder's lock (``RunLock``): a second run into it is refused at once."""
+    with contextlib.ExitStack() as held:  # the run lock, released however the run ends
+        return _run(cfg, overwrite, held)
+
+
+def _run(cfg: ExperimentConfig, overwrite: bool, held: contextlib.ExitStack) -> TrainResult:
     from accelerate import Accelerator
     from accelerate.utils import DistributedType, GradientAccumulationPlugin, set_seed
 
@@ -82,13 +89,17 @@ def run(cfg: ExperimentConfig, overwrite: bool = False) -> TrainResult:
     check_eval_source(cfg.data)  # never evaluate (and pick best/) on the training rows
     if overwrite and t.resume is not None:
         raise RunFolderError("--overwrite and --resume (train.resume) contradict each other: choose one")
+    if int(os.environ.get("RANK", "0")) == 0:  # one lock per run: the main process holds it for all
+        lock = held.enter_context(RunLock(output_dir))
+        if lock.took_over:
+            _main_print(f"took over the lock of an earlier run that no longer runs (pid {lock.took_over.get('pid')})")
     candidates = resume_candidates(t.resume, output_dir)
     check_config = lambda path, state: check_resume_config(path, state.get("config"), cfg.to_dict())  # noqa: E731
     if candidates:
         with contextlib.suppress(CheckpointError):  # unreadable: load_checkpoint reports it and falls back
             check_config(candidates[0], read_state(candidates[0]))
     elif not overwrite:
-        guard_fresh_run(output_dir, False, t.resume)
+        guard_fresh_run(output_dir, False, t.resume, cfg.to_dict())
 
     # -- 1. accelerator, seed, tracker --------------------------------------------------------
     log_with = prepare_tracker(cfg.tracking, announce=_main_print)
@@ -222,6 +233,9 @@ def run(cfg: ExperimentConfig, overwrite: bool = False) -> TrainResult:
     window = TrainWindow(num_heads, accelerator.device)  # statistics since the last log line
     progress = _progress(max_steps, step, accelerator)
     last_saved, batch_in_epoch, evals = (step if checkpoint is not None else -1), skip, []
+    if checkpoint is not None:  # metrics.json covers the whole run, not only the part after the resume
+        evals = list(state.get("evals") or [])
+        window.total_tokens, window.total_seconds = int(state.get("train_tokens", 0)), float(state.get("train_seconds", 0.0))
     label_counts = torch.zeros_like(heads.token_counts)  # this process's, since the last merge
     core = accelerator.unwrap_model(model)  # TargetWithHeads, under any wrapper
     guard = NonFiniteGuard(1 if deepspeed else MAX_NONFINITE_STEPS)
@@ -280,7 +294,8 @@ def run(cfg: ExperimentConfig, overwrite: bool = False) -> TrainResult:
             if t.save_every and step % t.save_every == 0:
                 merge_label_counts(accelerator, heads, label_counts)
                 position = _position(epoch, batch_in_epoch, batches_per_epoch)
-                save_checkpoint(accelerator, output_dir, step, _trainer_state(step, position, max_steps, accelerator, best, cfg))
+                history = _run_history(accelerator, evals, window)  # a collective
+                save_checkpoint(accelerator, output_dir, step, _trainer_state(step, position, max_steps, accelerator, best, cfg, history))
                 last_saved = step
                 window.restart_clock()
         if not epoch_done:
@@ -292,7 +307,8 @@ def run(cfg: ExperimentConfig, overwrite: bool = False) -> TrainResult:
     merge_label_counts(accelerator, heads, label_counts)
     if t.save_every and last_saved != step:
         position = _position(epoch, batch_in_epoch, batches_per_epoch)
-        save_checkpoint(accelerator, output_dir, step, _trainer_state(step, position, max_steps, accelerator, best, cfg))
+        history = _run_history(accelerator, evals, window)  # a collective
+        save_checkpoint(accelerator, output_dir, step, _trainer_state(step, position, max_steps, accelerator, best, cfg, history))
 
     # -- 6. final evaluation, export, metrics --------------------------------------------------
     final_eval: dict[str, float] = {}
@@ -601,9 +617,19 @@ def _position(epoch: int, batch_in_epoch: int, batches_per_epoch: int) -> tuple[
     return (epoch + 1, 0) if batch_in_epoch >= batches_per_epoch else (epoch, batch_in_epoch)
 
 
-def _trainer_state(step, position, max_steps, accelerator, best: "BestHeads | None" = None, cfg=None) -> dict[str, Any]:
+def _run_history(accelerator, evals: list[dict[str, Any]], window: "TrainWindow") -> dict[str, Any]:
+    """What metrics.json reports about the steps so far, for a checkpoint to carry across a resume:
+    the evaluations and the trained tokens (those of the window not yet logged included; a
+    collective: call on every process)."""
+    pending = accelerator.reduce(torch.tensor(window.tokens, device=window.device), "sum").item()
+    return {"evals": evals, "train_tokens": int(window.total_tokens + pending), "train_seconds": window.total_seconds}
+
+
+def _trainer_state(step, position, max_steps, accelerator, best: "BestHeads | None" = None, cfg=None,
+                   history: dict[str, Any] | None = None) -> dict[str, Any]:
     epoch, batches = position
     return {
+        **(history or {}),
         "step": step,
         "epoch": epoch,
         "batches_in_epoch": batches,

@@ -5,9 +5,13 @@ its own checkpoints to the old run's, and ``--resume`` would then continue the w
 a fresh run into a folder that already holds a run is refused unless ``--overwrite`` clears the
 old run's files (only those a run writes, nothing else), and a resume is refused when the
 checkpoint was written with another config (anything but the step budget and where things go).
+
+A run that is still going may not have written any of those files yet (loading a real target
+takes minutes), so a running run also holds a lock on its folder (run_lock.py).
 """
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
@@ -16,9 +20,9 @@ from typing import Any
 
 # What a run writes into its output folder; --overwrite removes exactly these.
 RUN_ARTEFACTS = ("checkpoints", "heads", "best", "metrics.json", "config.json")
-# Their presence means a run already lives here (config.json alone is only a run that started
-# and saved nothing: replacing it loses nothing).
-RUN_MARKERS = ("checkpoints", "heads", "best", "metrics.json")
+# Their presence means a run already lives here. config.json is written first, at the start of a
+# run: a run on another machine (whose lock this one cannot see) shows that way before anything else.
+RUN_MARKERS = ("checkpoints", "heads", "best", "metrics.json", "config.json")
 
 # Config keys a resumed run may change: the step budget, and where outputs, caches and logs go.
 RESUMABLE_KEYS = (
@@ -75,11 +79,17 @@ def existing_run(output_dir: Path) -> list[str]:
     return found
 
 
-def guard_fresh_run(output_dir: Path, has_checkpoint: bool, resume: str | None) -> None:
-    """Refuse to start from scratch in a folder that holds another run (see the module doc)."""
+def guard_fresh_run(output_dir: Path, has_checkpoint: bool, resume: str | None, config: dict[str, Any] | None = None) -> None:
+    """Refuse to start from scratch in a folder that holds another run (see the module doc).
+
+    With ``resume`` set, a folder whose only file is the config.json of this same run (``config``;
+    killed before its first checkpoint) starts fresh: a requeued ``resume: auto`` job must not be
+    stuck on it."""
     if has_checkpoint:
         return
     found = existing_run(output_dir)
+    if found == ["config.json"] and resume is not None and config is not None and _same_run_config(output_dir, config):
+        return
     if not found:
         return
     what = "holds a run" if resume is None else "holds a run with no checkpoint to resume from"
@@ -87,6 +97,14 @@ def guard_fresh_run(output_dir: Path, has_checkpoint: bool, resume: str | None) 
         f"train.output_dir {output_dir} already {what} ({', '.join(found)}); "
         "pass --resume to continue it, --overwrite to replace it, or choose another train.output_dir"
     )
+
+
+def _same_run_config(output_dir: Path, config: dict[str, Any]) -> bool:
+    try:
+        saved = json.loads((output_dir / "config.json").read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return False
+    return isinstance(saved, dict) and not config_differences(saved, config)
 
 
 def clear_run(output_dir: Path) -> list[str]:
