@@ -19,6 +19,7 @@ from ..atomic import restore_interrupted_swap, write_folder_atomically, write_js
 from .config import FORMAT_VERSION, HeadsConfig
 from .eagle import Eagle3Head, EagleHead
 from .folder import CONFIG_NAME, TREE_NAME, WEIGHTS_NAME, read_tree, read_tree_origin, save_heads  # noqa: F401 (re-exported)
+from .hub import resolve_heads_folder
 from .hydra import HydraHeads
 from .medusa import MedusaHeads
 from .tree_check import tree_problem
@@ -50,8 +51,8 @@ def _not_heads_folder(path: Path, data: Any) -> str | None:
 
 
 def read_config(path: str | os.PathLike) -> HeadsConfig:
-    path = Path(path)
-    restore_interrupted_swap(path)  # an export killed between its two renames: put the old copy back
+    """The heads config of a folder or of a Hub id (``org/name``, see heads/hub.py)."""
+    path = resolve_heads_folder(path)  # also puts back the old copy of an export killed between its two renames
     if not path.is_dir():
         if path.is_file():
             raise FileNotFoundError(f"{path} is a file: pass the heads folder that holds {CONFIG_NAME} and {WEIGHTS_NAME}")
@@ -107,9 +108,10 @@ def load_heads(
     device: str | torch.device | None = None,
     dtype: torch.dtype | None = None,
 ) -> torch.nn.Module:
-    """Load any head type from a folder, strictly. With ``target``, refuse heads trained for
-    another model (sizes or LM-head weights differ) and bind them to it."""
-    path = Path(path)
+    """Load any head type from a folder or a Hub id (``org/name``: a local folder of that name
+    wins), strictly. With ``target``, refuse heads trained for another model (sizes or LM-head
+    weights differ) and bind them to it."""
+    path = resolve_heads_folder(path)
     config = read_config(path)
     weights = path / WEIGHTS_NAME
     if not weights.is_file():
