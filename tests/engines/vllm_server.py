@@ -9,7 +9,7 @@ then SIGKILL): also when starting fails, a request times out or the caller raise
 Requests are ``/v1/completions`` with token ids as the prompt, ``return_token_ids`` and
 ``stream``: each streamed chunk carries its new token ids, so one request gives its output ids,
 its time to first token and the gaps between later tokens (a chunk with several tokens, as
-speculation commits them, counts as one gap shared by its tokens).
+speculation commits them or a busy server merges them, counts as one gap shared by its tokens).
 """
 from __future__ import annotations
 
@@ -184,9 +184,8 @@ class VllmServer:
                     if not new:
                         continue
                     now = time.perf_counter()
-                    if ttft is None:
+                    if ttft is None:  # the first chunk's tokens all arrive at the first-token time
                         ttft = now - t0
-                        gaps += [0.0] * (len(new) - 1)
                     else:
                         gaps += [(now - last) / len(new)] * len(new)
                     last = now
@@ -252,7 +251,7 @@ def summarise_level(level: dict) -> dict:
     results = level["results"]
     tokens = sum(len(r["token_ids"]) for r in results)
     ttft = sorted(r["ttft_s"] for r in results if r["ttft_s"] is not None)
-    itl = sorted(g for r in results for g in r["itl_s"][1:] if g > 0) or [0.0]
+    itl = sorted(g for r in results for g in r["itl_s"]) or [0.0]  # empty: every output came in one chunk
     p90 = lambda xs: xs[min(len(xs) - 1, int(0.9 * len(xs)))]  # noqa: E731
     c = level["counters"]
     return {
