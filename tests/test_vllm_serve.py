@@ -52,3 +52,26 @@ def test_vllm_serve_with_exported_medusa_completes_exactly_greedy(tmp_path):
     drafts, per_pos = vllm_counts(ours.accept_lengths, MAX_TOKENS, K)
     assert (counters["num_drafts"], counters["accepted_per_pos"]) == (drafts, per_pos)
     assert 0 < per_pos[0] < drafts  # the heads drafted, sometimes right, sometimes wrong
+
+
+def test_spec_decode_counters_are_read_from_prometheus_text():
+    """The /metrics reader (no server needed): counters summed over engines, positions in order."""
+    from engines.vllm_server import counters_difference, parse_spec_metrics
+
+    text = "\n".join([
+        "# HELP vllm:spec_decode_num_drafts_total Number of spec decoding drafts.",
+        "# TYPE vllm:spec_decode_num_drafts_total counter",
+        'vllm:spec_decode_num_drafts_total{engine="0",model_name="m"} 10.0',
+        'vllm:spec_decode_num_drafts_total{engine="1",model_name="m"} 2.0',
+        'vllm:spec_decode_num_draft_tokens_total{engine="0",model_name="m"} 36.0',
+        'vllm:spec_decode_num_accepted_tokens_total{engine="0",model_name="m"} 17.0',
+        'vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="m",position="1"} 6.0',
+        'vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="m",position="0"} 9.0',
+        'vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="m",position="2"} 2.0',
+        'vllm:num_requests_running{engine="0",model_name="m"} 0.0',
+    ])
+    got = parse_spec_metrics(text)
+    assert got == {"num_drafts": 12, "num_draft_tokens": 36, "num_accepted_tokens": 17, "accepted_per_pos": [9, 6, 2]}
+    before = {"num_drafts": 2, "num_draft_tokens": 6, "num_accepted_tokens": 3, "accepted_per_pos": []}
+    assert counters_difference(got, before)["accepted_per_pos"] == [9, 6, 2]
+    assert parse_spec_metrics("")["accepted_per_pos"] == []  # plain serving: no spec-decode counters

@@ -167,7 +167,7 @@ def measured_lines(training: dict[str, Any] | None) -> list[str]:
                           "acceptance); `heads/` holds the final step's."]
     lines += ["", "No speedup is claimed: it depends on the hardware, the batch and the engine. Measure it with "
                   "`draftheads bench --target TARGET --heads THIS_FOLDER --out bench/` (draftheads' own decoding) or "
-                  "`benchmarks/bench_vllm_serving.py` (vLLM)."]
+                  "`benchmarks/bench_vllm_serve.py` (`vllm serve`)."]
     return lines
 
 
@@ -176,8 +176,9 @@ def serve_lines(config: dict[str, Any], where: str, target: str) -> list[str]:
     formats = SERVE_FORMATS.get(head_type, ())
     k = draft_steps(config)
     lines = ["## Use", "", "With draftheads (lossless: greedy output equals the target's own greedy output):", "",
-             "```python", "import draftheads as dh", "from transformers import AutoModelForCausalLM", "",
+             "```python", "import draftheads as dh", "from transformers import AutoModelForCausalLM, AutoTokenizer", "",
              f"target = AutoModelForCausalLM.from_pretrained({target!r})",
+             f"input_ids = AutoTokenizer.from_pretrained({target!r})(\"def fib(n):\", return_tensors=\"pt\").input_ids",
              f"heads = dh.load_heads({where!r}, target=target)",
              "out = dh.SpeculativeDecoder(target, heads).generate(input_ids, max_new_tokens=128)", "```"]
     if not formats:
