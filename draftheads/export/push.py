@@ -34,7 +34,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("repo_id", metavar="REPO_ID", help="the Hub repo to create or update, org/name")
     p.add_argument("--private", action="store_true", help="create the repo private (an existing repo keeps its visibility)")
     p.add_argument("--revision", default=None, help="branch to push to (default: main)")
-    p.add_argument("--message", default=None, help="commit message (default: 'Upload draftheads heads')")
+    p.add_argument("--message", default=None, help="commit message (default: 'Upload draftheads heads from FOLDER_NAME')")
     p.set_defaults(func=cmd_push)
     return p
 
