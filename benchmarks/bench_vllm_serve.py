@@ -177,6 +177,10 @@ def markdown(result: dict) -> str:
 
 def main(argv=None) -> None:
     args = parse_args(argv)
+    import signal
+
+    # SIGTERM (a timeout, a kill) unwinds like Ctrl-C: every server's `with` block stops it.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from bench_vllm_serving import _cpu, demo_prompts
 
