@@ -94,7 +94,8 @@ def heads_table(config: dict[str, Any]) -> list[str]:
     rows = [("head type", f"`{head_type}` ({HEAD_TITLES.get(head_type, head_type)})")]
     if head_type in ("medusa", "hydra"):
         rows += [("heads (draft positions)", config["num_heads"]), ("layers per head", config["num_layers"]),
-                 ("LM head", f"{config.get('lm_head', 'own')} ({'a copy per head' if config.get('lm_head') == 'own' else 'the target' + chr(39) + 's, not stored'})")]
+                 ("LM head", f"{config.get('lm_head', 'own')} "
+                             f"({'a copy per head' if config.get('lm_head') == 'own' else 'the target' + chr(39) + 's, not stored'})")]
     else:
         rows += [("draft steps in training", config["num_heads"]), ("decoder layers", config["num_layers"])]
         for key in ("intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim", "feature_layers",
@@ -130,7 +131,8 @@ def training_lines(training: dict[str, Any] | None) -> list[str]:
         data += f", at most {d['max_samples']} rows per source"
     lines.append(f"- {data}")
     if training.get("labels"):
-        lines.append(f"- labels: {training['labels']} ({'the target' + chr(39) + 's own greedy predictions (self-distillation)' if training['labels'] == 'target' else 'the data' + chr(39) + 's next tokens'})")
+        what = "the target's own greedy predictions, self-distillation" if training["labels"] == "target" else "the data's next tokens"
+        lines.append(f"- labels: {training['labels']} ({what})")
     lines.append(
         f"- budget: {b.get('steps')} optimizer steps of {b.get('batch_size')} sequences x {b.get('grad_accum')} "
         f"accumulation x {b.get('processes', 1)} process(es), {b.get('train_tokens', 0):,} training tokens, "
