@@ -223,6 +223,10 @@ def cmd_calibrate(args) -> int:
     from .heads.io import TREE_NAME, write_json_atomically
     from .inference.calibrate import calibrate
 
+    from .heads.hub import is_hub_reference
+    if is_hub_reference(args.heads) and not args.dry_run:  # tree.json would land in the Hub cache
+        raise SystemExit(f"error: --heads {args.heads} names Hub heads; calibrate saves tree.json into the heads folder: "
+                         f"download them (huggingface-cli download {args.heads} --local-dir DIR) and calibrate DIR, or pass --dry-run")
     if not args.dry_run:
         _check_writable(Path(args.heads))
     target, tokenizer = _load_target(args.target, args.device, args.dtype, args.trust_remote_code)
@@ -332,6 +336,8 @@ def build_parser() -> argparse.ArgumentParser:
     from .export.command import add_import_parser, add_parser as add_export_parser, run_import
 
     add_export_parser(sub)
+    from .export.push import add_parser as add_push_parser
+    add_push_parser(sub)
     add_import_parser(sub, lambda p: _add_target_args(p, required=True, decodes=False)).set_defaults(
         func=lambda args: run_import(args, lambda path: _load_target(path, args.device, args.dtype, args.trust_remote_code))
     )

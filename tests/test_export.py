@@ -312,7 +312,7 @@ def test_existing_output_is_refused_unless_overwrite(tmp_path):
         export_heads(tmp_path / "heads", tmp_path / "out", "vllm")
     assert (tmp_path / "out" / "keep.txt").read_text() == "mine"
     export_heads(tmp_path / "heads", tmp_path / "out", "vllm", overwrite=True)
-    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["config.json", "draftheads_export.json", "model.safetensors"]
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["README.md", "config.json", "draftheads_export.json", "model.safetensors"]
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".out")] == []  # no temp folders left
 
 

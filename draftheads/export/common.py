@@ -45,7 +45,10 @@ def check_tensors(folder: EngineFolder, expected: dict[str, tuple[int, ...]], fo
         )
 
 
-def write_engine_folder(out_dir: str | os.PathLike, folder: EngineFolder, metadata: dict[str, Any], overwrite: bool) -> Path:
+def write_engine_folder(
+    out_dir: str | os.PathLike, folder: EngineFolder, metadata: dict[str, Any], overwrite: bool, card: str | None = None
+) -> Path:
+    """``card``: the folder's README.md (export/card.py), written in the same atomic swap."""
     out = Path(out_dir)
     if out.exists() and not overwrite:
         raise FileExistsError(f"{out} exists: pass overwrite=True (--overwrite) to replace it")
@@ -57,6 +60,8 @@ def write_engine_folder(out_dir: str | os.PathLike, folder: EngineFolder, metada
         "model.safetensors": lambda p: save_file(tensors, str(p), metadata={"format": "pt"}),
         EXPORT_METADATA: lambda p: p.write_text(json.dumps({**metadata, "notes": folder.notes}, indent=2) + "\n"),
     }
+    if card is not None:
+        files["README.md"] = lambda p: p.write_text(card, encoding="utf-8")
     return write_folder_atomically(out, files)
 
 

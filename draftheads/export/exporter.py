@@ -4,7 +4,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from ..heads.hub import resolve_heads_folder
 from ..heads.io import load_heads
+from .card import CARD_NAME, export_card
 from . import sglang, speculators, vllm
 from .common import ExportError, resolve_verifier, verifier_config, write_engine_folder
 
@@ -70,6 +72,16 @@ def export_heads(
     folder = FORMATS[format](
         heads, verifier=resolved, verifier_cfg=verifier_config(resolved), num_speculative_tokens=num_speculative_tokens
     )
-    metadata = {"format": format, "head_type": heads.config.head_type, "heads": str(Path(heads_dir).absolute()),
-                "verifier": resolved}
-    return write_engine_folder(out, folder, metadata, overwrite)
+    local = Path(heads_dir).exists()  # else a Hub id, which load_heads resolved: record the id
+    metadata = {"format": format, "head_type": heads.config.head_type,
+                "heads": str(Path(heads_dir).absolute()) if local else str(heads_dir), "verifier": resolved,
+                "num_speculative_tokens": num_speculative_tokens}
+    card = export_card(folder.config, {**metadata, "notes": folder.notes}, heads.config.to_dict(), str(out),
+                       source_card(heads_dir))
+    return write_engine_folder(out, folder, metadata, overwrite, card=card)
+
+
+def source_card(heads_dir: str | os.PathLike) -> str | None:
+    """The heads folder's model card, if it has one (its training figures go into the export's)."""
+    card = resolve_heads_folder(heads_dir) / CARD_NAME
+    return card.read_text(encoding="utf-8") if card.is_file() else None

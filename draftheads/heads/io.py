@@ -19,6 +19,7 @@ from ..atomic import restore_interrupted_swap, write_folder_atomically, write_js
 from .config import FORMAT_VERSION, HeadsConfig
 from .eagle import Eagle3Head, EagleHead
 from .folder import CONFIG_NAME, TREE_NAME, WEIGHTS_NAME, non_finite_tensors, read_tree, read_tree_origin, save_heads  # noqa: F401 (re-exported)
+from .hub import resolve_heads_folder
 from .hydra import HydraHeads
 from .medusa import MedusaHeads
 from .tree_check import tree_problem
@@ -50,8 +51,8 @@ def _not_heads_folder(path: Path, data: Any) -> str | None:
 
 
 def read_config(path: str | os.PathLike) -> HeadsConfig:
-    path = Path(path)
-    restore_interrupted_swap(path)  # an export killed between its two renames: put the old copy back
+    """The heads config of a folder or of a Hub id (``org/name``, see heads/hub.py)."""
+    path = resolve_heads_folder(path)  # also puts back the old copy of an export killed between its two renames
     if not path.is_dir():
         if path.is_file():
             raise FileNotFoundError(f"{path} is a file: pass the heads folder that holds {CONFIG_NAME} and {WEIGHTS_NAME}")
@@ -125,14 +126,15 @@ def load_heads(
     dtype: torch.dtype | None = None,
     check_fingerprint: bool = True,
 ) -> torch.nn.Module:
-    """Load any head type from a folder, strictly. With ``target``, refuse heads trained for
+    """Load any head type from a folder or a Hub id (``org/name``: a local folder of that name
+    wins), strictly. With ``target``, refuse heads trained for
     another model (sizes or LM-head weights differ) and bind them to it.
 
     Every heads config draftheads writes records the target's LM-head fingerprint; one without it
     (hand-edited, or from another tool) cannot be told apart from heads of another fine-tune of
     the same architecture, so it is refused with a target unless ``check_fingerprint=False``
     says the caller knows these heads belong to ``target``."""
-    path = Path(path)
+    path = resolve_heads_folder(path)
     config = read_config(path)
     if target is not None and check_fingerprint:
         _require_fingerprint(config, path / CONFIG_NAME)

@@ -30,6 +30,7 @@ from torch.utils.data import DataLoader, Sampler
 
 from ..atomic import write_json_atomically
 from ..config import ExperimentConfig, HeadsSpec, TargetConfig
+from ..export.card import write_run_cards
 from ..device import (
     accelerator_kwargs,
     cpu_threads_for_single_process,
@@ -345,6 +346,7 @@ def _run(cfg: ExperimentConfig, overwrite: bool, held: contextlib.ExitStack) -> 
     }
     if accelerator.is_main_process:
         write_json_atomically(output_dir / "metrics.json", metrics, default=float)
+        write_run_cards(output_dir, cfg.to_dict(), metrics)  # README.md: what the heads are, how to serve them
         say(f"heads exported to {heads_dir}")
     trained_heads = accelerator.unwrap_model(model).heads
     if zero3:  # each process holds shards: return whole heads, like every other setup
