@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
+import os
 import sys
 import time
 from pathlib import Path
@@ -49,17 +49,30 @@ TREE = {"total_tokens": 16, "depth": 6, "top_k": 4}
 EVAL_STEPS = 7
 
 
-def train_arm(workdir: Path, arm: str, steps: int, config: Path) -> dict:
+def train_arm(workdir: Path, arm: str, steps: int, warmup: int | None, config: Path) -> dict:
+    """Train one arm in this process (skipped when its heads exist). Mid-run evaluations,
+    checkpoints and the export's tree timing are off: this benchmark decodes with fixed shapes,
+    and on a loaded machine the timing grid costs more than the training."""
+    from draftheads.config import load_config
+    from draftheads.train import loop
+
     out = workdir / "runs" / arm
-    if (out / "heads" / "config.json").is_file():
-        return json.loads((out / "train-info.json").read_text()) if (out / "train-info.json").is_file() else {}
-    cmd = [sys.executable, str(ROOT / "train.py"), "--config", str(config), f"train.output_dir={out}",
-           f"train.max_steps={steps}", *ARMS[arm], "--overwrite"]  # fmt: skip
-    print("+", " ".join(cmd), flush=True)
+    info_file = out / "train-info.json"
+    if (out / "heads" / "config.json").is_file() and info_file.is_file():
+        return json.loads(info_file.read_text())
+    overrides = [f"train.output_dir={out}", f"train.max_steps={steps}", "train.eval_every=0", "train.save_every=0",
+                 *([f"train.warmup_steps={warmup}"] if warmup is not None else []), *ARMS[arm]]  # fmt: skip
+    print(f"+ {arm}: {config} {' '.join(overrides)}", flush=True)
+    choose_tree = loop.write_export_tree
+    loop.write_export_tree = lambda *a, **k: choose_tree(*a, **{**k, "skip_reason": "recipe_ablation decodes fixed shapes"})
     start = time.perf_counter()
-    subprocess.run(cmd, check=True)
-    info = {"command": cmd[1:], "train_seconds": time.perf_counter() - start}
-    (out / "train-info.json").write_text(json.dumps(info, indent=2))
+    try:
+        result = loop.run(load_config(config, overrides), overwrite=True)
+    finally:
+        loop.write_export_tree = choose_tree
+    info = {"config": str(config), "overrides": overrides, "train_seconds": time.perf_counter() - start,
+            "final_eval": {k: v for k, v in result.metrics["final_eval"].items() if isinstance(v, (int, float))}}
+    info_file.write_text(json.dumps(info, indent=2))
     return info
 
 
@@ -93,27 +106,32 @@ def decode_stats(target, heads_dir: Path, prompt_ids: list[torch.Tensor], refere
     return result
 
 
-@torch.no_grad()
-def heldout_top1(target, tokenizer, heads_dir: Path, config: Path, eval_batches: int) -> dict:
-    """Held-out top-1 (vs the target's greedy token) and soft loss per draft step, 7 steps unrolled."""
-    from draftheads import load_heads
+def heldout_windows(tokenizer, config: Path, eval_batches: int):
+    """The config, and the first ``eval_batches`` batches of its held-out windows (as training evaluates)."""
     from draftheads.config import load_config
-    from draftheads.data import Collator, build_datasets
-    from draftheads.train.metrics import HeadStats
-    from draftheads.train.model import TargetWithHeads
+    from draftheads.data import build_datasets
 
     cfg = load_config(config)
     _, eval_ds, _ = build_datasets(cfg.data, tokenizer)
-    n = min(len(eval_ds), eval_batches * cfg.train.batch_size)
-    eval_ds = eval_ds.select(range(n))
+    return cfg, eval_ds.select(range(min(len(eval_ds), eval_batches * cfg.train.batch_size)))
+
+
+@torch.no_grad()
+def heldout_top1(target, tokenizer, heads_dir: Path, cfg, eval_ds) -> dict:
+    """Held-out top-1 (vs the target's greedy token) and soft loss per draft step, 7 steps unrolled."""
+    from draftheads import load_heads
+    from draftheads.data import Collator
+    from draftheads.train.metrics import HeadStats
+    from draftheads.train.model import TargetWithHeads
+
     heads = load_heads(heads_dir, target=target)
     heads.config.num_heads = EVAL_STEPS  # steps unrolled: no tensor depends on it
     model = TargetWithHeads(target, heads, loss_decay=cfg.train.loss_decay, labels=cfg.train.labels).eval()
     collate = Collator.from_tokenizer(tokenizer)
     stats = HeadStats(EVAL_STEPS)
-    for start in range(0, n, cfg.train.batch_size):
-        batch = collate([eval_ds[i] for i in range(start, min(n, start + cfg.train.batch_size))])
-        stats.add(model(**batch)["stats"])
+    n, size = len(eval_ds), cfg.train.batch_size
+    for start in range(0, n, size):
+        stats.add(model(**collate([eval_ds[i] for i in range(start, min(n, start + size))]))["stats"])
     summary = stats.summary(5)
     return {
         "windows": n,
@@ -146,11 +164,13 @@ def main() -> None:
     ap.add_argument("--workdir", default="/tmp/draftheads-recipe")
     ap.add_argument("--config", default=str(ROOT / "configs" / "demo-eagle3.yaml"))
     ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--warmup", type=int, default=None, help="train.warmup_steps (default: the config's)")
     ap.add_argument("--arms", default="today,init,init+optim", help=f"comma-separated, of: {', '.join(ARMS)}")
     ap.add_argument("--num-prompts", type=int, default=12)
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--eval-batches", type=int, default=20, help="held-out batches of 8 windows for top-1 per step")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--train-only", action="store_true", help="train the arms, measure nothing")
     ap.add_argument("--out", default=None, help="folder for results.json and results.md")
     args = ap.parse_args()
     arms = [a.strip() for a in args.arms.split(",") if a.strip()]
@@ -159,23 +179,27 @@ def main() -> None:
         ap.error(f"unknown arm(s) {', '.join(unknown)}; valid: {', '.join(ARMS)}")
     workdir, config = Path(args.workdir), Path(args.config)
 
-    infos = {arm: train_arm(workdir, arm, args.steps, config) for arm in arms}
+    torch.set_num_threads(args.threads)
+    os.environ.setdefault("DRAFTHEADS_NUM_THREADS", str(args.threads))  # what run() uses on CPU
+    infos = {arm: train_arm(workdir, arm, args.steps, args.warmup, config) for arm in arms}
 
+    if args.train_only:
+        return
     from draftheads.target import load_target
 
-    torch.set_num_threads(args.threads)
     target, tokenizer = load_target("demo")
     prompt_ids = prompts(tokenizer, args.num_prompts)
     references = [
         target.generate(p, attention_mask=torch.ones_like(p), do_sample=False, max_new_tokens=args.new_tokens)
         for p in prompt_ids
     ]  # fmt: skip
+    cfg, eval_ds = heldout_windows(tokenizer, config, args.eval_batches)
     results = {}
     for arm in arms:
         heads_dir = workdir / "runs" / arm / "heads"
         results[arm] = {
             **decode_stats(target, heads_dir, prompt_ids, references, args.new_tokens),
-            "heldout": heldout_top1(target, tokenizer, heads_dir, config, args.eval_batches),
+            "heldout": heldout_top1(target, tokenizer, heads_dir, cfg, eval_ds),
             "overrides": list(ARMS[arm]),
             "train_seconds": infos[arm].get("train_seconds"),
         }
