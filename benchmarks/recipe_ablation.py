@@ -36,12 +36,15 @@ sys.path.insert(0, str(ROOT))
 
 #: The reference EAGLE-3 trainer's recipe (SafeAILab/EAGLE eagle/traineagle3: plain nn.Linear
 #: init; ds_config.json: AdamW betas (0.9, 0.95), WarmupDecayLR = linear decay, gradient_clipping 0.5).
-INIT = ("heads.init=torch",)
+#: Every arm sets every knob, so an arm means the same whatever the config file's values are.
+#: "today": draftheads' recipe before the measurement below (identity init, its optimizer).
+INIT, OWN_INIT = ("heads.init=torch",), ("heads.init=identity",)
 OPTIM = ("train.adam_betas=[0.9, 0.95]", "train.lr_schedule=linear", "train.max_grad_norm=0.5")
+OWN_OPTIM = ("train.adam_betas=[0.9, 0.999]", "train.lr_schedule=cosine", "train.max_grad_norm=1.0")
 ARMS: dict[str, tuple[str, ...]] = {
-    "today": (),
-    "init": INIT,
-    "optim": OPTIM,
+    "today": OWN_INIT + OWN_OPTIM,
+    "init": INIT + OWN_OPTIM,
+    "optim": OWN_INIT + OPTIM,
     "init+optim": INIT + OPTIM,
 }
 CHAIN = {"total_tokens": 6, "depth": 5, "top_k": 1}
@@ -152,7 +155,7 @@ def table(results: dict, steps: int) -> str:
         top1 = " / ".join(f"{r['heldout']['top1'][k]:.3f}" for k in (0, 2, 6))
         loss = " / ".join(f"{r['heldout']['loss'][k]:.2f}" for k in (0, 2, 6))
         lines.append(
-            f"| {arm} (`{' '.join(ARMS[arm]) or 'configs/demo-eagle3.yaml'}`) | {r['tree']['mean_accepted']:.2f} "
+            f"| {arm} (`{' '.join(ARMS[arm])}`) | {r['tree']['mean_accepted']:.2f} "
             f"| **{r['chain']['mean_accepted']:.2f}** | {reach} | {top1} | {loss} "
             f"| {r['chain']['steps']} / {r['tree']['steps']} |"
         )
