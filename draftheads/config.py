@@ -67,6 +67,10 @@ class HeadsSpec:
     # A heads folder (draftheads' own, or `draftheads import`ed) to continue training from: loaded
     # strictly; its type and sizes must equal the ones configured here.
     init_from: Str | None = None
+    # How fresh heads start, for every head type (draftheads/heads/init.py): "identity" = each
+    # type's own (blocks start as the identity: zero output projections), "torch" = PyTorch's
+    # default init of every linear (the EAGLE-3 authors' trainer). Not used with init_from.
+    init: Literal["identity", "torch"] = "identity"
 
 
 @dataclass(config=CHECKED)
@@ -79,6 +83,9 @@ class TrainConfig:
     lr: Annotated[Float, Gt(0)] = 1e-3
     weight_decay: Annotated[Float, Ge(0)] = 0.0
     warmup_steps: NonNegative = 0
+    # After the warmup: "cosine" to zero, "linear" to zero, or "constant" (train/optim.py).
+    lr_schedule: Literal["cosine", "linear", "constant"] = "cosine"
+    adam_betas: list[Float] = field(default_factory=lambda: [0.9, 0.999])  # AdamW's (beta1, beta2)
     max_grad_norm: Annotated[Float, Ge(0)] | None = 1.0  # None or 0 disables clipping
     mixed_precision: Literal["auto", "no", "bf16", "fp16"] = "auto"
     eval_every: NonNegative = 500  # steps; 0: only the final evaluation
@@ -96,6 +103,13 @@ class TrainConfig:
     # Draw each batch from rows of similar length (less padding, the same per-row losses; see
     # draftheads/data/sampling.py). Worth it for chat data with widely spread lengths.
     group_by_length: Bool = False
+
+    def __post_init__(self) -> None:
+        betas = self.adam_betas
+        if len(betas) != 2 or not all(0.0 <= b < 1.0 for b in betas):
+            raise ValueError(
+                f"train.adam_betas must be two numbers in [0, 1), [beta1, beta2] (e.g. [0.9, 0.95]), got {betas!r}"
+            )
 
 
 @dataclass(config=CHECKED)
@@ -197,6 +211,29 @@ def config_from_dict(data: dict[str, Any], overrides: Sequence[str] = ()) -> Exp
 
 # Keys renamed since files were written with them: old dotted key -> new one.
 _OLD_KEYS = {"heads.type": "heads.head_type"}
+
+# Keys added since run folders were first written, with the value every run before them used
+# (what the code did then). A checkpoint's saved config that lacks one was trained with that value,
+# whatever today's default is.
+ADDED_KEYS: dict[str, Any] = {
+    "heads.init": "identity",
+    "train.lr_schedule": "cosine",
+    "train.adam_betas": [0.9, 0.999],
+}
+
+
+def with_added_keys(saved: Any) -> Any:
+    """A copy of a saved (checkpoint or run folder) config dict with the keys in `ADDED_KEYS` it
+    lacks set to the value runs used before the key existed, so that comparing it with a config
+    of today (resume) sees what that run actually did."""
+    if not isinstance(saved, dict):
+        return saved
+    out = {k: dict(v) if isinstance(v, dict) else v for k, v in saved.items()}
+    for dotted, value in ADDED_KEYS.items():
+        section, key = dotted.split(".")
+        if isinstance(out.get(section), dict) and key not in out[section]:
+            out[section][key] = value
+    return out
 
 
 def upgrade_config_dict(data: Any) -> Any:
@@ -352,12 +389,17 @@ def validate(cfg: ExperimentConfig) -> None:
     takes = types_[spec.head_type].spec_options
     for f in dataclasses.fields(HeadsSpec):
         value = getattr(spec, f.name)
-        if f.name in ("head_type", "num_heads", "num_layers", "init_from") or f.name in takes or value == getattr(defaults, f.name):
+        if f.name in ("head_type", "num_heads", "num_layers", "init_from", "init") or f.name in takes or value == getattr(defaults, f.name):
             continue
         users = sorted(name for name, cls in types_.items() if f.name in cls.spec_options)
         raise ConfigError(
             f"heads.{f.name} is set ({value!r}) but {spec.head_type} heads do not use it: it applies to "
             f"{', '.join(users)} heads only; remove it or change heads.head_type"
+        )
+    if spec.init_from is not None and spec.init != defaults.init:
+        raise ConfigError(
+            f"heads.init={spec.init!r} has no effect with heads.init_from ({spec.init_from}): the heads start from "
+            "that folder's weights; remove one of the two"
         )
     if spec.feature_layers is not None and (not spec.feature_layers or min(spec.feature_layers) < 0):
         raise ConfigError(

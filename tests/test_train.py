@@ -270,7 +270,16 @@ HEAD_TYPE_OVERRIDES = {
 }
 
 
-@pytest.mark.parametrize("head_type", list(HEAD_TYPE_OVERRIDES))
+# The other recipe (heads.init, betas, schedule, clip norm): its optimizer and scheduler states resume too.
+RESUME_CASES = {
+    **HEAD_TYPE_OVERRIDES,
+    "eagle3-reference-recipe": HEAD_TYPE_OVERRIDES["eagle3"] + (
+        "heads.init=torch", "train.adam_betas=[0.9, 0.95]", "train.lr_schedule=linear", "train.max_grad_norm=0.5",
+    ),
+}
+
+
+@pytest.mark.parametrize("head_type", list(RESUME_CASES))
 def test_resume_continues_bit_exact(tmp_path, tiny_target_dir, tiny_text_jsonl, head_type):
     """A straight 10-step run (checkpoints every 5) vs. a run resumed from its step-5 checkpoint,
     which lies mid-epoch (9 steps per epoch). Gradient accumulation 2 and an epoch boundary inside
@@ -278,7 +287,7 @@ def test_resume_continues_bit_exact(tmp_path, tiny_target_dir, tiny_text_jsonl, 
     which a resume consumes differently (DataLoader iterators)."""
     from draftheads.train.loop import run
 
-    extra = HEAD_TYPE_OVERRIDES[head_type]
+    extra = RESUME_CASES[head_type]
     straight = _cfg(tmp_path / "a", tiny_target_dir, tiny_text_jsonl, *extra, max_steps=10, save_every=5, grad_accum=2)
     run(straight)
     ckpts = Path(straight.train.output_dir) / "checkpoints"

@@ -3,7 +3,8 @@
     run(cfg)
       1. Accelerator (launcher-aware), seed, tracker
       2. target + tokenizer (frozen), datasets
-      3. heads, the wrapper module, AdamW on the heads only, cosine schedule with warmup
+      3. heads (initialised as heads.init says), the wrapper module, AdamW on the heads only, the
+         configured schedule with warmup (train/optim.py)
       4. accelerator.prepare(...); resume from a checkpoint if asked
       5. train, one optimizer step at a time: draw its micro-batches, count their loss tokens over
          every process (the loss is the step's token mean, however tokens fall), accumulate ->
@@ -51,6 +52,7 @@ from .checkpoint import (
 from .export_tree import SAMPLE_ROWS, write_export_tree
 from .metrics import HeadStats, format_heads, ranks_for, static_tree
 from .model import TargetWithHeads
+from .optim import build_optimizer, build_scheduler
 from .stability import MAX_NONFINITE_STEPS, NonFiniteGuard
 from .run_dir import RunFolderError, check_context, check_resume_config, check_writable, clear_run, guard_fresh_run
 from .run_lock import RunLock
@@ -169,7 +171,7 @@ def _run(cfg: ExperimentConfig, overwrite: bool, held: contextlib.ExitStack) -> 
         f"lm_head {heads.config.lm_head}; {sum(p.numel() for p in params) / 1e6:.2f} M trainable parameters "
         f"(target {sum(_numel(p) for p in target.parameters()) / 1e6:.1f} M, frozen)"
     )
-    optimizer = torch.optim.AdamW(params, lr=t.lr, weight_decay=t.weight_decay)
+    optimizer = build_optimizer(params, t)
 
     collator = Collator.from_tokenizer(tokenizer)
     if cfg.data.features:  # the target's features come from an offline cache (draftheads cache-features)
@@ -195,9 +197,7 @@ def _run(cfg: ExperimentConfig, overwrite: bool, held: contextlib.ExitStack) -> 
     batches_per_epoch = math.ceil(math.ceil(len(train_ds) / t.batch_size) / accelerator.num_processes)
     steps_per_epoch = math.ceil(batches_per_epoch / t.grad_accum)
     max_steps = t.max_steps or steps_per_epoch * t.num_epochs
-    from transformers import get_cosine_schedule_with_warmup
-
-    scheduler = get_cosine_schedule_with_warmup(optimizer, min(t.warmup_steps, max_steps), max_steps)
+    scheduler = build_scheduler(optimizer, t, max_steps)
 
     # -- 4. prepare, resume --------------------------------------------------------------------
     if deepspeed:
@@ -226,7 +226,8 @@ def _run(cfg: ExperimentConfig, overwrite: bool, held: contextlib.ExitStack) -> 
     init_trackers(accelerator, cfg.tracking, cfg.to_dict(), output_dir)
     say(
         f"training {max_steps} steps ({steps_per_epoch} per epoch): batch {t.batch_size} x accum {t.grad_accum} "
-        f"x {accelerator.num_processes} process(es), lr {t.lr}, warmup {t.warmup_steps}"
+        f"x {accelerator.num_processes} process(es), lr {t.lr}, warmup {t.warmup_steps}, {t.lr_schedule} schedule, "
+        f"AdamW betas {tuple(t.adam_betas)}, clip {t.max_grad_norm or 'off'}"
     )
 
     # -- 5. train ------------------------------------------------------------------------------
@@ -378,6 +379,7 @@ def load_target(cfg: TargetConfig, accelerator=None, device: torch.device | None
 
 def build_heads(spec: HeadsSpec, target: torch.nn.Module, zero3: bool = False) -> torch.nn.Module:
     from ..heads import head_types
+    from ..heads.init import apply_init
 
     cls = head_types()[spec.head_type]
     ctx = contextlib.nullcontext()
@@ -387,7 +389,8 @@ def build_heads(spec: HeadsSpec, target: torch.nn.Module, zero3: bool = False) -
         ctx = deepspeed.zero.GatheredParameters([target.get_output_embeddings().weight], modifier_rank=None)
     options = {name: getattr(spec, name) for name in cls.spec_options}  # what this head type takes
     with ctx:
-        return cls.for_target(target, num_heads=spec.num_heads, num_layers=spec.num_layers, **options)
+        heads = cls.for_target(target, num_heads=spec.num_heads, num_layers=spec.num_layers, **options)
+        return apply_init(heads, spec.init, target)  # heads.init (draftheads/heads/init.py)
 
 
 def init_heads_from(heads: torch.nn.Module, path: str, target: torch.nn.Module) -> torch.nn.Module:

@@ -158,9 +158,10 @@ def check_resume_config(checkpoint: Path, saved: dict[str, Any] | None, current:
     """Refuse to resume ``checkpoint`` under a config that differs in more than the step budget."""
     if saved is None:
         return  # written before checkpoints carried their config: nothing to compare
-    from ..config import upgrade_config_dict
+    from ..config import upgrade_config_dict, with_added_keys
 
-    saved = upgrade_config_dict(saved)  # a checkpoint written before a key was renamed
+    # a checkpoint written before a key was renamed, or before a key existed (what it did then)
+    saved = with_added_keys(upgrade_config_dict(saved))
     diff = config_differences(saved, current)
     if diff:
         a, b = _flatten(saved), _flatten(current)

@@ -1,0 +1,222 @@
+"""Training-recipe ablation for EAGLE-3 heads on the demo target: today's recipe vs the reference
+trainer's initialisation vs its initialisation and optimizer, same windows and budget.
+
+    python benchmarks/recipe_ablation.py [--workdir /tmp/draftheads-recipe] [--steps 200] \\
+        [--arms today,init,init+optim] [--out benchmarks/measurements/recipe-ablation-demo]
+
+Each arm trains ``configs/demo-eagle3.yaml`` (the same data, seed and batches: only the recipe
+options of the arm differ) into WORKDIR/runs/<arm> (skipped when its heads exist, so a killed run
+continues), then every arm's heads are measured with draftheads' own decoder on the 12 held-out
+demo prompts that ``draftheads bench`` uses (128 tokens of held-out stdlib files), greedy, 128 new
+tokens, every output checked equal to ``target.generate(do_sample=False)``:
+
+- chain: EAGLE's dynamic tree cut to a chain of 5 drafts (total_tokens 6, depth 5, top_k 1):
+  mean accepted tokens per step (bonus included) and how often a step reaches depth 1..5;
+- tree: a 16-token dynamic tree (total_tokens 16, depth 6, top_k 4): mean accepted tokens per step;
+- held-out top-1 per draft step: the heads unrolled 7 steps (training-time test, as drafting
+  does) over the first ``--eval-batches`` x 8 held-out windows, agreement of each step's argmax with
+  the target's greedy token there (what verification accepts).
+
+No timing: acceptance counts do not depend on the machine's load. Results go to OUT/results.json
+and OUT/results.md.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+#: The reference EAGLE-3 trainer's recipe (SafeAILab/EAGLE eagle/traineagle3: plain nn.Linear
+#: init; ds_config.json: AdamW betas (0.9, 0.95), WarmupDecayLR = linear decay, gradient_clipping 0.5).
+#: Every arm sets every knob, so an arm means the same whatever the config file's values are.
+#: "today": draftheads' recipe before the measurement below (identity init, its optimizer).
+INIT, OWN_INIT = ("heads.init=torch",), ("heads.init=identity",)
+OPTIM = ("train.adam_betas=[0.9, 0.95]", "train.lr_schedule=linear", "train.max_grad_norm=0.5")
+OWN_OPTIM = ("train.adam_betas=[0.9, 0.999]", "train.lr_schedule=cosine", "train.max_grad_norm=1.0")
+ARMS: dict[str, tuple[str, ...]] = {
+    "today": OWN_INIT + OWN_OPTIM,
+    "init": INIT + OWN_OPTIM,
+    "optim": OWN_INIT + OPTIM,
+    "init+optim": INIT + OPTIM,
+}
+CHAIN = {"total_tokens": 6, "depth": 5, "top_k": 1}
+TREE = {"total_tokens": 16, "depth": 6, "top_k": 4}
+EVAL_STEPS = 7
+
+
+def train_arm(workdir: Path, arm: str, steps: int, warmup: int | None, config: Path) -> dict:
+    """Train one arm in this process (skipped when its heads exist). Mid-run evaluations,
+    checkpoints and the export's tree timing are off: this benchmark decodes with fixed shapes,
+    and on a loaded machine the timing grid costs more than the training."""
+    from draftheads.config import load_config
+    from draftheads.train import loop
+
+    out = workdir / "runs" / arm
+    info_file = out / "train-info.json"
+    if (out / "heads" / "config.json").is_file() and info_file.is_file():
+        return json.loads(info_file.read_text())
+    overrides = [f"train.output_dir={out}", f"train.max_steps={steps}", "train.eval_every=0", "train.save_every=0",
+                 *([f"train.warmup_steps={warmup}"] if warmup is not None else []), *ARMS[arm]]  # fmt: skip
+    print(f"+ {arm}: {config} {' '.join(overrides)}", flush=True)
+    choose_tree = loop.write_export_tree
+    loop.write_export_tree = lambda *a, **k: choose_tree(*a, **{**k, "skip_reason": "recipe_ablation decodes fixed shapes"})
+    start = time.perf_counter()
+    try:
+        result = loop.run(load_config(config, overrides), overwrite=True)
+    finally:
+        loop.write_export_tree = choose_tree
+    info = {"config": str(config), "overrides": overrides, "train_seconds": time.perf_counter() - start,
+            "final_eval": {k: v for k, v in result.metrics["final_eval"].items() if isinstance(v, (int, float))}}
+    info_file.write_text(json.dumps(info, indent=2))
+    return info
+
+
+def prompts(tokenizer, num: int) -> list[torch.Tensor]:
+    from draftheads.bench.questions import demo_questions
+
+    return [tokenizer(q.turns[0], return_tensors="pt").input_ids for q in demo_questions(tokenizer, num)]
+
+
+@torch.no_grad()
+def decode_stats(target, heads_dir: Path, prompt_ids: list[torch.Tensor], references: list[torch.Tensor],
+                 new_tokens: int) -> dict:
+    """Mean accepted tokens per step for the chain and the tree, and the chain's reach per depth."""
+    from draftheads import load_heads
+    from draftheads.inference import SpeculativeDecoder
+
+    heads = load_heads(heads_dir, target=target)
+    result = {}
+    for name, shape in (("chain", CHAIN), ("tree", TREE)):
+        decoder = SpeculativeDecoder(target, heads, tree=shape)
+        lengths: list[int] = []
+        for ids, ref in zip(prompt_ids, references):
+            out = decoder.generate(ids, max_new_tokens=new_tokens, temperature=0.0)  # EOS as generate's
+            if not torch.equal(out.sequences.cpu(), ref):
+                raise AssertionError(f"{heads_dir} ({name}): output differs from target.generate on a prompt")
+            lengths += list(out.accept_lengths)
+        steps = len(lengths)
+        result[name] = {"mean_accepted": sum(lengths) / steps, "steps": steps}
+        if name == "chain":  # a step that accepted d drafts commits d + 1 tokens
+            result[name]["reach"] = [sum(n - 1 >= d for n in lengths) / steps for d in range(1, CHAIN["depth"] + 1)]
+    return result
+
+
+def heldout_windows(tokenizer, config: Path, eval_batches: int):
+    """The config, and the first ``eval_batches`` batches of its held-out windows (as training evaluates)."""
+    from draftheads.config import load_config
+    from draftheads.data import build_datasets
+
+    cfg = load_config(config)
+    _, eval_ds, _ = build_datasets(cfg.data, tokenizer)
+    return cfg, eval_ds.select(range(min(len(eval_ds), eval_batches * cfg.train.batch_size)))
+
+
+@torch.no_grad()
+def heldout_top1(target, tokenizer, heads_dir: Path, cfg, eval_ds) -> dict:
+    """Held-out top-1 (vs the target's greedy token) and soft loss per draft step, 7 steps unrolled."""
+    from draftheads import load_heads
+    from draftheads.data import Collator
+    from draftheads.train.metrics import HeadStats
+    from draftheads.train.model import TargetWithHeads
+
+    heads = load_heads(heads_dir, target=target)
+    heads.config.num_heads = EVAL_STEPS  # steps unrolled: no tensor depends on it
+    model = TargetWithHeads(target, heads, loss_decay=cfg.train.loss_decay, labels=cfg.train.labels).eval()
+    collate = Collator.from_tokenizer(tokenizer)
+    stats = HeadStats(EVAL_STEPS)
+    n, size = len(eval_ds), cfg.train.batch_size
+    for start in range(0, n, size):
+        stats.add(model(**collate([eval_ds[i] for i in range(start, min(n, start + size))]))["stats"])
+    summary = stats.summary(5)
+    return {
+        "windows": n,
+        "top1": [summary[f"top1_head{k}"] for k in range(EVAL_STEPS)],
+        "loss": [summary[f"loss_head{k}"] for k in range(EVAL_STEPS)],
+    }
+
+
+def table(results: dict, steps: int) -> str:
+    lines = [
+        f"| EAGLE-3 heads, {steps} steps, recipe | 16-token tree: mean accepted | 5-token chain: mean accepted "
+        "| chain reaches depth 1 / 2 / 3 / 4 / 5 | held-out top-1 at draft step 0 / 2 / 6 | held-out loss step 0 / 2 / 6 "
+        "| decode steps (chain / tree) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for arm, r in results.items():
+        reach = " ".join(f"{x:.2f}" for x in r["chain"]["reach"])
+        top1 = " / ".join(f"{r['heldout']['top1'][k]:.3f}" for k in (0, 2, 6))
+        loss = " / ".join(f"{r['heldout']['loss'][k]:.2f}" for k in (0, 2, 6))
+        lines.append(
+            f"| {arm} (`{' '.join(ARMS[arm])}`) | {r['tree']['mean_accepted']:.2f} "
+            f"| **{r['chain']['mean_accepted']:.2f}** | {reach} | {top1} | {loss} "
+            f"| {r['chain']['steps']} / {r['tree']['steps']} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--workdir", default="/tmp/draftheads-recipe")
+    ap.add_argument("--config", default=str(ROOT / "configs" / "demo-eagle3.yaml"))
+    ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--warmup", type=int, default=None, help="train.warmup_steps (default: the config's)")
+    ap.add_argument("--arms", default="today,init,init+optim", help=f"comma-separated, of: {', '.join(ARMS)}")
+    ap.add_argument("--num-prompts", type=int, default=12)
+    ap.add_argument("--new-tokens", type=int, default=128)
+    ap.add_argument("--eval-batches", type=int, default=20, help="held-out batches of 8 windows for top-1 per step")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--train-only", action="store_true", help="train the arms, measure nothing")
+    ap.add_argument("--out", default=None, help="folder for results.json and results.md")
+    args = ap.parse_args()
+    arms = [a.strip() for a in args.arms.split(",") if a.strip()]
+    unknown = [a for a in arms if a not in ARMS]
+    if unknown:
+        ap.error(f"unknown arm(s) {', '.join(unknown)}; valid: {', '.join(ARMS)}")
+    workdir, config = Path(args.workdir), Path(args.config)
+
+    torch.set_num_threads(args.threads)
+    os.environ.setdefault("DRAFTHEADS_NUM_THREADS", str(args.threads))  # what run() uses on CPU
+    infos = {arm: train_arm(workdir, arm, args.steps, args.warmup, config) for arm in arms}
+
+    if args.train_only:
+        return
+    from draftheads.target import load_target
+
+    target, tokenizer = load_target("demo")
+    prompt_ids = prompts(tokenizer, args.num_prompts)
+    references = [
+        target.generate(p, attention_mask=torch.ones_like(p), do_sample=False, max_new_tokens=args.new_tokens)
+        for p in prompt_ids
+    ]  # fmt: skip
+    cfg, eval_ds = heldout_windows(tokenizer, config, args.eval_batches)
+    results = {}
+    for arm in arms:
+        heads_dir = workdir / "runs" / arm / "heads"
+        results[arm] = {
+            **decode_stats(target, heads_dir, prompt_ids, references, args.new_tokens),
+            "heldout": heldout_top1(target, tokenizer, heads_dir, cfg, eval_ds),
+            "overrides": list(ARMS[arm]),
+            "train_seconds": infos[arm].get("train_seconds"),
+        }
+        print(arm, json.dumps({k: results[arm][k] for k in ("chain", "tree")}), flush=True)
+    md = table(results, args.steps)
+    print(md)
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        meta = {"steps": args.steps, "prompts": len(prompt_ids), "new_tokens": args.new_tokens, "chain": CHAIN,
+                "tree": TREE, "eval_steps": EVAL_STEPS, "command": " ".join(sys.argv)}  # fmt: skip
+        (out / "results.json").write_text(json.dumps({**meta, "arms": results}, indent=2))
+        (out / "results.md").write_text(f"`{meta['command']}`\n\n" + md)
+
+
+if __name__ == "__main__":
+    main()

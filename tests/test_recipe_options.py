@@ -1,0 +1,245 @@
+"""The training-recipe knobs (heads.init, train.adam_betas, train.lr_schedule, train.max_grad_norm):
+each is checked when the config is read, and each reaches the module, optimizer or schedule it
+configures (every test here fails when its option is ignored)."""
+from __future__ import annotations
+
+import math
+import typing
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from draftheads.config import ConfigError, HeadsSpec, TrainConfig, config_from_dict, with_added_keys
+from draftheads.heads.init import INIT_SCHEMES, apply_init
+from draftheads.train.optim import SCHEDULES, build_optimizer, build_scheduler
+from test_train import HEAD_TYPE_OVERRIDES, _cfg
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+SPEC_OPTIONS = {
+    "medusa": {"head_type": "medusa", "lm_head": "own"},
+    "hydra": {"head_type": "hydra", "lm_head": "own"},
+    "eagle": {"head_type": "eagle"},
+    "eagle3": {"head_type": "eagle3", "draft_vocab_size": 64},
+}
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading the config
+# ---------------------------------------------------------------------------------------------
+
+
+def test_the_config_names_the_same_choices_as_the_code():
+    hints = typing.get_type_hints(TrainConfig)
+    assert typing.get_args(hints["lr_schedule"]) == SCHEDULES
+    assert typing.get_args(typing.get_type_hints(HeadsSpec)["init"]) == INIT_SCHEMES
+
+
+def test_defaults_are_todays_recipe():
+    cfg = config_from_dict({})
+    assert cfg.heads.init == "identity"
+    assert cfg.train.lr_schedule == "cosine" and cfg.train.adam_betas == [0.9, 0.999] and cfg.train.max_grad_norm == 1.0
+
+
+def test_overrides_set_every_knob():
+    cfg = config_from_dict(
+        {"heads": {"head_type": "eagle3"}},
+        ["heads.init=torch", "train.lr_schedule=linear", "train.adam_betas=[0.9, 0.95]", "train.max_grad_norm=0.5"],
+    )
+    assert cfg.heads.init == "torch" and cfg.train.lr_schedule == "linear"
+    assert cfg.train.adam_betas == [0.9, 0.95] and cfg.train.max_grad_norm == 0.5
+
+
+@pytest.mark.parametrize("head_type", list(SPEC_OPTIONS))
+def test_init_is_an_option_of_every_head_type(head_type):
+    assert config_from_dict({"heads": {"head_type": head_type, "init": "torch"}}).heads.init == "torch"
+
+
+def test_an_unknown_schedule_lists_the_valid_ones():
+    with pytest.raises(ConfigError) as e:
+        config_from_dict({}, ["train.lr_schedule=cosine_restarts"])
+    msg = str(e.value)
+    assert "train.lr_schedule" in msg and "cosine_restarts" in msg
+    assert all(repr(name) in msg for name in SCHEDULES)
+
+
+def test_an_unknown_init_lists_the_valid_ones():
+    with pytest.raises(ConfigError) as e:
+        config_from_dict({}, ["heads.init=xavier"])
+    assert "heads.init" in str(e.value) and "'identity'" in str(e.value) and "'torch'" in str(e.value)
+
+
+@pytest.mark.parametrize("betas", ["[0.9]", "[0.9, 0.95, 0.99]", "[0.9, 1.0]", "[-0.1, 0.9]", "[0.9, high]"])
+def test_bad_betas_are_named(betas):
+    with pytest.raises(ConfigError, match=r"train\.adam_betas"):
+        config_from_dict({}, [f"train.adam_betas={betas}"])
+
+
+def test_init_with_init_from_is_refused():
+    with pytest.raises(ConfigError, match=r"heads\.init='torch' has no effect with heads\.init_from"):
+        config_from_dict({"heads": {"init_from": "some/heads", "init": "torch"}})
+
+
+def test_a_checkpoint_written_before_the_knobs_reads_as_the_recipe_it_used():
+    """A saved config without the new keys was trained with what the code did then."""
+    old = config_from_dict({}).to_dict()
+    del old["heads"]["init"], old["train"]["lr_schedule"], old["train"]["adam_betas"]
+    filled = with_added_keys(old)
+    assert filled["heads"]["init"] == "identity" and filled["train"]["lr_schedule"] == "cosine"
+    assert filled["train"]["adam_betas"] == [0.9, 0.999]
+    assert "init" not in old["heads"], "the saved dict itself is left alone"
+    from draftheads.train.run_dir import RunFolderError, check_resume_config
+
+    check_resume_config(Path("ckpt"), old, config_from_dict({}).to_dict())  # today's defaults: the same run
+    with pytest.raises(RunFolderError, match="train.lr_schedule: 'cosine' in the checkpoint, 'linear' now"):
+        check_resume_config(Path("ckpt"), old, config_from_dict({}, ["train.lr_schedule=linear"]).to_dict())
+
+
+# ---------------------------------------------------------------------------------------------
+# Optimizer and schedule
+# ---------------------------------------------------------------------------------------------
+
+
+def _train_cfg(*overrides: str, **train) -> TrainConfig:
+    return config_from_dict({"train": train}, list(overrides)).train
+
+
+def test_betas_and_lr_reach_adamw():
+    opt = build_optimizer([nn.Parameter(torch.zeros(3))], _train_cfg("train.adam_betas=[0.8, 0.95]", lr=0.5, weight_decay=0.1))
+    group = opt.param_groups[0]
+    assert isinstance(opt, torch.optim.AdamW)
+    assert group["betas"] == (0.8, 0.95) and group["lr"] == 0.5 and group["weight_decay"] == 0.1
+
+
+def _lrs(schedule: str, steps: int = 20, warmup: int = 4) -> list[float]:
+    t = _train_cfg(f"train.lr_schedule={schedule}", lr=1.0, warmup_steps=warmup)
+    opt = build_optimizer([nn.Parameter(torch.zeros(1))], t)
+    sched = build_scheduler(opt, t, steps)
+    out = []
+    for _ in range(steps):
+        out.append(sched.get_last_lr()[0])
+        opt.step()
+        sched.step()
+    return out
+
+
+def test_each_schedule_has_its_shape_after_the_same_warmup():
+    cosine, linear, constant = _lrs("cosine"), _lrs("linear"), _lrs("constant")
+    for lrs in (cosine, linear, constant):
+        assert lrs[:5] == pytest.approx([0.0, 0.25, 0.5, 0.75, 1.0])  # linear warmup over 4 steps
+    # a quarter of the way through the decay (step 4 + 16/4 = 8)
+    assert linear[8] == pytest.approx(0.75)
+    assert cosine[8] == pytest.approx(0.5 * (1 + math.cos(math.pi * 0.25)))
+    assert constant[8:] == pytest.approx([1.0] * 12)
+    assert linear[-1] == pytest.approx(1 / 16)
+
+
+def test_an_unknown_schedule_name_in_code_is_named():
+    t = _train_cfg()
+    object.__setattr__(t, "lr_schedule", "step")
+    with pytest.raises(ValueError, match="unknown schedule 'step'; valid: cosine, linear, constant"):
+        build_scheduler(build_optimizer([nn.Parameter(torch.zeros(1))], t), t, 10)
+
+
+# ---------------------------------------------------------------------------------------------
+# Initialisation
+# ---------------------------------------------------------------------------------------------
+
+
+def _linears(heads: nn.Module) -> dict[str, nn.Linear]:
+    return {name: m for name, m in heads.named_modules() if isinstance(m, nn.Linear)}
+
+
+@pytest.mark.parametrize("head_type", list(SPEC_OPTIONS))
+def test_torch_init_gives_every_linear_pytorchs_default(tiny_llama, head_type):
+    from draftheads.train.loop import build_heads
+
+    torch.manual_seed(0)
+    identity = build_heads(HeadsSpec(**SPEC_OPTIONS[head_type]), tiny_llama)
+    torch.manual_seed(0)
+    reset = build_heads(HeadsSpec(**SPEC_OPTIONS[head_type], init="torch"), tiny_llama)
+    copied = "lm_heads." if head_type in ("medusa", "hydra") else None  # own LM heads: copies of the target's
+    lin_id, lin_reset = _linears(identity), _linears(reset)
+    assert lin_reset and lin_id.keys() == lin_reset.keys()
+    for name, lin in lin_reset.items():
+        w = lin.weight.detach()
+        if copied and name.startswith(copied):  # copied from the target under every scheme
+            torch.testing.assert_close(w, tiny_llama.get_output_embeddings().weight.float())
+            continue
+        bound = 1 / math.sqrt(lin.in_features)  # kaiming_uniform(a=sqrt(5)): U(-1/sqrt(fan_in), 1/sqrt(fan_in))
+        assert float(w.abs().max()) <= bound + 1e-7, name
+        assert float(w.std()) == pytest.approx(bound / math.sqrt(3), rel=0.1), name
+        assert not torch.equal(w, lin_id[name].weight), f"{name} kept the identity scheme's weights"
+    for name, m in reset.named_modules():
+        if isinstance(m, nn.RMSNorm):
+            assert bool((m.weight == 1).all()), name
+
+
+@pytest.mark.parametrize("head_type", ["eagle", "eagle3"])
+def test_identity_init_keeps_zero_output_projections(tiny_llama, head_type):
+    from draftheads.train.loop import build_heads
+
+    heads = build_heads(HeadsSpec(**SPEC_OPTIONS[head_type]), tiny_llama)
+    for layer in heads.layers:
+        assert not layer.o_proj.weight.any() and not layer.down_proj.weight.any()
+
+
+def test_apply_init_names_an_unknown_scheme(tiny_llama):
+    from draftheads.train.loop import build_heads
+
+    with pytest.raises(ValueError, match="unknown heads init scheme 'xavier'; valid: identity, torch"):
+        apply_init(build_heads(HeadsSpec(), tiny_llama), "xavier", tiny_llama)
+
+
+# ---------------------------------------------------------------------------------------------
+# Through the training loop
+# ---------------------------------------------------------------------------------------------
+
+
+def test_the_loop_builds_its_optimizer_and_schedule_from_the_config(tmp_path, tiny_target_dir, tiny_text_jsonl):
+    """The step-4 checkpoint holds the optimizer's betas and the schedule's lr: linear decay over
+    8 steps after 2 of warmup is at 4/6 of the peak there, cosine would be at 0.75."""
+    from draftheads.train.loop import run
+
+    cfg = _cfg(
+        tmp_path, tiny_target_dir, tiny_text_jsonl, "train.lr_schedule=linear", "train.adam_betas=[0.8, 0.95]",
+        max_steps=8, save_every=4, eval_every=0, lr=1e-2, warmup_steps=2,
+    )  # fmt: skip
+    run(cfg)
+    ckpt = Path(cfg.train.output_dir) / "checkpoints" / "step-4"
+    opt = torch.load(ckpt / "optimizer.bin", weights_only=False)
+    assert tuple(opt["param_groups"][0]["betas"]) == (0.8, 0.95)
+    sched = torch.load(ckpt / "scheduler.bin", weights_only=False)
+    assert sched["_last_lr"][0] == pytest.approx(1e-2 * 4 / 6)
+
+
+def test_the_loop_clips_at_the_configured_norm(tmp_path, tiny_target_dir, tiny_text_jsonl):
+    """Gradients clipped to a norm of 1e-12 sit far below AdamW's eps: the heads barely move.
+    Unclipped, the same two steps move them by about the learning rate."""
+    from draftheads.train.loop import run
+
+    moved = {}
+    for name, clip in (("clipped", "1e-12"), ("free", "null")):
+        cfg = _cfg(tmp_path / name, tiny_target_dir, tiny_text_jsonl, f"train.max_grad_norm={clip}",
+                   max_steps=2, eval_every=0, warmup_steps=0, lr=1e-2)  # fmt: skip
+        heads = run(cfg).heads
+        moved[name] = max(float(b.linear.weight.detach().abs().max()) for blocks in heads.blocks for b in blocks)  # zero at init
+    assert moved["free"] > 1e-3 and moved["clipped"] < 1e-3 * moved["free"], moved
+
+
+def test_the_loop_initialises_heads_as_configured(tmp_path, tiny_target_dir, tiny_text_jsonl):
+    """Zero steps of learning (lr 0 throughout): the exported heads are the initial ones."""
+    from draftheads.train.loop import run
+
+    extra = HEAD_TYPE_OVERRIDES["eagle3"]
+    outs = {}
+    for init in INIT_SCHEMES:
+        cfg = _cfg(tmp_path / init, tiny_target_dir, tiny_text_jsonl, *extra, f"heads.init={init}",
+                   "train.lr_schedule=constant", max_steps=1, eval_every=0, warmup_steps=1)  # fmt: skip
+        outs[init] = run(cfg).heads
+    assert not outs["identity"].layers[0].o_proj.weight.any()
+    assert outs["torch"].layers[0].o_proj.weight.any()
+    bound = 1 / math.sqrt(outs["torch"].lm_head.in_features)
+    assert float(outs["torch"].lm_head.weight.std()) == pytest.approx(bound / math.sqrt(3), rel=0.1)
