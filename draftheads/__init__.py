@@ -1,5 +1,5 @@
 """draftheads: train speculative-decoding draft heads on a frozen Hugging Face LM, decode losslessly."""
-from .heads import Eagle3Head, EagleHead, HeadsConfig, HydraHeads, MedusaHeads, TargetInfo, load_heads, save_heads
+from .heads import Eagle3Head, EagleHead, HeadsConfig, HydraHeads, MedusaHeads, PEagleHead, TargetInfo, load_heads, save_heads
 from .inference import (
     DraftModelProposer,
     EagleProposer,
@@ -24,6 +24,7 @@ __all__ = [
     "EagleHead",
     "EagleProposer",
     "HeadsConfig",
+    "PEagleHead",
     "HydraHeads",
     "HydraProposer",
     "MedusaHeads",

@@ -21,13 +21,14 @@ from .eagle import Eagle3Head, EagleHead
 from .folder import CONFIG_NAME, TREE_NAME, WEIGHTS_NAME, read_tree, read_tree_origin, save_heads  # noqa: F401 (re-exported)
 from .hydra import HydraHeads
 from .medusa import MedusaHeads
+from .peagle import PEagleHead
 from .tree_check import tree_problem
 from .batch_plan import read_batch_plan
 
 
 def head_types() -> dict[str, type]:
     """Registered head classes by ``head_type`` name."""
-    return {cls.head_type: cls for cls in (MedusaHeads, HydraHeads, EagleHead, Eagle3Head)}
+    return {cls.head_type: cls for cls in (MedusaHeads, HydraHeads, EagleHead, Eagle3Head, PEagleHead)}
 
 
 def _not_heads_folder(path: Path, data: Any) -> str | None:
