@@ -55,6 +55,40 @@ def sample_chains(valid: torch.Tensor, sizes: list[int], generator: torch.Genera
     return out
 
 
+def element_states(
+    heads: torch.nn.Module,
+    features: torch.Tensor,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    chains: list[tuple[torch.Tensor, torch.Tensor]],
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One draft forward over every element: depth 0 at every anchor, then ``chains`` (per depth
+    d >= 1: anchors [B, k_d] and which are real). Returns (states [B, N, d], anchor [B, N],
+    depth [N], real [B, N]) along one element axis, depth by depth."""
+    bsz, seq = input_ids.shape
+    n, device = seq - 1, input_ids.device
+    anchor = [torch.arange(n, device=device).expand(bsz, n)] + [picked for picked, _ in chains]
+    real = [attention_mask[:, :n].bool()] + [r for _, r in chains]
+    depth = torch.cat([torch.full((a.shape[1],), d, device=device) for d, a in enumerate(anchor)])
+    anchor, real = torch.cat(anchor, 1), torch.cat(real, 1)
+    g, attn_in = heads.first_input(features[:, :n], input_ids[:, 1:])
+    rest = anchor.shape[1] - n
+    if rest:
+        gm, attn_m = heads.mask_input((bsz, rest))
+        g, attn_in = torch.cat([g, gm.to(g.dtype)], 1), torch.cat([attn_in, attn_m.to(attn_in.dtype)], 1)
+    positions = anchor + depth[None]  # a slot's position is its anchor's plus its depth
+    first = depth == 0
+    # the committed prefix: depth-0 elements of anchors <= mine (real tokens only)
+    sees_prefix = first[None, None, :] & (anchor[:, None, :] <= anchor[:, :, None]) & real[:, None, :]
+    # my own chain's mask slots up to my depth (depth-0 elements have none)
+    own_chain = (anchor[:, None, :] == anchor[:, :, None]) & ~first[None, None, :] & ~first[None, :, None]
+    own_chain &= depth[None, None, :] <= depth[None, :, None]
+    # every element sees itself: padding rows would otherwise attend to nothing (NaN)
+    mask = sees_prefix | own_chain | torch.eye(anchor.shape[1], dtype=torch.bool, device=device)[None]
+    state, _ = heads.run_layers(g, attn_in, positions, mask)
+    return state, anchor, depth, real
+
+
 def _depth_terms(heads, lm_head, topk: int, ranks: int, state: torch.Tensor, target_hidden: torch.Tensor):
     """Summed soft CE against the target restricted to the draft vocabulary, top-1 / top-k /
     per-rank hits of the target's argmax; rows whose argmax is outside the vocabulary are left out."""
@@ -103,7 +137,6 @@ def peagle_loss(
     lm = torch.ones_like(input_ids, dtype=torch.bool) if loss_mask is None else loss_mask.bool()
     am = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
     supervised = lm & am
-    anchors = torch.arange(n, device=device)
     # valid[b, d, t]: anchor t's depth-d target (token t+2+d) is a training token
     valid = torch.zeros(bsz, depths, n, dtype=torch.bool, device=device)
     for d in range(depths):
@@ -111,24 +144,7 @@ def peagle_loss(
             valid[:, d, : seq - 2 - d] = supervised[:, 2 + d :]
     sizes = cod_sizes(float(ex["cod_ratio"]), float(ex["cod_min_ratio"]), depths, int(valid[:, 0].sum(1).max()))
     chains = sample_chains(valid, sizes, generator)
-
-    # -- the elements, depth by depth along one sequence axis ------------------------------------
-    anchor = [anchors.expand(bsz, n)] + [picked for picked, _ in chains]
-    real = [am[:, :n]] + [r for _, r in chains]
-    depth = torch.cat([torch.full((a.shape[1],), d, device=device) for d, a in enumerate(anchor)])
-    anchor, real = torch.cat(anchor, 1), torch.cat(real, 1)  # [B, N]
-    g0, attn0 = heads.first_input(features[:, :n], input_ids[:, 1:])
-    rest = anchor.shape[1] - n
-    if rest:
-        gm, attnm = heads.mask_input((bsz, rest))
-        g0, attn0 = torch.cat([g0, gm.to(g0.dtype)], 1), torch.cat([attn0, attnm.to(attn0.dtype)], 1)
-    positions = anchor + depth[None]
-    first = depth == 0
-    sees_prefix = first[None, None, :] & (anchor[:, None, :] <= anchor[:, :, None]) & real[:, None, :]
-    own_chain = (anchor[:, None, :] == anchor[:, :, None]) & (depth[None, None, :] >= 1) & (depth[None, None, :] <= depth[None, :, None])
-    own_chain &= ~first[None, :, None]
-    mask = sees_prefix | own_chain | torch.eye(anchor.shape[1], dtype=torch.bool, device=device)[None]
-    state, _ = heads.run_layers(g0, attn0, positions, mask)
+    state, anchor, depth, real = element_states(heads, features, input_ids, am, chains)
 
     # -- losses per depth ---------------------------------------------------------------------------
     lm_head = heads.target_lm_head()

@@ -101,6 +101,7 @@ class PEagleProposer(Proposer):
         return Tree(shape, torch.cat([root_t, drafted]))
 
     # -- one draft forward ---------------------------------------------------------------------------
+    @torch.inference_mode()
     def draft_scores(self, root: int, depth: int) -> torch.Tensor:
         """Logits [depth, draft vocab] of draft positions 1..depth, from one forward over the newly
         committed positions (root last) and ``depth - 1`` mask slots."""
