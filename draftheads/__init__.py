@@ -6,7 +6,8 @@ from typing import TYPE_CHECKING
 
 from .lazy import lazy_exports
 
-_HEADS = ("Eagle3Head", "EagleHead", "HeadsConfig", "HydraHeads", "MedusaHeads", "TargetInfo", "load_heads", "save_heads")
+_HEADS = ("Eagle3Head", "EagleHead", "HeadsConfig", "HydraHeads", "MedusaHeads", "PEagleHead", "TargetInfo", "load_heads",
+          "save_heads")
 _INFERENCE = (
     "DraftModelProposer", "EagleProposer", "HydraProposer", "MedusaProposer", "PromptLookupProposer", "Proposer",
     "SamplingParams", "SpeculativeDecoder", "SpeculativeOutput", "Tree", "TreeShape", "UnsupportedModelError",
@@ -15,7 +16,8 @@ _INFERENCE = (
 __getattr__, __dir__ = lazy_exports(__name__, {**dict.fromkeys(_HEADS, ".heads"), **dict.fromkeys(_INFERENCE, ".inference")})
 
 if TYPE_CHECKING:
-    from .heads import Eagle3Head, EagleHead, HeadsConfig, HydraHeads, MedusaHeads, TargetInfo, load_heads, save_heads
+    from .heads import (Eagle3Head, EagleHead, HeadsConfig, HydraHeads, MedusaHeads, PEagleHead, TargetInfo, load_heads,
+                        save_heads)
     from .inference import (
         DraftModelProposer,
         EagleProposer,

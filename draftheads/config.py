@@ -50,11 +50,12 @@ class TargetConfig:
 class HeadsSpec:
     """Which draft heads to train (the architecture itself is fixed by the target's sizes)."""
 
-    # medusa | hydra | eagle | eagle3; the same name as HeadsConfig.head_type in a heads folder's
+    # medusa | hydra | eagle | eagle3 | peagle; the same name as HeadsConfig.head_type in a heads folder's
     # config.json. Files written before the rename say ``type``: read as this (see _upgrade).
     head_type: Str = "medusa"
     # medusa/hydra: heads (one per future position); eagle/eagle3: draft steps unrolled in training
-    # (eagle: 1 = EAGLE-1's teacher-forced recipe; eagle3: training-time test, steps weighted 0.8^k).
+    # (eagle: 1 = EAGLE-1's teacher-forced recipe; eagle3: training-time test, steps weighted 0.8^k);
+    # peagle: the depths trained (the most tokens one draft forward may propose).
     num_heads: Positive = 4
     num_layers: NonNegative = 1  # residual blocks per head (medusa/hydra) or decoder layers (eagle/eagle3)
     lm_head: Literal["auto", "own", "shared"] = "auto"  # medusa/hydra only
@@ -64,6 +65,13 @@ class HeadsSpec:
     # eagle: a bias on the fc fusing embedding and feature. Off by default: vLLM's EAGLE-1 has no fc
     # bias (it would drop one silently); heads saved before this option had one and still load.
     fc_bias: Bool = False
+    # peagle: the placeholder token of its mask slots; None = the tokenizer's mask token, else an
+    # unused embedding row past the tokenizer's vocabulary, else a distinct pad token. An id the
+    # training data holds is refused.
+    mask_token_id: NonNegative | None = None
+    # peagle (COD sampling): depth d trains on max(cod_ratio^d, cod_min_ratio) of the positions
+    cod_ratio: Annotated[Float, Gt(0), Le(1)] = 0.7
+    cod_min_ratio: Annotated[Float, Gt(0), Le(1)] = 0.2
     # A heads folder (draftheads' own, or `draftheads import`ed) to continue training from: loaded
     # strictly; its type and sizes must equal the ones configured here.
     init_from: Str | None = None

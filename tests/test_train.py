@@ -267,6 +267,8 @@ HEAD_TYPE_OVERRIDES = {
     "hydra": ("heads.head_type=hydra",),
     "eagle": ("heads.head_type=eagle", "heads.lm_head=auto"),
     "eagle3": ("heads.head_type=eagle3", "heads.lm_head=auto", "heads.draft_vocab_size=64"),
+    # COD sampling draws from the reseeded noise generator: a resume draws the same depths
+    "peagle": ("heads.head_type=peagle", "heads.lm_head=auto", "heads.draft_vocab_size=64", "heads.num_layers=2"),
 }
 
 

@@ -1,9 +1,11 @@
 """Heads exported by draftheads, run in a real vLLM (its CPU build), accept what draftheads accepts.
 
 For every head type with a vLLM layout (Medusa with its own and with the shared LM head, EAGLE-1,
-EAGLE-3 through the speculators format, also as ``method: eagle3`` and as ``LLM(model=SPEC_DIR)``)
-heads are built on a tiny random Llama (the target's own next-token guess plus noise in every tensor,
-see `identity_plus_noise`), exported with ``export_heads(..., "vllm")`` and run by vLLM greedily in fp32 on the same prompts as draftheads' own CHAIN decoding of the same heads
+EAGLE-3 through the speculators format, also as ``method: eagle3`` and as ``LLM(model=SPEC_DIR)``,
+P-EAGLE through the speculators ``peagle`` format, as ``method: eagle3`` + ``parallel_drafting`` and
+as ``LLM(model=SPEC_DIR)``) heads are built on a tiny random Llama (the target's own next-token guess plus noise in every tensor,
+see `identity_plus_noise`; P-EAGLE heads are trained for a few seconds instead, as its mask slots
+draft nothing useful untrained, see `trained_peagle`), exported with ``export_heads(..., "vllm")`` and run by vLLM greedily in fp32 on the same prompts as draftheads' own CHAIN decoding of the same heads
 (vLLM drafts a chain: each step takes the argmax of every draft position). Checked:
 
 - vLLM's output with speculation == vLLM's plain output == transformers' greedy ``generate``;
@@ -12,7 +14,8 @@ see `identity_plus_noise`), exported with ``export_heads(..., "vllm")`` and run 
   about the export (verification makes any draft lossless, and vLLM's loader silently skips a
   tensor it does not expect); equal acceptance does;
 - the comparison can fail: exports with a classic conversion bug (Medusa block biases without
-  ``medusa_fc_bias``, EAGLE-1 fc halves in the wrong order, EAGLE-3 ``d2t`` all zeros) decode the same text in vLLM but accept differently.
+  ``medusa_fc_bias``, EAGLE-1 fc halves in the wrong order, EAGLE-3 ``d2t`` all zeros, P-EAGLE without
+  its own embedding, so that vLLM shares the target's) decode the same text in vLLM but accept differently.
 
 How vLLM counts steps (no shorter drafts near ``max_tokens``; accepted tokens past it still
 counted) and how draftheads' decoding is replayed to count the same steps: tests/engines/vllm_counting.py.
@@ -128,6 +131,34 @@ def identity_plus_noise(target, head_type: str, noise: float, seed: int = 0, dra
     return heads.eval()
 
 
+def trained_peagle(target, prompts: torch.Tensor, steps: int = 60):
+    """P-EAGLE heads (K depths, one layer) trained with train.py's loss on the target's greedy
+    continuations of ``prompts`` and of more random prompts: their mask slots draft something the
+    target accepts, at every position. The mask token is an id none of those rows holds."""
+    from draftheads.train.model import TargetWithHeads
+
+    more = torch.randint(3, VOCAB, (26, PROMPT_LEN), generator=torch.Generator().manual_seed(11))
+    seqs = greedy(target, torch.cat([prompts, more]), MAX_TOKENS + K + 1)
+    present = torch.zeros(VOCAB, dtype=torch.bool)
+    present[seqs.flatten()] = True
+    mask_token = int((~present).nonzero()[0]) if bool((~present).any()) else None
+    assert mask_token is not None, "every id occurs in the training rows: no mask token to pick"
+    torch.manual_seed(0)
+    heads = dh.PEagleHead.for_target(target, num_heads=K, num_layers=1, draft_vocab_size=160, mask_token_id=mask_token)
+    heads.set_draft_vocab(torch.bincount(seqs.flatten(), minlength=VOCAB))
+    model = TargetWithHeads(target, heads)
+    opt = torch.optim.Adam(heads.parameters(), lr=3e-3)
+    loss_mask = torch.zeros_like(seqs)
+    loss_mask[:, PROMPT_LEN:] = 1
+    for step in range(steps):
+        model.reseed_noise(step, seqs.device)
+        loss = model(seqs, loss_mask=loss_mask)["loss"]
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return heads.eval()
+
+
 @dataclass
 class Case:
     """One set of exported heads as vLLM runs it, and how draftheads drafts the same chain."""
@@ -172,6 +203,8 @@ def perturb(src: Path, dst: Path, how: str) -> None:
         tensors["fc.weight"] = torch.cat([w[:, d:], w[:, :d]], dim=1).contiguous()
     elif how == "eagle3_d2t_zero":  # a d2t of zeros (a known bug): draft index i read as target id i
         tensors["d2t"] = torch.zeros_like(tensors["d2t"])
+    elif how == "peagle_embedding_dropped":  # vLLM then embeds with the target's table (mask row included)
+        del tensors["embed_tokens.weight"]
     else:
         raise ValueError(how)
     save_file(tensors, str(weights), metadata={"format": "pt"})
@@ -205,9 +238,10 @@ def engine_run(tmp_path_factory):
     return prepare_and_run(python, tmp_path_factory.mktemp("vllm-engine"))
 
 
-def prepare_and_run(python: Path, root: Path, reuse: bool = False) -> dict:
+def prepare_and_run(python: Path, root: Path, reuse: bool = False, only: set[str] | None = None) -> dict:
     """Target, trained heads, exports (good and broken) under ``root``; then every engine in one
-    vLLM subprocess. ``reuse``: read an existing result.json instead of running vLLM (debugging)."""
+    vLLM subprocess. ``reuse``: read an existing result.json instead of running vLLM (debugging);
+    ``only``: run just these engines besides plain (debugging one head type)."""
     target_dir = root / "target"
     target = tiny_llama_target(target_dir)
     prompts = torch.randint(3, VOCAB, (NUM_PROMPTS, PROMPT_LEN), generator=torch.Generator().manual_seed(7))
@@ -232,7 +266,14 @@ def prepare_and_run(python: Path, root: Path, reuse: bool = False) -> dict:
     cases["eagle3_as_model"] = Case(
         "eagle3_as_model", eagle3.heads_dir, eagle3.export_dir, None, eagle3.chain, {"model": str(eagle3.export_dir)}
     )
-    negatives = {"medusa": "medusa_bias_flag_dropped", "eagle": "eagle_fc_halves_swapped", "eagle3": "eagle3_d2t_zero"}
+    peagle_dir = root / "heads-peagle"
+    trained_peagle(target, prompts).save_pretrained(peagle_dir)
+    out = export_heads(peagle_dir, root / "vllm-peagle", "vllm", verifier=str(target_dir), num_speculative_tokens=K)
+    peagle_method = {"method": "eagle3", "model": str(out), "num_speculative_tokens": K, "parallel_drafting": True}
+    cases["peagle"] = Case("peagle", peagle_dir, out, peagle_method, dh.TreeShape.chain(K))
+    cases["peagle_as_model"] = Case("peagle_as_model", peagle_dir, out, None, dh.TreeShape.chain(K), {"model": str(out)})
+    negatives = {"medusa": "medusa_bias_flag_dropped", "eagle": "eagle_fc_halves_swapped", "eagle3": "eagle3_d2t_zero",
+                 "peagle": "peagle_embedding_dropped"}
     broken: dict[str, Case] = {}
     for name, how in negatives.items():
         good = cases[name]
@@ -243,7 +284,7 @@ def prepare_and_run(python: Path, root: Path, reuse: bool = False) -> dict:
     engines = [{"name": "plain", "speculative_config": None}]
     engines += [
         {"name": c.name, "speculative_config": c.speculative_config, "llm_kwargs": c.llm_kwargs}
-        for c in [*cases.values(), *broken.values()]
+        for c in [*cases.values(), *broken.values()] if only is None or c.name in only
     ]
     spec = {
         "model": str(target_dir), "dtype": "float32", "max_model_len": 256, "max_num_seqs": NUM_PROMPTS,
@@ -285,7 +326,7 @@ def test_vllm_counting_replays_the_schedulers_rule():
         vllm_counts([1, 1], max_tokens=10, k=3)
 
 
-CASES = ["medusa", "medusa_shared", "eagle", "eagle3", "eagle3_method", "eagle3_as_model"]
+CASES = ["medusa", "medusa_shared", "eagle", "eagle3", "eagle3_method", "eagle3_as_model", "peagle", "peagle_as_model"]
 
 
 def test_vllm_plain_greedy_equals_transformers_generate(engine_run):
@@ -314,7 +355,8 @@ def test_vllm_accepts_per_position_what_draftheads_accepts(engine_run, name):
     assert per_pos[-1] > 0, f"{name}: the last draft position never accepted ({per_pos})"
 
 
-@pytest.mark.parametrize("how", ["medusa_bias_flag_dropped", "eagle_fc_halves_swapped", "eagle3_d2t_zero"])
+@pytest.mark.parametrize("how", ["medusa_bias_flag_dropped", "eagle_fc_halves_swapped", "eagle3_d2t_zero",
+                                 "peagle_embedding_dropped"])
 def test_a_conversion_bug_changes_vllm_acceptance_not_its_output(engine_run, how):
     """The acceptance comparison can fail: an export with one classic bug still decodes exactly
     (verification is lossless) but no longer accepts what draftheads accepts."""

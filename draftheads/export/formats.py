@@ -8,6 +8,6 @@ IMPORT_FORMATS = {
     "eagle": "EAGLE-1/2 (SafeAILab, vLLM, SGLang): fc.weight [H, 2H] + layers.{i}.self_attn/mlp.*",
     "eagle3": "EAGLE-3 (SafeAILab, SpecForge, SGLang): midlayer.* + fc + norm + lm_head + d2t/t2d; "
               "aux ids in SGLang's numbering",
-    "speculators": "speculators EAGLE-3: config speculators_model_type eagle3, layers.0.* + d2t/t2d; "
-                   "aux ids in vLLM's numbering",
+    "speculators": "speculators EAGLE-3 / P-EAGLE: config speculators_model_type eagle3 or peagle, layers.0.* + "
+                   "d2t/t2d (peagle: + mask_hidden, mask_token_id, embed_tokens); aux ids in vLLM's numbering",
 }

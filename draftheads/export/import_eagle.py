@@ -6,6 +6,9 @@ EAGLE-3: ``midlayer.*`` (SafeAILab, SpecForge, SGLang; explicit aux ids in SGLan
 "output of layer j") or ``layers.0.*`` (speculators, vLLM's numbering "input of layer k"), with
 ``d2t`` offsets and an optional ``t2d`` mask. A copy of the target's embedding in the checkpoint is
 checked against the target and dropped (draftheads always reads the target's own).
+P-EAGLE (speculators ``peagle``): the EAGLE-3 layout plus ``mask_hidden``, a top-level
+``mask_token_id`` and the draft's own trained ``embed_tokens`` (kept; without one, vLLM embeds
+with the target's table, so that is what the imported heads get).
 Variants draftheads' heads cannot compute (norm_before_residual, fc norms, RoPE scaling, ...)
 are refused by name, never approximated.
 """
@@ -13,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from ..heads import Eagle3Head, EagleHead, HeadsConfig, TargetInfo
+from ..heads import Eagle3Head, EagleHead, HeadsConfig, PEagleHead, TargetInfo
 from ..heads.config import text_config
 from ..heads.eagle import check_feature_layers
 from .eagle_layers import draftheads_layer_tensors
@@ -109,17 +112,23 @@ def _same_as_target_head(tensors: dict[str, torch.Tensor], target: torch.nn.Modu
 
 
 def read_eagle3(source: Source, target: torch.nn.Module, layout: str) -> Eagle3Head:
-    """``layout``: "eagle3" (midlayer.*, SGLang aux-id numbering) or "speculators" (layers.0.*, vLLM's)."""
+    """``layout``: "eagle3" (midlayer.*, SGLang aux-id numbering) or "speculators" (layers.0.*, vLLM's;
+    P-EAGLE when its ``speculators_model_type`` says so)."""
     where = source.describe()
     tensors = _strip_model_prefix(source.tensors)
-    _check_embedding(tensors, target, where)
+    peagle = layout == "speculators" and source.config.get("speculators_model_type") == "peagle"
+    if peagle:
+        peagle_state = _peagle_tensors(tensors, source.config, target, where)
+    else:
+        _check_embedding(tensors, target, where)
     info = TargetInfo.from_model(target)
     n_target = int(text_config(target).num_hidden_layers)
     d = info.hidden_size
     cfg = source.config
     if layout == "speculators":
         layer_cfg = dict(cfg.get("transformer_layer_config") or {})
-        flags = {"norm_before_residual": cfg.get("norm_before_residual", True)}  # vLLM's default for this format
+        # vLLM's default for this format (its P-EAGLE mapping defaults to false)
+        flags = {"norm_before_residual": cfg.get("norm_before_residual", not peagle)}
         flags.update({k: cfg.get(k, False) for k in UNSUPPORTED_FLAGS if k != "norm_before_residual"})
         ids = cfg.get("eagle_aux_hidden_state_layer_ids") or (layer_cfg.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
         feature_layers = feature_layers_from_vllm(ids) if ids else default_engine_feature_layers(n_target)
@@ -169,9 +178,13 @@ def read_eagle3(source: Source, target: torch.nn.Module, layout: str) -> Eagle3H
     order = torch.argsort(absolute)  # draftheads keeps the draft vocabulary sorted by target id
     num_layers = 1 + len({k.split(".")[1] for k in tensors if k.startswith("layers.") and k.split(".")[1] != "0"})
     extra = {**_geometry(layer_cfg, d, where), "feature_layers": feature_layers, "draft_vocab_size": int(n_vocab)}
-    config = HeadsConfig(head_type="eagle3", num_heads=1, num_layers=num_layers, hidden_size=d,
+    num_heads, cls = 1, Eagle3Head
+    if peagle:
+        num_heads, cls = peagle_state.pop("num_heads"), PEagleHead
+        extra.update(mask_token_id=peagle_state.pop("mask_token_id"), cod_ratio=0.7, cod_min_ratio=0.2)
+    config = HeadsConfig(head_type=cls.head_type, num_heads=num_heads, num_layers=num_layers, hidden_size=d,
                          vocab_size=info.vocab_size, lm_head="own", target=info, extra=extra)
-    head = Eagle3Head(config)
+    head = cls(config)
     later_norm = "hidden_norm" if any(k.startswith("layers.1.hidden_norm") for k in tensors) else "input_layernorm"
     prefixes = [prefix0] + [f"layers.{i}" for i in range(1, num_layers)]
     embed_norm = tensors.pop(f"{prefix0}.input_layernorm.weight", None)
@@ -193,6 +206,29 @@ def read_eagle3(source: Source, target: torch.nn.Module, layout: str) -> Eagle3H
     tt[absolute[order]] = torch.arange(n_vocab)
     state["target_to_draft"] = tt
     state["token_counts"] = torch.zeros(info.vocab_size, dtype=torch.long)
+    if peagle:
+        state.update(peagle_state)
     head = load_strict(head, state, where)
     head.check_vocab_mapping()
     return head
+
+
+def _peagle_tensors(tensors: dict[str, torch.Tensor], cfg: dict, target: torch.nn.Module, where: str) -> dict:
+    """Pop what P-EAGLE adds to EAGLE-3: its embedding, mask_hidden; read the mask id and depths."""
+    mask_hidden = tensors.pop("mask_hidden", None)
+    if mask_hidden is None:
+        raise ValueError(f"{where}: a speculators peagle checkpoint needs mask_hidden (vLLM refuses one without it)")
+    mask_id = cfg.get("mask_token_id", cfg.get("pard_token", cfg.get("ptd_token_id")))
+    vocab = int(target.get_output_embeddings().weight.shape[0])
+    if isinstance(mask_id, bool) or not isinstance(mask_id, int) or not 0 <= mask_id < vocab:
+        raise ValueError(f"{where}: mask_token_id {mask_id!r} is missing or outside the target's vocabulary 0..{vocab - 1}")
+    methods = (cfg.get("speculators_config") or {}).get("proposal_methods") or [{}]
+    depths = methods[0].get("speculative_tokens")
+    if isinstance(depths, bool) or not isinstance(depths, int) or depths < 1:
+        raise ValueError(f"{where}: speculators_config.proposal_methods[0].speculative_tokens {depths!r} is not a "
+                         "positive integer (the draft positions the checkpoint was made for)")
+    embedding = tensors.pop("embed_tokens.weight", None)
+    if embedding is None:  # vLLM shares the target's embedding then: so do the imported heads
+        embedding = target.get_input_embeddings().weight.detach().cpu()
+    return {"embed_tokens.weight": embedding, "mask_hidden": mask_hidden.reshape(1, 1, -1),
+            "mask_token_id": int(mask_id), "num_heads": int(depths)}

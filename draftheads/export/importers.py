@@ -23,8 +23,9 @@ def detect_format(source: Source) -> str:
     bare = {k[len("model."):] if k.startswith("model.") else k for k in names}
     cfg = source.config
     if cfg.get("speculators_model_type") is not None:
-        if cfg["speculators_model_type"] != "eagle3":
-            raise ValueError(f"{source.path}: speculators_model_type {cfg['speculators_model_type']!r}: only eagle3 imports")
+        if cfg["speculators_model_type"] not in ("eagle3", "peagle"):
+            raise ValueError(f"{source.path}: speculators_model_type {cfg['speculators_model_type']!r}: only eagle3 "
+                             "and peagle import")
         return "speculators"
     if any(VLLM_BLOCK.match(k) for k in names):
         return "vllm-medusa"

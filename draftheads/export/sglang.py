@@ -72,6 +72,7 @@ def export(heads, *, verifier, verifier_cfg, num_speculative_tokens) -> EngineFo
     if kind not in kinds:
         raise ExportError(
             f"{kind} heads have no SGLang layout (SGLang serves EAGLE-1 and EAGLE-3 drafts): formats exist for "
-            "medusa (vllm), eagle (vllm, sglang), eagle3 (vllm = speculators, sglang, speculators)"
+            "medusa (vllm), eagle (vllm, sglang), eagle3 (vllm = speculators, sglang, speculators), "
+            "peagle (vllm = speculators, speculators)"
         )
     return kinds[kind](heads, verifier=verifier, verifier_cfg=verifier_cfg, num_speculative_tokens=num_speculative_tokens)

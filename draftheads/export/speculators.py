@@ -1,8 +1,15 @@
-"""EAGLE-3 heads -> the speculators format (vllm-project/speculators), which vLLM loads directly.
+"""EAGLE-3 and P-EAGLE heads -> the speculators format (vllm-project/speculators), which vLLM loads directly.
 
 vLLM reads it through vllm/transformers_utils/configs/speculators/{base,algos}.py: the draft layer's
 config is ``transformer_layer_config``; ``norm_before_residual`` defaults to TRUE there (draftheads'
 EAGLE-3 keeps the un-normed fused state on the residual stream: false), so it is always written.
+
+P-EAGLE (``speculators_model_type: peagle``) is the EAGLE-3 folder plus the mask token id (top
+level: vLLM's parallel drafting reads it as its placeholder token), ``mask_hidden`` (its fc
+input, so its columns follow fc's layer order) and the draft's own trained ``embed_tokens``
+(vLLM keeps a draft embedding that differs from the target's). vLLM maps it to ``eagle3`` with
+``parallel_drafting`` on, and forwards only some draft options (no ``fc_norm`` or
+``norm_output``): draftheads' P-EAGLE uses neither, and the export asserts it.
 """
 from __future__ import annotations
 
@@ -42,8 +49,8 @@ def expected_eagle3(heads, layer0_prefix: str, later_norm: str) -> dict:
     return shapes
 
 
-def check_eagle3(heads, format_name: str) -> None:
-    if heads.config.head_type != "eagle3":
+def check_eagle3(heads, format_name: str, head_type: str = "eagle3") -> None:
+    if heads.config.head_type != head_type:
         raise ExportError(
             f"{format_name} holds EAGLE-3 heads; these are {heads.config.head_type!r} "
             f"({'Medusa and EAGLE export with --format vllm' if heads.config.head_type != 'hydra' else 'Hydra has no engine format'})"
@@ -52,7 +59,16 @@ def check_eagle3(heads, format_name: str) -> None:
 
 
 def export(heads, *, verifier: str | None, verifier_cfg: dict, num_speculative_tokens: int | None) -> EngineFolder:
+    """EAGLE-3 or P-EAGLE heads as a speculators folder."""
+    if heads.config.head_type == "peagle":
+        return export_peagle(heads, verifier=verifier, verifier_cfg=verifier_cfg,
+                             num_speculative_tokens=num_speculative_tokens)
     check_eagle3(heads, FORMAT)
+    return _eagle3_folder(heads, verifier=verifier, verifier_cfg=verifier_cfg,
+                          num_speculative_tokens=num_speculative_tokens)
+
+
+def _eagle3_folder(heads, *, verifier: str | None, verifier_cfg: dict, num_speculative_tokens: int | None) -> EngineFolder:
     cfg, ex = heads.config, heads.config.extra
     if not verifier:
         raise ExportError(
@@ -97,4 +113,46 @@ def export(heads, *, verifier: str | None, verifier_cfg: dict, num_speculative_t
         f"verifier {verifier}; {steps} speculative tokens",
     ])
     check_tensors(folder, expected_eagle3(heads, "layers.0", "input_layernorm"), FORMAT)
+    return folder
+
+
+# vLLM's speculators P-EAGLE mapping forwards only these draft options; one set otherwise would
+# be dropped without a word (vllm/transformers_utils/configs/speculators/algos.py).
+PEAGLE_UNFORWARDED = ("fc_norm", "norm_output")
+
+
+def export_peagle(heads, *, verifier: str | None, verifier_cfg: dict, num_speculative_tokens: int | None) -> EngineFolder:
+    """P-EAGLE heads: the EAGLE-3 folder + mask token id, mask_hidden and the trained embedding."""
+    check_eagle3(heads, FORMAT, head_type="peagle")
+    cfg, ex = heads.config, heads.config.extra
+    depths = cfg.num_heads
+    steps = int(num_speculative_tokens or depths)
+    if steps > depths:
+        raise ExportError(
+            f"num_speculative_tokens {steps} exceeds the {depths} depths these P-EAGLE heads were trained for: vLLM "
+            f"would draft mask slots the draft never learned; pass --num-speculative-tokens 1..{depths}"
+        )
+    folder = _eagle3_folder(heads, verifier=verifier, verifier_cfg=verifier_cfg, num_speculative_tokens=steps)
+    config = folder.config
+    set_options = [k for k in PEAGLE_UNFORWARDED if config.get(k)]
+    if set_options:
+        raise ExportError(f"vLLM's P-EAGLE loader does not forward {', '.join(set_options)}: it would compute another draft")
+    for key in PEAGLE_UNFORWARDED:  # false, and not forwarded anyway: leave them out rather than suggest they count
+        config.pop(key, None)
+    config["architectures"] = ["PEagleSpeculator"]
+    config["speculators_model_type"] = "peagle"
+    config["speculators_config"]["algorithm"] = "peagle"
+    config["mask_token_id"] = int(ex["mask_token_id"])
+    config["embed_requires_grad"] = True
+    state = heads.state_dict()
+    order = fc_column_order(ex["feature_layers"], cfg.hidden_size)
+    folder.tensors["mask_hidden"] = state["mask_hidden"].detach().cpu().reshape(1, 1, -1)[..., order].contiguous()
+    folder.tensors["embed_tokens.weight"] = state["embed_tokens.weight"].detach().cpu()
+    folder.notes.append(f"P-EAGLE: mask token {ex['mask_token_id']}, trained {depths} depths; "
+                        f"launch with speculative_config={{'model': DIR, 'method': 'eagle3', 'parallel_drafting': True, "
+                        f"'num_speculative_tokens': {steps}}} or LLM(model=DIR)")
+    shapes = expected_eagle3(heads, "layers.0", "input_layernorm")
+    shapes["mask_hidden"] = (1, 1, cfg.hidden_size * len(ex["feature_layers"]))
+    shapes["embed_tokens.weight"] = (cfg.vocab_size, cfg.hidden_size)
+    check_tensors(folder, shapes, FORMAT)
     return folder

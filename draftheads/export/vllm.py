@@ -68,12 +68,12 @@ def export_eagle(heads, *, verifier, verifier_cfg, num_speculative_tokens) -> En
 
 
 def export(heads, *, verifier, verifier_cfg, num_speculative_tokens) -> EngineFolder:
-    kinds = {"medusa": export_medusa, "eagle": export_eagle, "eagle3": speculators.export}
+    kinds = {"medusa": export_medusa, "eagle": export_eagle, "eagle3": speculators.export, "peagle": speculators.export}
     kind = heads.config.head_type
     if kind not in kinds:
         raise ExportError(
             f"{kind} heads have no vLLM layout (vLLM serves Medusa, EAGLE-1 and EAGLE-3 drafts; SGLang EAGLE-1 and "
             "EAGLE-3): formats exist for medusa (vllm), eagle (vllm, sglang), eagle3 (vllm = speculators, sglang, "
-            "speculators)"
+            "speculators), peagle (vllm = speculators, speculators)"
         )
     return kinds[kind](heads, verifier=verifier, verifier_cfg=verifier_cfg, num_speculative_tokens=num_speculative_tokens)

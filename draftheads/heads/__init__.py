@@ -1,10 +1,11 @@
-"""Draft heads (Medusa, Hydra, EAGLE, EAGLE-3), their config, and their safetensors export."""
+"""Draft heads (Medusa, Hydra, EAGLE, EAGLE-3, P-EAGLE), their config, and their safetensors export."""
 from .base import DraftHeads, check_target
 from .config import FORMAT_VERSION, HeadsConfig, TargetInfo
 from .io import head_types, load_heads, read_config, save_heads
 from .eagle import Eagle3Head, EagleHead
 from .hydra import HydraHeads
 from .medusa import MedusaHeads, ResBlock
+from .peagle import PEagleHead
 
 __all__ = [
     "DraftHeads",
@@ -14,6 +15,7 @@ __all__ = [
     "FORMAT_VERSION",
     "HeadsConfig",
     "MedusaHeads",
+    "PEagleHead",
     "ResBlock",
     "TargetInfo",
     "check_target",

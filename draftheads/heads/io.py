@@ -22,13 +22,14 @@ from .folder import CONFIG_NAME, TREE_NAME, WEIGHTS_NAME, non_finite_tensors, re
 from .hub import resolve_heads_folder
 from .hydra import HydraHeads
 from .medusa import MedusaHeads
+from .peagle import PEagleHead
 from .tree_check import tree_problem
 from .batch_plan import read_batch_plan
 
 
 def head_types() -> dict[str, type]:
     """Registered head classes by ``head_type`` name."""
-    return {cls.head_type: cls for cls in (MedusaHeads, HydraHeads, EagleHead, Eagle3Head)}
+    return {cls.head_type: cls for cls in (MedusaHeads, HydraHeads, EagleHead, Eagle3Head, PEagleHead)}
 
 
 def _not_heads_folder(path: Path, data: Any) -> str | None:

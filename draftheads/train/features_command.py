@@ -50,7 +50,7 @@ def run_cache_features(args) -> int:
     train_ds, eval_ds, stats = build_datasets(cfg.data, tokenizer)
     print(stats.summary())
     torch.manual_seed(cfg.train.seed)
-    heads = build_heads(cfg.heads, target)  # only to learn what these heads read from the target
+    heads = build_heads(cfg.heads, target, tokenizer=tokenizer)  # only to learn what these heads read from the target
     model = TargetWithHeads(target, heads, loss_chunk_size=cfg.train.loss_chunk_size)
     splits = {"train": train_ds} | ({"eval": eval_ds} if eval_ds is not None else {})
     try:

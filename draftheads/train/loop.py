@@ -155,7 +155,7 @@ def _run(cfg: ExperimentConfig, overwrite: bool, held: contextlib.ExitStack) -> 
 
     # -- 3. heads, wrapper, optimizer, schedule --------------------------------------------------
     set_seed(t.seed)  # heads' init does not depend on what loading consumed from the RNG
-    heads = build_heads(cfg.heads, target, zero3=zero3)
+    heads = build_heads(cfg.heads, target, zero3=zero3, tokenizer=tokenizer)
     if cfg.heads.init_from:  # continue from saved or imported heads (their draft vocabulary included)
         heads = init_heads_from(heads, cfg.heads.init_from, target)
         say(f"heads initialised from {cfg.heads.init_from}")
@@ -377,7 +377,9 @@ def load_target(cfg: TargetConfig, accelerator=None, device: torch.device | None
     )
 
 
-def build_heads(spec: HeadsSpec, target: torch.nn.Module, zero3: bool = False) -> torch.nn.Module:
+def build_heads(spec: HeadsSpec, target: torch.nn.Module, zero3: bool = False, tokenizer=None) -> torch.nn.Module:
+    """Fresh heads of ``spec``'s type for ``target``; ``tokenizer`` settles options chosen from it
+    (P-EAGLE's mask token)."""
     from ..heads import head_types
     from ..heads.init import apply_init
 
@@ -388,6 +390,9 @@ def build_heads(spec: HeadsSpec, target: torch.nn.Module, zero3: bool = False) -
 
         ctx = deepspeed.zero.GatheredParameters([target.get_output_embeddings().weight], modifier_rank=None)
     options = {name: getattr(spec, name) for name in cls.spec_options}  # what this head type takes
+    resolve = getattr(cls, "resolve_options", None)
+    if resolve is not None:
+        options = resolve(options, target, tokenizer)
     with ctx:
         heads = cls.for_target(target, num_heads=spec.num_heads, num_layers=spec.num_layers, **options)
         return apply_init(heads, spec.init, target)  # heads.init (draftheads/heads/init.py)

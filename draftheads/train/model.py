@@ -11,6 +11,7 @@ from torch import nn
 
 from .eagle_loss import eagle_loss, eagle_target_counts
 from .losses import medusa_loss, medusa_target_counts
+from .peagle_loss import peagle_loss
 
 
 class TargetWithHeads(nn.Module):
@@ -79,7 +80,7 @@ class TargetWithHeads(nn.Module):
         the masks alone. Summed over a step's micro-batches and processes, they are the
         ``loss_denominators`` that make the loss a mean over the step's tokens, wherever they fell."""
         k = self.heads.config.num_heads
-        if self.heads.training_objective == "draft_steps":
+        if self.heads.training_objective in ("draft_steps", "parallel_depths"):  # P-EAGLE divides by entry 0
             return eagle_target_counts(k, input_ids, loss_mask, attention_mask)
         return medusa_target_counts(input_ids, k, loss_mask, attention_mask)
 
@@ -176,7 +177,15 @@ class TargetWithHeads(nn.Module):
             hidden = hidden.to(dtype)
             features = features.to(dtype) if layers else hidden
         common = dict(decay=self.loss_decay, chunk_size=self.loss_chunk_size, topk=self.topk, denominators=loss_denominators)
-        if self.heads.training_objective == "draft_steps":
+        if self.heads.training_objective == "parallel_depths":
+            # P-EAGLE: every trained depth in one draft forward, depths drawn by COD sampling
+            # from the noise generator (reseeded per batch: a resumed run draws the same depths).
+            labels = input_ids
+            out = peagle_loss(
+                self.heads, features, hidden, input_ids, loss_mask, attention_mask, chunk_size=self.loss_chunk_size,
+                topk=self.topk, ranks=rank_stats, generator=self.noise_generator, denominators=loss_denominators,
+            )
+        elif self.heads.training_objective == "draft_steps":
             # EAGLE learns the target's distribution at every position (its own soft labels) from
             # the data tokens it reads; `labels` does not apply.
             labels = input_ids

@@ -9,10 +9,12 @@ from .draft_model import AdaptiveGamma, DraftModelProposer
 from .eagle import EagleProposer, eagle_proposer
 from .hydra import HydraProposer
 from .medusa import MedusaProposer
+from .peagle import PEagleProposer, peagle_proposer
 from .prompt_lookup import PromptLookupProposer
 
 register_proposer("medusa", MedusaProposer)
 register_proposer("hydra", HydraProposer)
 register_proposer("eagle", eagle_proposer)  # EAGLE-3 heads are EagleHead subclasses: the same proposer
+register_proposer("peagle", peagle_proposer)  # P-EAGLE: an EAGLE-3 subclass with its own one-forward proposer
 
-__all__ = ["AdaptiveGamma", "DraftModelProposer", "EagleProposer", "HydraProposer", "MedusaProposer", "PromptLookupProposer", "Proposer"]
+__all__ = ["AdaptiveGamma", "DraftModelProposer", "EagleProposer", "HydraProposer", "MedusaProposer", "PEagleProposer", "PromptLookupProposer", "Proposer"]

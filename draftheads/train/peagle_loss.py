@@ -1,0 +1,182 @@
+"""P-EAGLE training loss: every trained depth of many positions in ONE draft forward.
+
+Element (anchor t, depth d) is what drafting computes at slot d after a root at position t+1:
+- depth 0 reads the target's feature at t and token t+1 (EAGLE-3's input), position t;
+- depth d >= 1 reads the mask token and ``fc(mask_hidden)``, position t+d;
+- it attends to the depth-0 elements of anchors <= t (the committed prefix) and to its own
+  chain (anchor t, depths 1..d): at inference, the mask slots after the root.
+Element (t, d) learns the target's distribution of token t+2+d (its final hidden state at t+1+d
+through its LM head), restricted to the draft vocabulary like EAGLE-3.
+
+Which depths each position trains (COD sampling): depth 0 every position; depth d a random
+``max(r^d, r_min)`` share of the positions (k_d = ceil of that times the row's supervised
+positions), drawn among depth d-1's chains whose next target is supervised, so every chain is
+contiguous. The sum over all elements is divided by the number of depth-0 elements (over the
+whole optimizer step when the loop passes ``denominators``): deeper depths weigh less only
+because fewer of them are drawn, as in speculators' P-EAGLE. Vocab-sized logits are computed in
+checkpointed chunks.
+"""
+from __future__ import annotations
+
+import math
+from functools import partial
+
+import torch
+from torch.utils.checkpoint import checkpoint
+
+from .losses import HeadLossOutput
+
+
+def cod_sizes(ratio: float, floor: float, depths: int, supervised: int) -> list[int]:
+    """Elements drawn at each depth for ``supervised`` depth-0 positions (depth 0: all)."""
+    return [supervised] + [math.ceil(max(ratio**d, floor) * supervised) for d in range(1, depths)]
+
+
+def sample_chains(valid: torch.Tensor, sizes: list[int], generator: torch.Generator | None) -> list[torch.Tensor]:
+    """Anchors [B, k_d] of each depth d >= 1 and whether each one is a real chain element [B, k_d].
+
+    ``valid`` [B, D, n]: anchor t's depth-d target is supervised. Depth d draws (uniformly, per
+    row) k_d anchors among those whose chain reached depth d-1 and whose depth-d target is
+    supervised; rows with fewer candidates get padding entries (marked False)."""
+    bsz, depths, n = valid.shape
+    alive = torch.ones(bsz, n, dtype=torch.bool, device=valid.device)  # chains that reached depth d-1
+    out = []
+    for d in range(1, depths):
+        candidates = alive & valid[:, d]
+        k = min(sizes[d], int(candidates.sum(1).max()) if n else 0)
+        if k == 0:
+            break
+        score = torch.rand(bsz, n, generator=generator, device=valid.device)
+        score = torch.where(candidates, score, torch.full_like(score, -1.0))
+        picked = score.topk(k, dim=1).indices.sort(dim=1).values
+        real = candidates.gather(1, picked)
+        out.append((picked, real))
+        alive = torch.zeros_like(alive).scatter_(1, picked, real)
+    return out
+
+
+def element_states(
+    heads: torch.nn.Module,
+    features: torch.Tensor,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    chains: list[tuple[torch.Tensor, torch.Tensor]],
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One draft forward over every element: depth 0 at every anchor, then ``chains`` (per depth
+    d >= 1: anchors [B, k_d] and which are real). Returns (states [B, N, d], anchor [B, N],
+    depth [N], real [B, N]) along one element axis, depth by depth."""
+    bsz, seq = input_ids.shape
+    n, device = seq - 1, input_ids.device
+    anchor = [torch.arange(n, device=device).expand(bsz, n)] + [picked for picked, _ in chains]
+    real = [attention_mask[:, :n].bool()] + [r for _, r in chains]
+    depth = torch.cat([torch.full((a.shape[1],), d, device=device) for d, a in enumerate(anchor)])
+    anchor, real = torch.cat(anchor, 1), torch.cat(real, 1)
+    g, attn_in = heads.first_input(features[:, :n], input_ids[:, 1:])
+    rest = anchor.shape[1] - n
+    if rest:
+        gm, attn_m = heads.mask_input((bsz, rest))
+        g, attn_in = torch.cat([g, gm.to(g.dtype)], 1), torch.cat([attn_in, attn_m.to(attn_in.dtype)], 1)
+    positions = anchor + depth[None]  # a slot's position is its anchor's plus its depth
+    first = depth == 0
+    # the committed prefix: depth-0 elements of anchors <= mine (real tokens only)
+    sees_prefix = first[None, None, :] & (anchor[:, None, :] <= anchor[:, :, None]) & real[:, None, :]
+    # my own chain's mask slots up to my depth (depth-0 elements have none)
+    own_chain = (anchor[:, None, :] == anchor[:, :, None]) & ~first[None, None, :] & ~first[None, :, None]
+    own_chain &= depth[None, None, :] <= depth[None, :, None]
+    # every element sees itself: padding rows would otherwise attend to nothing (NaN)
+    mask = sees_prefix | own_chain | torch.eye(anchor.shape[1], dtype=torch.bool, device=device)[None]
+    state, _ = heads.run_layers(g, attn_in, positions, mask)
+    return state, anchor, depth, real
+
+
+def _depth_terms(heads, lm_head, topk: int, ranks: int, state: torch.Tensor, target_hidden: torch.Tensor):
+    """Summed soft CE against the target restricted to the draft vocabulary, top-1 / top-k /
+    per-rank hits of the target's argmax; rows whose argmax is outside the vocabulary are left out."""
+    with torch.no_grad():
+        target_logits = lm_head(target_hidden.to(lm_head.weight.dtype)).float()
+        target_top = target_logits.argmax(-1)
+        inside = heads.target_to_draft[target_top] >= 0
+        p = target_logits[:, heads.vocab_ids()].softmax(-1)
+        target_top = heads.target_to_draft[target_top].clamp(min=0)
+    logits = heads.logits(state).float()
+    ce = (-(p * logits.log_softmax(-1)).sum(-1) * inside).sum()
+    with torch.no_grad():
+        order = logits.topk(min(max(topk, ranks), logits.shape[-1]), -1).indices
+        hit = (order == target_top[:, None]) & inside[:, None]
+        top1, hits = hit[:, 0].sum(), hit[:, :topk].any(-1).sum()
+        per_rank = torch.zeros(ranks, dtype=torch.long, device=state.device)
+        width = min(ranks, hit.shape[1])
+        per_rank[:width] = hit[:, :width].sum(0)
+    return ce, top1, hits, inside.sum(), per_rank
+
+
+def peagle_loss(
+    heads: torch.nn.Module,
+    features: torch.Tensor,
+    last_hidden: torch.Tensor,
+    input_ids: torch.Tensor,
+    loss_mask: torch.Tensor | None = None,
+    attention_mask: torch.Tensor | None = None,
+    *,
+    chunk_size: int = 1024,
+    topk: int = 5,
+    ranks: int = 0,
+    generator: torch.Generator | None = None,
+    denominators: torch.Tensor | None = None,
+) -> HeadLossOutput:
+    """``features`` [B, S, F] (fused target layers), ``last_hidden`` [B, S, H] (the target's final
+    hidden states: its distribution), ``input_ids`` [B, S]. ``generator``: where COD sampling
+    draws from (the loop reseeds it per batch, so a resumed run draws the same depths).
+    ``denominators``: `eagle_target_counts` over the optimizer step; its entry 0 (the depth-0
+    elements) divides the summed loss. ``ranks`` > 0: count hits per rank (evaluation)."""
+    depths = heads.config.num_heads
+    ex = heads.config.extra
+    bsz, seq = input_ids.shape
+    n = seq - 1  # anchors t = 0 .. S-2
+    device = input_ids.device
+    lm = torch.ones_like(input_ids, dtype=torch.bool) if loss_mask is None else loss_mask.bool()
+    am = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
+    supervised = lm & am
+    # valid[b, d, t]: anchor t's depth-d target (token t+2+d) is a training token
+    valid = torch.zeros(bsz, depths, n, dtype=torch.bool, device=device)
+    for d in range(depths):
+        if 2 + d < seq:
+            valid[:, d, : seq - 2 - d] = supervised[:, 2 + d :]
+    sizes = cod_sizes(float(ex["cod_ratio"]), float(ex["cod_min_ratio"]), depths, int(valid[:, 0].sum(1).max()))
+    chains = sample_chains(valid, sizes, generator)
+    state, anchor, depth, real = element_states(heads, features, input_ids, am, chains)
+
+    # -- losses per depth ---------------------------------------------------------------------------
+    lm_head = heads.target_lm_head()
+    ce_sum = torch.zeros(depths, device=device)
+    count = torch.zeros(depths, device=device, dtype=torch.long)
+    top1 = torch.zeros(depths, device=device, dtype=torch.long)
+    hits = torch.zeros(depths, device=device, dtype=torch.long)
+    rank_hits = torch.zeros(depths, ranks, device=device, dtype=torch.long) if ranks else None
+    total = state.new_zeros((), dtype=torch.float32)
+    use_ckpt = torch.is_grad_enabled()
+    for d in range(depths):
+        cols = (depth == d).nonzero().squeeze(-1)
+        if cols.numel() == 0:
+            continue
+        a = anchor[:, cols]
+        target_ok = valid[:, d].gather(1, a) & real[:, cols]
+        rows_b, rows_j = target_ok.nonzero(as_tuple=True)
+        if rows_b.numel() == 0:
+            continue
+        flat_state = state[:, cols][rows_b, rows_j]
+        flat_label = last_hidden[rows_b, a[rows_b, rows_j] + 1 + d]
+        fn = partial(_depth_terms, heads, lm_head, topk, ranks)
+        for start in range(0, rows_b.numel(), chunk_size):
+            args = (flat_state[start : start + chunk_size], flat_label[start : start + chunk_size])
+            ce, c1, ck, inside, per_rank = checkpoint(fn, *args, use_reentrant=False) if use_ckpt else fn(*args)
+            total = total + ce
+            ce_sum[d] += ce.detach()
+            count[d] += inside
+            top1[d] += c1
+            hits[d] += ck
+            if rank_hits is not None:
+                rank_hits[d] += per_rank
+    den = float(denominators[0]) if denominators is not None else float(valid[:, 0].sum())
+    loss = total / den if den > 0 else 0.0 * total
+    return HeadLossOutput(loss=loss, ce_sum=ce_sum, count=count, top1=top1, topk=hits, rank_hits=rank_hits)
