@@ -1,6 +1,7 @@
 """draftheads: train speculative-decoding draft heads on a frozen Hugging Face LM, decode losslessly."""
-from .heads import Eagle3Head, EagleHead, HeadsConfig, HydraHeads, MedusaHeads, TargetInfo, load_heads, save_heads
+from .heads import DFlashHeads, Eagle3Head, EagleHead, HeadsConfig, HydraHeads, MedusaHeads, TargetInfo, load_heads, save_heads
 from .inference import (
+    DFlashProposer,
     DraftModelProposer,
     EagleProposer,
     HydraProposer,
@@ -19,6 +20,8 @@ from .inference import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "DFlashHeads",
+    "DFlashProposer",
     "DraftModelProposer",
     "Eagle3Head",
     "EagleHead",

@@ -1,12 +1,13 @@
 """Inference: trees, the verifier, proposers and the decode loop."""
 from .decoder import SpeculativeDecoder, SpeculativeOutput
-from .proposers import DraftModelProposer, EagleProposer, HydraProposer, MedusaProposer, PromptLookupProposer, Proposer
+from .proposers import DFlashProposer, DraftModelProposer, EagleProposer, HydraProposer, MedusaProposer, PromptLookupProposer, Proposer
 from .sampling import SamplingParams
 from .tokenizer_check import check_same_tokenizer
 from .tree import Tree, TreeShape, default_choices
 from .verify import TreeVerifier, UnsupportedModelError, check_tree_attention, commit, tree_attention_mask
 
 __all__ = [
+    "DFlashProposer",
     "DraftModelProposer",
     "EagleProposer",
     "HydraProposer",

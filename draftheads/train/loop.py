@@ -148,6 +148,8 @@ def run(cfg: ExperimentConfig, overwrite: bool = False) -> TrainResult:
     elif hasattr(heads, "set_draft_vocab"):  # EAGLE-3: its own LM head covers the most frequent training tokens
         heads.set_draft_vocab(training_token_counts(train_ds, heads.config.vocab_size))
         say(f"draft vocabulary: the {heads.draft_to_target.numel()} most frequent training tokens")
+    if hasattr(heads, "choose_mask_token"):  # DFlash: its mask token, checked against the tokenizer
+        say(f"mask token: id {heads.choose_mask_token(tokenizer)}")
     model = TargetWithHeads(
         target, heads, loss_decay=t.loss_decay, loss_chunk_size=t.loss_chunk_size, topk=t.topk, labels=t.labels
     )
