@@ -33,14 +33,14 @@ def dflash_heads(target, **options) -> DFlashHeads:
     return DFlashHeads.for_target(target, **{**settings, **options})
 
 
-def trained_dflash(target, steps: int = 60, seed: int = 0, **options):
+def trained_dflash(target, steps: int = 60, seed: int = 0, prompts: torch.Tensor | None = None, **options):
     """DFlash heads trained with `TargetWithHeads`' loss; returns (heads, prompts, first, last) where
     first/last are (loss, slot-1 top-1 accuracy against the target's greedy token), averaged over
     the first and the last 5 steps. The tiny targets' distributions are nearly flat, so the soft
     cross-entropy (KL + the target's entropy) moves little while the top-1 accuracy moves a lot."""
     vocab = target.config.vocab_size
-    gen = torch.Generator().manual_seed(seed)
-    prompts = torch.randint(3, vocab, (32, 6), generator=gen)
+    if prompts is None:
+        prompts = torch.randint(3, vocab, (32, 6), generator=torch.Generator().manual_seed(seed))
     with torch.no_grad():
         seqs = greedy_reference(target, prompts, 40)
     torch.manual_seed(seed)
@@ -278,3 +278,47 @@ def test_experiment_config_takes_dflash_options():
     assert torch.allclose(heads.slot_weights(), torch.exp(-torch.arange(4.0) / 4.0))
     with pytest.raises(ConfigError, match="block_size"):
         config_from_dict({"heads": {"head_type": "medusa", "block_size": 5}})
+
+
+def test_training_chooses_the_tree_with_one_block_forward_as_the_cost_of_every_depth(trained):
+    from draftheads.train.export_tree import choose_export_tree
+
+    _, target, heads, prompts, _, _ = trained
+    table = [[0.9] + [0.05] * 9] * (BLOCK - 1)  # an accurate first rank at every slot
+    data = choose_export_tree(target, heads, [greedy_reference(target, prompts[:1], 20)[0]], rank_accuracy=table)
+    drafted = {int(k): v for k, v in data["draft_seconds"].items() if int(k) > 0}
+    assert len(set(drafted.values())) == 1 and len(drafted) == BLOCK - 1  # one forward, whatever the depth
+    assert data["chosen_by"] == "training" and all(len(p) <= BLOCK - 1 for p in data["tree"])
+    decoder = dh.SpeculativeDecoder(target, heads, tree=data["tree"])
+    ids = prompts[:1]
+    assert torch.equal(decoder.generate(ids, max_new_tokens=20, eos_token_id=[]).sequences, greedy_reference(target, ids, 20))
+
+
+# -- vLLM export ---------------------------------------------------------------------------------------
+def test_vllm_export_writes_the_z_lab_layout_and_pins_what_vllm_would_change(tmp_path):
+    import json
+
+    from safetensors.torch import load_file
+
+    from draftheads.export import export_heads
+    from draftheads.export.common import ExportError
+
+    target = tiny_target("llama", layers=3)
+    target.save_pretrained(tmp_path / "target")
+    heads = dflash_heads(target, num_layers=2, feature_layers=[1, 2])
+    heads.save_pretrained(tmp_path / "heads")
+    out = export_heads(tmp_path / "heads", tmp_path / "vllm", "vllm", verifier=str(tmp_path / "target"))
+    config = json.loads((out / "config.json").read_text())
+    assert config["architectures"] == ["DFlashDraftModel"] and config["model_type"] == "qwen3"
+    assert config["dflash_config"] == {"mask_token_id": MASK_ID, "target_layer_ids": [0, 1], "causal": False}
+    assert config["layer_types"] == ["full_attention"] * 2 and config["num_hidden_layers"] == 2
+    assert config["block_size"] == BLOCK and config["num_target_layers"] == 3 and "eagle_config" not in config
+    tensors = load_file(str(out / "model.safetensors"))
+    assert "layers.1.self_attn.q_norm.weight" in tensors and "fc.weight" in tensors and "hidden_norm.weight" in tensors
+    assert not any(k.startswith(("model.", "embed_tokens", "lm_head")) or "mask" in k for k in tensors)
+    assert "token_counts" not in tensors
+    with pytest.raises(ExportError, match=r"serves exactly 3 \(got 5\)"):
+        export_heads(tmp_path / "heads", tmp_path / "vllm5", "vllm", verifier=str(tmp_path / "target"), num_speculative_tokens=5)
+    for fmt in ("sglang", "speculators"):
+        with pytest.raises(ExportError):
+            export_heads(tmp_path / "heads", tmp_path / fmt, fmt, verifier=str(tmp_path / "target"))

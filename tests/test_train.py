@@ -267,6 +267,7 @@ HEAD_TYPE_OVERRIDES = {
     "hydra": ("heads.head_type=hydra",),
     "eagle": ("heads.head_type=eagle", "heads.lm_head=auto"),
     "eagle3": ("heads.head_type=eagle3", "heads.lm_head=auto", "heads.draft_vocab_size=64"),
+    "dflash": ("heads.head_type=dflash", "heads.lm_head=auto", "heads.block_size=4", "heads.num_anchors=4"),
 }
 
 

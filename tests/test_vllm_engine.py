@@ -1,7 +1,8 @@
 """Heads exported by draftheads, run in a real vLLM (its CPU build), accept what draftheads accepts.
 
 For every head type with a vLLM layout (Medusa with its own and with the shared LM head, EAGLE-1,
-EAGLE-3 through the speculators format, also as ``method: eagle3`` and as ``LLM(model=SPEC_DIR)``)
+EAGLE-3 through the speculators format, also as ``method: eagle3`` and as ``LLM(model=SPEC_DIR)``;
+DFlash in the z-lab layout, ``method: dflash``, its heads trained for a few seconds instead)
 heads are built on a tiny random Llama (the target's own next-token guess plus noise in every tensor,
 see `identity_plus_noise`), exported with ``export_heads(..., "vllm")`` and run by vLLM greedily in fp32 on the same prompts as draftheads' own CHAIN decoding of the same heads
 (vLLM drafts a chain: each step takes the argmax of every draft position). Checked:
@@ -12,7 +13,8 @@ see `identity_plus_noise`), exported with ``export_heads(..., "vllm")`` and run 
   about the export (verification makes any draft lossless, and vLLM's loader silently skips a
   tensor it does not expect); equal acceptance does;
 - the comparison can fail: exports with a classic conversion bug (Medusa block biases without
-  ``medusa_fc_bias``, EAGLE-1 fc halves in the wrong order, EAGLE-3 ``d2t`` all zeros) decode the same text in vLLM but accept differently.
+  ``medusa_fc_bias``, EAGLE-1 fc halves in the wrong order, EAGLE-3 ``d2t`` all zeros, a DFlash
+  block made causal or its layer ids left in draftheads' numbering) decode the same text in vLLM but accept differently.
 
 How vLLM counts steps (no shorter drafts near ``max_tokens``; accepted tokens past it still
 counted) and how draftheads' decoding is replayed to count the same steps: tests/engines/vllm_counting.py.
@@ -156,6 +158,18 @@ def build_heads(target, root: Path, draft_counts: torch.Tensor) -> dict[str, tup
     return out
 
 
+def trained_dflash_heads(target, root: Path, prompts: torch.Tensor) -> Path:
+    """DFlash heads (block K+1, features of layers 1..3) trained for a few seconds with draftheads'
+    own loss on the target's greedy continuations of half the prompts: no hand-made identity
+    exists for a block drafter, and these draft right at every position sometimes, not always."""
+    from test_dflash import trained_dflash
+
+    heads, _, _, _ = trained_dflash(target, steps=40, prompts=prompts[: NUM_PROMPTS // 2], block_size=K + 1,
+                                    feature_layers=[1, 2, 3])
+    heads.save_pretrained(root / "heads-dflash")
+    return root / "heads-dflash"
+
+
 def perturb(src: Path, dst: Path, how: str) -> None:
     """A copy of an exported folder with one classic conversion bug (see the module docstring)."""
     import shutil
@@ -172,6 +186,10 @@ def perturb(src: Path, dst: Path, how: str) -> None:
         tensors["fc.weight"] = torch.cat([w[:, d:], w[:, :d]], dim=1).contiguous()
     elif how == "eagle3_d2t_zero":  # a d2t of zeros (a known bug): draft index i read as target id i
         tensors["d2t"] = torch.zeros_like(tensors["d2t"])
+    elif how == "dflash_causal_flag":  # vLLM then makes the block causal: slots no longer see later masks
+        config["dflash_config"]["causal"] = True
+    elif how == "dflash_layer_ids_unshifted":  # draftheads' feature ids written as z-lab ids (off by one layer)
+        config["dflash_config"]["target_layer_ids"] = [i + 1 for i in config["dflash_config"]["target_layer_ids"]]
     else:
         raise ValueError(how)
     save_file(tensors, str(weights), metadata={"format": "pt"})
@@ -223,6 +241,10 @@ def prepare_and_run(python: Path, root: Path, reuse: bool = False) -> dict:
         if method:
             config["method"] = method
         cases[name] = Case(name, heads_dir, out, config, chain)
+    dflash_dir = trained_dflash_heads(target, root, prompts)
+    out = export_heads(dflash_dir, root / "vllm-dflash", "vllm", verifier=str(target_dir), num_speculative_tokens=K)
+    cases["dflash"] = Case("dflash", dflash_dir, out, {"method": "dflash", "model": str(out), "num_speculative_tokens": K},
+                           None)  # None: the dflash heads' default tree, the chain of their block (K)
     eagle3 = cases["eagle3"]
     cases["eagle3_method"] = Case(
         "eagle3_method", eagle3.heads_dir, eagle3.export_dir,
@@ -232,9 +254,10 @@ def prepare_and_run(python: Path, root: Path, reuse: bool = False) -> dict:
     cases["eagle3_as_model"] = Case(
         "eagle3_as_model", eagle3.heads_dir, eagle3.export_dir, None, eagle3.chain, {"model": str(eagle3.export_dir)}
     )
-    negatives = {"medusa": "medusa_bias_flag_dropped", "eagle": "eagle_fc_halves_swapped", "eagle3": "eagle3_d2t_zero"}
+    negatives = [("medusa", "medusa_bias_flag_dropped"), ("eagle", "eagle_fc_halves_swapped"), ("eagle3", "eagle3_d2t_zero"),
+                 ("dflash", "dflash_causal_flag"), ("dflash", "dflash_layer_ids_unshifted")]
     broken: dict[str, Case] = {}
-    for name, how in negatives.items():
+    for name, how in negatives:
         good = cases[name]
         perturb(good.export_dir, root / f"broken-{how}", how)
         config = {**good.speculative_config, "model": str(root / f"broken-{how}")}
@@ -285,7 +308,7 @@ def test_vllm_counting_replays_the_schedulers_rule():
         vllm_counts([1, 1], max_tokens=10, k=3)
 
 
-CASES = ["medusa", "medusa_shared", "eagle", "eagle3", "eagle3_method", "eagle3_as_model"]
+CASES = ["medusa", "medusa_shared", "eagle", "eagle3", "eagle3_method", "eagle3_as_model", "dflash"]
 
 
 def test_vllm_plain_greedy_equals_transformers_generate(engine_run):
@@ -314,7 +337,8 @@ def test_vllm_accepts_per_position_what_draftheads_accepts(engine_run, name):
     assert per_pos[-1] > 0, f"{name}: the last draft position never accepted ({per_pos})"
 
 
-@pytest.mark.parametrize("how", ["medusa_bias_flag_dropped", "eagle_fc_halves_swapped", "eagle3_d2t_zero"])
+@pytest.mark.parametrize("how", ["medusa_bias_flag_dropped", "eagle_fc_halves_swapped", "eagle3_d2t_zero",
+                                 "dflash_causal_flag", "dflash_layer_ids_unshifted"])
 def test_a_conversion_bug_changes_vllm_acceptance_not_its_output(engine_run, how):
     """The acceptance comparison can fail: an export with one classic bug still decodes exactly
     (verification is lossless) but no longer accepts what draftheads accepts."""

@@ -18,6 +18,9 @@ deterministic picks (point masses), so sampling stays exact.
 """
 from __future__ import annotations
 
+import statistics
+import time
+
 import torch
 
 from ..sampling import SamplingParams
@@ -101,6 +104,8 @@ class DFlashProposer(Proposer):
 
     def _catch_up(self) -> None:
         """Append the context keys/values of the positions committed since the last step."""
+        if not self._pending:
+            return
         feats = torch.cat(self._pending).to(self.device)
         self._pending = []
         m, start = feats.shape[0], self._cached
@@ -150,3 +155,21 @@ class DFlashProposer(Proposer):
 def dflash_proposer(heads: torch.nn.Module, tree: list[list[int]] | TreeShape | None = None) -> DFlashProposer:
     """The proposer for dflash heads: ``tree`` (rank paths) if given, else the chain of block_size - 1."""
     return DFlashProposer(heads, tree=tree)
+
+
+def measure_block_seconds(heads: torch.nn.Module, context: int = 64, repeats: int = 10) -> float:
+    """Median seconds of one drafting step (the block forward and its logits) after ``context``
+    committed positions: the cost of every tree these heads draft, whatever its shape."""
+    proposer = DFlashProposer(heads)
+    param = heads.fc.weight
+    features = torch.randn(context, heads.fc.in_features, device=param.device, dtype=param.dtype)
+    proposer.start(torch.zeros(context, dtype=torch.long), features, SamplingParams(), None)
+    samples = []
+    for rep in range(repeats + 1):
+        t0 = time.perf_counter()
+        proposer.block_logits(0)
+        if param.device.type == "cuda":
+            torch.cuda.synchronize()
+        if rep:  # the first call also fills the context cache
+            samples.append(time.perf_counter() - t0)
+    return statistics.median(samples)
