@@ -24,7 +24,7 @@ from test_batch import check_rows_exact
 from test_sampling import drafts_accepted, empirical_counts, exact_distribution
 
 BLOCK = 4  # K = 3 drafted tokens per forward
-MASK_ID = 0  # the tiny targets' pad id: never produced by their random prompts (ids >= 3)
+MASK_ID = 63  # the tiny targets' last id (their pad id 0 has a zero embedding row: refused, see below)
 TREE = [[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0]]
 
 
@@ -195,7 +195,7 @@ def test_sampling_follows_the_target_distribution():
     with torch.no_grad():  # sharper logits than the random init, so mistakes move real mass
         target.get_output_embeddings().weight.mul_(4.0)
     torch.manual_seed(0)
-    heads = DFlashHeads.for_target(target, num_layers=1, block_size=3, mask_token_id=0)
+    heads = DFlashHeads.for_target(target, num_layers=1, block_size=3, mask_token_id=5)
     decoder = dh.SpeculativeDecoder(target, heads, tree=[[0], [1], [0, 0], [0, 1], [1, 0]])
     prompt = torch.tensor([[1, 4, 3]])
     params = SamplingParams(temperature=0.9, top_k=5)
@@ -254,7 +254,9 @@ def test_mask_token_is_an_id_the_tokenizer_never_produces():
     heads = dflash_heads(target, mask_token_id=None)
     assert heads.choose_mask_token(_Tokenizer(64, special=(1, 2, 5), mask=5)) == 5  # the tokenizer's mask token
     heads = dflash_heads(target, mask_token_id=None)
-    assert heads.choose_mask_token(_Tokenizer(64, special=(0, 1, 2), pad=0)) == 0  # a special pad token
+    assert heads.choose_mask_token(_Tokenizer(64, special=(3, 1, 2), pad=3)) == 3  # a special pad token
+    with pytest.raises(ValueError, match="embedding row is all zeros"):  # the tiny Llama's padding row 0
+        dflash_heads(target, mask_token_id=None).choose_mask_token(_Tokenizer(64, special=(0, 1, 2), pad=0))
     with pytest.raises(ValueError, match="set heads.mask_token_id"):
         dflash_heads(target, mask_token_id=None).choose_mask_token(_Tokenizer(64))
     with pytest.raises(ValueError, match="set heads.mask_token_id"):  # a pad that is an ordinary token or EOS

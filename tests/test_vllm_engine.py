@@ -165,7 +165,7 @@ def trained_dflash_heads(target, root: Path, prompts: torch.Tensor) -> Path:
     from test_dflash import trained_dflash
 
     heads, _, _, _ = trained_dflash(target, steps=40, prompts=prompts[: NUM_PROMPTS // 2], block_size=K + 1,
-                                    feature_layers=[1, 2, 3])
+                                    feature_layers=[1, 2, 3], mask_token_id=VOCAB - 1)  # not the zero pad row
     heads.save_pretrained(root / "heads-dflash")
     return root / "heads-dflash"
 

@@ -277,6 +277,13 @@ class DFlashHeads(DraftHeads):
             )
         if mask_id in ends:
             raise ValueError(f"heads.mask_token_id {mask_id} is the tokenizer's BOS/EOS token, which every row contains")
+        row = self.target_embedding().weight[mask_id]
+        if not bool((row != 0).any()):
+            raise ValueError(
+                f"heads.mask_token_id {mask_id}: its embedding row is all zeros (a padding row), so every mask slot "
+                "would enter the first draft layer with zero queries and keys and read its position nowhere: pick an id "
+                "whose row is not zero (set heads.mask_token_id)"
+            )
         ex["mask_token_id"] = int(mask_id)
         return int(mask_id)
 
