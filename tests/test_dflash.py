@@ -324,3 +324,87 @@ def test_vllm_export_writes_the_z_lab_layout_and_pins_what_vllm_would_change(tmp
     for fmt in ("sglang", "speculators"):
         with pytest.raises(ExportError):
             export_heads(tmp_path / "heads", tmp_path / fmt, fmt, verifier=str(tmp_path / "target"))
+
+
+# -- importers: z-lab/SpecForge layout and speculators dflash ----------------------------------------
+def _zlab_and_speculators_folders(tmp_path):
+    """A dflash head, exported to the z-lab layout (what SpecForge writes), and the same weights in
+    speculators' documented dflash layout (frozen embedding / LM head copies, model. prefix-free)."""
+    import json
+
+    from safetensors.torch import load_file, save_file
+
+    from draftheads.export import export_heads
+
+    target = tiny_target("llama", layers=3)
+    target.save_pretrained(tmp_path / "target")
+    torch.manual_seed(1)
+    heads = dflash_heads(target, num_layers=2, feature_layers=[1, 2])
+    heads.save_pretrained(tmp_path / "heads")
+    zlab = export_heads(tmp_path / "heads", tmp_path / "zlab", "vllm", verifier=str(tmp_path / "target"))
+    config = json.loads((zlab / "config.json").read_text())
+    tensors = load_file(str(zlab / "model.safetensors"))
+    spec = tmp_path / "spec"
+    spec.mkdir()
+    layer_cfg = {k: config[k] for k in ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
+                                        "head_dim", "rms_norm_eps", "rope_theta", "max_position_embeddings", "vocab_size")}
+    (spec / "config.json").write_text(json.dumps({
+        "architectures": ["DFlashSpeculator"], "speculators_model_type": "dflash", "speculators_version": "0.3.0",
+        "transformer_layer_config": {**layer_cfg, "model_type": "qwen3", "num_hidden_layers": 2},
+        "draft_vocab_size": config["vocab_size"], "block_size": BLOCK, "target_hidden_size": config["hidden_size"],
+        "aux_hidden_state_layer_ids": [1, 2], "mask_token_id": MASK_ID, "sliding_window_non_causal": False,
+        "speculators_config": {"algorithm": "dflash"},
+    }))
+    copies = {"embed_tokens.weight": target.get_input_embeddings().weight.detach().clone(),
+              "lm_head.weight": target.get_output_embeddings().weight.detach().clone()}
+    save_file({**tensors, **copies}, str(spec / "model.safetensors"))
+    return target, heads, zlab, spec
+
+
+def test_z_lab_and_speculators_dflash_checkpoints_import_to_the_same_heads(tmp_path):
+    from draftheads.export.importers import detect_format, import_heads
+    from draftheads.export.sources import read_source
+
+    target, heads, zlab, spec = _zlab_and_speculators_folders(tmp_path)
+    assert detect_format(read_source(zlab)) == "dflash" and detect_format(read_source(spec)) == "speculators-dflash"
+    ids = torch.tensor([[5, 9, 33, 17, 4]])
+    expected = dh.SpeculativeDecoder(target, heads).generate(ids, max_new_tokens=20, eos_token_id=[])
+    for name, src in (("zlab", zlab), ("spec", spec)):
+        out = import_heads(src, tmp_path / f"imported-{name}", target)
+        loaded = dh.load_heads(out, target=target)
+        assert loaded.feature_layers == [1, 2] and loaded.block_size == BLOCK and loaded.mask_token_id == MASK_ID
+        for key, value in heads.state_dict().items():
+            if key != "token_counts":
+                assert torch.equal(value, loaded.state_dict()[key]), f"{name}: {key}"
+        got = dh.SpeculativeDecoder(target, loaded).generate(ids, max_new_tokens=20, eos_token_id=[])
+        assert torch.equal(got.sequences, expected.sequences) and got.accept_lengths == expected.accept_lengths
+
+
+def test_dflash_checkpoints_draftheads_cannot_decode_exactly_are_refused_by_name(tmp_path):
+    import json
+    import shutil
+
+    from draftheads.export.importers import import_heads
+
+    target, _, zlab, spec = _zlab_and_speculators_folders(tmp_path)
+
+    def variant(name, edit):
+        folder = tmp_path / name
+        shutil.copytree(zlab, folder)
+        config = json.loads((folder / "config.json").read_text())
+        edit(config, folder)
+        (folder / "config.json").write_text(json.dumps(config))
+        return folder
+
+    sliding = variant("swa", lambda c, f: c.update(layer_types=["sliding_attention", "full_attention"], sliding_window=8))
+    with pytest.raises(ValueError, match="sliding-window draft layers"):
+        import_heads(sliding, tmp_path / "a", target)
+    causal = variant("causal", lambda c, f: c["dflash_config"].update(causal=True))
+    with pytest.raises(ValueError, match="causal draft layers"):
+        import_heads(causal, tmp_path / "b", target)
+    mask = variant("mask", lambda c, f: torch.save(torch.zeros(64), f / "mask_embedding.pt"))
+    with pytest.raises(ValueError, match="mask_embedding.pt"):
+        import_heads(mask, tmp_path / "c", target)
+    final = variant("final", lambda c, f: c["dflash_config"].update(target_layer_ids=[1, 2]))  # feature 3 = L
+    with pytest.raises(ValueError, match="final hidden state"):
+        import_heads(final, tmp_path / "d", target)
