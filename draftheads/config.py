@@ -65,8 +65,8 @@ class HeadsSpec:
     # bias (it would drop one silently); heads saved before this option had one and still load.
     fc_bias: Bool = False
     # dflash: the block is [last accepted token, mask x (block_size - 1)], all drafted in one forward
-    # (default 16; num_heads is then block_size - 1 and not read). feature_layers: the target layers
-    # whose features form the context (default: 5 spread ones, z-lab's choice).
+    # (unset: num_heads + 1; when set, num_heads is block_size - 1 and not read). feature_layers: the
+    # target layers whose features form the context (default: 5 spread ones, z-lab's choice).
     block_size: Annotated[Int, Ge(2)] | None = None
     # dflash: a token id the tokenizer never produces from text (None: the first embedding row past
     # the tokenizer's tokens, else its mask token; refused when it has neither).

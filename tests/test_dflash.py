@@ -408,3 +408,14 @@ def test_dflash_checkpoints_draftheads_cannot_decode_exactly_are_refused_by_name
     final = variant("final", lambda c, f: c["dflash_config"].update(target_layer_ids=[1, 2]))  # feature 3 = L
     with pytest.raises(ValueError, match="final hidden state"):
         import_heads(final, tmp_path / "d", target)
+
+
+def test_init_from_takes_the_folders_mask_and_refuses_another_block(tmp_path):
+    from draftheads.train.loop import init_heads_from
+
+    target = tiny_target("llama", layers=3)
+    dflash_heads(target).save_pretrained(tmp_path / "heads")
+    with pytest.raises(ValueError, match="heads.block_size: config has 6"):
+        init_heads_from(dflash_heads(target, block_size=6), str(tmp_path / "heads"), target)
+    loaded = init_heads_from(dflash_heads(target, mask_token_id=None, loss_gamma=2.0), str(tmp_path / "heads"), target)
+    assert loaded.mask_token_id == MASK_ID and loaded.config.extra["loss_gamma"] == 2.0
