@@ -98,6 +98,13 @@ def test_greedy_matches_generate_with_accepted_drafts(trained, tree):
     assert mean > 1.5, f"{arch}: mean accepted length {mean:.2f}: the drafts are barely used"
 
 
+def test_static_cache_decodes_the_same(trained):
+    arch, target, heads, prompts, _, _ = trained
+    ids = prompts[:1]
+    out = dh.SpeculativeDecoder(target, heads, tree=TREE, cache="static").generate(ids, max_new_tokens=30, eos_token_id=[])
+    assert torch.equal(out.sequences, greedy_reference(target, ids, 30)), f"{arch}: static cache output differs"
+
+
 def test_default_tree_is_the_chain_of_the_block(trained):
     _, target, heads, _, _, _ = trained
     decoder = dh.SpeculativeDecoder(target, heads)
