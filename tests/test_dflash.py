@@ -426,3 +426,16 @@ def test_init_from_takes_the_folders_mask_and_refuses_another_block(tmp_path):
         init_heads_from(dflash_heads(target, block_size=6), str(tmp_path / "heads"), target)
     loaded = init_heads_from(dflash_heads(target, mask_token_id=None, loss_gamma=2.0), str(tmp_path / "heads"), target)
     assert loaded.mask_token_id == MASK_ID and loaded.config.extra["loss_gamma"] == 2.0
+
+
+def test_calibrate_measures_per_slot_acceptance_and_one_block_forward(trained):
+    from draftheads.inference.calibrate import calibrate
+    from draftheads.inference.proposers.dflash import block_accuracy_table
+
+    _, target, heads, prompts, _, _ = trained
+    seqs = [greedy_reference(target, prompts[i : i + 1], 24)[0] for i in range(2)]
+    table = block_accuracy_table(target, heads, seqs, max_rank=4, skip_prompt=[prompts.shape[1]] * 2)
+    assert table.shape == (BLOCK - 1, 4) and float(table[0, 0]) > 0.3  # seen continuations: slot 1 mostly right
+    result = calibrate(target, heads, [prompts[i : i + 1] for i in range(2)], new_tokens=16, max_rank=4, max_nodes=8)
+    assert len(set(v for d, v in result.draft_seconds.items() if d > 0)) == 1
+    assert all(len(p) <= BLOCK - 1 for p in result.tree)
