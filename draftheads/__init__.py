@@ -6,19 +6,21 @@ from typing import TYPE_CHECKING
 
 from .lazy import lazy_exports
 
-_HEADS = ("Eagle3Head", "EagleHead", "HeadsConfig", "HydraHeads", "MedusaHeads", "PEagleHead", "TargetInfo", "load_heads",
+_HEADS = ("Eagle3Head", "EagleHead", "HeadsConfig", "HydraHeads", "MedusaHeads", "PEagleHead", "DFlashHeads", "TargetInfo", "load_heads",
           "save_heads")
 _INFERENCE = (
-    "DraftModelProposer", "EagleProposer", "HydraProposer", "MedusaProposer", "PromptLookupProposer", "Proposer",
+    "DFlashProposer", "DraftModelProposer", "EagleProposer", "HydraProposer", "MedusaProposer", "PromptLookupProposer", "Proposer",
     "SamplingParams", "SpeculativeDecoder", "SpeculativeOutput", "Tree", "TreeShape", "UnsupportedModelError",
     "check_same_tokenizer",
 )
 __getattr__, __dir__ = lazy_exports(__name__, {**dict.fromkeys(_HEADS, ".heads"), **dict.fromkeys(_INFERENCE, ".inference")})
 
 if TYPE_CHECKING:
-    from .heads import (Eagle3Head, EagleHead, HeadsConfig, HydraHeads, MedusaHeads, PEagleHead, TargetInfo, load_heads,
+    from .heads import (DFlashHeads, Eagle3Head, EagleHead, HeadsConfig, HydraHeads, MedusaHeads, PEagleHead, TargetInfo,
+                        load_heads,
                         save_heads)
     from .inference import (
+        DFlashProposer,
         DraftModelProposer,
         EagleProposer,
         HydraProposer,
@@ -37,6 +39,8 @@ if TYPE_CHECKING:
 __version__ = "0.1.0"
 
 __all__ = [
+    "DFlashHeads",
+    "DFlashProposer",
     "DraftModelProposer",
     "Eagle3Head",
     "EagleHead",

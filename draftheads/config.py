@@ -50,7 +50,7 @@ class TargetConfig:
 class HeadsSpec:
     """Which draft heads to train (the architecture itself is fixed by the target's sizes)."""
 
-    # medusa | hydra | eagle | eagle3 | peagle; the same name as HeadsConfig.head_type in a heads folder's
+    # medusa | hydra | eagle | eagle3 | peagle | dflash; the same name as HeadsConfig.head_type in a heads folder's
     # config.json. Files written before the rename say ``type``: read as this (see _upgrade).
     head_type: Str = "medusa"
     # medusa/hydra: heads (one per future position); eagle/eagle3: draft steps unrolled in training
@@ -65,13 +65,22 @@ class HeadsSpec:
     # eagle: a bias on the fc fusing embedding and feature. Off by default: vLLM's EAGLE-1 has no fc
     # bias (it would drop one silently); heads saved before this option had one and still load.
     fc_bias: Bool = False
-    # peagle: the placeholder token of its mask slots; None = the tokenizer's mask token, else an
-    # unused embedding row past the tokenizer's vocabulary, else a distinct pad token. An id the
-    # training data holds is refused.
+    # peagle, dflash: the placeholder token of the mask slots, an id the tokenizer never produces from
+    # text. None: peagle takes the tokenizer's mask token, else an unused embedding row past the
+    # tokenizer's vocabulary, else a distinct pad token; dflash the first embedding row past the
+    # tokenizer's tokens, else its mask token (refused when it has neither). An id the training data
+    # holds is refused.
     mask_token_id: NonNegative | None = None
     # peagle (COD sampling): depth d trains on max(cod_ratio^d, cod_min_ratio) of the positions
     cod_ratio: Annotated[Float, Gt(0), Le(1)] = 0.7
     cod_min_ratio: Annotated[Float, Gt(0), Le(1)] = 0.2
+    # dflash: the block is [last accepted token, mask x (block_size - 1)], all drafted in one forward
+    # (unset: num_heads + 1; when set, num_heads is block_size - 1 and not read). feature_layers: the
+    # target layers whose features form the context (default: 5 spread ones, z-lab's choice).
+    block_size: Annotated[Int, Ge(2)] | None = None
+    loss_gamma: Annotated[Float, Gt(0)] | None = None  # dflash: slot k weighs exp(-(k-1)/gamma) (default 7)
+    block_loss: Literal["kl", "ce"] = "kl"  # dflash: KL to the target's distribution, or CE on its greedy token
+    num_anchors: Positive | None = None  # dflash: blocks drawn per training row (default 32)
     # A heads folder (draftheads' own, or `draftheads import`ed) to continue training from: loaded
     # strictly; its type and sizes must equal the ones configured here.
     init_from: Str | None = None

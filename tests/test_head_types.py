@@ -318,7 +318,7 @@ def test_every_head_type_declares_its_traits():
     fields = {f.name for f in dataclasses.fields(HeadsSpec)}
     for name, cls in head_types().items():
         assert set(cls.spec_options) <= fields, name
-        assert cls.training_objective in ("future_tokens", "draft_steps", "parallel_depths"), name
+        assert cls.training_objective in ("future_tokens", "draft_steps", "parallel_depths", "block"), name
         assert cls.dynamic_tree == (cls.training_objective == "draft_steps"), name
     target = tiny_target("llama")
     heads = build_heads(HeadsSpec(head_type="eagle3", num_heads=2, feature_layers=[0, 1], draft_vocab_size=16), target)

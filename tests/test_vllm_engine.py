@@ -3,9 +3,9 @@
 For every head type with a vLLM layout (Medusa with its own and with the shared LM head, EAGLE-1,
 EAGLE-3 through the speculators format, also as ``method: eagle3`` and as ``LLM(model=SPEC_DIR)``,
 P-EAGLE through the speculators ``peagle`` format, as ``method: eagle3`` + ``parallel_drafting`` and
-as ``LLM(model=SPEC_DIR)``) heads are built on a tiny random Llama (the target's own next-token guess plus noise in every tensor,
-see `identity_plus_noise`; P-EAGLE heads are trained for a few seconds instead, as its mask slots
-draft nothing useful untrained, see `trained_peagle`), exported with ``export_heads(..., "vllm")`` and run by vLLM greedily in fp32 on the same prompts as draftheads' own CHAIN decoding of the same heads
+as ``LLM(model=SPEC_DIR)``; DFlash in the z-lab layout, ``method: dflash``) heads are built on a tiny random Llama (the target's own next-token guess plus noise in every tensor,
+see `identity_plus_noise`; P-EAGLE and DFlash heads are trained for a few seconds instead, as their mask slots
+draft nothing useful untrained, see `trained_peagle`, `trained_dflash_heads`), exported with ``export_heads(..., "vllm")`` and run by vLLM greedily in fp32 on the same prompts as draftheads' own CHAIN decoding of the same heads
 (vLLM drafts a chain: each step takes the argmax of every draft position). Checked:
 
 - vLLM's output with speculation == vLLM's plain output == transformers' greedy ``generate``;
@@ -15,7 +15,8 @@ draft nothing useful untrained, see `trained_peagle`), exported with ``export_he
   tensor it does not expect); equal acceptance does;
 - the comparison can fail: exports with a classic conversion bug (Medusa block biases without
   ``medusa_fc_bias``, EAGLE-1 fc halves in the wrong order, EAGLE-3 ``d2t`` all zeros, P-EAGLE without
-  its own embedding, so that vLLM shares the target's) decode the same text in vLLM but accept differently.
+  its own embedding, so that vLLM shares the target's, a DFlash block made causal or its layer ids
+  left in draftheads' numbering) decode the same text in vLLM but accept differently.
 
 How vLLM counts steps (no shorter drafts near ``max_tokens``; accepted tokens past it still
 counted) and how draftheads' decoding is replayed to count the same steps: tests/engines/vllm_counting.py.
@@ -187,6 +188,18 @@ def build_heads(target, root: Path, draft_counts: torch.Tensor) -> dict[str, tup
     return out
 
 
+def trained_dflash_heads(target, root: Path, prompts: torch.Tensor) -> Path:
+    """DFlash heads (block K+1, features of layers 1..3) trained for a few seconds with draftheads'
+    own loss on the target's greedy continuations of half the prompts: no hand-made identity
+    exists for a block drafter, and these draft right at every position sometimes, not always."""
+    from test_dflash import trained_dflash
+
+    heads, _, _, _ = trained_dflash(target, steps=40, prompts=prompts[: NUM_PROMPTS // 2], block_size=K + 1,
+                                    feature_layers=[1, 2, 3], mask_token_id=VOCAB - 1)  # not the zero pad row
+    heads.save_pretrained(root / "heads-dflash")
+    return root / "heads-dflash"
+
+
 def perturb(src: Path, dst: Path, how: str) -> None:
     """A copy of an exported folder with one classic conversion bug (see the module docstring)."""
     import shutil
@@ -205,6 +218,10 @@ def perturb(src: Path, dst: Path, how: str) -> None:
         tensors["d2t"] = torch.zeros_like(tensors["d2t"])
     elif how == "peagle_embedding_dropped":  # vLLM then embeds with the target's table (mask row included)
         del tensors["embed_tokens.weight"]
+    elif how == "dflash_causal_flag":  # vLLM then makes the block causal: slots no longer see later masks
+        config["dflash_config"]["causal"] = True
+    elif how == "dflash_layer_ids_unshifted":  # draftheads' feature ids written as z-lab ids (off by one layer)
+        config["dflash_config"]["target_layer_ids"] = [i + 1 for i in config["dflash_config"]["target_layer_ids"]]
     else:
         raise ValueError(how)
     save_file(tensors, str(weights), metadata={"format": "pt"})
@@ -257,6 +274,10 @@ def prepare_and_run(python: Path, root: Path, reuse: bool = False, only: set[str
         if method:
             config["method"] = method
         cases[name] = Case(name, heads_dir, out, config, chain)
+    dflash_dir = trained_dflash_heads(target, root, prompts)
+    out = export_heads(dflash_dir, root / "vllm-dflash", "vllm", verifier=str(target_dir), num_speculative_tokens=K)
+    cases["dflash"] = Case("dflash", dflash_dir, out, {"method": "dflash", "model": str(out), "num_speculative_tokens": K},
+                           None)  # None: the dflash heads' default tree, the chain of their block (K)
     eagle3 = cases["eagle3"]
     cases["eagle3_method"] = Case(
         "eagle3_method", eagle3.heads_dir, eagle3.export_dir,
@@ -272,10 +293,11 @@ def prepare_and_run(python: Path, root: Path, reuse: bool = False, only: set[str
     peagle_method = {"method": "eagle3", "model": str(out), "num_speculative_tokens": K, "parallel_drafting": True}
     cases["peagle"] = Case("peagle", peagle_dir, out, peagle_method, dh.TreeShape.chain(K))
     cases["peagle_as_model"] = Case("peagle_as_model", peagle_dir, out, None, dh.TreeShape.chain(K), {"model": str(out)})
-    negatives = {"medusa": "medusa_bias_flag_dropped", "eagle": "eagle_fc_halves_swapped", "eagle3": "eagle3_d2t_zero",
-                 "peagle": "peagle_embedding_dropped"}
+    negatives = [("medusa", "medusa_bias_flag_dropped"), ("eagle", "eagle_fc_halves_swapped"), ("eagle3", "eagle3_d2t_zero"),
+                 ("peagle", "peagle_embedding_dropped"), ("dflash", "dflash_causal_flag"),
+                 ("dflash", "dflash_layer_ids_unshifted")]
     broken: dict[str, Case] = {}
-    for name, how in negatives.items():
+    for name, how in negatives:
         good = cases[name]
         perturb(good.export_dir, root / f"broken-{how}", how)
         config = {**good.speculative_config, "model": str(root / f"broken-{how}")}
@@ -326,7 +348,8 @@ def test_vllm_counting_replays_the_schedulers_rule():
         vllm_counts([1, 1], max_tokens=10, k=3)
 
 
-CASES = ["medusa", "medusa_shared", "eagle", "eagle3", "eagle3_method", "eagle3_as_model", "peagle", "peagle_as_model"]
+CASES = ["medusa", "medusa_shared", "eagle", "eagle3", "eagle3_method", "eagle3_as_model", "peagle", "peagle_as_model",
+         "dflash"]
 
 
 def test_vllm_plain_greedy_equals_transformers_generate(engine_run):
@@ -356,7 +379,7 @@ def test_vllm_accepts_per_position_what_draftheads_accepts(engine_run, name):
 
 
 @pytest.mark.parametrize("how", ["medusa_bias_flag_dropped", "eagle_fc_halves_swapped", "eagle3_d2t_zero",
-                                 "peagle_embedding_dropped"])
+                                 "peagle_embedding_dropped", "dflash_causal_flag", "dflash_layer_ids_unshifted"])
 def test_a_conversion_bug_changes_vllm_acceptance_not_its_output(engine_run, how):
     """The acceptance comparison can fail: an export with one classic bug still decodes exactly
     (verification is lossless) but no longer accepts what draftheads accepts."""

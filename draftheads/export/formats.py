@@ -10,4 +10,8 @@ IMPORT_FORMATS = {
               "aux ids in SGLang's numbering",
     "speculators": "speculators EAGLE-3 / P-EAGLE: config speculators_model_type eagle3 or peagle, layers.0.* + "
                    "d2t/t2d (peagle: + mask_hidden, mask_token_id, embed_tokens); aux ids in vLLM's numbering",
+    "dflash": "DFlash (z-lab, SpecForge): config DFlashDraftModel + dflash_config {mask_token_id, target_layer_ids}, "
+              "layers.{i}.* with q/k norms + fc + hidden_norm + norm",
+    "speculators-dflash": "speculators DFlash: config speculators_model_type dflash, aux_hidden_state_layer_ids, "
+                          "mask_token_id, transformer_layer_config",
 }

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import torch
 
+from .import_dflash import read_dflash
 from .import_eagle import read_eagle, read_eagle3
 from .import_medusa import ORIGINAL_BLOCK, VLLM_BLOCK, read_medusa, strip_prefix
 from .formats import IMPORT_FORMATS
@@ -23,10 +24,14 @@ def detect_format(source: Source) -> str:
     bare = {k[len("model."):] if k.startswith("model.") else k for k in names}
     cfg = source.config
     if cfg.get("speculators_model_type") is not None:
+        if cfg["speculators_model_type"] == "dflash":
+            return "speculators-dflash"
         if cfg["speculators_model_type"] not in ("eagle3", "peagle"):
-            raise ValueError(f"{source.path}: speculators_model_type {cfg['speculators_model_type']!r}: only eagle3 "
-                             "and peagle import")
+            raise ValueError(f"{source.path}: speculators_model_type {cfg['speculators_model_type']!r}: only eagle3, "
+                             "peagle and dflash import")
         return "speculators"
+    if "dflash_config" in cfg or any(str(a).startswith("DFlash") for a in cfg.get("architectures") or []):
+        return "dflash"
     if any(VLLM_BLOCK.match(k) for k in names):
         return "vllm-medusa"
     if any(ORIGINAL_BLOCK.match(k) for k in names):
@@ -53,6 +58,8 @@ def read_heads(src: str | os.PathLike, target: torch.nn.Module, format: str | No
         heads = read_medusa(source, target, layout)
     elif layout == "eagle":
         heads = read_eagle(source, target)
+    elif layout in ("dflash", "speculators-dflash"):
+        heads = read_dflash(source, target, layout)
     else:
         heads = read_eagle3(source, target, layout)
     heads.bind_target(target)

@@ -2,13 +2,14 @@
 
 Medusa -> MedusaModel (vllm/model_executor/models/medusa.py); EAGLE -> vLLM's EAGLE-1 draft
 (llama_eagle.py: a LlamaForCausalLM-shaped config, fc without bias, no input_layernorm on layer 0,
-no final norm, the target's embedding and LM head); EAGLE-3 -> the speculators format.
+no final norm, the target's embedding and LM head); EAGLE-3 -> the speculators format; DFlash ->
+the z-lab layout (dflash.py).
 vLLM's loader skips tensors it does not expect without a word, so every tensor draftheads has
 either lands on a vLLM parameter or the export is refused.
 """
 from __future__ import annotations
 
-from . import speculators
+from . import dflash, speculators
 from .common import EngineFolder, ExportError, check_tensors, drop_if_zero, dtype_name, llama_layer_config, verifier_lm_head
 from .eagle_layers import engine_layer_tensors
 from .layouts import eagle1_shapes, medusa_vllm_shapes
@@ -68,12 +69,13 @@ def export_eagle(heads, *, verifier, verifier_cfg, num_speculative_tokens) -> En
 
 
 def export(heads, *, verifier, verifier_cfg, num_speculative_tokens) -> EngineFolder:
-    kinds = {"medusa": export_medusa, "eagle": export_eagle, "eagle3": speculators.export, "peagle": speculators.export}
+    kinds = {"medusa": export_medusa, "eagle": export_eagle, "eagle3": speculators.export, "peagle": speculators.export,
+             "dflash": dflash.export}
     kind = heads.config.head_type
     if kind not in kinds:
         raise ExportError(
-            f"{kind} heads have no vLLM layout (vLLM serves Medusa, EAGLE-1 and EAGLE-3 drafts; SGLang EAGLE-1 and "
-            "EAGLE-3): formats exist for medusa (vllm), eagle (vllm, sglang), eagle3 (vllm = speculators, sglang, "
-            "speculators), peagle (vllm = speculators, speculators)"
+            f"{kind} heads have no vLLM layout (vLLM serves Medusa, EAGLE-1, EAGLE-3, P-EAGLE and DFlash drafts; SGLang "
+            "EAGLE-1 and EAGLE-3): formats exist for medusa (vllm), eagle (vllm, sglang), eagle3 (vllm = speculators, "
+            "sglang, speculators), peagle (vllm = speculators, speculators), dflash (vllm)"
         )
     return kinds[kind](heads, verifier=verifier, verifier_cfg=verifier_cfg, num_speculative_tokens=num_speculative_tokens)

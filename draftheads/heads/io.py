@@ -17,6 +17,7 @@ from safetensors.torch import load_file
 
 from ..atomic import restore_interrupted_swap, write_folder_atomically, write_json_atomically  # noqa: F401 (re-exported)
 from .config import FORMAT_VERSION, HeadsConfig
+from .dflash import DFlashHeads
 from .eagle import Eagle3Head, EagleHead
 from .folder import CONFIG_NAME, TREE_NAME, WEIGHTS_NAME, non_finite_tensors, read_tree, read_tree_origin, save_heads  # noqa: F401 (re-exported)
 from .hub import resolve_heads_folder
@@ -29,7 +30,7 @@ from .batch_plan import read_batch_plan
 
 def head_types() -> dict[str, type]:
     """Registered head classes by ``head_type`` name."""
-    return {cls.head_type: cls for cls in (MedusaHeads, HydraHeads, EagleHead, Eagle3Head, PEagleHead)}
+    return {cls.head_type: cls for cls in (MedusaHeads, HydraHeads, EagleHead, Eagle3Head, PEagleHead, DFlashHeads)}
 
 
 def _not_heads_folder(path: Path, data: Any) -> str | None:

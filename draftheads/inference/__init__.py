@@ -1,6 +1,6 @@
 """Inference: trees, the verifier, proposers and the decode loop."""
 from .decoder import SpeculativeDecoder, SpeculativeOutput
-from .proposers import DraftModelProposer, EagleProposer, HydraProposer, MedusaProposer, PromptLookupProposer, Proposer
+from .proposers import DFlashProposer, DraftModelProposer, EagleProposer, HydraProposer, MedusaProposer, PromptLookupProposer, Proposer
 from .sampling import SamplingParams
 from .tokenizer_check import check_same_tokenizer
 from .tree import Tree, TreeShape, default_choices
@@ -10,6 +10,7 @@ from .probe import check_tree_attention
 from .verify import TreeVerifier
 
 __all__ = [
+    "DFlashProposer",
     "DraftModelProposer",
     "EagleProposer",
     "HydraProposer",

@@ -228,6 +228,13 @@ def calibrate(
     device = str(target.device) + (f" ({torch.cuda.get_device_name()})" if target.device.type == "cuda" else "")
     # Draft vocabularies to try: the whole one, and the most frequent training tokens (cheaper
     # projections, fewer tokens that can be drafted). The measurements decide.
+    if getattr(heads, "training_objective", "") == "block":  # DFlash: one block forward drafts any tree
+        from .proposers.dflash import block_accuracy_table, measure_block_seconds
+
+        acc = block_accuracy_table(target, heads, sequences, max_rank, skip_prompt=skip)
+        block = measure_block_seconds(heads)
+        draft = {0: 0.0, **{d: block for d in range(1, heads.config.num_heads + 1)}}
+        return choose_tree(acc, verify, draft, max_nodes=max_nodes, device=device)
     vocab_sizes: list[int | None] = [None]
     if int(getattr(heads, "token_counts", torch.zeros(1)).sum()) > 0:
         vocab_sizes += [n for n in (4096, 2048, 1024, 512) if n < heads.config.vocab_size // 2]

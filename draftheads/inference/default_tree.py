@@ -40,6 +40,9 @@ def large_static_choices(num_heads: int, nodes: int = LARGE_STATIC_NODES) -> lis
 def device_default(heads: torch.nn.Module, device: torch.device | str) -> list[list[int]] | dict:
     """The default tree for ``heads`` on ``device``: small on CPU (and anything not CUDA), large on CUDA."""
     kind = torch.device(device).type
+    own = getattr(heads, "default_tree", None)
+    if callable(own):  # a head type with its own default (DFlash: the chain of its block)
+        return own(kind)
     if getattr(heads, "dynamic_tree", False):
         return dict(DYNAMIC_DEFAULTS["cuda" if kind == "cuda" else "cpu"])
     num_heads = heads.config.num_heads

@@ -162,6 +162,8 @@ def _run(cfg: ExperimentConfig, overwrite: bool, held: contextlib.ExitStack) -> 
     elif hasattr(heads, "set_draft_vocab"):  # EAGLE-3: its own LM head covers the most frequent training tokens
         heads.set_draft_vocab(training_token_counts(train_ds, heads.config.vocab_size))
         say(f"draft vocabulary: the {heads.draft_to_target.numel()} most frequent training tokens")
+    if hasattr(heads, "choose_mask_token"):  # DFlash: its mask token, checked against the tokenizer
+        say(f"mask token: id {heads.choose_mask_token(tokenizer)}")
     model = TargetWithHeads(
         target, heads, loss_decay=t.loss_decay, loss_chunk_size=t.loss_chunk_size, topk=t.topk, labels=t.labels
     )
@@ -415,15 +417,17 @@ def init_heads_from(heads: torch.nn.Module, path: str, target: torch.nn.Module) 
     ]
     if mine.head_type in ("medusa", "hydra") and mine.num_heads != theirs.num_heads:
         problems.append(f"num_heads: config has {mine.num_heads}, {path} has {theirs.num_heads}")
-    for key in ("feature_layers", "draft_vocab_size", "fc_bias"):
+    for key in ("feature_layers", "draft_vocab_size", "fc_bias", "block_size", "mask_token_id"):
         default = True if key == "fc_bias" else None  # EAGLE heads saved before the option had an fc bias
-        if key in mine.extra and mine.extra[key] != theirs.extra.get(key, default):
+        # (an unset dflash mask token takes the folder's)
+        if key in mine.extra and mine.extra[key] is not None and mine.extra[key] != theirs.extra.get(key, default):
             problems.append(f"heads.{key}: config has {mine.extra[key]!r}, {path} has {theirs.extra.get(key)!r}")
     if problems:
         raise ValueError(f"heads.init_from: {path} does not match the configured heads:\n  - " + "\n  - ".join(problems))
     theirs.num_heads = mine.num_heads  # EAGLE: draft steps unrolled in training (no tensors depend on it)
-    if "noise" in mine.extra:
-        theirs.extra["noise"] = mine.extra["noise"]
+    for key in ("noise", "loss_gamma", "block_loss", "num_anchors"):  # training settings come from the config
+        if key in mine.extra:
+            theirs.extra[key] = mine.extra[key]
     return saved
 
 

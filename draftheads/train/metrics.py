@@ -51,6 +51,9 @@ def static_tree(heads: torch.nn.Module) -> list[list[int]] | None:
     tree = getattr(heads, "tree", None)
     if isinstance(tree, list):
         return tree
+    own = getattr(heads, "default_tree", None)
+    if callable(own):  # DFlash: the chain of its block
+        return own("cpu")
     return default_choices(heads.config.num_heads)
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from .dflash_loss import dflash_loss, dflash_target_counts
 from .eagle_loss import eagle_loss, eagle_target_counts
 from .losses import medusa_loss, medusa_target_counts
 from .peagle_loss import peagle_loss
@@ -82,6 +83,8 @@ class TargetWithHeads(nn.Module):
         k = self.heads.config.num_heads
         if self.heads.training_objective in ("draft_steps", "parallel_depths"):  # P-EAGLE divides by entry 0
             return eagle_target_counts(k, input_ids, loss_mask, attention_mask)
+        if self.heads.training_objective == "block":
+            return dflash_target_counts(self.heads, input_ids, loss_mask, attention_mask)
         return medusa_target_counts(input_ids, k, loss_mask, attention_mask)
 
     def reseed_noise(self, seed: int, device: torch.device) -> None:
@@ -92,6 +95,13 @@ class TargetWithHeads(nn.Module):
         if self.noise_generator is None or self.noise_generator.device != device:
             self.noise_generator = torch.Generator(device=device)
         self.noise_generator.manual_seed(seed)
+
+    def _anchor_generator(self, input_ids: torch.Tensor) -> torch.Generator | None:
+        """Where DFlash's random anchors come from: the per-batch generator in training (see
+        reseed_noise), a fixed seed in evaluation (every evaluation scores the same blocks)."""
+        if self.heads.training:
+            return self.noise_generator
+        return torch.Generator(device=input_ids.device).manual_seed(0)
 
     # -- forward -------------------------------------------------------------------------------
     @torch.no_grad()
@@ -185,6 +195,13 @@ class TargetWithHeads(nn.Module):
                 self.heads, features, hidden, input_ids, loss_mask, attention_mask, chunk_size=self.loss_chunk_size,
                 topk=self.topk, ranks=rank_stats, generator=self.noise_generator, denominators=loss_denominators,
             )
+        elif self.heads.training_objective == "block":
+            # DFlash: random blocks per row against the target's distribution (or greedy token).
+            labels = input_ids
+            out = dflash_loss(
+                self.heads, features, hidden, input_ids, loss_mask, attention_mask,
+                chunk_size=self.loss_chunk_size, topk=self.topk, ranks=rank_stats, generator=self._anchor_generator(input_ids),
+            )  # fmt: skip
         elif self.heads.training_objective == "draft_steps":
             # EAGLE learns the target's distribution at every position (its own soft labels) from
             # the data tokens it reads; `labels` does not apply.

@@ -5,6 +5,7 @@ Importing this package registers the proposer of each head type, so that ``heads
 """
 from ...heads.base import register_proposer
 from .base import Proposer
+from .dflash import DFlashProposer, dflash_proposer
 from .draft_model import AdaptiveGamma, DraftModelProposer
 from .eagle import EagleProposer, eagle_proposer
 from .hydra import HydraProposer
@@ -14,7 +15,8 @@ from .prompt_lookup import PromptLookupProposer
 
 register_proposer("medusa", MedusaProposer)
 register_proposer("hydra", HydraProposer)
+register_proposer("dflash", dflash_proposer)
 register_proposer("eagle", eagle_proposer)  # EAGLE-3 heads are EagleHead subclasses: the same proposer
 register_proposer("peagle", peagle_proposer)  # P-EAGLE: an EAGLE-3 subclass with its own one-forward proposer
 
-__all__ = ["AdaptiveGamma", "DraftModelProposer", "EagleProposer", "HydraProposer", "MedusaProposer", "PEagleProposer", "PromptLookupProposer", "Proposer"]
+__all__ = ["AdaptiveGamma", "DFlashProposer", "DraftModelProposer", "EagleProposer", "HydraProposer", "MedusaProposer", "PEagleProposer", "PromptLookupProposer", "Proposer"]

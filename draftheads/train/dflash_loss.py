@@ -1,0 +1,176 @@
+"""The DFlash training loss: random blocks per row, all of a row's blocks in ONE draft forward.
+
+Per row, up to ``num_anchors`` anchors a are drawn (without replacement) from the positions
+whose next token is a training token and whose whole block a..a+B-1 lies inside the row (the
+last B-1 positions are never anchors: their blocks would run past the row). Block j is
+``[token a_j, mask x (B-1)]`` at positions a_j..a_j+B-1; it attends to the context (the fused
+target features) at positions < a_j and to its own block, nothing else: exactly what one
+drafting step sees, whose root sits right after the committed context. Every block of the row
+shares the context's keys/values, so the whole row is one forward over
+``T + anchors x B`` keys.
+
+Slot 0 (the anchor's own token) carries no loss. Slot k predicts token a+k against the target's
+distribution at a+k-1 (``block_loss: kl``, the soft cross-entropy = KL up to a constant) or its
+greedy token there (``ce``), counted where a+k is a training token. Slot k's mean loss weighs
+w_k = exp(-(k-1)/gamma), and the weights are normalised to sum to 1 over the slots that had
+any target (an early wrong slot ends acceptance, so the first slots matter most).
+
+The anchors are drawn in the forward from the caller's generator (the loop reseeds it per
+batch, so a resumed run draws the same blocks); the loss is therefore a mean over this
+micro-batch's blocks, not over the optimizer step's (the masks alone do not say how many
+blocks a step will draw). Vocab-sized logits are computed in checkpointed chunks of
+``chunk_size`` rows, never for every block at once.
+"""
+from __future__ import annotations
+
+from functools import partial
+
+import torch
+from torch.utils.checkpoint import checkpoint
+
+from .losses import HeadLossOutput
+
+
+def anchor_candidates(input_ids, loss_mask, attention_mask, block: int) -> torch.Tensor:
+    """[B, S] bool: positions a that may anchor a block (next token trained, block inside the row)."""
+    bsz, seq = input_ids.shape
+    lm = torch.ones_like(input_ids, dtype=torch.bool) if loss_mask is None else loss_mask.bool()
+    am = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
+    ok = torch.zeros(bsz, seq, dtype=torch.bool, device=input_ids.device)
+    if seq < block:
+        return ok
+    last = seq - block + 1  # a + B - 1 <= S - 1
+    ok[:, :last] = am[:, :last] & am[:, block - 1 :] & lm[:, 1 : last + 1]
+    return ok
+
+
+def draw_anchors(candidates: torch.Tensor, count: int, generator: torch.Generator | None):
+    """(anchors [B, N] long, valid [B, N] bool): up to ``count`` distinct candidate positions per row,
+    in increasing order; rows with fewer candidates pad with invalid anchors at position 0."""
+    bsz, seq = candidates.shape
+    scores = torch.rand(bsz, seq, generator=generator, device=candidates.device)
+    scores = torch.where(candidates, scores, torch.full_like(scores, 2.0))  # non-candidates last
+    n = min(count, seq)
+    picked = scores.topk(n, dim=-1, largest=False).indices
+    valid = candidates.gather(1, picked)
+    anchors = torch.where(valid, picked, torch.zeros_like(picked))
+    order = torch.where(valid, anchors, torch.full_like(anchors, seq)).argsort(-1)
+    return anchors.gather(1, order), valid.gather(1, order)
+
+
+def block_mask(anchors: torch.Tensor, valid: torch.Tensor, context_ok: torch.Tensor, block: int) -> torch.Tensor:
+    """[B, N*block, S + N*block] bool: block j sees context positions < a_j (attended ones) and itself."""
+    bsz, n = anchors.shape
+    seq = context_ok.shape[1]
+    pos = torch.arange(seq, device=anchors.device)
+    ctx = (pos[None, None, :] < anchors[:, :, None]) & context_ok[:, None, :]  # [B, N, S]
+    ctx = ctx.repeat_interleave(block, dim=1)  # [B, N*block, S]
+    own = torch.arange(n, device=anchors.device).repeat_interleave(block)
+    same = (own[:, None] == own[None, :])[None].expand(bsz, -1, -1)
+    return torch.cat([ctx, same], dim=-1)
+
+
+def _chunk_terms(heads, lm_head, topk: int, ranks: int, hard: bool, state, target_hidden):
+    """Summed loss terms of ``state`` rows against the target at ``target_hidden`` rows, per row."""
+    with torch.no_grad():
+        target_logits = lm_head(target_hidden.to(lm_head.weight.dtype)).float()
+        target_top = target_logits.argmax(-1)
+        p = None if hard else target_logits.softmax(-1)
+    logp = heads.logits(state).float().log_softmax(-1)
+    if hard:
+        rows = -logp.gather(-1, target_top[:, None]).squeeze(-1)
+    else:
+        rows = -(p * logp).sum(-1)
+    with torch.no_grad():
+        width = max(topk, ranks)
+        order = logp.topk(min(width, logp.shape[-1]), -1).indices
+        hit = order == target_top[:, None]  # [n, width]
+    return rows, hit
+
+
+def dflash_loss(
+    heads: torch.nn.Module,
+    features: torch.Tensor,
+    last_hidden: torch.Tensor,
+    input_ids: torch.Tensor,
+    loss_mask: torch.Tensor | None = None,
+    attention_mask: torch.Tensor | None = None,
+    *,
+    chunk_size: int = 1024,
+    topk: int = 5,
+    ranks: int = 0,
+    generator: torch.Generator | None = None,
+) -> HeadLossOutput:
+    """``features`` [B, S, m*H] the fused layers' hidden states, ``last_hidden`` [B, S, H] the target's
+    final hidden states (its distribution), ``input_ids`` [B, S]. ``ranks`` > 0 (evaluation): also
+    count hits per rank r < ``ranks`` for the simulated acceptance of a tree."""
+    block = heads.block_size
+    slots = block - 1
+    bsz, seq = input_ids.shape
+    device = input_ids.device
+    ex = heads.config.extra
+    hard = ex.get("block_loss", "kl") == "ce"
+    lm = torch.ones_like(input_ids, dtype=torch.bool) if loss_mask is None else loss_mask.bool()
+    am = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
+
+    anchors, valid = draw_anchors(anchor_candidates(input_ids, lm, am, block), int(ex.get("num_anchors", 32)), generator)
+    n = anchors.shape[1]
+    offsets = torch.arange(block, device=device)
+    positions = (anchors[:, :, None] + offsets).clamp(max=seq - 1)  # [B, N, block]; invalid anchors stay in range
+    tokens = heads.block_inputs(input_ids.gather(1, anchors))  # [B, N, block]
+    mask = block_mask(anchors, valid, am, block)
+
+    context = heads.context(features)
+    ctx_positions = torch.arange(seq, device=device)[None]
+    context_kv = heads.context_kv(context, ctx_positions)
+    states = heads.block_states(tokens.view(bsz, n * block), (anchors[:, :, None] + offsets).view(bsz, n * block), context_kv, mask)
+    states = states.view(bsz, n, block, -1)[:, :, 1:]  # slots 1..K
+
+    # Slot k of block j predicts token a_j + k, against the target at a_j + k - 1.
+    label_pos = positions[:, :, 1:]
+    counted = valid[:, :, None] & lm.gather(1, label_pos.reshape(bsz, -1)).view(bsz, n, slots) \
+        & am.gather(1, label_pos.reshape(bsz, -1)).view(bsz, n, slots)
+    slot_of = torch.arange(slots, device=device).expand(bsz, n, slots)
+    idx = counted.reshape(-1).nonzero().squeeze(-1)
+    flat_states = states.reshape(-1, states.shape[-1])[idx]
+    src = (label_pos - 1).reshape(bsz, -1)
+    flat_target = last_hidden.gather(1, src[:, :, None].expand(-1, -1, last_hidden.shape[-1])).reshape(-1, last_hidden.shape[-1])[idx]
+    flat_slot = slot_of.reshape(-1)[idx]
+
+    lm_head = heads.target_lm_head()
+    fn = partial(_chunk_terms, heads, lm_head, topk, ranks, hard)
+    use_ckpt = torch.is_grad_enabled()
+    row_losses, hits = [], []
+    for start in range(0, idx.numel(), chunk_size):
+        args = (flat_states[start : start + chunk_size], flat_target[start : start + chunk_size])
+        rows, hit = checkpoint(fn, *args, use_reentrant=False) if use_ckpt else fn(*args)
+        row_losses.append(rows)
+        hits.append(hit)
+    width = max(topk, ranks)
+    rows = torch.cat(row_losses) if row_losses else states.new_zeros(0, dtype=torch.float32)
+    hit = torch.cat(hits) if hits else torch.zeros(0, width, dtype=torch.bool, device=device)
+
+    count = torch.bincount(flat_slot, minlength=slots)
+    ce_sum = torch.zeros(slots, device=device).index_add(0, flat_slot, rows.detach())
+    top1 = torch.bincount(flat_slot[hit[:, 0]], minlength=slots) if hit.shape[1] else torch.zeros_like(count)
+    topk_hits = torch.bincount(flat_slot[hit[:, :topk].any(-1)], minlength=slots)
+    rank_hits = None
+    if ranks:
+        rank_hits = torch.stack([torch.bincount(flat_slot[hit[:, r]], minlength=slots) for r in range(ranks)], dim=1)
+
+    weights = heads.slot_weights(device)
+    per_slot = torch.zeros(slots, device=device, dtype=torch.float32).index_add(0, flat_slot, rows)
+    present = count > 0
+    if bool(present.any()):
+        w = weights * present
+        loss = (w * per_slot / count.clamp(min=1)).sum() / w.sum()
+    else:  # no block in this batch: a zero loss that still touches every parameter (DDP needs a graph)
+        loss = states.sum() * 0.0
+    return HeadLossOutput(loss=loss, ce_sum=ce_sum, count=count, top1=top1, topk=topk_hits, rank_hits=rank_hits)
+
+
+def dflash_target_counts(heads, input_ids, loss_mask=None, attention_mask=None) -> torch.Tensor:
+    """``[K]``: the candidate anchors of this batch per slot (an upper bound of the positions each
+    slot is trained on; the blocks are drawn in the forward, see the module docstring)."""
+    cand = anchor_candidates(input_ids, loss_mask, attention_mask, heads.block_size)
+    return cand.sum().expand(heads.config.num_heads).clone()
