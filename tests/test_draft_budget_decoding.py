@@ -299,3 +299,32 @@ def test_the_default_is_the_online_budget_and_a_draft_model_keeps_its_own():
     assert out.stats["draft_budget"]["policy"] == "proposer" and "gamma_histogram" in out.stats
     with pytest.raises(ValueError, match="draft_budget must be 'auto'"):
         dh.SpeculativeDecoder(target, heads, draft_budget="sometimes")
+
+
+@pytest.mark.parametrize("method", ["dflash", "peagle"])
+def test_parallel_drafters_stay_exact_through_plain_and_capped_steps(method):
+    """The block drafters draft one forward per step whatever the cap; after plain steps (nothing
+    drafted, their context still pending) they must catch up and stay exact, one row and a batch."""
+    from test_dflash import trained_dflash
+    from test_peagle import trained_peagle
+
+    target = tiny_target("llama")
+    heads, prompts = (trained_dflash(target, steps=30) if method == "dflash" else trained_peagle(target, steps=30))[:2]
+    decoder = dh.SpeculativeDecoder(target, heads, draft_budget=Cycle((0, 0, None, 1, 0, 2)))
+    modes = Counter()
+    for ids in (prompts[:1], prompts[1:2]):
+        out = decoder.generate(ids, max_new_tokens=NEW, eos_token_id=[])
+        assert torch.equal(out.sequences, greedy_reference(target, ids, NEW)), f"{method}: differs from generate"
+        modes.update(out.stats["draft_budget"]["steps"])
+    ids, mask = left_padded(batch_rows(prompts))
+    out = decoder.generate(ids, attention_mask=mask, max_new_tokens=NEW, eos_token_id=[])
+    assert torch.equal(out.sequences, reference(target, ids, mask, new=NEW)), f"{method}: batch differs"
+    assert modes[PLAIN] >= 4 and modes[CAPPED] >= 2 and modes[FULL] >= 2, modes
+    # full-draft steps after plain ones accept what drafting every step accepts (a lost context would not)
+    ids = prompts[:1]
+    cycled = dh.SpeculativeDecoder(target, heads, draft_budget=Cycle((0, None))).generate(ids, max_new_tokens=NEW,
+                                                                                          eos_token_id=[])
+    full = dh.SpeculativeDecoder(target, heads, draft_budget=None).generate(ids, max_new_tokens=NEW, eos_token_id=[])
+    drafting = cycled.accept_lengths[1::2]
+    assert full.mean_accept_length > 1.3, f"{method}: the heads accept too little to tell ({full.mean_accept_length})"
+    assert sum(drafting) / len(drafting) > 0.8 * full.mean_accept_length, (drafting, full.accept_lengths)
