@@ -241,4 +241,5 @@ def test_an_fp32_cache_holds_the_targets_own_features_to_float32_rounding(tmp_pa
         assert cached["hidden"].dtype == torch.float32
         got = cached["hidden"][offset : offset + length]
         assert float((got - hidden).abs().max()) <= 1e-5 * float(hidden.abs().max()), i
-        assert torch.equal(cached["target_labels"][offset : offset + length].long(), alone.logits[0].argmax(-1)), i
+        labels = cached["target_labels"][offset : offset + length].long()  # label t: the target's choice for token t
+        assert torch.equal(labels[1:], alone.logits[0, :-1].argmax(-1)), i
