@@ -236,6 +236,14 @@ ADDED_KEYS: dict[str, Any] = {
     "heads.init": "identity",
     "train.lr_schedule": "cosine",
     "train.adam_betas": [0.9, 0.999],
+    # the parallel drafters' options (runs before them had none of these heads)
+    "heads.mask_token_id": None,
+    "heads.cod_ratio": 0.7,
+    "heads.cod_min_ratio": 0.2,
+    "heads.block_size": None,
+    "heads.loss_gamma": None,
+    "heads.block_loss": "kl",
+    "heads.num_anchors": None,
 }
 
 

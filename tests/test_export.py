@@ -334,8 +334,9 @@ def test_cli_export(tmp_path, capsys):
     assert load_file(str(tmp_path / "out" / "model.safetensors"))["blocks.0.layers.0.weight"].shape == (64, 64)
 
 
-def test_speculative_tokens_an_export_would_not_write_are_refused(tmp_path, capsys):
-    """0 used to write the heads' default; on a Medusa vLLM export the value was dropped silently."""
+def test_speculative_tokens_an_export_cannot_serve_are_refused_and_the_rest_recorded(tmp_path, capsys):
+    """0 used to write the heads' default; on a Medusa vLLM export the value was dropped silently:
+    now it is recorded (metadata, the card's speculative_config) or refused, never ignored."""
     from draftheads.cli import main
 
     target = target4()
@@ -344,13 +345,17 @@ def test_speculative_tokens_an_export_would_not_write_are_refused(tmp_path, caps
         with pytest.raises(ExportError, match="num_speculative_tokens must be a whole number >= 1"):
             export_heads(tmp_path / "eagle3", tmp_path / "o", "vllm", verifier="org/target", num_speculative_tokens=bad)
     dh.MedusaHeads.for_target(make_tiny_model("llama"), num_heads=2).save_pretrained(tmp_path / "medusa")
-    with pytest.raises(ExportError, match="does not record draft tokens per step.*'num_speculative_tokens': 2"):
-        export_heads(tmp_path / "medusa", tmp_path / "o", "vllm", num_speculative_tokens=2)
+    with pytest.raises(ExportError, match="num_speculative_tokens 3: these medusa heads draft at most 2"):
+        export_heads(tmp_path / "medusa", tmp_path / "o", "vllm", num_speculative_tokens=3)
     assert not (tmp_path / "o").exists()
     assert main(["export", str(tmp_path / "medusa"), str(tmp_path / "o"), "--format", "vllm",
                  "--num-speculative-tokens", "0"]) == 2
     assert "num_speculative_tokens must be" in capsys.readouterr().err
-    # where it is written, it is honoured
+    # recorded where the engine config has no slot for it: the metadata and the card say it
+    out = export_heads(tmp_path / "medusa", tmp_path / "m1", "vllm", num_speculative_tokens=1)
+    assert json.loads((out / "draftheads_export.json").read_text())["num_speculative_tokens"] == 1
+    assert "\"num_speculative_tokens\": 1" in (out / "README.md").read_text()
+    # written where the engine config has a slot
     out = export_heads(tmp_path / "eagle3", tmp_path / "ok", "vllm", verifier="org/target", num_speculative_tokens=1)
     config = json.loads((out / "config.json").read_text())
     assert config["speculators_config"]["proposal_methods"][0]["speculative_tokens"] == 1

@@ -26,17 +26,20 @@ from .common import EXPORT_METADATA
 MARKER = "<!-- draftheads model card -->"  # a card draftheads wrote (push may rename the folder in it)
 COPIED_SECTIONS = ("training", "measured")
 
-HEAD_TITLES = {"medusa": "Medusa", "hydra": "Hydra", "eagle": "EAGLE-1/2", "eagle3": "EAGLE-3"}
+HEAD_TITLES = {"medusa": "Medusa", "hydra": "Hydra", "eagle": "EAGLE-1/2", "eagle3": "EAGLE-3", "peagle": "P-EAGLE",
+               "dflash": "DFlash"}
 # head type -> engine formats `draftheads export --format` writes for it (export/*.py refuse the rest)
-SERVE_FORMATS = {"medusa": ("vllm",), "eagle": ("vllm", "sglang"), "eagle3": ("vllm", "sglang")}
-VLLM_METHOD = {"medusa": "medusa", "eagle": "eagle", "eagle3": "eagle3"}
+SERVE_FORMATS = {"medusa": ("vllm",), "eagle": ("vllm", "sglang"), "eagle3": ("vllm", "sglang"), "peagle": ("vllm",),
+                 "dflash": ("vllm",)}
+VLLM_METHOD = {"medusa": "medusa", "eagle": "eagle", "eagle3": "eagle3", "peagle": "eagle3", "dflash": "dflash"}
+VLLM_EXTRA = {"peagle": {"parallel_drafting": True}}  # vLLM serves P-EAGLE as EAGLE-3 with parallel drafting
 SGLANG_ALGORITHM = {"eagle": "EAGLE", "eagle3": "EAGLE3"}
 
 
 # -- serving snippets ---------------------------------------------------------------------------------
 def vllm_speculative_config(head_type: str, model: str, k: int) -> dict[str, Any]:
     """What ``vllm serve --speculative-config`` / ``LLM(speculative_config=...)`` takes for an export."""
-    return {"method": VLLM_METHOD[head_type], "model": model, "num_speculative_tokens": k}
+    return {"method": VLLM_METHOD[head_type], "model": model, "num_speculative_tokens": k, **VLLM_EXTRA.get(head_type, {})}
 
 
 def vllm_lines(head_type: str, target: str, model: str, k: int) -> list[str]:

@@ -11,23 +11,22 @@ from . import sglang, speculators, vllm
 from .common import ExportError, resolve_verifier, verifier_config, write_engine_folder
 
 FORMATS = {"vllm": vllm.export, "sglang": sglang.export, "speculators": speculators.export}
-# (format, head type) of the exports whose folder records the draft tokens per step (speculators'
-# proposal_methods); every other engine takes it at serve time, from speculative_config.
-WRITES_SPECULATIVE_TOKENS = {("vllm", "eagle3"), ("speculators", "eagle3")}
 
 
-def check_speculative_tokens(value: int | None, format: str, head_type: str) -> None:
-    """Refuse a ``num_speculative_tokens`` the export would not write (rather than ignore it) or
-    that no engine accepts (< 1: the heads' default used to be written instead)."""
+def check_speculative_tokens(value: int | None, heads) -> None:
+    """Refuse a ``num_speculative_tokens`` no engine accepts (< 1: the heads' default used to be
+    written instead) or more than these heads draft per step. Every export records the value (its
+    metadata and the model card's ``speculative_config``); layouts with a slot for it (speculators
+    EAGLE-3 / P-EAGLE, DFlash's block check) also write or check it in the engine config."""
     if value is None:
         return
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ExportError(f"num_speculative_tokens must be a whole number >= 1, got {value!r}")
-    if (format, head_type) not in WRITES_SPECULATIVE_TOKENS:
+    kind, most = heads.config.head_type, heads.config.num_heads
+    if kind in ("medusa", "hydra") and value > most:
         raise ExportError(
-            f"num_speculative_tokens: the {format} format for {head_type} heads does not record draft tokens per "
-            f"step (only EAGLE-3 heads in the speculators layout, --format vllm or speculators, do); give it to the "
-            f"engine when serving: speculative_config={{..., 'num_speculative_tokens': {value}}}"
+            f"num_speculative_tokens {value}: these {kind} heads draft at most {most} tokens per step "
+            f"(one per head); export with --num-speculative-tokens {most} or fewer"
         )
 
 
@@ -65,7 +64,7 @@ def export_heads(
     if out.exists() and not overwrite:
         raise FileExistsError(f"{out} exists: pass overwrite=True (--overwrite) to replace it")
     heads = load_heads(heads_dir)
-    check_speculative_tokens(num_speculative_tokens, format, heads.config.head_type)
+    check_speculative_tokens(num_speculative_tokens, heads)
     if verifier is not None:
         check_verifier(verifier)
     resolved = resolve_verifier(heads.config, verifier)
