@@ -269,7 +269,9 @@ HEAD_TYPE_OVERRIDES = {
     "eagle3": ("heads.head_type=eagle3", "heads.lm_head=auto", "heads.draft_vocab_size=64"),
     # COD sampling draws from the reseeded noise generator: a resume draws the same depths
     "peagle": ("heads.head_type=peagle", "heads.lm_head=auto", "heads.draft_vocab_size=64", "heads.num_layers=2"),
-    "dflash": ("heads.head_type=dflash", "heads.lm_head=auto", "heads.block_size=4", "heads.num_anchors=4"),
+    # <unk> (0): a special token with a real embedding row (the pad row is zero: padding_idx)
+    "dflash": ("heads.head_type=dflash", "heads.lm_head=auto", "heads.block_size=4", "heads.num_anchors=4",
+               "heads.mask_token_id=0"),
 }
 
 
