@@ -27,6 +27,7 @@ from ..features import FeatureTap
 from ..sampling import SamplingParams
 from ..tree import Tree, TreeShape
 from .base import Proposer
+from .draft_cache import grown
 
 INITIAL_CAPACITY = 256  # context rows beyond the prompt before the cache grows (doubling)
 
@@ -89,19 +90,14 @@ class DFlashProposer(Proposer):
 
     # -- the context cache -------------------------------------------------------------------------
     def _ensure_capacity(self, rows: int) -> None:
-        have = 0 if self._cache is None else self._cache[0][0].shape[2]
-        if rows <= have:
-            return
         ex = self.heads.config.extra
         w = self.heads.fc.weight
-        shape = (1, ex["num_key_value_heads"], max(rows, 2 * have), ex["head_dim"])
-        new = [(torch.empty(shape, device=w.device, dtype=w.dtype), torch.empty(shape, device=w.device, dtype=w.dtype))
-               for _ in self.heads.layers]
-        if self._cache is not None and self._cached:
-            for (nk, nv), (ok, ov) in zip(new, self._cache):
-                nk[:, :, : self._cached] = ok[:, :, : self._cached]
-                nv[:, :, : self._cached] = ov[:, :, : self._cached]
-        self._cache = new
+
+        def empty(capacity: int):
+            shape = (1, ex["num_key_value_heads"], capacity, ex["head_dim"])
+            return [(w.new_empty(shape), w.new_empty(shape)) for _ in self.heads.layers]
+
+        self._cache = grown(self._cache, self._cached, rows, empty)
 
     def _catch_up(self) -> None:
         """Append the context keys/values of the positions committed since the last step."""

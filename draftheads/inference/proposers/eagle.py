@@ -19,6 +19,7 @@ import torch
 from ..sampling import SamplingParams
 from ..tree import Tree, TreeShape
 from .base import Proposer
+from .draft_cache import grown
 from .eagle_rows import EagleRows
 from .row_base import RowProposer
 from .eagle_tree import grow, select
@@ -112,17 +113,9 @@ class EagleProposer(Proposer):
 
     def _ensure_capacity(self, rows: int) -> None:
         """Room for ``rows`` committed rows plus one step's tree, in preallocated buffers."""
-        need = rows + self.top_k * self.depth + 1
-        have = 0 if self._cache is None else self._cache[0][0].shape[2]
-        if need <= have:
-            return
         w = self.head.fc.weight
-        new = self.head.new_cache(max(need, 2 * have), w.device, w.dtype)
-        if self._cache is not None and self._cached:
-            for (nk, nv), (ok, ov) in zip(new, self._cache):
-                nk[:, :, : self._cached] = ok[:, :, : self._cached]
-                nv[:, :, : self._cached] = ov[:, :, : self._cached]
-        self._cache = new
+        self._cache = grown(self._cache, self._cached, rows + self.top_k * self.depth + 1,
+                            lambda capacity: self.head.new_cache(capacity, w.device, w.dtype))
 
     # -- one step ---------------------------------------------------------------------------------
     def _catch_up(self, root: int) -> torch.Tensor:

@@ -20,6 +20,7 @@ from ..compaction import check_compaction, wants_compaction
 from ..tree import Tree, TreeShape
 from .eagle_tree import grow, nodes_up_to, select
 from .row_base import RowProposer
+from .draft_cache import grown
 
 
 class EagleRows(RowProposer):
@@ -65,17 +66,10 @@ class EagleRows(RowProposer):
     # -- the draft cache --------------------------------------------------------------------------
     def _reserve(self, slots: int) -> None:
         """Room for ``slots`` slots in the preallocated buffers (doubling, keeping the used ones)."""
-        have = 0 if self._cache is None else self._cache[0][0].shape[2]
-        if slots <= have:
-            return
         w = self.head.fc.weight
-        new = self.head.new_cache(max(slots, 2 * have), w.device, w.dtype, rows=self._visible.shape[0])
-        used = self._visible.shape[1]
-        if self._cache is not None and used:
-            for (nk, nv), (ok, ov) in zip(new, self._cache):
-                nk[:, :, :used] = ok[:, :, :used]
-                nv[:, :, :used] = ov[:, :, :used]
-        self._cache = new
+        rows = self._visible.shape[0]
+        self._cache = grown(self._cache, self._visible.shape[1], slots,
+                            lambda capacity: self.head.new_cache(capacity, w.device, w.dtype, rows=rows))
 
     def _gather(self, rows: torch.Tensor | None = None) -> None:
         """Keep ``rows`` (all when None) with their visible slots moved to the front, in order:

@@ -20,6 +20,7 @@ import torch
 from ..sampling import SamplingParams
 from ..tree import Tree, TreeShape
 from .base import Proposer
+from .draft_cache import grown
 
 CACHE_HEADROOM = 256  # committed rows reserved beyond the prompt before the buffers grow
 
@@ -135,14 +136,6 @@ class PEagleProposer(Proposer):
 
     def _reserve(self, rows: int) -> None:
         """Room for ``rows`` committed rows plus one step's mask slots, in preallocated buffers."""
-        need = rows + self.shape.max_depth
-        have = 0 if self._cache is None else self._cache[0][0].shape[2]
-        if need <= have:
-            return
         w = self.head.fc.weight
-        new = self.head.new_cache(max(need, 2 * have), w.device, w.dtype)
-        if self._cache is not None and self._cached:
-            for (nk, nv), (ok, ov) in zip(new, self._cache):
-                nk[:, :, : self._cached] = ok[:, :, : self._cached]
-                nv[:, :, : self._cached] = ov[:, :, : self._cached]
-        self._cache = new
+        self._cache = grown(self._cache, self._cached, rows + self.shape.max_depth,
+                            lambda capacity: self.head.new_cache(capacity, w.device, w.dtype))
