@@ -317,3 +317,13 @@ def test_speculators_peagle_checkpoint_imports_and_decodes_the_same(tmp_path):
     save_file(tensors, str(tmp_path / "noemb" / "model.safetensors"))
     with pytest.raises(ValueError, match=r"needs mask_hidden"):
         read_heads(tmp_path / "noemb", target)
+
+
+def test_heads_without_a_chosen_tree_decode_the_chain_of_their_depths(trained):
+    """No tree.json (none is chosen for P-EAGLE at the end of training): the decoder drafts the
+    chain of every trained depth, as engines do, not another head type's default tree."""
+    _, target, heads, prompts, _, _ = trained
+    decoder = dh.SpeculativeDecoder(target, heads)
+    assert decoder.proposer.shape.parents == dh.TreeShape.chain(heads.config.num_heads).parents
+    out = decoder.generate(prompts[:1], max_new_tokens=12, eos_token_id=[])
+    assert torch.equal(out.sequences, greedy_reference(target, prompts[:1], 12))

@@ -135,6 +135,11 @@ class PEagleHead(Eagle3Head):
         super().set_draft_vocab(token_counts)
 
     # -- pieces used by training and drafting ----------------------------------------------------
+    def default_tree(self, device_type: str) -> list[list[int]]:
+        """The tree decoding uses when none was chosen: the chain of every trained depth (what
+        engines draft), on every device type: one draft forward whatever its shape."""
+        return [[0] * d for d in range(1, self.config.num_heads + 1)]
+
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
         return self.embed_tokens(tokens)
 

@@ -135,6 +135,9 @@ def choose_export_tree(
     try:
         if getattr(heads, "dynamic_tree", False):
             data = choose_dynamic(target, heads, rows)
+        elif getattr(heads, "training_objective", "") == "parallel_depths":
+            raise ValueError(f"no tree is chosen for P-EAGLE heads yet: decoding uses the chain of their "
+                             f"{heads.config.num_heads} trained depths")
         elif getattr(heads, "training_objective", "") == "block":
             table = None if rank_accuracy is None else torch.tensor(rank_accuracy, dtype=torch.float32)
             if table is None or table.dim() != 2 or table.shape[0] != heads.config.num_heads:
