@@ -92,7 +92,11 @@ def test_greedy_matches_generate(trained, tree):
     fresh = torch.tensor([[5, 9, 33, 17]])  # never seen in training: rejections happen
     assert torch.equal(decoder.generate(fresh, max_new_tokens=30, eos_token_id=[]).sequences, greedy_reference(target, fresh, 30))
     mean = sum(lengths) / len(lengths)
-    assert mean > 1.5, f"{arch}: mean accepted length {mean:.2f}: the drafts are barely used"
+    # tree=None is the chain of the trained depths (it ran Medusa's CPU default tree before P-EAGLE
+    # heads had a default of their own); a chain accepts less than a tree read off the same forward,
+    # and unused drafts give ~1.0
+    bar = 1.3 if tree is None else 1.5
+    assert mean > bar, f"{arch}: mean accepted length {mean:.2f}: the drafts are barely used"
 
 
 def test_left_padded_batch_decodes_every_row_exactly(trained):
