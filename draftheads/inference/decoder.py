@@ -188,26 +188,23 @@ class SpeculativeDecoder:
         if acceptance not in ACCEPTANCE:
             raise ValueError(f"acceptance must be {' or '.join(map(repr, ACCEPTANCE))}, got {acceptance!r}")
         params = resolve_sampling(getattr(self.target, "generation_config", None), do_sample, temperature, top_k, top_p)
-        generator, seed = resolve_generator(generator, seed), None
+        generator = resolve_generator(generator, seed)  # the one place a seed becomes a generator
         if acceptance == "typical" and params.greedy:
             raise ValueError("typical acceptance needs temperature > 0 (at temperature 0 decoding is greedy and exact)")
         max_new_tokens = _whole_number(max_new_tokens, "max_new_tokens")
         input_ids = token_matrix(input_ids)
         if self.mode_for(input_ids.shape[0]) == PLAIN:
             return self._generate_plain(input_ids, attention_mask, max_new_tokens, params, eos_token_id, streamer,
-                                        generator, seed)
+                                        generator)
         if wants_batch_path(input_ids, attention_mask):
             self._check_batch_options(input_ids, attention_mask, streamer)
-            input_ids, attention_mask, eos, pad, generator = self._checked_batch(
-                input_ids, attention_mask, max_new_tokens, eos_token_id, generator, seed
-            )
+            input_ids, attention_mask, eos, pad = self._checked_batch(input_ids, attention_mask, max_new_tokens,
+                                                                      eos_token_id)
             store = RaggedKV(self.verifier, attention_mask, self.compaction)
         else:
             input_ids = self._check_inputs(input_ids, max_new_tokens)
             eos = eos_ids(self.target, eos_token_id)
             pad = pad_id(self.target, eos)
-            if generator is None and seed is not None:
-                generator = torch.Generator().manual_seed(seed)
             store = SequenceKV(self.verifier, max_new_tokens)
         settings = Settings(max_new_tokens, params, self.target.device, set(eos), pad, acceptance, generator, streamer,
                             self._budget())
@@ -243,26 +240,23 @@ class SpeculativeDecoder:
         decoder's batch plan."""
         return mode_for(self.batch_plan, batch_size)
 
-    def _generate_plain(self, input_ids, attention_mask, max_new_tokens, params, eos_token_id, streamer, generator,
-                        seed) -> SpeculativeOutput:
+    def _generate_plain(self, input_ids, attention_mask, max_new_tokens, params, eos_token_id, streamer,
+                        generator) -> SpeculativeOutput:
         """A batch size the plan marks plain: the target's own `generate`, same inputs checks."""
         if streamer is not None and input_ids.shape[0] > 1:
             raise ValueError("streaming supports one sequence at a time (as transformers' streamers do): pass one row")
-        input_ids, attention_mask, eos_list, pad, generator = self._checked_batch(
-            input_ids, attention_mask, max_new_tokens, eos_token_id, generator, seed
-        )
+        input_ids, attention_mask, eos_list, pad = self._checked_batch(input_ids, attention_mask, max_new_tokens,
+                                                                       eos_token_id)
         return generate_plain(self.target, input_ids, attention_mask, max_new_tokens, params, eos_list, pad,
                               generator, streamer)
 
-    def _checked_batch(self, input_ids, attention_mask, max_new_tokens, eos_token_id, generator, seed):
-        """A batch's inputs checked as `generate` checks them: (ids, mask, EOS ids, pad id, generator)."""
+    def _checked_batch(self, input_ids, attention_mask, max_new_tokens, eos_token_id):
+        """A batch's inputs checked as `generate` checks them: (ids, mask, EOS ids, pad id)."""
         eos = eos_ids(self.target, eos_token_id)
         pad = pad_id(self.target, eos)
         input_ids, attention_mask = check_batch(input_ids, attention_mask, pad, eos)
         self._check_budget(f"{input_ids.shape[1]} tokens, padding included", input_ids.shape[1], max_new_tokens)
-        if generator is None and seed is not None:
-            generator = torch.Generator().manual_seed(seed)
-        return input_ids, attention_mask, eos, pad, generator
+        return input_ids, attention_mask, eos, pad
 
     def _check_inputs(self, input_ids: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
         """One row ([1, T], from `token_matrix`): not empty, and within the model's context."""
