@@ -23,23 +23,19 @@ from ..atomic import write_text_atomically
 
 CARD_NAME = "README.md"
 from .common import EXPORT_METADATA
+from .formats import ENGINE_LAYOUTS, SERVING_ENGINES, formats_for
 MARKER = "<!-- draftheads model card -->"  # a card draftheads wrote (push may rename the folder in it)
 COPIED_SECTIONS = ("training", "measured")
 
 HEAD_TITLES = {"medusa": "Medusa", "hydra": "Hydra", "eagle": "EAGLE-1/2", "eagle3": "EAGLE-3", "peagle": "P-EAGLE",
                "dflash": "DFlash"}
-# head type -> engine formats `draftheads export --format` writes for it (export/*.py refuse the rest)
-SERVE_FORMATS = {"medusa": ("vllm",), "eagle": ("vllm", "sglang"), "eagle3": ("vllm", "sglang"), "peagle": ("vllm",),
-                 "dflash": ("vllm",)}
-VLLM_METHOD = {"medusa": "medusa", "eagle": "eagle", "eagle3": "eagle3", "peagle": "eagle3", "dflash": "dflash"}
 VLLM_EXTRA = {"peagle": {"parallel_drafting": True}}  # vLLM serves P-EAGLE as EAGLE-3 with parallel drafting
-SGLANG_ALGORITHM = {"eagle": "EAGLE", "eagle3": "EAGLE3"}
 
 
 # -- serving snippets ---------------------------------------------------------------------------------
 def vllm_speculative_config(head_type: str, model: str, k: int) -> dict[str, Any]:
     """What ``vllm serve --speculative-config`` / ``LLM(speculative_config=...)`` takes for an export."""
-    return {"method": VLLM_METHOD[head_type], "model": model, "num_speculative_tokens": k, **VLLM_EXTRA.get(head_type, {})}
+    return {"method": ENGINE_LAYOUTS[head_type]["vllm"], "model": model, "num_speculative_tokens": k, **VLLM_EXTRA.get(head_type, {})}
 
 
 def vllm_lines(head_type: str, target: str, model: str, k: int) -> list[str]:
@@ -59,7 +55,7 @@ def vllm_lines(head_type: str, target: str, model: str, k: int) -> list[str]:
 def sglang_lines(head_type: str, target: str, model: str, k: int) -> list[str]:
     return [
         "```bash",
-        f"python -m sglang.launch_server --model-path {target} --speculative-algorithm {SGLANG_ALGORITHM[head_type]} \\",
+        f"python -m sglang.launch_server --model-path {target} --speculative-algorithm {ENGINE_LAYOUTS[head_type]['sglang']} \\",
         f"    --speculative-draft-model-path {model} --speculative-num-steps {k} --speculative-eagle-topk 1 "
         f"--speculative-num-draft-tokens {k + 1}",
         "```",
@@ -178,7 +174,7 @@ def measured_lines(training: dict[str, Any] | None) -> list[str]:
 
 def serve_lines(config: dict[str, Any], where: str, target: str) -> list[str]:
     head_type = config["head_type"]
-    formats = SERVE_FORMATS.get(head_type, ())
+    formats = [f for f in formats_for(head_type) if f in SERVING_ENGINES]
     k = draft_steps(config)
     lines = ["## Use", "", "With draftheads (lossless: greedy output equals the target's own greedy output):", "",
              "```python", "import draftheads as dh", "from transformers import AutoModelForCausalLM, AutoTokenizer", "",

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+from .formats import layouts_sentence
 from .common import EngineFolder, ExportError, check_tensors, dtype_name, llama_layer_config
 from .eagle_layers import engine_layer_tensors
 from .layouts import eagle1_shapes, sglang_aux_ids
@@ -66,13 +67,11 @@ def export_eagle3(heads, *, verifier, verifier_cfg, num_speculative_tokens) -> E
     return folder
 
 
+LAYOUTS = {"eagle": export_eagle, "eagle3": export_eagle3}
+
+
 def export(heads, *, verifier, verifier_cfg, num_speculative_tokens) -> EngineFolder:
-    kinds = {"eagle": export_eagle, "eagle3": export_eagle3}
     kind = heads.config.head_type
-    if kind not in kinds:
-        raise ExportError(
-            f"{kind} heads have no SGLang layout (SGLang serves EAGLE-1 and EAGLE-3 drafts): formats exist for "
-            "medusa (vllm), eagle (vllm, sglang), eagle3 (vllm = speculators, sglang, speculators), "
-            "peagle (vllm = speculators, speculators)"
-        )
-    return kinds[kind](heads, verifier=verifier, verifier_cfg=verifier_cfg, num_speculative_tokens=num_speculative_tokens)
+    if kind not in LAYOUTS:
+        raise ExportError(f"{kind} heads have no SGLang layout: formats exist for {layouts_sentence()}")
+    return LAYOUTS[kind](heads, verifier=verifier, verifier_cfg=verifier_cfg, num_speculative_tokens=num_speculative_tokens)

@@ -10,6 +10,7 @@ either lands on a vLLM parameter or the export is refused.
 from __future__ import annotations
 
 from . import dflash, speculators
+from .formats import layouts_sentence
 from .common import EngineFolder, ExportError, check_tensors, drop_if_zero, dtype_name, llama_layer_config, verifier_lm_head
 from .eagle_layers import engine_layer_tensors
 from .layouts import eagle1_shapes, medusa_vllm_shapes
@@ -68,14 +69,12 @@ def export_eagle(heads, *, verifier, verifier_cfg, num_speculative_tokens) -> En
     return folder
 
 
+LAYOUTS = {"medusa": export_medusa, "eagle": export_eagle, "eagle3": speculators.export, "peagle": speculators.export,
+           "dflash": dflash.export}  # vLLM loads EAGLE-3 and P-EAGLE drafts in the speculators layout
+
+
 def export(heads, *, verifier, verifier_cfg, num_speculative_tokens) -> EngineFolder:
-    kinds = {"medusa": export_medusa, "eagle": export_eagle, "eagle3": speculators.export, "peagle": speculators.export,
-             "dflash": dflash.export}
     kind = heads.config.head_type
-    if kind not in kinds:
-        raise ExportError(
-            f"{kind} heads have no vLLM layout (vLLM serves Medusa, EAGLE-1, EAGLE-3, P-EAGLE and DFlash drafts; SGLang "
-            "EAGLE-1 and EAGLE-3): formats exist for medusa (vllm), eagle (vllm, sglang), eagle3 (vllm = speculators, "
-            "sglang, speculators), peagle (vllm = speculators, speculators), dflash (vllm)"
-        )
-    return kinds[kind](heads, verifier=verifier, verifier_cfg=verifier_cfg, num_speculative_tokens=num_speculative_tokens)
+    if kind not in LAYOUTS:
+        raise ExportError(f"{kind} heads have no vLLM layout: formats exist for {layouts_sentence()}")
+    return LAYOUTS[kind](heads, verifier=verifier, verifier_cfg=verifier_cfg, num_speculative_tokens=num_speculative_tokens)
