@@ -1,4 +1,4 @@
-"""Shared by the batched A/B benchmarks (bench_batch_compaction.py, bench_eagle_rows.py): variants
+"""The batched A/B runner of bench_batch_compaction.py: variants
 of one decoder run on the same left-padded batches, interleaved round by round, outputs checked equal.
 
 A variant is a name and a function that switches the decoder to it. Batches are the demo's held-out

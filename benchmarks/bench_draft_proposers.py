@@ -15,7 +15,7 @@ Methods (greedy, one prompt at a time, same prompts for every method):
     dh-prompt-lookup   SpeculativeDecoder(target, PromptLookupProposer(max_ngram=3, num_tokens=10))
 
 Prompt sets (--prompt-set): ``code`` = the first --prompt-tokens tokens of the demo corpus'
-held-out files (as in bench_medusa.py); ``repeat`` = a repetitive-text task from the same files:
+held-out files (as in `draftheads bench`); ``repeat`` = a repetitive-text task from the same files:
 the first lines of a file (at most 240 characters) written three times, then the first line again,
 so the natural continuation copies the block (high acceptance for any drafter that can copy).
 ``--prompts FILE`` reads prompts separated by blank lines instead.

@@ -12,91 +12,34 @@ and always stopped by tests/engines/vllm_server.py; one untimed warm-up request;
 c, every prompt sent once with c requests in flight (``/v1/completions``, token-id prompts,
 greedy, ``ignore_eos``, --max-tokens new tokens, streamed). The prompts are the demo's held-out
 code (the first --prompt-tokens tokens of held-out standard-library files), as in
-bench_vllm_serving.py. Rounds rotate the engine order; speedups are against plain in the same round.
+bench_vllm_serving.py (the arguments and prompts both take are in vllm_common.py). Rounds rotate the engine order; speedups are against plain in the same round.
 
 Reported (results.json, results.md): tokens/s per engine and concurrency (all generated tokens over
 the level's wall time), speedup over plain, time to first token and inter-token latency (median and
 p90 over requests / gaps), whether every output equals plain's, and the acceptance per draft
 position from the server's ``/metrics`` (``vllm:spec_decode_*`` counters, the level's difference).
 
-A new drafter (a head type with a vLLM export) needs only its ``speculative_config`` in
-`SPECULATIVE_METHODS`.
+A new drafter (a head type with a vLLM export) needs only its entry in
+`vllm_common.SPECULATIVE_METHODS`.
 """
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import platform
 import statistics
 import sys
-import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-
-# head_type -> the `method` of vLLM's speculative_config for its `draftheads export --format vllm`
-# folder (None: the folder's own config says what it is, as the speculators EAGLE-3 format does, but
-# naming it is accepted too). The parallel drafters (DFlash, P-EAGLE) go here once they export.
-SPECULATIVE_METHODS: dict[str, str | None] = {"medusa": "medusa", "eagle": "eagle", "eagle3": "eagle3"}
-
-
-def _engines_module(name: str):
-    """A stdlib-only helper from tests/engines/ (shared with the vLLM tests)."""
-    spec = importlib.util.spec_from_file_location(name, REPO / "tests" / "engines" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses resolve their module by name
-    spec.loader.exec_module(module)
-    return module
+from vllm_common import add_arguments, cpu_name, demo_prompts, engines_module, finish_arguments, level_prompts, speculative_config
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--heads", nargs="*", default=[], metavar="NAME=DIR", help="heads folders to export and serve")
-    p.add_argument("--target", default="demo", help="target folder or 'demo' (the cached demo target)")
-    p.add_argument("--out", required=True, help="folder for results.json, results.md, the exports and the server logs")
-    p.add_argument("--concurrency", default="1,4,16", help="comma-separated numbers of requests in flight")
-    p.add_argument("--num-prompts", type=int, default=16)
-    p.add_argument("--prompts-at-c1", type=int, default=None, help="concurrency 1 sends only the first N prompts")
-    p.add_argument("--prompt-tokens", type=int, default=128)
-    p.add_argument("--max-tokens", type=int, default=64)
-    p.add_argument("--k", type=int, default=3, help="num_speculative_tokens for every drafter")
-    p.add_argument("--rounds", type=int, default=1)
+    add_arguments(p, max_tokens=64, rounds=1)
     p.add_argument("--request-timeout", type=float, default=600.0, help="seconds one request may take")
-    p.add_argument("--vllm-python", default=os.environ.get("DRAFTHEADS_VLLM_PYTHON", str(REPO / ".venv-vllm" / "bin" / "python")))
-    args = p.parse_args(argv)
-    args.concurrency = [int(c) for c in args.concurrency.split(",")]
-    heads = {}
-    for item in args.heads:
-        name, sep, folder = item.partition("=")
-        if not sep or not name or not folder:
-            p.error(f"--heads takes NAME=DIR, got {item!r}")
-        if name == "plain" or name in heads:
-            p.error(f"--heads name {name!r} is taken")
-        config = Path(folder) / "config.json"
-        if not config.is_file():
-            p.error(f"--heads {name}: {folder} is not a heads folder (no config.json)")
-        head_type = json.loads(config.read_text()).get("head_type")
-        if head_type not in SPECULATIVE_METHODS:
-            p.error(f"--heads {name}: {head_type!r} heads have no vLLM speculative_config here "
-                    f"(known: {', '.join(SPECULATIVE_METHODS)}; add it to SPECULATIVE_METHODS)")
-        heads[name] = (folder, head_type)
-    args.heads = heads
-    if not Path(args.vllm_python).is_file():
-        p.error(f"no vLLM python at {args.vllm_python}: run scripts/setup_vllm_env.sh or pass --vllm-python")
-    return args
-
-
-def speculative_config(head_type: str, export_dir: Path, k: int) -> dict:
-    config = {"model": str(export_dir), "num_speculative_tokens": k}
-    if SPECULATIVE_METHODS[head_type]:
-        config["method"] = SPECULATIVE_METHODS[head_type]
-    return config
-
-
-def level_prompts(args, c: int) -> int:
-    return args.prompts_at_c1 if c == 1 and args.prompts_at_c1 else args.num_prompts
+    return finish_arguments(p, p.parse_args(argv), reserved=("plain",))
 
 
 def serve_engine(server_mod, args, target_dir: str, name: str, config: dict | None, prompts, out: Path, r: int) -> dict:
@@ -181,13 +124,10 @@ def main(argv=None) -> None:
 
     # SIGTERM (a timeout, a kill) unwinds like Ctrl-C: every server's `with` block stops it.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from bench_vllm_serving import _cpu, demo_prompts
-
     from draftheads.demo import resolve_target
     from draftheads.export import export_heads
 
-    server_mod = _engines_module("vllm_server")
+    server_mod = engines_module("vllm_server")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     load_start = os.getloadavg()
@@ -209,7 +149,7 @@ def main(argv=None) -> None:
     result = {
         "command": " ".join(["python", "benchmarks/bench_vllm_serve.py", *(argv if argv is not None else sys.argv[1:])]),
         "args": {**{k: v for k, v in vars(args).items() if k != "vllm_python"}, "target_dir": target_dir},
-        "environment": {"vllm": _vllm_version(args.vllm_python), "cpu": _cpu(), "cpu_count": os.cpu_count(),
+        "environment": {"vllm": _vllm_version(args.vllm_python), "cpu": cpu_name(), "cpu_count": os.cpu_count(),
                         "python": platform.python_version(), "torch_draftheads_side": torch.__version__,
                         "loadavg_start": load_start, "loadavg_end": os.getloadavg()},
         "engine_configs": configs,

@@ -7,7 +7,7 @@ heads exported to it, at several numbers of concurrent requests.
         [--rounds 2]
 
 What runs: the demo target's code-completion prompts (the first --prompt-tokens tokens of held-out
-standard-library files, as in bench_medusa.py), greedy, fp32, ``ignore_eos``, --max-tokens new tokens
+standard-library files, as in `draftheads bench`), greedy, fp32, ``ignore_eos``, --max-tokens new tokens
 each. Every heads folder is exported with ``export_heads(..., "vllm")`` (Medusa -> MedusaModel,
 EAGLE -> vLLM's EAGLE-1 layout, EAGLE-3 -> the speculators format) and drafts --k tokens per step;
 n-gram is ``{"method": "ngram", "prompt_lookup_max": 3, "prompt_lookup_min": 1}`` with the same k.
@@ -27,7 +27,6 @@ next to vLLM's counters at each concurrency. Equal counts say the export lost no
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import platform
@@ -38,68 +37,17 @@ import time
 from pathlib import Path
 
 import torch
+from vllm_common import (REPO, add_arguments, cpu_name, demo_prompts, engines_module, finish_arguments, level_prompts,
+                         speculative_config)
 
-REPO = Path(__file__).resolve().parents[1]
 RUNNER = REPO / "tests" / "engines" / "vllm_runner.py"
-
-
-def _counting():
-    """tests/engines/vllm_counting.py (pure Python), shared with the vLLM engine test."""
-    spec = importlib.util.spec_from_file_location("vllm_counting", REPO / "tests" / "engines" / "vllm_counting.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--heads", nargs="*", default=[], metavar="NAME=DIR",
-                   help="draftheads heads folders to export and serve, e.g. medusa=runs/demo/heads")
-    p.add_argument("--target", default="demo", help="target folder or 'demo' (the cached demo target)")
-    p.add_argument("--out", required=True, help="folder for results.json, results.md, the exports and vLLM's raw output")
+    add_arguments(p, max_tokens=128, rounds=2)
     p.add_argument("--exports", help="folder for the exported heads (default: OUT/exports)")
-    p.add_argument("--concurrency", default="1,4,16", help="comma-separated numbers of concurrent requests")
-    p.add_argument("--num-prompts", type=int, default=16)
-    p.add_argument("--prompt-tokens", type=int, default=128)
-    p.add_argument("--max-tokens", type=int, default=128)
-    p.add_argument("--k", type=int, default=3, help="num_speculative_tokens for every drafting method")
-    p.add_argument("--rounds", type=int, default=2)
-    p.add_argument("--prompts-at-c1", type=int, default=None,
-                   help="decode only the first N prompts at concurrency 1 (the slowest level; default: all)")
-    p.add_argument("--vllm-python", default=os.environ.get("DRAFTHEADS_VLLM_PYTHON", str(REPO / ".venv-vllm" / "bin" / "python")))
-    args = p.parse_args(argv)
-    args.concurrency = [int(c) for c in args.concurrency.split(",")]
-    heads = {}
-    for item in args.heads:
-        name, sep, folder = item.partition("=")
-        if not sep or not name or not folder:
-            p.error(f"--heads takes NAME=DIR, got {item!r}")
-        if name in ("plain", "ngram") or name in heads:
-            p.error(f"--heads name {name!r} is taken")
-        if not (Path(folder) / "config.json").is_file():
-            p.error(f"--heads {name}: {folder} is not a heads folder (no config.json)")
-        heads[name] = folder
-    args.heads = heads
-    if not Path(args.vllm_python).is_file():
-        p.error(f"no vLLM python at {args.vllm_python}: run scripts/setup_vllm_env.sh or pass --vllm-python")
-    return args
-
-
-def demo_prompts(target_dir: str, num: int, prompt_tokens: int) -> list[list[int]]:
-    from transformers import AutoTokenizer
-
-    from draftheads.bench.questions import demo_questions
-
-    tokenizer = AutoTokenizer.from_pretrained(target_dir)
-    questions = demo_questions(tokenizer, num=num, prompt_tokens=prompt_tokens)
-    if len(questions) < num:
-        raise SystemExit(f"only {len(questions)} held-out prompts available, asked for {num}: lower --num-prompts")
-    return [tokenizer(q.turns[0]).input_ids[:prompt_tokens] for q in questions]
-
-
-def level_prompts(args, c: int) -> int:
-    """How many prompts concurrency ``c`` decodes (the first ones)."""
-    return args.prompts_at_c1 if c == 1 and args.prompts_at_c1 else args.num_prompts
+    return finish_arguments(p, p.parse_args(argv), reserved=("plain", "ngram"))
 
 
 def engine_configs(args, exports: dict[str, Path]) -> dict[str, dict | None]:
@@ -108,11 +56,7 @@ def engine_configs(args, exports: dict[str, Path]) -> dict[str, dict | None]:
         "ngram": {"method": "ngram", "num_speculative_tokens": args.k, "prompt_lookup_max": 3, "prompt_lookup_min": 1},
     }
     for name, folder in exports.items():
-        head_type = json.loads((Path(args.heads[name]) / "config.json").read_text())["head_type"]
-        config = {"model": str(folder), "num_speculative_tokens": args.k}
-        if head_type in ("medusa", "eagle"):
-            config["method"] = head_type  # EAGLE-3's speculators folder says what it is
-        configs[name] = config
+        configs[name] = speculative_config(args.heads[name][1], folder, args.k)
     return configs
 
 
@@ -247,7 +191,7 @@ def main(argv=None) -> None:
     from draftheads.export import export_heads
     from transformers import AutoModelForCausalLM
 
-    counting = _counting()
+    counting = engines_module("vllm_counting")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     load_start = os.getloadavg()
@@ -256,7 +200,7 @@ def main(argv=None) -> None:
     exports = {
         name: export_heads(folder, Path(args.exports or out / "exports") / name, "vllm", verifier=target_dir,
                            num_speculative_tokens=args.k, overwrite=True)
-        for name, folder in args.heads.items()
+        for name, (folder, _) in args.heads.items()
     }
     configs = engine_configs(args, exports)
     t0 = time.perf_counter()
@@ -266,7 +210,7 @@ def main(argv=None) -> None:
 
     target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
     comparison = {}
-    for name, folder in args.heads.items():
+    for name, (folder, _) in args.heads.items():
         ours = draftheads_acceptance(target, folder, prompts, args, counting)
         levels = {}
         for c in args.concurrency:
@@ -282,7 +226,7 @@ def main(argv=None) -> None:
         "command": " ".join(["python", "benchmarks/bench_vllm_serving.py", *(argv if argv is not None else sys.argv[1:])]),
         "args": {**{k: v for k, v in vars(args).items() if k != "vllm_python"}, "target_dir": target_dir},
         "environment": {
-            "vllm": raw["vllm_version"], "cpu": _cpu(), "cpu_count": os.cpu_count(), "python": platform.python_version(),
+            "vllm": raw["vllm_version"], "cpu": cpu_name(), "cpu_count": os.cpu_count(), "python": platform.python_version(),
             "torch_draftheads_side": torch.__version__, "transformers_draftheads_side": transformers.__version__,
             "loadavg_start": load_start, "loadavg_end": os.getloadavg(), "vllm_seconds": vllm_seconds,
         },
@@ -293,12 +237,6 @@ def main(argv=None) -> None:
     (out / "results.json").write_text(json.dumps(result, indent=2) + "\n")
     (out / "results.md").write_text(markdown(result))
     print(markdown(result))
-
-
-def _cpu() -> str:
-    from draftheads.bench.environment import cpu_name
-
-    return cpu_name()
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""Demo target shapes compared by what matters for drafting (issue 16). A measurement, not a test.
+"""Demo target shapes compared by what matters for drafting. A measurement, not a test.
 
 For each shape (``LAYERSxWIDTH``; every other setting is the default ``DemoTargetSpec``):
 

@@ -1,4 +1,4 @@
-"""Simulated vs measured acceptance length of Medusa heads on the demo target (issue 6).
+"""Simulated vs measured acceptance length of Medusa heads on the demo target.
 
 The simulated figure is what training logs as ``eval/simulated_acceptance``: expected tokens per
 step of the heads' tree from a per-head, per-rank accuracy table (``expected_tokens_per_step``),

@@ -96,8 +96,8 @@ def accelerator_kwargs(env: LaunchEnv | None = None) -> dict:
 def cpu_threads_for_single_process(env: LaunchEnv | None = None) -> int | None:
     """Threads a lone CPU process should use, or None to leave torch's setting alone.
 
-    `accelerate launch` without a config exports OMP_NUM_THREADS=1 to its child, which halves a
-    single-process CPU run on a 2-core machine. One process alone gets every core, unless the
+    `accelerate launch` without a config exports OMP_NUM_THREADS=1 to its child, which leaves all
+    but one core idle in a single-process CPU run. One process alone gets every core, unless the
     user pins it with DRAFTHEADS_NUM_THREADS."""
     env = env or launch_env()
     if env.cuda or env.distributed:

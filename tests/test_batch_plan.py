@@ -1,4 +1,4 @@
-"""Per-batch-size plans (issue 15): `calibrate --batch-sizes` saves which batch sizes decode plainly,
+"""Per-batch-size plans: `calibrate --batch-sizes` saves which batch sizes decode plainly,
 `SpeculativeDecoder` follows it (plain = exactly the target's `generate`), users can override it,
 `bench --batch-size` shows the mode used, and bad plans are refused naming the key."""
 from __future__ import annotations

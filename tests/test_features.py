@@ -79,7 +79,7 @@ def test_training_from_an_fp32_cache_equals_online_training(tmp_path, tiny_targe
     assert online.metrics["final_eval"] == cached.metrics["final_eval"]
     # The heads are bit-identical and so is the final eval. After the merge with the global-token
     # loss normalisation, EAGLE-3's mid-run eval losses from the cache differ from online ones in
-    # the last float32 bits (~5e-8 relative); cause not found yet (noted on issue 13): compared to
+    # the last float32 bits (~5e-8 relative; cause not found yet): compared to
     # 1e-6 relative, every other figure exactly.
     assert len(online.metrics["evals"]) == len(cached.metrics["evals"])
     for e_on, e_ca in zip(online.metrics["evals"], cached.metrics["evals"]):

@@ -1,4 +1,4 @@
-"""The simulated acceptance length training logs (issue 6, training side): per-head, per-rank
+"""The simulated acceptance length training logs (training side): per-head, per-rank
 accuracies from evaluation, the expected tokens per step of the actual tree, the best-checkpoint
 export it selects, and whether it predicts what decoding really accepts."""
 from __future__ import annotations

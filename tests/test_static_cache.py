@@ -177,7 +177,7 @@ def test_static_cache_samples_the_target_distribution():
     assert drafts_accepted(decoder, prompt, params) >= 5
 
 
-@pytest.mark.parametrize("backend", ["eager"])  # inductor: ~5 min of CPU compiling here, measured in benchmarks
+@pytest.mark.parametrize("backend", ["eager"])  # inductor compiles for minutes on a CPU: benchmarks/static_compile.py
 def test_compiled_verify_forward_matches_generate(backend):
     """compile: the verify forward goes through torch.compile (graphs counted by dynamo) and the
     output is still `generate`'s. Backend "eager" (dynamo's graph capture, no code generation): the

@@ -87,7 +87,7 @@ def _parse_row(path: Path, n: int, line: str) -> Question:
 def demo_questions(tokenizer, num: int = 12, prompt_tokens: int = 128) -> list[Question]:
     """The demo target's code-completion prompts: the first ``prompt_tokens`` tokens of held-out
     standard-library files longer than 2000 characters (neither the demo target nor its heads
-    trained on them). Same prompts as benchmarks/bench_medusa.py, so the figures compare."""
+    trained on them). The benchmark scripts under benchmarks/ use the same prompts, so their figures compare."""
     from ..demo import corpus_files, stdlib_root
 
     root = stdlib_root()

@@ -27,12 +27,10 @@ class DemoTargetSpec:
 
     The budget is a token count rather than a time limit so that a build is reproducible: the
     same spec on the same interpreter gives bit-identical weights whatever the machine's load.
-    The shape was chosen by measurement on 2 CPU cores (benchmarks/README.md, "Demo target
-    shapes"): 8 thin layers rather than 4 wide ones at the same parameter count, so that one
-    EAGLE draft layer costs about a seventh of a target forward with a restricted vocabulary
-    (0.14 vs 0.29 at 4 x 256; on a 32-layer 7B model it is ~3%) and the greedy text is less
-    repetitive (distinct 4-grams 0.39 vs 0.21), at the price of a higher held-out loss (4.44 vs
-    4.18 nats/token) and a ~12-minute build at 1.5 M tokens instead of ~8.
+    The shape was chosen by measurement (benchmarks/README.md, "The demo target's shape"): 8 thin
+    layers rather than 4 wide ones at the same parameter count, so that one EAGLE draft layer is a
+    small share of a target forward, as it is on a real 32-layer model, and the greedy text is less
+    repetitive; the price is a somewhat higher held-out loss and a longer build.
 
     Three attention heads of 64 rather than four of 48 (same width and depth): vLLM's CPU build
     attends only with head sizes 32, 64, 80, ... 256, and refused 48 on AVX2 machines, so heads
@@ -48,11 +46,11 @@ class DemoTargetSpec:
     num_heads: int = 3  # head size 64: a size every vLLM CPU build attends with
     num_kv_heads: int | None = None  # None: same as num_heads (plain multi-head attention)
     intermediate_size: int | None = None  # None: 8/3 * hidden, rounded up to a multiple of 64
-    tie_embeddings: bool = True  # measured: no worse than untied at equal tokens, 2.1 M fewer params
+    tie_embeddings: bool = True  # the embedding is a large share of a model this small: share it with the LM head
     # Training.
     seq_len: int = 512
     batch_size: int = 4
-    max_tokens: int = 1_500_000  # ~12 min at ~2000 tok/s on 2 idle cores; ~0.5 epoch
+    max_tokens: int = 1_500_000  # about half an epoch of the corpus: a build of minutes on a CPU
     lr: float = 2e-3
     min_lr_ratio: float = 0.1
     warmup_fraction: float = 0.05
