@@ -71,6 +71,29 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     return x * cos + torch.cat([-x2, x1], dim=-1) * sin
 
 
+def check_sliding_window(window) -> int | None:
+    """``window`` as a positive int, or None (attend to every visible key); anything else is refused."""
+    if window is None:
+        return None
+    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+        raise ValueError(f"sliding_window must be a positive whole number of positions (or null: no window), got {window!r}")
+    return window
+
+
+def within_window(mask: torch.Tensor, window: int) -> torch.Tensor:
+    """``mask`` [..., n, keys] restricted to each query's last ``window`` visible keys.
+
+    Every caller's mask shows a query one key per position (the committed prefix, then its tree
+    ancestors or its earlier training-time-test steps, holes of a ragged cache hidden) in
+    increasing position order, so the last ``window`` visible keys are exactly the positions
+    p - window + 1 .. p of a query at position p: a position sliding window (vLLM's and
+    transformers' ``sliding_window``), computed from the mask alone, whatever row each key sits in.
+    Why at all: heads trained on windows of W tokens never saw a key farther than W - 1 positions
+    away; with ``window`` = W a longer context shows the draft layer only distances it was trained on."""
+    from_end = mask.flip(-1).cumsum(-1, dtype=torch.int32).flip(-1)  # visible keys at or after each key
+    return mask & (from_end <= window)
+
+
 class DraftLayer(nn.Module):
     """Pre-norm decoder layer whose attention reads ``attn_in`` (d or 2d wide) and adds to ``x``.
 
@@ -91,9 +114,11 @@ class DraftLayer(nn.Module):
         input_norm: bool,
         rope_scaling: dict | None = None,
         max_position_embeddings: int | None = None,
+        sliding_window: int | None = None,
     ) -> None:
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim, self.theta = num_heads, num_kv_heads, head_dim, theta
+        self.sliding_window = check_sliding_window(sliding_window)
         # Plain attributes (not buffers): never saved, so the on-disk format is the same for every rope.
         self.inv_freq, self.rope_scale = inverse_frequencies(head_dim, theta, rope_scaling, max_position_embeddings)
         self.input_layernorm = nn.RMSNorm(attn_in, eps=eps) if input_norm else None
@@ -178,6 +203,8 @@ class DraftLayer(nn.Module):
             keys, values = torch.cat([past[0], k], 2), torch.cat([past[1], v], 2)
         else:
             keys, values = k, v
+        if self.sliding_window is not None:
+            mask = within_window(mask, self.sliding_window)
         attn = F.scaled_dot_product_attention(
             q, keys, values, attn_mask=mask[:, None], enable_gqa=self.num_heads != self.num_kv_heads
         )
