@@ -10,12 +10,13 @@ configs train on windows of ``data.max_length`` = 256 tokens, positions 0-255). 
 real decodes: each prompt is the start of a held-out demo file (bos + text, files neither the target
 nor the heads trained on), cut at several offsets; from each cut the target's greedy continuation of
 ``--new-tokens`` is decoded speculatively (always the full draft: ``draft_budget=None``), checked
-equal to ``target.generate(do_sample=False)``, and
-every verify step is binned by the position of its first new token. The prompts are the same files
-at every offset, so a drop with the offset is the position or the text deeper in the file;
-``--short-context N`` separates the two: it also decodes, from each cut, only its last N prompt
-tokens (the same text to continue, at positions 0..N), so "long" vs "short" at one offset differ in
-context length and positions only.
+equal to ``target.generate(do_sample=False)``, and every verify step is binned by the position of
+its first new token. The prompts are the same files at every offset, so a change with the offset is
+the position or the text deeper in the file (Medusa and Hydra heads, whose drafting reads no
+positions, show how much is the text). Two controls: ``--short-context N`` also decodes each cut from only its last N
+prompt tokens (positions from 0; the target then writes its own, different, continuation), and a
+windowed variant of the same heads (``@sliding_window=W``, below) decodes the very same target text
+with a drafter that sees only the last W positions: the cleanest split of drafter vs text.
 
 ``--context`` raises the target's ``max_position_embeddings`` for the run (default RoPE computes
 any position; the decoder refuses prompts past the configured context): the demo target was

@@ -132,3 +132,17 @@ def test_window_is_saved_and_bad_windows_are_refused(tmp_path):
     for bad in (0, -3, 2.5, True, "256"):
         with pytest.raises(ValueError, match="sliding_window must be a positive whole number"):
             heads.set_sliding_window(bad)
+
+
+@pytest.mark.parametrize("fmt", ["vllm", "sglang", "speculators"])
+def test_export_refuses_a_window_by_name(tmp_path, fmt):
+    from draftheads.export import ExportError, export_heads
+
+    target = tiny_target("llama", layers=4)
+    heads = dh.Eagle3Head.for_target(target, draft_vocab_size=48)
+    heads.set_draft_vocab(torch.arange(target.config.vocab_size).flip(0))
+    heads.set_sliding_window(256)
+    heads.save_pretrained(tmp_path / "heads")
+    with pytest.raises(ExportError, match=rf"sliding_window 256: the {fmt} export cannot carry"):
+        export_heads(tmp_path / "heads", tmp_path / "out", fmt, verifier="demo")
+    assert not (tmp_path / "out").exists()

@@ -30,6 +30,21 @@ def check_speculative_tokens(value: int | None, heads) -> None:
         )
 
 
+def check_no_sliding_window(heads, format: str) -> None:
+    """Refuse heads whose draft layer attends through a sliding window (``extra.sliding_window``).
+
+    No export writes the window today, and an engine reading the config without one would attend
+    to the whole context: another draft than the one measured. (vLLM's Llama EAGLE-3 draft reads
+    ``layer_types`` + ``sliding_window`` from its config, but serving that identically is unchecked.)"""
+    window = heads.config.extra.get("sliding_window")
+    if window is not None:
+        raise ExportError(
+            f"sliding_window {window}: the {format} export cannot carry the draft layer's sliding window, and the "
+            f"engine would attend to the whole context instead. Clear it (heads.set_sliding_window(None), then "
+            f"save_pretrained) to export heads that draft over the whole context"
+        )
+
+
 def check_verifier(verifier: str) -> None:
     """An explicit verifier must be a model folder or a Hub id: the engine opens it only at serve
     time, where a typo would surface far from the export that wrote it."""
@@ -64,6 +79,7 @@ def export_heads(
     if out.exists() and not overwrite:
         raise FileExistsError(f"{out} exists: pass overwrite=True (--overwrite) to replace it")
     heads = load_heads(heads_dir)
+    check_no_sliding_window(heads, format)
     check_speculative_tokens(num_speculative_tokens, heads)
     if verifier is not None:
         check_verifier(verifier)
