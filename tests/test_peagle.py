@@ -331,3 +331,71 @@ def test_heads_without_a_chosen_tree_decode_the_chain_of_their_depths(trained):
     assert decoder.proposer.shape.parents == dh.TreeShape.chain(heads.config.num_heads).parents
     out = decoder.generate(prompts[:1], max_new_tokens=12, eos_token_id=[])
     assert torch.equal(out.sequences, greedy_reference(target, prompts[:1], 12))
+
+
+def test_training_chooses_a_tree_with_one_draft_forward_per_depth(trained):
+    """The end of training picks a static tree from the evaluation's per-depth table (it refused
+    P-EAGLE before), costing each depth one draft forward; the tree decodes exactly."""
+    from draftheads.train.export_tree import choose_export_tree
+
+    _, target, heads, prompts, _, _ = trained
+    table = [[0.9] + [0.05] * 9] * DEPTHS  # an accurate first rank at every depth
+    data = choose_export_tree(target, heads, [greedy_reference(target, prompts[:1], 20)[0]], rank_accuracy=table)
+    drafted = {int(k) for k in data["draft_seconds"] if int(k) > 0}
+    assert drafted == set(range(1, DEPTHS + 1))
+    assert data["chosen_by"] == "training" and data["tree"] and all(len(p) <= DEPTHS for p in data["tree"])
+    decoder = dh.SpeculativeDecoder(target, heads, tree=data["tree"])
+    ids = prompts[:1]
+    assert torch.equal(decoder.generate(ids, max_new_tokens=20, eos_token_id=[]).sequences, greedy_reference(target, ids, 20))
+
+
+def test_depth_table_is_what_decoding_accepts(trained):
+    """The calibration table's rank-0 share at depth 1 is the share of chain-of-1 steps whose
+    draft the verifier accepts, on the same greedy continuation (each root drafted as decoding
+    drafts it)."""
+    from draftheads.inference.proposers.peagle import depth_accuracy_table
+
+    _, target, heads, prompts, _, _ = trained
+    ids = prompts[:1]
+    seq = greedy_reference(target, ids, 24)[0]
+    table = depth_accuracy_table(target, heads, [seq], max_rank=3, skip_prompt=[ids.shape[1]])
+    assert table.shape == (DEPTHS, 3) and float(table[0, 0]) > 0.1  # some drafts right: the check below can fail
+    # Decode the same continuation with the chain of 1: every step drafts from the root at its
+    # position; the steps that accepted it are the roots whose depth-1 guess was right.
+    decoder = dh.SpeculativeDecoder(target, heads, tree=[[0]], draft_budget=None)
+    out = decoder.generate(ids, max_new_tokens=24, eos_token_id=[])
+    assert torch.equal(out.sequences[0], seq)
+    hits = []
+    proposer = decoder.proposer.fork()
+    with torch.no_grad():
+        from draftheads.inference.features import FeatureTap
+
+        tap = FeatureTap(target, heads.feature_layers)
+        with tap.capture() as got:
+            o = target(seq[None], **tap.forward_kwargs())
+        feats = tap.features(got, o)[0]
+    start = ids.shape[1]
+    proposer.start(seq[:start], feats[:start], SamplingParams(), None)
+    for root in range(start, seq.numel() - 1):
+        hits.append(int(proposer.propose(int(seq[root]), 1).tokens[1]) == int(seq[root + 1]))
+        proposer.accepted(seq[root : root + 1], feats[root : root + 1])
+    assert abs(float(table[0, 0]) - sum(hits) / len(hits)) < 1e-6
+    # ... and at every root the decoder visited, it accepted the draft exactly when the table hit.
+    position = 0
+    for emitted in out.accept_lengths[:-1]:
+        assert (emitted == 2) == hits[position], f"root {start + position}: decoding and the table disagree"
+        position += emitted
+
+
+def test_calibrate_chooses_a_peagle_tree(trained, tmp_path):
+    """`calibrate` measures P-EAGLE's per-depth acceptance on the target's own continuations and
+    its draft cost by depth, and returns a tree the decoder runs exactly."""
+    from draftheads.inference.calibrate import calibrate
+
+    _, target, heads, prompts, _, _ = trained
+    result = calibrate(target, heads, [prompts[i : i + 1] for i in range(2)], new_tokens=16, max_rank=4, max_nodes=8)
+    assert set(d for d in result.draft_seconds if d > 0) == set(range(1, DEPTHS + 1))
+    assert len(result.accuracy) == DEPTHS and all(len(p) <= DEPTHS for p in result.tree)
+    decoder = dh.SpeculativeDecoder(target, heads, tree=result.tree or None)
+    ids = prompts[2:3]
+    assert torch.equal(decoder.generate(ids, max_new_tokens=16, eos_token_id=[]).sequences, greedy_reference(target, ids, 16))
