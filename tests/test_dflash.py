@@ -439,3 +439,42 @@ def test_calibrate_measures_per_slot_acceptance_and_one_block_forward(trained):
     result = calibrate(target, heads, [prompts[i : i + 1] for i in range(2)], new_tokens=16, max_rank=4, max_nodes=8)
     assert len(set(v for d, v in result.draft_seconds.items() if d > 0)) == 1
     assert all(len(p) <= BLOCK - 1 for p in result.tree)
+
+
+def _greedy_path_counts(target, heads, seq, loss_mask, greedy_path: bool):
+    from draftheads.train.dflash_loss import dflash_loss
+
+    heads.config.extra["greedy_path"] = greedy_path
+    with torch.no_grad():
+        hidden, features, _ = TargetWithHeads(target, heads).target_outputs(seq)
+        out = dflash_loss(heads, features, hidden, seq, loss_mask, generator=torch.Generator().manual_seed(0))
+    return out.count
+
+
+def test_greedy_path_counts_a_slot_only_after_the_targets_own_tokens():
+    """heads.greedy_path: slot k of a block counts only where the data's k-1 tokens after the
+    anchor are the target's greedy tokens (verification accepts slot k only then). On the target's
+    own greedy text nothing changes; on other text the counts are exactly the blocks on its path."""
+    target = tiny_target("llama", layers=3)
+    heads = dflash_heads(target, num_anchors=8)
+    prompts = torch.randint(3, target.config.vocab_size, (3, 6), generator=torch.Generator().manual_seed(1))
+    greedy = greedy_reference(target, prompts, 24)
+    on_text = torch.zeros_like(greedy)
+    on_text[:, prompts.shape[1] :] = 1  # anchors at the prompt's last token or later: every block on the path
+    assert torch.equal(_greedy_path_counts(target, heads, greedy, on_text, True),
+                       _greedy_path_counts(target, heads, greedy, on_text, False))
+
+    text = torch.randint(3, target.config.vocab_size, (3, 30), generator=torch.Generator().manual_seed(2))
+    everything = torch.ones_like(text)
+    off = _greedy_path_counts(target, heads, text, everything, False)
+    on = _greedy_path_counts(target, heads, text, everything, True)
+    with torch.no_grad():
+        follows = target(text).logits.argmax(-1)[:, :-1] == text[:, 1:]  # follows[:, p-1]: token p is greedy
+    anchors, valid = draw_anchors(anchor_candidates(text, everything, everything, BLOCK), 8, torch.Generator().manual_seed(0))
+    expected = torch.zeros(BLOCK - 1, dtype=torch.long)
+    for row in range(text.shape[0]):
+        for a in anchors[row][valid[row]].tolist():
+            for slot in range(BLOCK - 1):  # slot index j predicts token a+j+1 after tokens a+1..a+j
+                if bool(follows[row, a : a + slot].all()):
+                    expected[slot] += 1
+    assert on[0] == off[0] and torch.equal(on, expected) and int(on[1:].sum()) < int(off[1:].sum())

@@ -399,3 +399,43 @@ def test_calibrate_chooses_a_peagle_tree(trained, tmp_path):
     decoder = dh.SpeculativeDecoder(target, heads, tree=result.tree or None)
     ids = prompts[2:3]
     assert torch.equal(decoder.generate(ids, max_new_tokens=16, eos_token_id=[]).sequences, greedy_reference(target, ids, 16))
+
+
+def _peagle_counts(target, heads, seq, loss_mask, greedy_path: bool):
+    from draftheads.train.peagle_loss import peagle_loss
+
+    heads.config.extra["greedy_path"] = greedy_path
+    with torch.no_grad():
+        hidden, features, _ = TargetWithHeads(target, heads).target_outputs(seq)
+        out = peagle_loss(heads, features, hidden, seq, loss_mask, generator=torch.Generator().manual_seed(0))
+    return out.count
+
+
+def test_greedy_path_trains_a_depth_only_after_the_targets_own_tokens():
+    """heads.greedy_path: depth d of anchor t trains only where the data's tokens t+2..t+1+d are
+    the target's greedy tokens. On the target's own greedy text nothing changes; on other text no
+    depth d >= 1 trains more elements than there are anchors on the target's path."""
+    target = tiny_target("llama")
+    vocab = target.config.vocab_size
+    heads = peagle_for(target, draft_vocab_size=vocab)
+    counts = torch.ones(vocab, dtype=torch.long)
+    counts[MASK] = 0
+    heads.set_draft_vocab(counts)  # every id draftable: the counts below are all trained elements
+    prompts = torch.randint(3, vocab, (3, 6), generator=torch.Generator().manual_seed(1))
+    greedy = greedy_reference(target, prompts, 24)
+    on_text = torch.zeros_like(greedy)
+    on_text[:, prompts.shape[1] :] = 1
+    assert torch.equal(_peagle_counts(target, heads, greedy, on_text, True),
+                       _peagle_counts(target, heads, greedy, on_text, False))
+
+    text = torch.randint(3, vocab, (3, 30), generator=torch.Generator().manual_seed(2))
+    everything = torch.ones_like(text)
+    off = _peagle_counts(target, heads, text, everything, False)
+    on = _peagle_counts(target, heads, text, everything, True)
+    with torch.no_grad():
+        follows = target(text).logits.argmax(-1)[:, :-1] == text[:, 1:]  # follows[:, p-1]: token p is greedy
+    seq = text.shape[1]
+    for d in range(1, DEPTHS):
+        on_path = sum(int(follows[r, t + 1 : t + 1 + d].all()) for r in range(3) for t in range(seq - 2 - d))
+        assert int(on[d]) <= on_path, f"depth {d}: {int(on[d])} elements trained, {on_path} anchors on the path"
+    assert on[0] == off[0] and int(on[1:].sum()) < int(off[1:].sum())
