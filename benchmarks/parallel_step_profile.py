@@ -49,7 +49,7 @@ def profile(target, tokenizer, heads_dir: str, prompts, max_new: int, temperatur
 
     heads = dh.load_heads(heads_dir, target=target)
     tree = None
-    if chain:
+    if chain and not getattr(heads, "dynamic_tree", False):  # EAGLE's dynamic trees keep their saved settings
         depth = heads.config.num_heads
         tree = [[0] * d for d in range(1, depth + 1)]
     decoder = SpeculativeDecoder(target, heads, tree=tree, draft_budget=None)
@@ -109,7 +109,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--target", default="demo")
     parser.add_argument("--heads", action="append", required=True)
-    parser.add_argument("--chain", action="store_true", help="decode the chain of every trained depth, not the saved tree")
+    parser.add_argument("--chain", action="store_true",
+                        help="static-tree heads decode the chain of every trained depth, not the saved tree")
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--prompts", type=int, default=12)
     parser.add_argument("--max-new-tokens", type=int, default=128)
