@@ -478,3 +478,25 @@ def test_greedy_path_counts_a_slot_only_after_the_targets_own_tokens():
                 if bool(follows[row, a : a + slot].all()):
                     expected[slot] += 1
     assert on[0] == off[0] and torch.equal(on, expected) and int(on[1:].sum()) < int(off[1:].sum())
+
+
+def test_a_step_scores_only_the_slots_its_tree_reads(trained):
+    """The block runs whole, but the vocabulary-sized LM head scores only slots 1..depth of the
+    tree (the root's row and deeper slots are never read), with the logits the whole block gives."""
+    _, target, heads, prompts, _, _ = trained
+    seq = greedy_reference(target, prompts[:1], 8)[0]
+    with torch.no_grad():
+        _, features, _ = TargetWithHeads(target, heads).target_outputs(seq[None])
+    proposer = DFlashProposer(heads, tree=[[0], [1], [0, 0]])
+    proposer.start(seq[:6], features[0, :6], SamplingParams(), None)
+    rows = []
+    hook = heads.target_lm_head().register_forward_hook(lambda m, args, out: rows.append(args[0].reshape(-1, args[0].shape[-1]).shape[0]))
+    try:
+        tree = proposer.propose(int(seq[6]), max_depth=3)
+    finally:
+        hook.remove()
+    assert rows == [2], f"the LM head scored {rows} rows for a tree 2 deep"
+    full = proposer.block_logits(int(seq[6]))
+    assert torch.allclose(proposer.slot_logits(int(seq[6]), 2), full[1:3], atol=1e-5)
+    ranks = full[1:3].topk(2, dim=-1).indices
+    assert tree.tokens[1:].tolist() == [int(ranks[0, 0]), int(ranks[0, 1]), int(ranks[1, 0])]
