@@ -441,14 +441,17 @@ def test_calibrate_measures_per_slot_acceptance_and_one_block_forward(trained):
     assert all(len(p) <= BLOCK - 1 for p in result.tree)
 
 
-def _greedy_path_counts(target, heads, seq, loss_mask, greedy_path: bool):
+def _greedy_path_loss(target, heads, seq, loss_mask, greedy_path: bool):
     from draftheads.train.dflash_loss import dflash_loss
 
     heads.config.extra["greedy_path"] = greedy_path
     with torch.no_grad():
         hidden, features, _ = TargetWithHeads(target, heads).target_outputs(seq)
-        out = dflash_loss(heads, features, hidden, seq, loss_mask, generator=torch.Generator().manual_seed(0))
-    return out.count
+        return dflash_loss(heads, features, hidden, seq, loss_mask, generator=torch.Generator().manual_seed(0))
+
+
+def _greedy_path_counts(target, heads, seq, loss_mask, greedy_path: bool):
+    return _greedy_path_loss(target, heads, seq, loss_mask, greedy_path).count
 
 
 def test_greedy_path_counts_a_slot_only_after_the_targets_own_tokens():
@@ -500,3 +503,16 @@ def test_a_step_scores_only_the_slots_its_tree_reads(trained):
     assert torch.allclose(proposer.slot_logits(int(seq[6]), 2), full[1:3], atol=1e-5)
     ranks = full[1:3].topk(2, dim=-1).indices
     assert tree.tokens[1:].tolist() == [int(ranks[0, 0]), int(ranks[0, 1]), int(ranks[1, 0])]
+
+
+def test_greedy_path_weighs_each_slot_by_how_often_it_is_reached():
+    """With greedy_path each slot's summed loss is divided by the number of blocks, not by its own
+    (smaller) count: a deep slot reached by few blocks weighs as little as verification uses it."""
+    target = tiny_target("llama", layers=3)
+    heads = dflash_heads(target, num_anchors=8)
+    text = torch.randint(3, target.config.vocab_size, (3, 30), generator=torch.Generator().manual_seed(2))
+    out = _greedy_path_loss(target, heads, text, torch.ones_like(text), True)
+    assert int(out.count[1]) < int(out.count[0])  # deep slots are reached by fewer blocks
+    w = heads.slot_weights() * (out.count > 0)
+    expected = (w * out.ce_sum / out.count[0]).sum() / w.sum()
+    assert torch.allclose(out.loss, expected, rtol=1e-5)

@@ -19,8 +19,10 @@ With ``greedy_path`` (``heads.greedy_path: true``) slot k counts only where the 
 a+1..a+k-1 are the target's own greedy tokens (`greedy_follows`). A block's slots never see the
 tokens before them, and verification accepts slot k only after slots 1..k-1 matched the target's
 greedy tokens; where the data went another way, slot k's label is the target's prediction after
-a token that drafting never conditions on, noise for what verification asks. Off, every slot of
-every block counts (the published recipe, trained on target-generated text where the two agree).
+a token that drafting never conditions on, noise for what verification asks. Each slot's sum is
+then divided by the number of blocks (not by its own count), so a slot weighs as often as it is
+reached. Off, every slot of every block counts, each slot's mean weighing w_k (the published
+recipe, trained on target-generated text where the two agree).
 
 The anchors are drawn in the forward from the caller's generator (the loop reseeds it per
 batch, so a resumed run draws the same blocks); the loss is therefore a mean over this
@@ -188,7 +190,11 @@ def dflash_loss(
     present = count > 0
     if bool(present.any()):
         w = weights * present
-        loss = (w * per_slot / count.clamp(min=1)).sum() / w.sum()
+        # greedy_path: every slot's sum over the blocks (slot 1's count), so a slot weighs as often
+        # as verification reaches it; its own count would let a few on-path blocks of a deep slot
+        # weigh as much as every block of slot 1.
+        den = count[:1].expand_as(count) if ex.get("greedy_path", False) else count
+        loss = (w * per_slot / den.clamp(min=1)).sum() / w.sum()
     else:  # no block in this batch: a zero loss that still touches every parameter (DDP needs a graph)
         loss = states.sum() * 0.0
     return HeadLossOutput(loss=loss, ce_sum=ce_sum, count=count, top1=top1, topk=topk_hits, rank_hits=rank_hits)
