@@ -6,7 +6,7 @@ is the heads' own, not the budget's), interleaved with plain ``generate`` on the
 and prints per step:
 
 - accepted tokens (drafts accepted + the bonus) and P(depth d accepted) for d = 1..max depth;
-- draft ms (the proposer's ``propose`` calls, wall clock), verify ms (the target's verify forward),
+- draft ms (the batch proposer's ``propose`` calls, wall clock), verify ms (the target's verify forward),
   host ms (the rest of the step: acceptance, cache commits, bookkeeping);
 - draft / one target forward, where one target forward is plain ``generate``'s time per token
   on the same prompts (its step: one forward plus its own host work);
@@ -54,7 +54,7 @@ def profile(target, tokenizer, heads_dir: str, prompts, max_new: int, temperatur
         tree = [[0] * d for d in range(1, depth + 1)]
     decoder = SpeculativeDecoder(target, heads, tree=tree, draft_budget=None)
     box = {"draft": 0.0}
-    cls = type(decoder.proposer)
+    cls = type(decoder.proposer.rows(decoder.compaction))  # the loop drafts through the batch form
     original = _timed_propose(cls, box)
     sample = temperature > 0
     totals = {"steps": 0, "new": 0, "decode": 0.0, "verify": 0.0, "draft": 0.0, "plain": 0.0, "plain_new": 0}
