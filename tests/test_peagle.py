@@ -324,7 +324,7 @@ def test_speculators_peagle_checkpoint_imports_and_decodes_the_same(tmp_path):
 
 
 def test_heads_without_a_chosen_tree_decode_the_chain_of_their_depths(trained):
-    """No tree.json (none is chosen for P-EAGLE at the end of training): the decoder drafts the
+    """No tree.json (heads trained without a final evaluation, or never calibrated): the decoder drafts the
     chain of every trained depth, as engines do, not another head type's default tree."""
     _, target, heads, prompts, _, _ = trained
     decoder = dh.SpeculativeDecoder(target, heads)
