@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The head types on the demo target, as a new user gets them (issue 16): heads trained by the
+# The head types on the demo target, as a new user gets them: heads trained by the
 # shipped demo configs (each leaves training with the tree it chose: no calibrate step), then one
 # interleaved `draftheads bench` run per prompt set and temperature, every method beside plain
 # `generate` on the same prompts.
@@ -18,7 +18,7 @@ THREADS=${THREADS:-2}
 HERE=$(cd "$(dirname "$0")" && pwd)
 mkdir -p "$W/runs"
 
-for type in medusa hydra eagle eagle3 dflash; do
+for type in medusa hydra eagle eagle3 dflash peagle; do
   config=configs/demo-$type.yaml
   [ "$type" = medusa ] && config=configs/demo.yaml
   out=$W/runs/$type
@@ -31,7 +31,7 @@ for type in medusa hydra eagle eagle3 dflash; do
 done
 
 heads=()
-for type in medusa hydra eagle eagle3 dflash; do heads+=(--heads "$W/runs/$type/heads"); done
+for type in medusa hydra eagle eagle3 dflash peagle; do heads+=(--heads "$W/runs/$type/heads"); done
 
 for set in default midfile; do
   questions=()

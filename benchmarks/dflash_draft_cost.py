@@ -46,7 +46,8 @@ def main() -> None:
         features = torch.cat([out.hidden_states[i] for i in heads.feature_layers], dim=-1)[0]
     proposer = DFlashProposer(heads)
     proposer.start(ids[0], features, SamplingParams(), None)
-    proposer.block_logits(0)  # fills the context cache (later calls reuse it)
+    slots = heads.config.num_heads
+    proposer.slot_logits(0, slots)  # fills the context cache (later calls reuse it)
     one = torch.tensor([[5]])
 
     def target_step() -> float:
@@ -58,7 +59,7 @@ def main() -> None:
 
     def draft_step() -> float:
         t0 = time.perf_counter()
-        proposer.block_logits(0)
+        proposer.slot_logits(0, slots)
         return time.perf_counter() - t0
 
     for _ in range(3):  # warm-up

@@ -234,12 +234,6 @@ def cmd_calibrate(args) -> int:
     prompts = _calibration_prompts(args, tokenizer)
     if heads.dynamic_tree:
         return _calibrate_dynamic(args, target, heads, prompts)
-    if not hasattr(heads, "head_states"):  # P-EAGLE: its per-position top-k comes from a draft forward
-        raise SystemExit(
-            f"error: draftheads calibrate does not choose trees for {heads.head_type} heads yet; they decode the "
-            "device default tree, or pass rank paths to SpeculativeDecoder(tree=...), e.g. the chain "
-            "[[0], [0, 0], [0, 0, 0]]"
-        )
     result = calibrate(target, heads, prompts, new_tokens=args.new_tokens, max_nodes=args.max_nodes)
     print("head accuracy by rank (rows: heads):")
     for k, row in enumerate(result.accuracy):

@@ -81,6 +81,10 @@ class HeadsSpec:
     loss_gamma: Annotated[Float, Gt(0)] | None = None  # dflash: slot k weighs exp(-(k-1)/gamma) (default 7)
     block_loss: Literal["kl", "ce"] = "kl"  # dflash: KL to the target's distribution, or CE on its greedy token
     num_anchors: Positive | None = None  # dflash: blocks drawn per training row (default 32)
+    # dflash, peagle: train draft depth d only where the data's d-1 tokens before it are the target's
+    # own greedy tokens (what verification requires before it accepts depth d); off: every depth
+    # everywhere, the published recipe on target-generated data.
+    greedy_path: Bool = False
     # A heads folder (draftheads' own, or `draftheads import`ed) to continue training from: loaded
     # strictly; its type and sizes must equal the ones configured here.
     init_from: Str | None = None
@@ -244,6 +248,7 @@ ADDED_KEYS: dict[str, Any] = {
     "heads.loss_gamma": None,
     "heads.block_loss": "kl",
     "heads.num_anchors": None,
+    "heads.greedy_path": False,
 }
 
 

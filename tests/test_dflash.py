@@ -439,3 +439,80 @@ def test_calibrate_measures_per_slot_acceptance_and_one_block_forward(trained):
     result = calibrate(target, heads, [prompts[i : i + 1] for i in range(2)], new_tokens=16, max_rank=4, max_nodes=8)
     assert len(set(v for d, v in result.draft_seconds.items() if d > 0)) == 1
     assert all(len(p) <= BLOCK - 1 for p in result.tree)
+
+
+def _greedy_path_loss(target, heads, seq, loss_mask, greedy_path: bool):
+    from draftheads.train.dflash_loss import dflash_loss
+
+    heads.config.extra["greedy_path"] = greedy_path
+    with torch.no_grad():
+        hidden, features, _ = TargetWithHeads(target, heads).target_outputs(seq)
+        return dflash_loss(heads, features, hidden, seq, loss_mask, generator=torch.Generator().manual_seed(0))
+
+
+def _greedy_path_counts(target, heads, seq, loss_mask, greedy_path: bool):
+    return _greedy_path_loss(target, heads, seq, loss_mask, greedy_path).count
+
+
+def test_greedy_path_counts_a_slot_only_after_the_targets_own_tokens():
+    """heads.greedy_path: slot k of a block counts only where the data's k-1 tokens after the
+    anchor are the target's greedy tokens (verification accepts slot k only then). On the target's
+    own greedy text nothing changes; on other text the counts are exactly the blocks on its path."""
+    target = tiny_target("llama", layers=3)
+    heads = dflash_heads(target, num_anchors=8)
+    prompts = torch.randint(3, target.config.vocab_size, (3, 6), generator=torch.Generator().manual_seed(1))
+    greedy = greedy_reference(target, prompts, 24)
+    on_text = torch.zeros_like(greedy)
+    on_text[:, prompts.shape[1] :] = 1  # anchors at the prompt's last token or later: every block on the path
+    assert torch.equal(_greedy_path_counts(target, heads, greedy, on_text, True),
+                       _greedy_path_counts(target, heads, greedy, on_text, False))
+
+    text = torch.randint(3, target.config.vocab_size, (3, 30), generator=torch.Generator().manual_seed(2))
+    everything = torch.ones_like(text)
+    off = _greedy_path_counts(target, heads, text, everything, False)
+    on = _greedy_path_counts(target, heads, text, everything, True)
+    with torch.no_grad():
+        follows = target(text).logits.argmax(-1)[:, :-1] == text[:, 1:]  # follows[:, p-1]: token p is greedy
+    anchors, valid = draw_anchors(anchor_candidates(text, everything, everything, BLOCK), 8, torch.Generator().manual_seed(0))
+    expected = torch.zeros(BLOCK - 1, dtype=torch.long)
+    for row in range(text.shape[0]):
+        for a in anchors[row][valid[row]].tolist():
+            for slot in range(BLOCK - 1):  # slot index j predicts token a+j+1 after tokens a+1..a+j
+                if bool(follows[row, a : a + slot].all()):
+                    expected[slot] += 1
+    assert on[0] == off[0] and torch.equal(on, expected) and int(on[1:].sum()) < int(off[1:].sum())
+
+
+def test_a_step_scores_only_the_slots_its_tree_reads(trained):
+    """The block runs whole, but the vocabulary-sized LM head scores only slots 1..depth of the
+    tree (the root's row and deeper slots are never read), with the logits the whole block gives."""
+    _, target, heads, prompts, _, _ = trained
+    seq = greedy_reference(target, prompts[:1], 8)[0]
+    with torch.no_grad():
+        _, features, _ = TargetWithHeads(target, heads).target_outputs(seq[None])
+    proposer = DFlashProposer(heads, tree=[[0], [1], [0, 0]])
+    proposer.start(seq[:6], features[0, :6], SamplingParams(), None)
+    rows = []
+    hook = heads.target_lm_head().register_forward_hook(lambda m, args, out: rows.append(args[0].reshape(-1, args[0].shape[-1]).shape[0]))
+    try:
+        tree = proposer.propose(int(seq[6]), max_depth=3)
+    finally:
+        hook.remove()
+    assert rows == [2], f"the LM head scored {rows} rows for a tree 2 deep"
+    full = proposer.block_logits(int(seq[6]))
+    assert torch.allclose(proposer.slot_logits(int(seq[6]), 2), full[1:3], atol=1e-5)
+    ranks = full[1:3].topk(2, dim=-1).indices
+    assert tree.tokens[1:].tolist() == [int(ranks[0, 0]), int(ranks[0, 1]), int(ranks[1, 0])]
+
+
+def test_greedy_path_weighs_each_slot_by_how_often_it_is_reached():
+    """With greedy_path each slot's summed loss is divided by the number of blocks, not by its own
+    (smaller) count: a deep slot reached by few blocks weighs as little as verification uses it."""
+    target = tiny_target("llama", layers=3)
+    heads = dflash_heads(target, num_anchors=8)
+    text = torch.randint(3, target.config.vocab_size, (3, 30), generator=torch.Generator().manual_seed(2))
+    out = _greedy_path_loss(target, heads, text, torch.ones_like(text), True)
+    assert int(out.count[1]) < int(out.count[0])  # deep slots are reached by fewer blocks
+    w = heads.slot_weights() * (out.count > 0)
+    expected = (w * out.ce_sum / out.count[0]).sum() / w.sum()
+    assert torch.allclose(out.loss, expected, rtol=1e-5)

@@ -324,10 +324,118 @@ def test_speculators_peagle_checkpoint_imports_and_decodes_the_same(tmp_path):
 
 
 def test_heads_without_a_chosen_tree_decode_the_chain_of_their_depths(trained):
-    """No tree.json (none is chosen for P-EAGLE at the end of training): the decoder drafts the
+    """No tree.json (heads trained without a final evaluation, or never calibrated): the decoder drafts the
     chain of every trained depth, as engines do, not another head type's default tree."""
     _, target, heads, prompts, _, _ = trained
     decoder = dh.SpeculativeDecoder(target, heads)
     assert decoder.proposer.shape.parents == dh.TreeShape.chain(heads.config.num_heads).parents
     out = decoder.generate(prompts[:1], max_new_tokens=12, eos_token_id=[])
     assert torch.equal(out.sequences, greedy_reference(target, prompts[:1], 12))
+
+
+def test_training_chooses_a_tree_with_one_draft_forward_per_depth(trained):
+    """The end of training picks a static tree from the evaluation's per-depth table (it refused
+    P-EAGLE before), costing each depth one draft forward; the tree decodes exactly."""
+    from draftheads.train.export_tree import choose_export_tree
+
+    _, target, heads, prompts, _, _ = trained
+    table = [[0.9] + [0.05] * 9] * DEPTHS  # an accurate first rank at every depth
+    data = choose_export_tree(target, heads, [greedy_reference(target, prompts[:1], 20)[0]], rank_accuracy=table)
+    drafted = {int(k) for k in data["draft_seconds"] if int(k) > 0}
+    assert drafted == set(range(1, DEPTHS + 1))
+    assert data["chosen_by"] == "training" and data["tree"] and all(len(p) <= DEPTHS for p in data["tree"])
+    decoder = dh.SpeculativeDecoder(target, heads, tree=data["tree"])
+    ids = prompts[:1]
+    assert torch.equal(decoder.generate(ids, max_new_tokens=20, eos_token_id=[]).sequences, greedy_reference(target, ids, 20))
+
+
+def test_depth_table_is_what_decoding_accepts(trained):
+    """The calibration table's rank-0 share at depth 1 is the share of chain-of-1 steps whose
+    draft the verifier accepts, on the same greedy continuation (each root drafted as decoding
+    drafts it)."""
+    from draftheads.inference.proposers.peagle import depth_accuracy_table
+
+    _, target, heads, prompts, _, _ = trained
+    ids = prompts[:1]
+    seq = greedy_reference(target, ids, 24)[0]
+    table = depth_accuracy_table(target, heads, [seq], max_rank=3, skip_prompt=[ids.shape[1]])
+    assert table.shape == (DEPTHS, 3) and float(table[0, 0]) > 0.1  # some drafts right: the check below can fail
+    # Decode the same continuation with the chain of 1: every step drafts from the root at its
+    # position; the steps that accepted it are the roots whose depth-1 guess was right.
+    decoder = dh.SpeculativeDecoder(target, heads, tree=[[0]], draft_budget=None)
+    out = decoder.generate(ids, max_new_tokens=24, eos_token_id=[])
+    assert torch.equal(out.sequences[0], seq)
+    hits = []
+    proposer = decoder.proposer.fork()
+    with torch.no_grad():
+        from draftheads.inference.features import FeatureTap
+
+        tap = FeatureTap(target, heads.feature_layers)
+        with tap.capture() as got:
+            o = target(seq[None], **tap.forward_kwargs())
+        feats = tap.features(got, o)[0]
+    start = ids.shape[1]
+    proposer.start(seq[:start], feats[:start], SamplingParams(), None)
+    for root in range(start, seq.numel() - 1):
+        hits.append(int(proposer.propose(int(seq[root]), 1).tokens[1]) == int(seq[root + 1]))
+        proposer.accepted(seq[root : root + 1], feats[root : root + 1])
+    assert abs(float(table[0, 0]) - sum(hits) / len(hits)) < 1e-6
+    # ... and at every root the decoder visited, it accepted the draft exactly when the table hit.
+    position = 0
+    for emitted in out.accept_lengths[:-1]:
+        assert (emitted == 2) == hits[position], f"root {start + position}: decoding and the table disagree"
+        position += emitted
+
+
+def test_calibrate_chooses_a_peagle_tree(trained, tmp_path):
+    """`calibrate` measures P-EAGLE's per-depth acceptance on the target's own continuations and
+    its draft cost by depth, and returns a tree the decoder runs exactly."""
+    from draftheads.inference.calibrate import calibrate
+
+    _, target, heads, prompts, _, _ = trained
+    result = calibrate(target, heads, [prompts[i : i + 1] for i in range(2)], new_tokens=16, max_rank=4, max_nodes=8)
+    assert set(d for d in result.draft_seconds if d > 0) == set(range(1, DEPTHS + 1))
+    assert len(result.accuracy) == DEPTHS and all(len(p) <= DEPTHS for p in result.tree)
+    decoder = dh.SpeculativeDecoder(target, heads, tree=result.tree or None)
+    ids = prompts[2:3]
+    assert torch.equal(decoder.generate(ids, max_new_tokens=16, eos_token_id=[]).sequences, greedy_reference(target, ids, 16))
+
+
+def _peagle_counts(target, heads, seq, loss_mask, greedy_path: bool):
+    from draftheads.train.peagle_loss import peagle_loss
+
+    heads.config.extra["greedy_path"] = greedy_path
+    with torch.no_grad():
+        hidden, features, _ = TargetWithHeads(target, heads).target_outputs(seq)
+        out = peagle_loss(heads, features, hidden, seq, loss_mask, generator=torch.Generator().manual_seed(0))
+    return out.count
+
+
+def test_greedy_path_trains_a_depth_only_after_the_targets_own_tokens():
+    """heads.greedy_path: depth d of anchor t trains only where the data's tokens t+2..t+1+d are
+    the target's greedy tokens. On the target's own greedy text nothing changes; on other text no
+    depth d >= 1 trains more elements than there are anchors on the target's path."""
+    target = tiny_target("llama")
+    vocab = target.config.vocab_size
+    heads = peagle_for(target, draft_vocab_size=vocab)
+    counts = torch.ones(vocab, dtype=torch.long)
+    counts[MASK] = 0
+    heads.set_draft_vocab(counts)  # every id draftable: the counts below are all trained elements
+    prompts = torch.randint(3, vocab, (3, 6), generator=torch.Generator().manual_seed(1))
+    greedy = greedy_reference(target, prompts, 24)
+    on_text = torch.zeros_like(greedy)
+    on_text[:, prompts.shape[1] :] = 1
+    assert torch.equal(_peagle_counts(target, heads, greedy, on_text, True),
+                       _peagle_counts(target, heads, greedy, on_text, False))
+
+    text = torch.randint(3, vocab, (3, 30), generator=torch.Generator().manual_seed(2))
+    everything = torch.ones_like(text)
+    off = _peagle_counts(target, heads, text, everything, False)
+    on = _peagle_counts(target, heads, text, everything, True)
+    with torch.no_grad():
+        follows = target(text).logits.argmax(-1)[:, :-1] == text[:, 1:]  # follows[:, p-1]: token p is greedy
+    seq = text.shape[1]
+    for d in range(1, DEPTHS):
+        on_path = sum(int(follows[r, t + 1 : t + 1 + d].all()) for r in range(3) for t in range(seq - 2 - d))
+        assert int(on[d]) <= on_path, f"depth {d}: {int(on[d])} elements trained, {on_path} anchors on the path"
+    assert on[0] == off[0] and int(on[1:].sum()) < int(off[1:].sum())

@@ -148,7 +148,9 @@ class DFlashHeads(DraftHeads):
 
     head_type = "dflash"
     training_objective = "block"
-    spec_options: tuple[str, ...] = ("feature_layers", "block_size", "mask_token_id", "loss_gamma", "block_loss", "num_anchors")
+    spec_options: tuple[str, ...] = (
+        "feature_layers", "block_size", "mask_token_id", "loss_gamma", "block_loss", "num_anchors", "greedy_path",
+    )
     required_extra: tuple[str, ...] = (
         "num_attention_heads", "num_key_value_heads", "head_dim", "intermediate_size", "rms_norm_eps", "rope_theta",
         "feature_layers", "block_size", "mask_token_id",
@@ -201,6 +203,7 @@ class DFlashHeads(DraftHeads):
         loss_gamma: float | None = None,
         block_loss: str = "kl",
         num_anchors: int | None = None,
+        greedy_path: bool = False,
     ) -> "DFlashHeads":
         """Fresh heads for ``target``. ``block_size`` B (default 16) sets the drafted tokens K = B-1;
         ``num_heads`` is ignored when ``block_size`` is given (it is K) and sets B = num_heads + 1
@@ -237,6 +240,7 @@ class DFlashHeads(DraftHeads):
             "loss_gamma": gamma,
             "block_loss": block_loss,
             "num_anchors": anchors,
+            "greedy_path": bool(greedy_path),
         }
         config = cls.target_config(target, block_size - 1, num_layers, "shared", extra)
         return cls.from_config_for(config, target)

@@ -73,7 +73,7 @@ class PEagleHead(Eagle3Head):
     head_type = "peagle"
     dynamic_tree = False  # a static tree (rank paths) over the per-depth top-k of one forward
     training_objective = "parallel_depths"
-    spec_options = Eagle3Head.spec_options + ("mask_token_id", "cod_ratio", "cod_min_ratio")
+    spec_options = Eagle3Head.spec_options + ("mask_token_id", "cod_ratio", "cod_min_ratio", "greedy_path")
     required_extra = Eagle3Head.required_extra + ("mask_token_id",)
 
     def __init__(self, config: HeadsConfig) -> None:
@@ -98,14 +98,15 @@ class PEagleHead(Eagle3Head):
 
     @classmethod
     def for_target(cls, target, num_heads=5, num_layers=1, lm_head="auto", mask_token_id=None,
-                   cod_ratio=None, cod_min_ratio=None, **extra):
+                   cod_ratio=None, cod_min_ratio=None, greedy_path=False, **extra):
         """Fresh P-EAGLE heads; ``mask_token_id`` is required here (training resolves it from the
         tokenizer with `resolve_mask_token`)."""
         if mask_token_id is None:
             raise ValueError("peagle heads need a mask_token_id (see resolve_mask_token)")
         extra = {**extra, "mask_token_id": int(mask_token_id),
                  "cod_ratio": DEFAULT_COD_RATIO if cod_ratio is None else float(cod_ratio),
-                 "cod_min_ratio": DEFAULT_COD_MIN_RATIO if cod_min_ratio is None else float(cod_min_ratio)}
+                 "cod_min_ratio": DEFAULT_COD_MIN_RATIO if cod_min_ratio is None else float(cod_min_ratio),
+                 "greedy_path": bool(greedy_path)}
         if extra.get("feature_layers") is None:  # EAGLE-3's default may pick the final output on shallow targets
             layers = int(text_config(target).num_hidden_layers)
             extra["feature_layers"] = _default_layers(layers)

@@ -23,6 +23,7 @@ from transformers import DynamicCache
 from ..heads.acceptance import expected_tokens_per_step, grow_tree  # noqa: F401 (re-exported)
 from ..heads.hydra import token_context
 from .decoder import SpeculativeDecoder
+from .one_forward_tree import drafts_in_one_forward, one_forward_accuracy, one_forward_draft_seconds
 from .sampling import SamplingParams
 from .tree import Tree, TreeShape
 from .verify import TreeVerifier
@@ -228,13 +229,9 @@ def calibrate(
     device = str(target.device) + (f" ({torch.cuda.get_device_name()})" if target.device.type == "cuda" else "")
     # Draft vocabularies to try: the whole one, and the most frequent training tokens (cheaper
     # projections, fewer tokens that can be drafted). The measurements decide.
-    if getattr(heads, "training_objective", "") == "block":  # DFlash: one block forward drafts any tree
-        from .proposers.dflash import block_accuracy_table, measure_block_seconds
-
-        acc = block_accuracy_table(target, heads, sequences, max_rank, skip_prompt=skip)
-        block = measure_block_seconds(heads)
-        draft = {0: 0.0, **{d: block for d in range(1, heads.config.num_heads + 1)}}
-        return choose_tree(acc, verify, draft, max_nodes=max_nodes, device=device)
+    if drafts_in_one_forward(heads):  # DFlash, P-EAGLE: one draft forward drafts any tree
+        acc = one_forward_accuracy(target, heads, sequences, max_rank, skip_prompt=skip)
+        return choose_tree(acc, verify, one_forward_draft_seconds(heads), max_nodes=max_nodes, device=device)
     vocab_sizes: list[int | None] = [None]
     if int(getattr(heads, "token_counts", torch.zeros(1)).sum()) > 0:
         vocab_sizes += [n for n in (4096, 2048, 1024, 512) if n < heads.config.vocab_size // 2]

@@ -15,6 +15,15 @@ greedy token there (``ce``), counted where a+k is a training token. Slot k's mea
 w_k = exp(-(k-1)/gamma), and the weights are normalised to sum to 1 over the slots that had
 any target (an early wrong slot ends acceptance, so the first slots matter most).
 
+With ``greedy_path`` (``heads.greedy_path: true``) slot k counts only where the data's tokens
+a+1..a+k-1 are the target's own greedy tokens (`greedy_follows`). A block's slots never see the
+tokens before them, and verification accepts slot k only after slots 1..k-1 matched the target's
+greedy tokens; where the data went another way, slot k's label is the target's prediction after
+a token that drafting never conditions on, noise for what verification asks. Each slot's sum is
+then divided by the number of blocks (not by its own count), so a slot weighs as often as it is
+reached. Off, every slot of every block counts, each slot's mean weighing w_k (the published
+recipe, trained on target-generated text where the two agree).
+
 The anchors are drawn in the forward from the caller's generator (the loop reseeds it per
 batch, so a resumed run draws the same blocks); the loss is therefore a mean over this
 micro-batch's blocks, not over the optimizer step's (the masks alone do not say how many
@@ -68,6 +77,18 @@ def block_mask(anchors: torch.Tensor, valid: torch.Tensor, context_ok: torch.Ten
     own = torch.arange(n, device=anchors.device).repeat_interleave(block)
     same = (own[:, None] == own[None, :])[None].expand(bsz, -1, -1)
     return torch.cat([ctx, same], dim=-1)
+
+
+@torch.no_grad()
+def greedy_follows(lm_head, last_hidden: torch.Tensor, input_ids: torch.Tensor, chunk_size: int = 1024) -> torch.Tensor:
+    """[B, S] bool: token p of the data is the target's greedy token after p-1 (position 0: False)."""
+    bsz, seq, width = last_hidden.shape
+    flat = last_hidden[:, :-1].reshape(-1, width)
+    top = torch.cat([lm_head(flat[i : i + chunk_size].to(lm_head.weight.dtype)).argmax(-1)
+                     for i in range(0, flat.shape[0], chunk_size)]) if flat.shape[0] else flat.new_zeros(0, dtype=torch.long)
+    follows = torch.zeros(bsz, seq, dtype=torch.bool, device=input_ids.device)
+    follows[:, 1:] = top.view(bsz, seq - 1) == input_ids[:, 1:]
+    return follows
 
 
 def _chunk_terms(heads, lm_head, topk: int, ranks: int, hard: bool, state, target_hidden):
@@ -130,6 +151,12 @@ def dflash_loss(
     label_pos = positions[:, :, 1:]
     counted = valid[:, :, None] & lm.gather(1, label_pos.reshape(bsz, -1)).view(bsz, n, slots) \
         & am.gather(1, label_pos.reshape(bsz, -1)).view(bsz, n, slots)
+    if ex.get("greedy_path", False):  # slot k only after k-1 data tokens the target itself would produce
+        follows = greedy_follows(heads.target_lm_head(), last_hidden, input_ids, chunk_size)
+        on_path = follows.gather(1, label_pos.reshape(bsz, -1)).view(bsz, n, slots)
+        before = torch.ones_like(on_path)
+        before[:, :, 1:] = on_path[:, :, :-1].long().cumprod(-1).bool()
+        counted &= before
     slot_of = torch.arange(slots, device=device).expand(bsz, n, slots)
     idx = counted.reshape(-1).nonzero().squeeze(-1)
     flat_states = states.reshape(-1, states.shape[-1])[idx]
@@ -163,7 +190,11 @@ def dflash_loss(
     present = count > 0
     if bool(present.any()):
         w = weights * present
-        loss = (w * per_slot / count.clamp(min=1)).sum() / w.sum()
+        # greedy_path: every slot's sum over the blocks (slot 1's count), so a slot weighs as often
+        # as verification reaches it; its own count would let a few on-path blocks of a deep slot
+        # weigh as much as every block of slot 1.
+        den = count[:1].expand_as(count) if ex.get("greedy_path", False) else count
+        loss = (w * per_slot / den.clamp(min=1)).sum() / w.sum()
     else:  # no block in this batch: a zero loss that still touches every parameter (DDP needs a graph)
         loss = states.sum() * 0.0
     return HeadLossOutput(loss=loss, ce_sum=ce_sum, count=count, top1=top1, topk=topk_hits, rank_hits=rank_hits)

@@ -11,8 +11,8 @@ another device type uses its own default instead; `draftheads calibrate` overwri
   verify cost by tree size and the heads' drafting cost are timed on the training device; then
   calibrate's own search (``choose_tree``) picks the tree and vocabulary with the best expected
   tokens per second.
-- DFlash: the final evaluation's per-slot, per-rank table and the verify cost by size, with one
-  block forward as the drafting cost of every tree (all of a step's candidates come from it).
+- DFlash, P-EAGLE: the final evaluation's per-depth, per-rank table and the verify cost by size,
+  with one draft forward as the drafting cost of every tree (all of a step's candidates come from it).
 - Dynamic trees (EAGLE, EAGLE-3): acceptance depends on the draft's confidence at each step,
   which no table from training captures, so a small grid of settings (a subset of calibrate's)
   is timed by greedy decoding of a few held-out rows, plain decoding included.
@@ -32,6 +32,7 @@ from ..inference.calibrate import (
     measure_verify_times,
 )
 from ..inference.default_tree import CHOSEN_BY_TRAINING
+from ..inference.one_forward_tree import drafts_in_one_forward, one_forward_draft_seconds
 
 VOCAB_SIZES = (4096, 2048, 1024, 512)  # draft vocabularies tried besides the whole one (static trees)
 VERIFY_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
@@ -93,14 +94,11 @@ def choose_static(
 
 @torch.no_grad()
 def choose_block_tree(target: torch.nn.Module, heads: torch.nn.Module, rank_accuracy: torch.Tensor) -> dict[str, Any]:
-    """Tree for DFlash heads: the final evaluation's per-slot, per-rank acceptance table, the
-    verify cost by tree size, and ONE block forward as the drafting cost of every tree (a tree
-    is read off the same forward's per-slot top-k, whatever its shape or depth)."""
-    from ..inference.proposers.dflash import measure_block_seconds
-
+    """Tree for DFlash and P-EAGLE heads: the final evaluation's per-depth, per-rank acceptance
+    table, the verify cost by tree size, and ONE draft forward as the drafting cost of every tree
+    (a tree is read off the same forward's per-depth top-k, whatever its width)."""
     verify = measure_verify_times(target, list(VERIFY_SIZES), context=_verify_context(target))
-    block = measure_block_seconds(heads)
-    draft = {0: 0.0, **{d: block for d in range(1, heads.config.num_heads + 1)}}
+    draft = one_forward_draft_seconds(heads)
     return choose_tree(rank_accuracy, verify, draft, max_nodes=64, device=_device_label(target)).to_json()
 
 
@@ -135,13 +133,11 @@ def choose_export_tree(
     try:
         if getattr(heads, "dynamic_tree", False):
             data = choose_dynamic(target, heads, rows)
-        elif getattr(heads, "training_objective", "") == "parallel_depths":
-            raise ValueError(f"no tree is chosen for P-EAGLE heads yet: decoding uses the chain of their "
-                             f"{heads.config.num_heads} trained depths")
-        elif getattr(heads, "training_objective", "") == "block":
+        elif drafts_in_one_forward(heads):
             table = None if rank_accuracy is None else torch.tensor(rank_accuracy, dtype=torch.float32)
             if table is None or table.dim() != 2 or table.shape[0] != heads.config.num_heads:
-                raise ValueError("dflash heads choose their tree from the final evaluation's acceptance table; there was none")
+                raise ValueError(f"{heads.head_type} heads choose their tree from the final evaluation's acceptance "
+                                 "table; there was none")
             data = choose_block_tree(target, heads, table)
         else:
             table = None if rank_accuracy is None else torch.tensor(rank_accuracy, dtype=torch.float32)

@@ -8,6 +8,11 @@ Element (anchor t, depth d) is what drafting computes at slot d after a root at 
 Element (t, d) learns the target's distribution of token t+2+d (its final hidden state at t+1+d
 through its LM head), restricted to the draft vocabulary like EAGLE-3.
 
+With ``greedy_path`` (``heads.greedy_path: true``) depth d trains only where the data's tokens
+t+2..t+1+d are the target's own greedy tokens: drafting never sees the tokens before a mask slot,
+and verification accepts depth d only after the earlier depths matched the target's greedy
+tokens, so elsewhere the label answers a prefix drafting never has (see train/dflash_loss.py).
+
 Which depths each position trains (COD sampling): depth 0 every position; depth d a random
 ``max(r^d, r_min)`` share of the positions (k_d = ceil of that times the row's supervised
 positions), drawn among depth d-1's chains whose next target is supervised, so every chain is
@@ -24,6 +29,7 @@ from functools import partial
 import torch
 from torch.utils.checkpoint import checkpoint
 
+from .dflash_loss import greedy_follows
 from .losses import HeadLossOutput
 
 
@@ -142,6 +148,14 @@ def peagle_loss(
     for d in range(depths):
         if 2 + d < seq:
             valid[:, d, : seq - 2 - d] = supervised[:, 2 + d :]
+    if ex.get("greedy_path", False):  # depth d only after d data tokens the target itself would produce
+        follows = greedy_follows(heads.target_lm_head(), last_hidden, input_ids, chunk_size)
+        on_path = torch.ones(bsz, n, dtype=torch.bool, device=device)
+        for d in range(1, depths):  # depth d's chain runs through tokens t+2 .. t+1+d
+            if 1 + d < seq:
+                on_path[:, : seq - 1 - d] &= follows[:, 1 + d :]
+                on_path[:, seq - 1 - d :] = False
+            valid[:, d] &= on_path
     sizes = cod_sizes(float(ex["cod_ratio"]), float(ex["cod_min_ratio"]), depths, int(valid[:, 0].sum(1).max()))
     chains = sample_chains(valid, sizes, generator)
     state, anchor, depth, real = element_states(heads, features, input_ids, am, chains)

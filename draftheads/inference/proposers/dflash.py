@@ -127,6 +127,16 @@ class DFlashProposer(Proposer):
     def block_logits(self, root: int) -> torch.Tensor:
         """[block_size, V] logits of one block rooted at ``root`` after the committed context
         (row 0, the root's slot, is not a draft)."""
+        return self.heads.logits(self._block_states(root))[0]
+
+    @torch.inference_mode()
+    def slot_logits(self, root: int, depth: int) -> torch.Tensor:
+        """[depth, V] logits of slots 1..depth only: the whole block still runs (its attention is
+        bidirectional), but the vocabulary-sized LM head, most of a small draft's cost, scores only
+        the slots a tree of that depth reads."""
+        return self.heads.logits(self._block_states(root)[0, 1 : depth + 1])
+
+    def _block_states(self, root: int) -> torch.Tensor:
         self._catch_up()
         if self._cached != self._length:
             raise RuntimeError(f"dflash context holds {self._cached} positions, {self._length} are committed")
@@ -136,15 +146,15 @@ class DFlashProposer(Proposer):
         positions = torch.arange(self._cached, self._cached + block, device=self.device)[None]
         context = [(k[:, :, : self._cached], v[:, :, : self._cached]) for k, v in self._cache]
         self._drafts += 1
-        return heads.logits(heads.block_states(tokens, positions, context, None))[0]
+        return heads.block_states(tokens, positions, context, None)
 
     def propose(self, root: int, max_depth: int) -> Tree:
         shape, slot, rank, top = self._layout(max_depth)
         if shape.size == 1:
             return Tree(shape, torch.tensor([root]))
-        logits = self.block_logits(root)
-        candidates = logits.topk(top, dim=-1).indices  # [block, top]
-        drafted = candidates[slot, rank]
+        logits = self.slot_logits(root, shape.max_depth)
+        candidates = logits.topk(top, dim=-1).indices  # [depth, top]: row d-1 ranks slot d
+        drafted = candidates[slot - 1, rank]
         root_t = torch.tensor([root]).to(drafted.device, non_blocking=True)
         return Tree(shape, torch.cat([root_t, drafted]))
 
@@ -155,8 +165,8 @@ def dflash_proposer(heads: torch.nn.Module, tree: list[list[int]] | TreeShape | 
 
 
 def measure_block_seconds(heads: torch.nn.Module, context: int = 64, repeats: int = 10) -> float:
-    """Median seconds of one drafting step (the block forward and its logits) after ``context``
-    committed positions: the cost of every tree these heads draft, whatever its shape."""
+    """Median seconds of one drafting step (the block forward and its drafted slots' logits) after
+    ``context`` committed positions: the cost of every tree these heads draft, whatever its shape."""
     proposer = DFlashProposer(heads)
     param = heads.fc.weight
     features = torch.randn(context, heads.fc.in_features, device=param.device, dtype=param.dtype)
@@ -164,7 +174,7 @@ def measure_block_seconds(heads: torch.nn.Module, context: int = 64, repeats: in
     samples = []
     for rep in range(repeats + 1):
         t0 = time.perf_counter()
-        proposer.block_logits(0)
+        proposer.slot_logits(0, heads.config.num_heads)
         if param.device.type == "cuda":
             torch.cuda.synchronize()
         if rep:  # the first call also fills the context cache

@@ -15,8 +15,12 @@ are deterministic picks (point masses for the verifier), so sampling stays exact
 """
 from __future__ import annotations
 
+import statistics
+import time
+
 import torch
 
+from ..features import FeatureTap
 from ..sampling import SamplingParams
 from ..tree import Tree, TreeShape
 from .base import Proposer
@@ -139,3 +143,59 @@ class PEagleProposer(Proposer):
         w = self.head.fc.weight
         self._cache = grown(self._cache, self._cached, rows + self.shape.max_depth,
                             lambda capacity: self.head.new_cache(capacity, w.device, w.dtype))
+
+
+def measure_draft_seconds(head: torch.nn.Module, context: int = 64, repeats: int = 10) -> dict[int, float]:
+    """Median seconds of one drafting step by depth d (one forward over the newly committed
+    position and d - 1 mask slots, then its logits) after ``context`` committed positions. A tree
+    of depth d costs this whatever its width: every node comes from the same forward."""
+    param = head.fc.weight
+    features = torch.randn(context, head.fc.in_features, device=param.device, dtype=param.dtype)
+    ids = torch.zeros(context, dtype=torch.long)
+    times = {0: 0.0}
+    for depth in range(1, head.config.num_heads + 1):
+        proposer = PEagleProposer(head, tree=[[0] * d for d in range(1, depth + 1)])
+        proposer.start(ids, features, SamplingParams(), None)
+        proposer.draft_scores(0, depth)  # feeds the context (later calls feed one position each)
+        samples = []
+        for _ in range(repeats):
+            proposer.accepted(torch.zeros(1, dtype=torch.long), features[:1])
+            t0 = time.perf_counter()
+            proposer.draft_scores(0, depth)
+            if param.device.type == "cuda":
+                torch.cuda.synchronize()
+            samples.append(time.perf_counter() - t0)
+        times[depth] = statistics.median(samples)
+    return times
+
+
+@torch.no_grad()
+def depth_accuracy_table(
+    target: torch.nn.Module, head: torch.nn.Module, sequences: list[torch.Tensor], max_rank: int = 10,
+    skip_prompt: list[int] | None = None,
+) -> torch.Tensor:
+    """acc[d, r] = P(depth d+1's rank-r token == the token d+1 after the root) over the roots of
+    ``sequences`` (the target's own greedy continuations: "correct" = what verification accepts),
+    each step drafted exactly as decoding drafts it (the committed context before the root)."""
+    depths = head.config.num_heads
+    hits, totals = torch.zeros(depths, max_rank), torch.zeros(depths)
+    tap = FeatureTap(target, head.feature_layers)
+    device = target.get_output_embeddings().weight.device
+    for i, seq in enumerate(sequences):
+        seq = seq.to(device)
+        with tap.capture() as got:
+            out = target(seq[None], **tap.forward_kwargs())
+        features = tap.features(got, out)[0]
+        proposer = PEagleProposer(head)
+        start = max(1, skip_prompt[i] if skip_prompt else 1)
+        proposer.start(seq[:start].cpu(), features[:start], SamplingParams(), None)
+        for root in range(start, seq.numel() - 1):
+            scores = proposer.draft_scores(int(seq[root]), depths)
+            ranks = proposer.vocab_ids[scores.topk(min(max_rank, scores.shape[-1]), dim=-1).indices]
+            for d in range(min(depths, seq.numel() - 1 - root)):
+                totals[d] += 1
+                hit = (ranks[d] == seq[root + 1 + d]).nonzero()
+                if hit.numel():
+                    hits[d, int(hit[0])] += 1
+            proposer.accepted(seq[root : root + 1].cpu(), features[root : root + 1])
+    return hits / totals.clamp(min=1)[:, None]

@@ -1,0 +1,144 @@
+"""Where one speculative step's time goes, per heads folder: draft, verify, host, and what it accepts.
+
+For each ``--heads`` folder (any head type, with its saved tree unless ``--chain``) this decodes
+the demo's held-out prompts with the draft budget OFF (every step drafts in full, so acceptance
+is the heads' own, not the budget's), interleaved with plain ``generate`` on the same prompts,
+and prints per step:
+
+- accepted tokens (drafts accepted + the bonus) and P(depth d accepted) for d = 1..max depth;
+- draft ms (the batch proposer's ``propose`` calls, wall clock), verify ms (the target's verify forward),
+  host ms (the rest of the step: acceptance, cache commits, bookkeeping);
+- draft / one target forward, where one target forward is plain ``generate``'s time per token
+  on the same prompts (its step: one forward plus its own host work);
+- the speedup over plain ``generate`` (time per new token, summed over the prompts).
+
+    python benchmarks/parallel_step_profile.py --heads runs/demo-dflash/heads --heads runs/demo-peagle/heads \
+        [--chain] [--temperature 0.7] [--prompts 12] [--out DIR]
+
+Greedy outputs are checked against ``generate`` (a mismatch raises: a profile of wrong output
+means nothing).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+
+
+def _timed_propose(cls, box: dict):
+    """Wrap ``cls.propose`` so every call adds its wall seconds to ``box['draft']``."""
+    original = cls.propose
+
+    def propose(self, *args, **kwargs):
+        t0 = time.perf_counter()
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            box["draft"] += time.perf_counter() - t0
+
+    cls.propose = propose
+    return original
+
+
+def profile(target, tokenizer, heads_dir: str, prompts, max_new: int, temperature: float, chain: bool, seed: int):
+    import draftheads as dh
+    from draftheads.inference.decoder import SpeculativeDecoder
+
+    heads = dh.load_heads(heads_dir, target=target)
+    tree = None
+    if chain and not getattr(heads, "dynamic_tree", False):  # EAGLE's dynamic trees keep their saved settings
+        depth = heads.config.num_heads
+        tree = [[0] * d for d in range(1, depth + 1)]
+    decoder = SpeculativeDecoder(target, heads, tree=tree, draft_budget=None)
+    box = {"draft": 0.0}
+    cls = type(decoder.proposer.rows(decoder.compaction))  # the loop drafts through the batch form
+    original = _timed_propose(cls, box)
+    sample = temperature > 0
+    totals = {"steps": 0, "new": 0, "decode": 0.0, "verify": 0.0, "draft": 0.0, "plain": 0.0, "plain_new": 0}
+    accepts: list[int] = []
+    try:
+        for i, ids in enumerate(prompts):
+            gen_kwargs = dict(max_new_tokens=max_new, do_sample=sample, eos_token_id=[])
+            if sample:
+                gen_kwargs.update(temperature=temperature, top_k=0, top_p=1.0)
+            for order in ((0, 1) if i % 2 == 0 else (1, 0)):
+                if order == 0:
+                    t0 = time.perf_counter()
+                    with torch.no_grad():
+                        ref = target.generate(ids, attention_mask=torch.ones_like(ids), pad_token_id=tokenizer.pad_token_id,
+                                              **gen_kwargs)
+                    totals["plain"] += time.perf_counter() - t0
+                    totals["plain_new"] += ref.shape[1] - ids.shape[1]
+                else:
+                    box["draft"] = 0.0
+                    out = decoder.generate(ids, max_new_tokens=max_new, temperature=temperature if sample else 0.0,
+                                           top_k=0 if sample else None, top_p=1.0 if sample else None,
+                                           eos_token_id=[], seed=seed + i)
+                    totals["steps"] += out.stats["steps"]
+                    totals["new"] += out.stats["new_tokens"]
+                    totals["decode"] += out.decode_seconds
+                    totals["verify"] += out.target_seconds
+                    totals["draft"] += box["draft"]
+                    accepts += out.accept_lengths
+            if not sample and not torch.equal(out.sequences, ref.cpu()):
+                raise AssertionError(f"{heads_dir}: greedy output differs from generate on prompt {i}")
+    finally:
+        cls.propose = original
+    steps = max(1, totals["steps"])
+    forward_ms = 1e3 * totals["plain"] / max(1, totals["plain_new"])
+    deepest = max(accepts) - 1 if accepts else 0
+    host = totals["decode"] - totals["draft"] - totals["verify"]
+    return {
+        "heads": heads_dir, "head_type": heads.head_type,
+        "tree_nodes": decoder.proposer.shape.size if hasattr(decoder.proposer, "shape") else None,
+        "temperature": temperature, "steps": totals["steps"], "new_tokens": totals["new"],
+        "accepted_per_step": totals["new"] / steps,
+        "p_depth_accepted": [sum(a - 1 >= d for a in accepts) / max(1, len(accepts)) for d in range(1, deepest + 1)],
+        "draft_ms": 1e3 * totals["draft"] / steps, "verify_ms": 1e3 * totals["verify"] / steps,
+        "host_ms": 1e3 * host / steps, "step_ms": 1e3 * totals["decode"] / steps,
+        "plain_ms_per_token": forward_ms,
+        "draft_over_target_forward": 1e3 * totals["draft"] / steps / forward_ms,
+        "speedup": (totals["plain"] / max(1, totals["plain_new"])) / (totals["decode"] / max(1, totals["new"])),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--target", default="demo")
+    parser.add_argument("--heads", action="append", required=True)
+    parser.add_argument("--chain", action="store_true",
+                        help="static-tree heads decode the chain of every trained depth, not the saved tree")
+    parser.add_argument("--temperature", type=float, default=0.0)
+    parser.add_argument("--prompts", type=int, default=12)
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", default=None, help="folder for profile.json")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+
+    from draftheads.bench.questions import demo_questions
+    from draftheads.config import TargetConfig
+    from draftheads.train.loop import load_target
+
+    target, tokenizer = load_target(TargetConfig(name_or_path=args.target, dtype="float32"))
+    prompts = [tokenizer(q.turns[0], return_tensors="pt").input_ids for q in demo_questions(tokenizer, args.prompts)]
+    with torch.no_grad():  # warm-up
+        target.generate(prompts[0], max_new_tokens=8, do_sample=False, attention_mask=torch.ones_like(prompts[0]))
+    results = []
+    for heads_dir in args.heads:
+        r = profile(target, tokenizer, heads_dir, prompts, args.max_new_tokens, args.temperature, args.chain, args.seed)
+        results.append(r)
+        print(json.dumps({k: (round(v, 3) if isinstance(v, float) else [round(x, 3) for x in v] if isinstance(v, list) else v)
+                          for k, v in r.items()}), flush=True)
+    if args.out:
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        name = f"profile-t{args.temperature:g}{'-chain' if args.chain else ''}.json"
+        (Path(args.out) / name).write_text(json.dumps(results, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
