@@ -374,7 +374,7 @@ def main() -> None:
     prompt_ids = recipe_ablation.prompts(tokenizer, args.num_prompts)
     references = [target.generate(p, attention_mask=torch.ones_like(p), do_sample=False, max_new_tokens=args.new_tokens)
                   for p in prompt_ids]  # fmt: skip
-    _, held = recipe_ablation.heldout_windows(tokenizer, CONFIG, args.eval_batches)
+    held = eval_ds.select(range(min(len(eval_ds), args.eval_batches * cfg.train.batch_size)))  # as heldout_windows
     results = {}
     for arm in arms:
         heads_dir = workdir / "runs" / arm.replace(":", "-") / "heads"
