@@ -35,17 +35,22 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 #: The reference EAGLE-3 trainer's recipe (SafeAILab/EAGLE eagle/traineagle3: plain nn.Linear
-#: init; ds_config.json: AdamW betas (0.9, 0.95), WarmupDecayLR = linear decay, gradient_clipping 0.5).
+#: init; ds_config.json: AdamW betas (0.9, 0.95), WarmupDecayLR = linear decay, gradient_clipping 0.5;
+#: cnets.Model unrolls 7 steps).
 #: Every arm sets every knob, so an arm means the same whatever the config file's values are.
 #: "today": draftheads' recipe before the measurement below (identity init, its optimizer).
 INIT, OWN_INIT = ("heads.init=torch",), ("heads.init=identity",)
 OPTIM = ("train.adam_betas=[0.9, 0.95]", "train.lr_schedule=linear", "train.max_grad_norm=0.5")
 OWN_OPTIM = ("train.adam_betas=[0.9, 0.999]", "train.lr_schedule=cosine", "train.max_grad_norm=1.0")
+#: Training-time-test depth: draftheads' demo unrolls 3 steps, the reference trainer 7.
+TTT, OWN_TTT = ("heads.num_heads=7",), ("heads.num_heads=3",)
 ARMS: dict[str, tuple[str, ...]] = {
-    "today": OWN_INIT + OWN_OPTIM,
-    "init": INIT + OWN_OPTIM,
-    "optim": OWN_INIT + OPTIM,
-    "init+optim": INIT + OPTIM,
+    "today": OWN_INIT + OWN_OPTIM + OWN_TTT,
+    "init": INIT + OWN_OPTIM + OWN_TTT,
+    "optim": OWN_INIT + OPTIM + OWN_TTT,
+    "init+optim": INIT + OPTIM + OWN_TTT,
+    "init+ttt7": INIT + OWN_OPTIM + TTT,
+    "init+optim+ttt7": INIT + OPTIM + TTT,
 }
 CHAIN = {"total_tokens": 6, "depth": 5, "top_k": 1}
 TREE = {"total_tokens": 16, "depth": 6, "top_k": 4}
