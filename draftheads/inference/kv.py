@@ -71,7 +71,7 @@ class SequenceKV:
 
     def prefill(self, input_ids: torch.Tensor) -> Prefilled:
         """The prompt ([1, T]) in the cache."""
-        prompt = input_ids[0].to(self.verifier.target.device)
+        prompt = input_ids[0].to(self.verifier.device)
         cache = DynamicCache()
         last, features = self.verifier.prefill(cache, prompt[None])
         # The static cache copies the prompt's entries into its own preallocated buffers.

@@ -243,11 +243,11 @@ class StaticTreeVerifier(TreeVerifier):
         if not limiting:
             key = (size, width)
             if key not in self._masks:
-                self._masks[key] = _FixedWidthMask(size, width, self.target.dtype, self.target.device)
+                self._masks[key] = _FixedWidthMask(size, width, self.dtype, self.device)
             return self._masks[key].place(shape, prefix_len)
         # Windows or chunks hide part of the prefix: built as on the dynamic path, then widened (and
         # padding rows see only themselves).
-        masks = span_masks(limiting, shape, prefix_len, self.target.dtype, self.target.device)
+        masks = span_masks(limiting, shape, prefix_len, self.dtype, self.device)
         if isinstance(masks, dict):
             return {name: _widened(mask, shape, prefix_len, size, width) for name, mask in masks.items()}
         return _widened(masks, shape, prefix_len, size, width)
@@ -268,9 +268,9 @@ class StaticTreeVerifier(TreeVerifier):
         n = tree.shape.size
         size = graph_size(n, self._full) if self.pad_trees else n
         self.store.ensure(prefix_len + size, prefix_len)
-        device = self.target.device
+        device = self.device
         tokens = tree.tokens.to(device, non_blocking=True)
-        positions = shape_on_device(tree.shape, device, self.target.dtype).depth + prefix_len
+        positions = shape_on_device(tree.shape, device, self.dtype).depth + prefix_len
         if size > n:  # padding: any token, at the root's position; its logits and cache slots are dropped
             tokens = torch.cat([tokens, tokens.new_zeros(size - n)])
             positions = torch.cat([positions, positions.new_full((size - n,), prefix_len)])

@@ -42,6 +42,12 @@ class TreeVerifier:
 
     def __init__(self, target: torch.nn.Module, feature_layers: Sequence[int] | None = None) -> None:
         self.target = target
+        # The parameters transformers' `device` and `dtype` properties read (the first one, the first
+        # floating one), held: those properties walk the module tree, several times per step.
+        # `Module.to` moves a parameter's data in place, so they follow the model.
+        params = list(target.parameters())
+        self._first_param = params[0]
+        self._first_float = next((p for p in params if p.is_floating_point()), params[0])
         self.tap = FeatureTap(target, (FINAL,) if feature_layers is None else feature_layers)
         self.feature_layers = self.tap.layers
         self.spans = layer_spans(target)  # refuses models with non-attention layers
@@ -49,6 +55,16 @@ class TreeVerifier:
         # Tree masks over prefix + tree, one buffer per tree size, extended in place: the prefix
         # columns stay 0 (visible), only the tree block moves along (see `_extended_mask`).
         self._masks: dict[tuple[int, torch.device, torch.dtype], list] = {}
+
+    @property
+    def device(self) -> torch.device:
+        """The target's device, as ``target.device`` reads it."""
+        return self._first_param.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The target's dtype, as ``target.dtype`` reads it."""
+        return self._first_float.dtype
 
     def _run(self, cache, **inputs) -> tuple[torch.Tensor, torch.Tensor | None]:
         """One target forward appending to ``cache``: its logits and the captured features."""
@@ -60,7 +76,7 @@ class TreeVerifier:
                 position_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The prompts [B, T] into ``cache``: the last position's logits [B, V] (the first token) and
         the features [B, T, F] at every prompt position (None when the proposer reads none)."""
-        device = self.target.device
+        device = self.device
         extra = {} if attention_mask is None else {
             "attention_mask": attention_mask.to(device), "position_ids": position_ids.to(device)}
         logits, features = self._run(cache, input_ids=input_ids.to(device), **extra, **logits_to_keep(self.target, 1))
@@ -94,7 +110,7 @@ class TreeVerifier:
     def attention_mask(self, shape: TreeShape, prefix_len: int) -> torch.Tensor | dict[str, torch.Tensor] | None:
         """The mask of one tree after ``prefix_len`` cached tokens (one per layer type where windows
         or chunks differ between layers)."""
-        dtype, device = self.target.dtype, self.target.device
+        dtype, device = self.dtype, self.device
         limiting = limiting_spans(self.spans, shape, prefix_len)
         if limiting:
             return span_masks(limiting, shape, prefix_len, dtype, device)
@@ -110,8 +126,8 @@ class TreeVerifier:
         after the final norm, F = H).
 
         The cache grows by n entries; `commit` then keeps only the accepted ones."""
-        device = self.target.device
-        on_device = shape_on_device(tree.shape, device, self.target.dtype)
+        device = self.device
+        on_device = shape_on_device(tree.shape, device, self.dtype)
         logits, features = self._run(
             cache, input_ids=tree.tokens.to(device, non_blocking=True)[None],
             position_ids=(on_device.depth + prefix_len)[None], attention_mask=self.attention_mask(tree.shape, prefix_len),
@@ -123,5 +139,5 @@ class TreeVerifier:
                      attention_mask: torch.Tensor | dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Logits [rows, n, V] and features [rows, n, F] of every row's (padded) tree, ``tokens``
         [rows, n] on the device, positions and mask as the ragged cache lays them out."""
-        device = self.target.device
+        device = self.device
         return self._run(cache, input_ids=tokens, position_ids=position_ids.to(device), attention_mask=attention_mask)
