@@ -211,7 +211,7 @@ def test_batched_greedy_acceptance_matches_a_brute_force_per_row():
     per row, the accepted path ends at the deepest node whose whole path matches, the next token
     is the argmax there, and the single-tree acceptance agrees."""
     from draftheads.inference.accept import accept_greedy_rows
-    from draftheads.inference.ragged import pad_trees
+    from draftheads.inference.kv.ragged import pad_trees
 
     gen = torch.Generator().manual_seed(3)
     shapes = [

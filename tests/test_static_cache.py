@@ -10,10 +10,11 @@ from stats import law_pvalue
 from transformers import DynamicCache
 
 import draftheads as dh
-from draftheads.inference import PromptLookupProposer, TreeShape, static_cache
+from draftheads.inference import PromptLookupProposer, TreeShape
+from draftheads.inference.kv import static as static_cache
 from draftheads.inference import decoder as decoder_module
 from draftheads.inference.sampling import SamplingParams
-from draftheads.inference.static_cache import StaticTreeVerifier
+from draftheads.inference.kv.static import StaticTreeVerifier
 from draftheads.inference.tree import Tree
 from draftheads.inference.accept import Acceptance
 
@@ -109,9 +110,9 @@ def test_static_commit_moves_the_accepted_branch():
     with torch.no_grad():
         prefill = DynamicCache()
         target(prompt, use_cache=True, **{verifier.cache_arg: prefill})
-        cache = verifier.own_cache(prefill, 3, 16)
+        cache = verifier.store.load(prefill, 3, 16)
         verifier.forward(cache, Tree(shape, tokens), 3)
-        verifier.commit(cache, 3, Acceptance(torch.tensor([0, 2, 3]), -1))  # tokens 5, 7, 8
+        verifier.store.commit(3, Acceptance(torch.tensor([0, 2, 3]), -1))  # tokens 5, 7, 8
         ref = DynamicCache()
         target(torch.tensor([[3, 4, 9, 5, 7, 8]]), use_cache=True, **{verifier.cache_arg: ref})
     for got, want in zip(verifier.store.cache.layers, ref.layers):

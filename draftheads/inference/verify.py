@@ -4,7 +4,7 @@ over the cache + every active row's tree), over the cache a KV store hands it.
 Tree attention uses only the model's public arguments: an additive float 4D mask where each node
 sees the prefix, its ancestors and itself (`masks`), position ids = prefix length + depth, and
 the target's own cache. Which path is accepted is not the verifier's business (`accept`), nor
-what the cache keeps afterwards (`kv`, `ragged`, `static_cache`).
+what the cache keeps afterwards (the KV stores of `kv`).
 """
 from __future__ import annotations
 
@@ -14,9 +14,7 @@ from collections.abc import Sequence
 import torch
 from transformers import DynamicCache
 
-from .accept import Acceptance
 from .features import FINAL, FeatureTap
-from .kv import commit
 from .masks import layer_spans, limiting_spans, shape_on_device, span_masks
 from .output import logits_to_keep
 from .tree import Tree, TreeShape
@@ -81,15 +79,6 @@ class TreeVerifier:
             "attention_mask": attention_mask.to(device), "position_ids": position_ids.to(device)}
         logits, features = self._run(cache, input_ids=input_ids.to(device), **extra, **logits_to_keep(self.target, 1))
         return logits[:, -1], features
-
-    # -- the cache (a static cache overrides these: `static_cache.StaticTreeVerifier`) ----------------
-    def own_cache(self, prefill: DynamicCache, prefix_len: int, end: int) -> DynamicCache:
-        """The cache the loop decodes in after a prefill into ``prefill``, for a call that ends at
-        ``end`` tokens: the same one here."""
-        return prefill
-
-    def commit(self, cache: DynamicCache, prefix_len: int, acc: Acceptance) -> None:
-        commit(cache, prefix_len, acc)
 
     # -- one tree ---------------------------------------------------------------------------------
     def _extended_mask(self, shape: TreeShape, prefix_len: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:

@@ -1,40 +1,13 @@
-"""What the target's KV cache keeps after a verify forward, and the one-sequence KV store.
-
-A KV store is what the decode loop (`loop.py`) decodes in: it prefills the prompts, runs each
-step's verify forward through the verifier, keeps the accepted nodes and drops finished rows.
-Two stores share that interface: `SequenceKV` (one unpadded row, in the verifier's own cache:
-transformers' dynamic cache, or the fixed-length one of `static_cache.StaticTreeVerifier`) and
-`ragged.RaggedKV` (a batch, one cache with per-row holes).
-"""
+"""The dynamic store: one unpadded sequence in transformers' `DynamicCache`, and the commit that
+keeps a tree's accepted nodes in such a cache."""
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 import torch
 from transformers import DynamicCache
 
-from .accept import Acceptance
-from .tree import Tree
-
-
-@dataclass
-class Prefilled:
-    """What the loop needs from a prefill: per row the last prompt logits [rows, V], the prompt on
-    the device and the target's features at its positions (None when the proposer reads none)."""
-
-    last_logits: torch.Tensor
-    prompts: list[torch.Tensor]
-    hidden: list[torch.Tensor | None]
-
-
-@dataclass
-class Verified:
-    """One step's verify forward: the tokens as verified [rows, n] (on the logits' device, trees
-    padded to n), logits [rows, n, V] and features [rows, n, F] (or None)."""
-
-    tokens: torch.Tensor
-    logits: torch.Tensor
-    features: torch.Tensor | None
+from ..accept import Acceptance
+from ..tree import Tree
+from .base import KVStore, Prefilled, Verified
 
 
 def commit(cache: DynamicCache, prefix_len: int, path: torch.Tensor | Acceptance) -> None:
@@ -60,9 +33,9 @@ def commit(cache: DynamicCache, prefix_len: int, path: torch.Tensor | Acceptance
         layer.values = values[..., : prefix_len + m, :]
 
 
-class SequenceKV:
-    """One unpadded sequence in the verifier's cache: masks over prefix + tree only, none at all
-    for chains (the model's own causal fast path)."""
+class SequenceKV(KVStore):
+    """One unpadded sequence: masks over prefix + tree only, none at all for chains (the model's
+    own causal fast path). ``verifier`` is a `verify.TreeVerifier`."""
 
     def __init__(self, verifier, max_new_tokens: int) -> None:
         self.verifier, self.max_new_tokens = verifier, max_new_tokens
@@ -74,10 +47,13 @@ class SequenceKV:
         prompt = input_ids[0].to(self.verifier.device)
         cache = DynamicCache()
         last, features = self.verifier.prefill(cache, prompt[None])
-        # The static cache copies the prompt's entries into its own preallocated buffers.
         self.prefix_len = prompt.numel()
-        self.cache = self.verifier.own_cache(cache, self.prefix_len, self.prefix_len + self.max_new_tokens)
+        self.cache = self.own_cache(cache)
         return Prefilled(last, [prompt], [None if features is None else features[0]])
+
+    def own_cache(self, prefilled: DynamicCache):
+        """The cache the steps decode in, from the prefill's: the same one here."""
+        return prefilled
 
     def verify(self, trees: list[Tree]) -> Verified:
         (tree,) = trees
@@ -86,14 +62,8 @@ class SequenceKV:
 
     def commit(self, accs: list[Acceptance]) -> None:
         (acc,) = accs
-        self.verifier.commit(self.cache, self.prefix_len, acc)
+        self.commit_path(acc)
         self.prefix_len += len(acc.nodes)
 
-    def keep(self, rows: list[int]) -> None:
-        """Rows leave only when the sequence is done: nothing to drop."""
-
-    def tidy(self) -> None:
-        """No holes to remove."""
-
-    def stats(self) -> dict:
-        return {}
+    def commit_path(self, acc: Acceptance) -> None:
+        commit(self.cache, self.prefix_len, acc)

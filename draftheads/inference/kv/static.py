@@ -28,10 +28,11 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import Cache, StaticLayer
 
-from .accept import Acceptance
-from .masks import limiting_spans, shape_on_device, span_masks
-from .tree import Tree, TreeShape
-from .verify import TreeVerifier
+from ..accept import Acceptance
+from ..masks import limiting_spans, shape_on_device, span_masks
+from ..tree import Tree, TreeShape
+from ..verify import TreeVerifier
+from .dynamic import SequenceKV
 
 #: Cache lengths are rounded up to a multiple of this, so that calls with different prompt lengths
 #: reuse one cache and one compiled graph per tree size (shapes are part of a compiled graph).
@@ -229,12 +230,6 @@ class StaticTreeVerifier(TreeVerifier):
             backend = "inductor" if compile is True else str(compile)
             self._step = torch.compile(self._forward_tokens, dynamic=False, backend=backend)
 
-    def own_cache(self, prefill: DynamicCache, prefix_len: int, end: int) -> Cache:
-        return self.store.load(prefill, prefix_len, end)
-
-    def commit(self, cache: Cache, prefix_len: int, acc: Acceptance) -> None:
-        self.store.commit(prefix_len, acc)
-
     def attention_mask(self, shape: TreeShape, prefix_len: int, size: int | None = None) -> torch.Tensor | dict[str, torch.Tensor]:
         """[1, 1, size, W] (or one per layer type) for a tree padded to ``size`` tokens (default: none)."""
         size = shape.size if size is None else size
@@ -278,3 +273,14 @@ class StaticTreeVerifier(TreeVerifier):
             tokens[None], positions[None], self.attention_mask(tree.shape, prefix_len, size), self.store.cache
         )
         return logits[0, :n], None if features is None else features[0, :n]
+
+
+class StaticKV(SequenceKV):
+    """One sequence in the `StaticTreeCache` of a `StaticTreeVerifier`: the prefill's entries are
+    copied into its fixed-length buffers, commits move entries in place (no slicing)."""
+
+    def own_cache(self, prefilled: DynamicCache) -> Cache:
+        return self.verifier.store.load(prefilled, self.prefix_len, self.prefix_len + self.max_new_tokens)
+
+    def commit_path(self, acc: Acceptance) -> None:
+        self.verifier.store.commit(self.prefix_len, acc)

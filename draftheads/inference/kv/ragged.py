@@ -20,11 +20,11 @@ import torch
 
 from transformers import DynamicCache
 
-from .accept import Acceptance
-from .compaction import check_compaction, wants_compaction
-from .kv import Prefilled, Verified
-from .masks import FULL, AttentionSpan, additive, span_visible
-from .tree import Tree
+from ..accept import Acceptance
+from ..compaction import check_compaction, wants_compaction
+from ..masks import FULL, AttentionSpan, additive, span_visible
+from ..tree import Tree
+from .base import KVStore, Prefilled, Verified
 
 
 @dataclass
@@ -164,7 +164,7 @@ def compact(cache, state: RaggedState, rows: list[int] | None = None) -> RaggedS
     return RaggedState(new_pos, next_pos)
 
 
-class RaggedKV:
+class RaggedKV(KVStore):
     """A left-padded batch in one shared cache with per-row holes (see the module docstring):
     the KV store of `loop.py` for every batch but one unpadded row. ``compaction``: when holes
     are removed (`compaction.py`)."""
