@@ -186,6 +186,13 @@ def test_the_loop_sees_only_the_kv_interface():
     assert [t for t in loop if t.startswith("draftheads.inference.kv")] == ["draftheads.inference.kv.base"]
 
 
+def test_the_lossy_typical_rule_lives_apart_and_only_the_dispatch_imports_it():
+    """accept.py holds the lossless rules and the dispatch; Medusa's lossy typical acceptance is its
+    own module, which nothing else (no store, no loop) depends on."""
+    importers = sorted(m for m, targets in import_graph().items() if "draftheads.inference.accept_typical" in targets)
+    assert importers == ["draftheads.inference.accept"]
+
+
 def test_inner_rules_catch_a_loop_importing_a_proposer(tmp_path):
     pkg = tmp_path / "draftheads"
     (pkg / "inference" / "proposers").mkdir(parents=True)

@@ -16,7 +16,7 @@ from draftheads.inference import decoder as decoder_module
 from draftheads.inference.sampling import SamplingParams
 from draftheads.inference.kv.static import StaticTreeVerifier
 from draftheads.inference.tree import Tree
-from draftheads.inference.accept import Acceptance
+from draftheads.inference.accepted import Acceptance
 
 # Prompt lengths 6 (the heads' training prompts) and a longer, repetitive one (> the 24-token
 # sliding window and the 16-token chunks of inference_utils.ARCHS, so their masks matter, and

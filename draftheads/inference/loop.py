@@ -14,7 +14,8 @@ from typing import Any
 
 import torch
 
-from .accept import Acceptance, accept_rows
+from .accept import accept_rows
+from .accepted import Acceptance
 from .kv.base import Prefilled, Verified
 from .output import SpeculativeOutput
 from .sampling import SamplingParams, sample

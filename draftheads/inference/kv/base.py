@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..accept import Acceptance
+from ..accepted import Acceptance
 from ..tree import Tree
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache
 
-from ..accept import Acceptance
+from ..accepted import Acceptance
 from ..tree import Tree
 from .base import KVStore, Prefilled, Verified
 

@@ -20,7 +20,7 @@ import torch
 
 from transformers import DynamicCache
 
-from ..accept import Acceptance
+from ..accepted import Acceptance
 from ..compaction import check_compaction, wants_compaction
 from ..masks import FULL, AttentionSpan, additive, span_visible
 from ..tree import Tree

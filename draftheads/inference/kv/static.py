@@ -28,7 +28,7 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import Cache, StaticLayer
 
-from ..accept import Acceptance
+from ..accepted import Acceptance
 from ..masks import limiting_spans, shape_on_device, span_masks
 from ..tree import Tree, TreeShape
 from ..verify import TreeVerifier
