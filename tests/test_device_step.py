@@ -12,7 +12,7 @@ from draftheads.inference.features import FeatureTap
 from draftheads.inference.host_syncs import HostSyncCounter
 from draftheads.inference.sampling import sample_inverse_cdf
 from draftheads.inference.tree import Tree, TreeShape
-from draftheads.inference.accept import accept_greedy, accept_sampling
+from draftheads.inference.accept import accept_greedy_rows, accept_sampling
 from draftheads.inference.masks import tree_attention_mask
 from draftheads.inference.verify import TreeVerifier
 
@@ -244,7 +244,7 @@ def test_batched_greedy_acceptance_matches_a_brute_force_per_row():
             deep = max(deep, len(path))
             assert got[r].nodes == path, (trial, r)
             assert got[r].tokens == tree.tokens[path].tolist() and got[r].next_token == predicted[path[-1]], (trial, r)
-            alone = accept_greedy(tree, logits[r, : tree.shape.size])
+            alone = accept_greedy_rows([tree], tree.tokens[None], logits[None, r, : tree.shape.size])[0]
             assert (alone.nodes, alone.tokens, alone.next_token) == (got[r].nodes, got[r].tokens, got[r].next_token)
     assert deep >= 3  # paths two drafts deep were accepted somewhere
 

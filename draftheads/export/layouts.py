@@ -1,8 +1,8 @@
 """What each engine layout holds: tensor names and shapes, and the conversions between them.
 
 One description per layout, shared by the exporters (which must write exactly this) and the
-importers (which read it). Facts and where they come from: ../shared/reference/engines.md; the
-installed vLLM (0.32) and SGLang (0.5.23) model files were read to confirm them:
+importers (which read it). Each entry names the engine's model file it comes from (the installed
+vLLM 0.32 and SGLang 0.5.23 files were read to confirm them):
 
 - vLLM Medusa (vllm/model_executor/models/medusa.py): ``blocks.{h}.layers.{l}.weight`` (+ ``.bias``
   only with ``medusa_fc_bias: true``), ``lm_heads.{h}.weight``; ``original_lm_head: true`` reads one

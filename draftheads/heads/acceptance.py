@@ -47,9 +47,9 @@ def expected_tokens_per_step(choices: list[list[int]], acc: torch.Tensor) -> flo
     return total
 
 
-# Default static trees per number of heads, small enough to pay off on a CPU (see
-# reference/cpu-stack.md: 16 tree tokens cost about 2x one token there). `draftheads calibrate`
-# replaces them with a tree measured on the user's device and heads.
+# Default static trees per number of heads, small enough to pay off on a CPU, where a verify
+# forward's cost grows quickly with the number of tree tokens (benchmarks/demo_target_shapes.py
+# measures it). `draftheads calibrate` replaces them with a tree measured on the user's device and heads.
 DEFAULT_CHOICES: dict[int, list[list[int]]] = {
     1: [[0], [1], [2]],
     2: [[0], [1], [2], [0, 0], [0, 1], [1, 0]],

@@ -11,7 +11,7 @@ EAGLE-3, ``head_type: eagle3``: the input fuses the hidden states entering three
 (2d) while the residual stream carries the fused state; the output goes through the head's own
 norm and its own LM head over a reduced draft vocabulary (the N most frequent training tokens,
 mapped back to target ids by tensors stored with the weights). Deeper drafts feed the layer's own
-output back, and training unrolls those steps (training-time test, eagle_loss in train/losses.py).
+output back, and training unrolls those steps (training-time test, `train.eagle_loss`).
 
 The draft decoder layer itself is in draft_layer.py.
 """

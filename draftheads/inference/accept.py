@@ -46,11 +46,6 @@ def accept_greedy_rows(trees: list[Tree], tokens: torch.Tensor, logits: torch.Te
     return [greedy_acceptance(tree.shape, row[:n], row[n:]) for tree, row in zip(trees, packed)]
 
 
-def accept_greedy(tree: Tree, logits: torch.Tensor) -> Acceptance:
-    """`accept_greedy_rows` for one tree and its logits [n, V]."""
-    return accept_greedy_rows([tree], tree.tokens[None], logits[None])[0]
-
-
 def accept_sampling(
     tree: Tree, logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None
 ) -> Acceptance:
