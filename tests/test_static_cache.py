@@ -74,7 +74,7 @@ def test_padded_trees_match_generate(medusa_setup):
         decoder = dh.SpeculativeDecoder(target, proposer, cache="static")
         decoder.verifier.pad_trees = True
         sizes, padded = [], []
-        decoder.verifier.forward = _recording(decoder.verifier.forward, lambda cache, tree, prefix: sizes.append(tree.shape.size))
+        decoder.verifier.forward_tree = _recording(decoder.verifier.forward_tree, lambda cache, tree, prefix: sizes.append(tree.shape.size))
         decoder.verifier._step = _recording(decoder.verifier._step, lambda ids, *rest: padded.append(ids.shape[1]))
         _check_greedy(target, decoder, _prompts(train_prompts)[:2])
         allowed = {decoder.proposer.shape.size} if proposer is heads else {1, 2, 4, 8, 16}

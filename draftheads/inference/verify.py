@@ -114,14 +114,21 @@ class TreeVerifier:
         """Logits [n, V] and features [n, F] of every tree node (by default the last hidden states
         after the final norm, F = H).
 
-        The cache grows by n entries; `commit` then keeps only the accepted ones."""
+        The cache grows by n entries; the KV store's commit then keeps only the accepted ones."""
+        _, logits, features = self.forward_tree(cache, tree, prefix_len)
+        return logits[0], None if features is None else features[0]
+
+    def forward_tree(self, cache, tree: Tree, prefix_len: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """`forward` as a batch of one row, what the loop's stores hand on: the tokens as verified
+        [1, n] (on the device), logits [1, n, V] and features [1, n, F] (or None)."""
         device = self.device
         on_device = shape_on_device(tree.shape, device, self.dtype)
+        tokens = tree.tokens.to(device, non_blocking=True)[None]
         logits, features = self._run(
-            cache, input_ids=tree.tokens.to(device, non_blocking=True)[None],
-            position_ids=(on_device.depth + prefix_len)[None], attention_mask=self.attention_mask(tree.shape, prefix_len),
+            cache, input_ids=tokens, position_ids=(on_device.depth + prefix_len)[None],
+            attention_mask=self.attention_mask(tree.shape, prefix_len),
         )
-        return logits[0], None if features is None else features[0]
+        return tokens, logits, features
 
     # -- a batch of trees -------------------------------------------------------------------------
     def forward_rows(self, cache, tokens: torch.Tensor, position_ids: torch.Tensor,

@@ -57,8 +57,7 @@ class SequenceKV(KVStore):
 
     def verify(self, trees: list[Tree]) -> Verified:
         (tree,) = trees
-        logits, features = self.verifier.forward(self.cache, tree, self.prefix_len)
-        return Verified(tree.tokens[None], logits[None], None if features is None else features[None])
+        return Verified(*self.verifier.forward_tree(self.cache, tree, self.prefix_len))
 
     def commit(self, accs: list[Acceptance]) -> None:
         (acc,) = accs

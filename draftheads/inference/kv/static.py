@@ -259,7 +259,7 @@ class StaticTreeVerifier(TreeVerifier):
         parts = [states[i] for i in self.feature_layers]
         return out.logits, parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
 
-    def forward(self, cache: Cache, tree: Tree, prefix_len: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def forward_tree(self, cache: Cache, tree: Tree, prefix_len: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         n = tree.shape.size
         size = graph_size(n, self._full) if self.pad_trees else n
         self.store.ensure(prefix_len + size, prefix_len)
@@ -272,7 +272,9 @@ class StaticTreeVerifier(TreeVerifier):
         logits, features = self._step(
             tokens[None], positions[None], self.attention_mask(tree.shape, prefix_len, size), self.store.cache
         )
-        return logits[0, :n], None if features is None else features[0, :n]
+        if size > n:
+            tokens, logits, features = tokens[:n], logits[:, :n], None if features is None else features[:, :n]
+        return tokens[None], logits, features
 
 
 class StaticKV(SequenceKV):
