@@ -105,23 +105,28 @@ class EagleRows(RowProposer):
         counts = [0 if f is None else f.shape[0] for f in fed]
         m, prefix = max(counts), self._visible.shape[1]
         self._reserve(prefix + m + self.proposer.top_k * self.proposer.depth + 1)
-        some = next(f for f in fed if f is not None)
-        feats = some.new_zeros(rows, m, some.shape[1])
-        nxt = torch.zeros(rows, m, dtype=torch.long)
+        if all(c == m for c in counts):  # every row feeds as many positions (always for one row): no padding
+            feats = torch.stack(fed)
+        else:
+            some = next(f for f in fed if f is not None)
+            feats = some.new_zeros(rows, m, some.shape[1])
+            for r, f in enumerate(fed):
+                if f is not None:
+                    feats[r, : f.shape[0]] = f
+        # Per row the token after each fed position (the root after the last), and each position's
+        # number, built on the host as lists: one tensor each, not a tensor op per row.
+        nxt = [[] if f is None else self._ids[r][self._lengths[r] + 1 :] + [roots[r]] for r, f in enumerate(fed)]
+        nxt = torch.tensor([row + [0] * (m - len(row)) for row in nxt])
         for r, f in enumerate(fed):
-            if f is None:
-                continue
-            n, start = f.shape[0], self._lengths[r]
-            feats[r, :n] = f
-            nxt[r, :n] = torch.tensor(self._ids[r][start + 1 :] + [roots[r]])
-            self._pending[r] = []
+            if f is not None:
+                self._pending[r] = []
         g, attn_in = self.head.first_input(feats, nxt.to(dev))
-        positions = (torch.tensor(self._lengths)[:, None] + torch.arange(m)[None]).to(dev)
+        positions = torch.tensor([list(range(length, length + m)) for length in self._lengths]).to(dev)
         causal = torch.ones(m, m, dtype=torch.bool, device=dev).tril()  # padding never precedes a real position
         visible = self._visible.to(dev, non_blocking=True)
         mask = torch.cat([visible[:, None].expand(rows, m, prefix), causal.expand(rows, m, m)], dim=2)
         state, _ = self.head.run_layers(g, attn_in, positions, mask, cache=self._cache, cache_length=prefix)
-        new = torch.arange(m)[None] < torch.tensor(counts)[:, None]
+        new = torch.tensor([[j < c for j in range(m)] for c in counts], dtype=torch.bool)
         self._visible = torch.cat([self._visible, new], dim=1)
         self._lengths = [length + c for length, c in zip(self._lengths, counts)]
         last = torch.tensor([max(c - 1, 0) for c in counts]).to(dev, non_blocking=True)
