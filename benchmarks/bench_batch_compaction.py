@@ -1,6 +1,6 @@
 """Batched speculative decoding: cache holes kept masked vs compacted, side by side.
 
-The batched decode (draftheads/inference/ragged.py, RaggedKV) shares one KV cache between rows that accept
+The batched decode (draftheads/inference/kv/ragged.py, RaggedKV) shares one KV cache between rows that accept
 different numbers of tokens. "never" keeps the holes and masks them (attention runs over them),
 "always" gathers the whole cache after every step (no holes, one full-cache copy per step),
 "auto" compacts only when a finished row is dropped (a copy made anyway) or holes exceed a

@@ -10,7 +10,7 @@ from collections import Counter
 
 import torch
 
-from draftheads.inference.accept import Acceptance
+from draftheads.inference.accepted import Acceptance
 
 
 def chi_square_pvalue(counts: torch.Tensor, probs: torch.Tensor, min_expected: float = 5.0) -> float:

@@ -12,7 +12,7 @@ from draftheads.inference.features import FeatureTap
 from draftheads.inference.host_syncs import HostSyncCounter
 from draftheads.inference.sampling import sample_inverse_cdf
 from draftheads.inference.tree import Tree, TreeShape
-from draftheads.inference.accept import accept_greedy, accept_sampling
+from draftheads.inference.accept import accept_greedy_rows, accept_sampling
 from draftheads.inference.masks import tree_attention_mask
 from draftheads.inference.verify import TreeVerifier
 
@@ -124,6 +124,37 @@ def test_greedy_tree_step_reads_the_device_once(medusa_setup):
     assert syncs.total_outside <= steps + 1, (dict(syncs.outside), steps)
 
 
+@pytest.mark.parametrize("rows", [1, 3])
+def test_hydra_drafts_without_reading_the_device(rows):
+    """Hydra fills its tree depth by depth, each depth's candidates feeding the next one's context:
+    the tokens stay on the heads' device, so drafting reads nothing back (the greedy step's one
+    read is acceptance's)."""
+    target = tiny_target("llama")
+    heads = dh.HydraHeads.for_target(target, num_heads=3)
+    proposer = heads.proposer(tree=[[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0]])
+    with torch.inference_mode(), HostSyncCounter(target, heads) as syncs:
+        hidden = target.get_input_embeddings()(torch.tensor([3, 4, 5][:rows]))  # device data: the target's
+        shape, tokens = proposer.draft_rows(torch.tensor([7, 8, 9][:rows]), hidden, max_depth=3)
+    assert syncs.total_outside == 0, dict(syncs.outside)
+    assert tokens.shape == (rows, shape.size) and tokens[:, 0].tolist() == [7, 8, 9][:rows]
+    for r in range(rows):  # each row drafts what the per-sequence proposer drafts for it alone
+        proposer.start(None, hidden[r : r + 1], None, None)
+        assert torch.equal(proposer.propose([7, 8, 9][r], 3).tokens, tokens[r])
+
+
+def test_the_verifier_follows_the_target_device_and_dtype_it_holds():
+    """The verifier reads the target's device and dtype from parameters it holds (transformers'
+    properties walk the module tree, several times per step): a later ``target.to`` must show."""
+    target = tiny_target("llama")
+    verifier = TreeVerifier(target)
+    assert (verifier.device, verifier.dtype) == (target.device, target.dtype) == (torch.device("cpu"), torch.float32)
+    target.to(torch.float64)
+    try:
+        assert verifier.dtype == target.dtype == torch.float64
+    finally:
+        target.to(torch.float32)
+
+
 def test_greedy_chain_step_reads_the_device_once():
     target = tiny_target("llama")
     decoder = dh.SpeculativeDecoder(target, dh.PromptLookupProposer(num_tokens=4))
@@ -180,7 +211,7 @@ def test_batched_greedy_acceptance_matches_a_brute_force_per_row():
     per row, the accepted path ends at the deepest node whose whole path matches, the next token
     is the argmax there, and the single-tree acceptance agrees."""
     from draftheads.inference.accept import accept_greedy_rows
-    from draftheads.inference.ragged import pad_trees
+    from draftheads.inference.kv.ragged import pad_trees
 
     gen = torch.Generator().manual_seed(3)
     shapes = [
@@ -213,7 +244,7 @@ def test_batched_greedy_acceptance_matches_a_brute_force_per_row():
             deep = max(deep, len(path))
             assert got[r].nodes == path, (trial, r)
             assert got[r].tokens == tree.tokens[path].tolist() and got[r].next_token == predicted[path[-1]], (trial, r)
-            alone = accept_greedy(tree, logits[r, : tree.shape.size])
+            alone = accept_greedy_rows([tree], tree.tokens[None], logits[None, r, : tree.shape.size])[0]
             assert (alone.nodes, alone.tokens, alone.next_token) == (got[r].nodes, got[r].tokens, got[r].next_token)
     assert deep >= 3  # paths two drafts deep were accepted somewhere
 

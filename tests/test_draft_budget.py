@@ -27,7 +27,7 @@ def simulate(budget, steps, accept, seconds, depth=DEPTH, limit=1000, start=True
         budget.start()
     caps = []
     for step in range(steps):
-        cap = budget.cap(limit - step)
+        (cap,) = budget.caps([limit - step])
         drafted = min(cap, depth)
         budget.record(drafted, [min(accept(step, drafted), drafted)], seconds(drafted))
         caps.append(cap)

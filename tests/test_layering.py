@@ -153,9 +153,13 @@ def test_checks_catch_an_upward_import_and_a_cycle(tmp_path):
 #: verifier would grow a second path for it. Proposers see tokens and features, never the loop,
 #: the decoder or the target's caches.
 LOOP_MAY_NOT_IMPORT = ("draftheads.inference.proposers", "draftheads.inference.decoder", "draftheads.inference.verify",
-                       "draftheads.inference.ragged", "draftheads.inference.static_cache", "draftheads.inference.probe")
+                       "draftheads.inference.kv.dynamic", "draftheads.inference.kv.static", "draftheads.inference.kv.ragged",
+                       "draftheads.inference.probe")
 PROPOSERS_MAY_NOT_IMPORT = ("draftheads.inference.loop", "draftheads.inference.decoder", "draftheads.inference.kv",
-                            "draftheads.inference.ragged", "draftheads.inference.static_cache", "draftheads.inference.accept")
+                            "draftheads.inference.accept")
+#: The KV stores keep the target's cache for the loop: they know the verifier (whose forward they
+#: run over their layout) but not the loop that drives them, the decoder or any drafting method.
+KV_MAY_NOT_IMPORT = ("draftheads.inference.loop", "draftheads.inference.decoder", "draftheads.inference.proposers")
 
 
 def forbidden_imports(graph: dict[str, dict[str, int]], importer: str, forbidden: tuple[str, ...]) -> list[str]:
@@ -170,6 +174,23 @@ def test_the_decode_loop_knows_no_drafting_method_or_cache_layout():
 
 def test_proposers_know_nothing_of_the_loop_or_the_caches():
     assert forbidden_imports(import_graph(), "draftheads.inference.proposers", PROPOSERS_MAY_NOT_IMPORT) == []
+
+
+def test_kv_stores_know_nothing_of_the_loop_or_the_drafters():
+    assert forbidden_imports(import_graph(), "draftheads.inference.kv", KV_MAY_NOT_IMPORT) == []
+
+
+def test_the_loop_sees_only_the_kv_interface():
+    """The loop imports the store interface (`kv.base`), never a store: the decoder picks one."""
+    loop = import_graph()["draftheads.inference.loop"]
+    assert [t for t in loop if t.startswith("draftheads.inference.kv")] == ["draftheads.inference.kv.base"]
+
+
+def test_the_lossy_typical_rule_lives_apart_and_only_the_dispatch_imports_it():
+    """accept.py holds the lossless rules and the dispatch; Medusa's lossy typical acceptance is its
+    own module, which nothing else (no store, no loop) depends on."""
+    importers = sorted(m for m, targets in import_graph().items() if "draftheads.inference.accept_typical" in targets)
+    assert importers == ["draftheads.inference.accept"]
 
 
 def test_inner_rules_catch_a_loop_importing_a_proposer(tmp_path):

@@ -17,7 +17,8 @@ from transformers import DynamicCache
 import draftheads as dh
 from draftheads.inference.sampling import SamplingParams
 from draftheads.inference.tree import Tree, TreeShape
-from draftheads.inference.accept import accept_sampling, accept_typical
+from draftheads.inference.accept import accept_sampling
+from draftheads.inference.accept_typical import accept_typical
 from draftheads.inference.verify import TreeVerifier
 
 from inference_utils import tiny_target

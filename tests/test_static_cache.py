@@ -10,12 +10,13 @@ from stats import law_pvalue
 from transformers import DynamicCache
 
 import draftheads as dh
-from draftheads.inference import PromptLookupProposer, TreeShape, static_cache
+from draftheads.inference import PromptLookupProposer, TreeShape
+from draftheads.inference.kv import static as static_cache
 from draftheads.inference import decoder as decoder_module
 from draftheads.inference.sampling import SamplingParams
-from draftheads.inference.static_cache import StaticTreeVerifier
+from draftheads.inference.kv.static import StaticTreeVerifier
 from draftheads.inference.tree import Tree
-from draftheads.inference.accept import Acceptance
+from draftheads.inference.accepted import Acceptance
 
 # Prompt lengths 6 (the heads' training prompts) and a longer, repetitive one (> the 24-token
 # sliding window and the 16-token chunks of inference_utils.ARCHS, so their masks matter, and
@@ -73,7 +74,7 @@ def test_padded_trees_match_generate(medusa_setup):
         decoder = dh.SpeculativeDecoder(target, proposer, cache="static")
         decoder.verifier.pad_trees = True
         sizes, padded = [], []
-        decoder.verifier.forward = _recording(decoder.verifier.forward, lambda cache, tree, prefix: sizes.append(tree.shape.size))
+        decoder.verifier.forward_tree = _recording(decoder.verifier.forward_tree, lambda cache, tree, prefix: sizes.append(tree.shape.size))
         decoder.verifier._step = _recording(decoder.verifier._step, lambda ids, *rest: padded.append(ids.shape[1]))
         _check_greedy(target, decoder, _prompts(train_prompts)[:2])
         allowed = {decoder.proposer.shape.size} if proposer is heads else {1, 2, 4, 8, 16}
@@ -109,9 +110,9 @@ def test_static_commit_moves_the_accepted_branch():
     with torch.no_grad():
         prefill = DynamicCache()
         target(prompt, use_cache=True, **{verifier.cache_arg: prefill})
-        cache = verifier.own_cache(prefill, 3, 16)
+        cache = verifier.store.load(prefill, 3, 16)
         verifier.forward(cache, Tree(shape, tokens), 3)
-        verifier.commit(cache, 3, Acceptance(torch.tensor([0, 2, 3]), -1))  # tokens 5, 7, 8
+        verifier.store.commit(3, Acceptance(torch.tensor([0, 2, 3]), -1))  # tokens 5, 7, 8
         ref = DynamicCache()
         target(torch.tensor([[3, 4, 9, 5, 7, 8]]), use_cache=True, **{verifier.cache_arg: ref})
     for got, want in zip(verifier.store.cache.layers, ref.layers):

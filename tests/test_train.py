@@ -10,10 +10,11 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
+from train_utils import naive_medusa_loss
 
 from draftheads import MedusaHeads, load_heads
 from draftheads.config import config_from_dict
-from draftheads.train.losses import IGNORE, medusa_loss, medusa_targets, naive_medusa_loss
+from draftheads.train.losses import IGNORE, medusa_loss, medusa_targets
 from draftheads.train.metrics import chain_acceptance_length
 from draftheads.train.model import TargetWithHeads
 

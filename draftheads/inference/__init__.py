@@ -4,7 +4,7 @@ from .proposers import DFlashProposer, DraftModelProposer, EagleProposer, HydraP
 from .sampling import SamplingParams
 from .tokenizer_check import check_same_tokenizer
 from .tree import Tree, TreeShape, default_choices
-from .kv import commit
+from .kv.dynamic import commit
 from .masks import UnsupportedModelError, tree_attention_mask
 from .probe import check_tree_attention
 from .verify import TreeVerifier

@@ -1,51 +1,23 @@
-"""Which path of a verified tree is accepted, and the target's token after it.
+"""Which path of a verified tree is accepted, and the target's token after it: the lossless rules
+and the dispatch.
 
 - `accept_greedy_rows`: greedy for every row of a step in ONE host transfer (each row's argmaxes
   and tree tokens), then a walk of each tree's few paths in Python (`greedy_acceptance`); on a GPU
   every host read stalls the device, so a batch of B rows must not read B times.
 - `accept_sampling`: lossless rejection sampling down the tree (the target's exact law).
-- `accept_typical`: Medusa's typical acceptance, LOSSY and opt-in (``acceptance="typical"``).
 
-`accept_rows` picks the rule for a step; the verifier never decides acceptance.
+`accept_rows` picks the rule for a step (`SAMPLING_RULES`: one line per ``acceptance`` setting; a
+rule lives in its own module when it is not this file's, e.g. the lossy `accept_typical`); the
+verifier never decides acceptance.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import torch
 
-from .masks import shape_on_device
+from .accept_typical import accept_typical
+from .accepted import Acceptance
 from .sampling import SamplingParams, sample
 from .tree import Tree, TreeShape
-
-ACCEPTANCE = ("exact", "typical")
-
-
-@dataclass
-class Acceptance:
-    path: torch.Tensor  # node indices of the accepted path, root first: [m] (on the host)
-    next_token: int  # the target's token after the path (bonus or residual sample): next step's root
-    #: The tree's tokens along the path (root first), when acceptance already brought them to the host.
-    tokens: list[int] | None = None
-    _nodes: list[int] | None = field(default=None, repr=False)
-
-    @property
-    def nodes(self) -> list[int]:
-        if self._nodes is None:
-            self._nodes = self.path.tolist()
-        return self._nodes
-
-    @property
-    def contiguous(self) -> bool:
-        """The path is nodes 0..m-1 (always for chains): the cache and features need no gather."""
-        return self.nodes == list(range(len(self.nodes)))
-
-    def index(self, device: torch.device) -> slice | torch.Tensor:
-        """What selects the path's rows from a tensor on ``device``: a slice (a view) when the path is
-        contiguous, else the path copied there (host to device: no sync)."""
-        if self.contiguous:
-            return slice(0, len(self.nodes))
-        return self.path.to(device, non_blocking=True)
 
 
 def greedy_acceptance(shape: TreeShape, predicted: list[int], tokens: list[int]) -> Acceptance:
@@ -72,11 +44,6 @@ def accept_greedy_rows(trees: list[Tree], tokens: torch.Tensor, logits: torch.Te
     n = tokens.shape[1]
     packed = torch.cat([logits.argmax(dim=-1), tokens.to(logits.device, non_blocking=True)], dim=1).tolist()
     return [greedy_acceptance(tree.shape, row[:n], row[n:]) for tree, row in zip(trees, packed)]
-
-
-def accept_greedy(tree: Tree, logits: torch.Tensor) -> Acceptance:
-    """`accept_greedy_rows` for one tree and its logits [n, V]."""
-    return accept_greedy_rows([tree], tree.tokens[None], logits[None])[0]
 
 
 def accept_sampling(
@@ -124,32 +91,13 @@ def accept_sampling(
                               tokens=[tokens[i] for i in path], _nodes=path)
 
 
-def accept_typical(
-    tree: Tree,
-    logits: torch.Tensor,
-    params: SamplingParams,
-    generator: torch.Generator | None,
-    epsilon: float = 0.09,
-    delta: float = 0.3,
-) -> Acceptance:
-    """Medusa's "typical acceptance". LOSSY: the output no longer follows the target's
-    distribution. A draft x is accepted when p(x) > min(epsilon, delta * exp(-H(p))) under
-    the target's processed distribution p at its parent; the longest such path wins and the
-    next token is sampled from p at its end. Opt-in only (`acceptance="typical"`)."""
-    probs = params.probs(logits)  # stays on the device; only the path comes to the host
-    entropy = -(probs * probs.clamp(min=1e-30).log()).sum(-1)
-    threshold = torch.minimum(torch.full_like(entropy, epsilon), delta * torch.exp(-entropy))
-    tokens = tree.tokens.to(probs.device, non_blocking=True)
-    paths = shape_on_device(tree.shape, probs.device, logits.dtype).paths
-    if paths.shape[1] == 1:
-        return Acceptance(torch.zeros(1, dtype=torch.long), sample(probs[0], generator))
-    child, parent = paths[:, 1:].clamp(min=0), paths[:, :-1].clamp(min=0)
-    p_child = probs[parent, tokens[child]]
-    ok = (paths[:, 1:] >= 0) & (p_child > threshold[parent])
-    lengths = ok.long().cumprod(dim=1).sum(dim=1)
-    best = int(lengths.argmax())
-    path = paths[best, : int(lengths[best]) + 1]
-    return Acceptance(path.cpu(), sample(probs[path[-1]], generator))
+#: The sampling rule of each ``acceptance`` setting, `accept_sampling` first (the default; greedy
+#: decoding is always exact). A rule takes (tree, logits [n, V], params, generator) -> `Acceptance`.
+SAMPLING_RULES = {
+    "exact": accept_sampling,
+    "typical": accept_typical,
+}
+ACCEPTANCE = tuple(SAMPLING_RULES)
 
 
 def accept_rows(
@@ -164,5 +112,5 @@ def accept_rows(
     verified; trees padded to n): greedy at temperature 0 (one transfer), else the sampling rule."""
     if params.greedy:
         return accept_greedy_rows(trees, tokens, logits)
-    rule = accept_typical if acceptance == "typical" else accept_sampling
+    rule = SAMPLING_RULES[acceptance]
     return [rule(tree, logits[r, : tree.shape.size], params, generator) for r, tree in enumerate(trees)]

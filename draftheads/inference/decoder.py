@@ -1,8 +1,8 @@
 """`SpeculativeDecoder`: argument checks and the choice of mode; the decoding itself is `loop.py`.
 
 A call is decoded plainly (the target's `generate`, for batch sizes the batch plan marks plain) or
-speculatively: one unpadded row in the verifier's own cache (`kv.SequenceKV`, dynamic or
-static), anything else in a ragged batch cache (`ragged.RaggedKV`); both through the same loop.
+speculatively: one unpadded row in a dynamic or static cache (`kv.SequenceKV`, `kv.StaticKV`),
+anything else in a ragged batch cache (`kv.RaggedKV`); all through the same loop.
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from .accept import ACCEPTANCE
 from .compaction import check_compaction
 from .default_tree import resolve_tree
 from .inputs import check_batch, eos_ids, pad_id, token_matrix, wants_batch_path
-from .kv import SequenceKV
+from .kv import CACHE_KINDS, RaggedKV, SequenceKV, StaticKV, StaticTreeVerifier, tree_headroom
 from .loop import Settings, decode
 from .output import SpeculativeOutput
 from .draft_budget import DraftBudget, resolve_budget
@@ -25,9 +25,7 @@ from .plain import generate_plain
 from .probe import check_tree_attention
 from .proposers import Proposer
 from .proposers.row_base import RowProposer
-from .ragged import RaggedKV
 from .sampling import resolve_generator, resolve_sampling, warn_unapplied_settings
-from .static_cache import CACHE_KINDS, StaticTreeVerifier, tree_headroom
 from .tree import TreeShape
 from .verify import TreeVerifier
 
@@ -72,7 +70,7 @@ class SpeculativeDecoder:
     ``UnsupportedModelError`` otherwise, instead of decoding garbage.
 
     ``cache="static"`` (opt-in; one sequence at a time) decodes in a preallocated KV cache of fixed
-    length (`inference.static_cache`), so every verify forward of a given tree size has the same
+    length (`inference.kv.static`), so every verify forward of a given tree size has the same
     shapes; ``compile=True`` (or a backend name such as "aot_eager") then runs that forward through
     ``torch.compile(dynamic=False)``: one compilation per padded tree size (Medusa/Hydra: one; chains:
     a power of two each), paid on first use (seconds to minutes on a CPU).
@@ -181,7 +179,7 @@ class SpeculativeDecoder:
         step, but LOSSY (not the target's distribution). The default, "exact", is lossless.
 
         A batch ``input_ids`` [B, T] (left-padded, with its ``attention_mask``, as for `generate`)
-        decodes all rows together, each exactly as `generate` decodes it (see `inference.ragged`).
+        decodes all rows together, each exactly as `generate` decodes it (see `inference.kv.ragged`).
 
         A batch size the decoder's ``batch_plan`` marks plain is decoded by ``target.generate``
         itself; ``out.stats["mode"]`` says which mode ran ("speculative" or "plain")."""
@@ -205,7 +203,7 @@ class SpeculativeDecoder:
             input_ids = self._check_inputs(input_ids, max_new_tokens)
             eos = eos_ids(self.target, eos_token_id)
             pad = pad_id(self.target, eos)
-            store = SequenceKV(self.verifier, max_new_tokens)
+            store = (StaticKV if self.cache == "static" else SequenceKV)(self.verifier, max_new_tokens)
         settings = Settings(max_new_tokens, params, self.target.device, set(eos), pad, acceptance, generator, streamer,
                             self._budget())
         out = decode(store, self.proposer.rows(self.compaction), input_ids, settings)

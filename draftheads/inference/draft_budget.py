@@ -56,10 +56,6 @@ class DraftBudget:
         self.counts[FULL if choice is None else PLAIN if choice == 0 else CAPPED] += 1
         return [limit if choice is None else min(choice, limit) for limit in limits]
 
-    def cap(self, limit: int) -> int:
-        """`caps` for one sequence."""
-        return self.caps([limit])[0]
-
     def record(self, drafted: int, accepted: Sequence[int], seconds: float) -> None:
         """After the step: the deepest tree it drafted (0 = plain), each row's accepted drafted
         tokens (the bonus token excluded), and the step's wall seconds (draft + verify + commit)."""

@@ -1,8 +1,8 @@
 """THE decode loop: propose -> verify -> accept -> commit, for every active row of a batch.
 
 Batch 1 is a batch of one row; a streamer sees that row's tokens as they are committed. The
-loop knows neither the cache layout (a KV store: `kv.SequenceKV` for one unpadded row,
-dynamic or static; `ragged.RaggedKV` for a batch) nor how a method drafts (a
+loop knows neither the cache layout (a `kv.base.KVStore`: `SequenceKV` or `StaticKV` for one
+unpadded row, `RaggedKV` for a batch) nor how a method drafts (a
 `proposers.row_base.RowProposer`, the batch form of every proposer). Each piece is a small
 function; `decode` strings them together.
 """
@@ -14,8 +14,9 @@ from typing import Any
 
 import torch
 
-from .accept import Acceptance, accept_rows
-from .kv import Prefilled, Verified
+from .accept import accept_rows
+from .accepted import Acceptance
+from .kv.base import Prefilled, Verified
 from .output import SpeculativeOutput
 from .sampling import SamplingParams, sample
 from .timing import ForwardTimer

@@ -2,7 +2,7 @@
 
 One rule (`span_visible`) limits attention to a sliding window or a chunk, applied to logical
 positions; the single-sequence tree mask (`tree_attention_mask`), the batch's per-row mask
-(`ragged.ragged_mask`) and the static cache's fixed-width mask all go through it. The layer
+(`kv.ragged.ragged_mask`) and the static cache's fixed-width mask all go through it. The layer
 spans themselves come from the model's config (`layer_spans`).
 """
 from __future__ import annotations

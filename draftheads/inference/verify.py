@@ -4,7 +4,7 @@ over the cache + every active row's tree), over the cache a KV store hands it.
 Tree attention uses only the model's public arguments: an additive float 4D mask where each node
 sees the prefix, its ancestors and itself (`masks`), position ids = prefix length + depth, and
 the target's own cache. Which path is accepted is not the verifier's business (`accept`), nor
-what the cache keeps afterwards (`kv`, `ragged`, `static_cache`).
+what the cache keeps afterwards (the KV stores of `kv`).
 """
 from __future__ import annotations
 
@@ -14,9 +14,7 @@ from collections.abc import Sequence
 import torch
 from transformers import DynamicCache
 
-from .accept import Acceptance
 from .features import FINAL, FeatureTap
-from .kv import commit
 from .masks import layer_spans, limiting_spans, shape_on_device, span_masks
 from .output import logits_to_keep
 from .tree import Tree, TreeShape
@@ -42,6 +40,12 @@ class TreeVerifier:
 
     def __init__(self, target: torch.nn.Module, feature_layers: Sequence[int] | None = None) -> None:
         self.target = target
+        # The parameters transformers' `device` and `dtype` properties read (the first one, the first
+        # floating one), held: those properties walk the module tree, several times per step.
+        # `Module.to` moves a parameter's data in place, so they follow the model.
+        params = list(target.parameters())
+        self._first_param = params[0]
+        self._first_float = next((p for p in params if p.is_floating_point()), params[0])
         self.tap = FeatureTap(target, (FINAL,) if feature_layers is None else feature_layers)
         self.feature_layers = self.tap.layers
         self.spans = layer_spans(target)  # refuses models with non-attention layers
@@ -49,6 +53,16 @@ class TreeVerifier:
         # Tree masks over prefix + tree, one buffer per tree size, extended in place: the prefix
         # columns stay 0 (visible), only the tree block moves along (see `_extended_mask`).
         self._masks: dict[tuple[int, torch.device, torch.dtype], list] = {}
+
+    @property
+    def device(self) -> torch.device:
+        """The target's device, as ``target.device`` reads it."""
+        return self._first_param.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The target's dtype, as ``target.dtype`` reads it."""
+        return self._first_float.dtype
 
     def _run(self, cache, **inputs) -> tuple[torch.Tensor, torch.Tensor | None]:
         """One target forward appending to ``cache``: its logits and the captured features."""
@@ -60,20 +74,11 @@ class TreeVerifier:
                 position_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The prompts [B, T] into ``cache``: the last position's logits [B, V] (the first token) and
         the features [B, T, F] at every prompt position (None when the proposer reads none)."""
-        device = self.target.device
+        device = self.device
         extra = {} if attention_mask is None else {
             "attention_mask": attention_mask.to(device), "position_ids": position_ids.to(device)}
         logits, features = self._run(cache, input_ids=input_ids.to(device), **extra, **logits_to_keep(self.target, 1))
         return logits[:, -1], features
-
-    # -- the cache (a static cache overrides these: `static_cache.StaticTreeVerifier`) ----------------
-    def own_cache(self, prefill: DynamicCache, prefix_len: int, end: int) -> DynamicCache:
-        """The cache the loop decodes in after a prefill into ``prefill``, for a call that ends at
-        ``end`` tokens: the same one here."""
-        return prefill
-
-    def commit(self, cache: DynamicCache, prefix_len: int, acc: Acceptance) -> None:
-        commit(cache, prefix_len, acc)
 
     # -- one tree ---------------------------------------------------------------------------------
     def _extended_mask(self, shape: TreeShape, prefix_len: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -94,7 +99,7 @@ class TreeVerifier:
     def attention_mask(self, shape: TreeShape, prefix_len: int) -> torch.Tensor | dict[str, torch.Tensor] | None:
         """The mask of one tree after ``prefix_len`` cached tokens (one per layer type where windows
         or chunks differ between layers)."""
-        dtype, device = self.target.dtype, self.target.device
+        dtype, device = self.dtype, self.device
         limiting = limiting_spans(self.spans, shape, prefix_len)
         if limiting:
             return span_masks(limiting, shape, prefix_len, dtype, device)
@@ -109,19 +114,26 @@ class TreeVerifier:
         """Logits [n, V] and features [n, F] of every tree node (by default the last hidden states
         after the final norm, F = H).
 
-        The cache grows by n entries; `commit` then keeps only the accepted ones."""
-        device = self.target.device
-        on_device = shape_on_device(tree.shape, device, self.target.dtype)
-        logits, features = self._run(
-            cache, input_ids=tree.tokens.to(device, non_blocking=True)[None],
-            position_ids=(on_device.depth + prefix_len)[None], attention_mask=self.attention_mask(tree.shape, prefix_len),
-        )
+        The cache grows by n entries; the KV store's commit then keeps only the accepted ones."""
+        _, logits, features = self.forward_tree(cache, tree, prefix_len)
         return logits[0], None if features is None else features[0]
+
+    def forward_tree(self, cache, tree: Tree, prefix_len: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """`forward` as a batch of one row, what the loop's stores hand on: the tokens as verified
+        [1, n] (on the device), logits [1, n, V] and features [1, n, F] (or None)."""
+        device = self.device
+        on_device = shape_on_device(tree.shape, device, self.dtype)
+        tokens = tree.tokens.to(device, non_blocking=True)[None]
+        logits, features = self._run(
+            cache, input_ids=tokens, position_ids=(on_device.depth + prefix_len)[None],
+            attention_mask=self.attention_mask(tree.shape, prefix_len),
+        )
+        return tokens, logits, features
 
     # -- a batch of trees -------------------------------------------------------------------------
     def forward_rows(self, cache, tokens: torch.Tensor, position_ids: torch.Tensor,
                      attention_mask: torch.Tensor | dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Logits [rows, n, V] and features [rows, n, F] of every row's (padded) tree, ``tokens``
         [rows, n] on the device, positions and mask as the ragged cache lays them out."""
-        device = self.target.device
+        device = self.device
         return self._run(cache, input_ids=tokens, position_ids=position_ids.to(device), attention_mask=attention_mask)

@@ -160,26 +160,3 @@ def medusa_target_counts(
     """``[K]``: how many positions of the batch have a target for head k (the loss's denominators),
     from the masks alone (no model)."""
     return (medusa_targets(input_ids, num_heads, loss_mask, attention_mask) != IGNORE).sum((0, 1))
-
-
-def naive_medusa_loss(
-    heads: torch.nn.Module,
-    hidden: torch.Tensor,
-    input_ids: torch.Tensor,
-    loss_mask: torch.Tensor | None = None,
-    attention_mask: torch.Tensor | None = None,
-    *,
-    decay: float = 0.8,
-) -> torch.Tensor:
-    """Reference: full ``[B, S, K, V]`` logits and one masked mean CE per head (tests only)."""
-    if heads.reads_tokens:
-        logits = heads(hidden, token_context(input_ids, heads.config.num_heads)).float()
-    else:
-        logits = heads(hidden).float()  # [B, S, K, V]
-    targets = medusa_targets(input_ids, heads.config.num_heads, loss_mask, attention_mask)
-    loss = hidden.new_zeros((), dtype=torch.float32)
-    for k in range(heads.config.num_heads):
-        if (targets[..., k] != IGNORE).any():
-            ce = F.cross_entropy(logits[:, :, k].reshape(-1, logits.shape[-1]), targets[..., k].reshape(-1))
-            loss = loss + decay**k * ce
-    return loss

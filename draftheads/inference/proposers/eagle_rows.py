@@ -41,7 +41,8 @@ class EagleRows(RowProposer):
     def start(self, prompts, hidden, params, generator) -> None:
         self._ids = [p.tolist() for p in prompts]
         self._pending = [[h] for h in hidden]  # per row: target features not yet fed to the draft
-        self._lengths = torch.zeros(len(prompts), dtype=torch.long)  # committed draft-cache positions per row
+        # Committed draft-cache positions per row: host ints, also each row's visible slots (holes excluded).
+        self._lengths = [0] * len(prompts)
         # [rows, slots] on the host: the layout is host bookkeeping (no device reads to plan a step)
         self._visible = torch.zeros(len(prompts), 0, dtype=torch.bool)
         self._cache = None
@@ -56,7 +57,7 @@ class EagleRows(RowProposer):
         """Drop the rows that left; the same copy of the draft cache removes the holes."""
         self._ids = [self._ids[r] for r in rows]
         self._pending = [self._pending[r] for r in rows]
-        self._lengths = self._lengths[rows]
+        self._lengths = [self._lengths[r] for r in rows]
         self._gather(torch.tensor(rows, dtype=torch.long))
 
     def stats(self) -> dict:
@@ -93,7 +94,7 @@ class EagleRows(RowProposer):
 
     def _excess(self) -> int:
         """Slots a compaction would remove: the cache is longer than its longest row."""
-        return self._visible.shape[1] - int(self._visible.sum(dim=1).max())
+        return self._visible.shape[1] - max(self._lengths, default=0)
 
     # -- one step ---------------------------------------------------------------------------------
     def _catch_up(self, roots: list[int], drafting: list[bool]) -> torch.Tensor:
@@ -101,29 +102,35 @@ class EagleRows(RowProposer):
         theirs pending, as their own proposer would); return the draft state at each row's root [rows, d]."""
         dev, rows = self.device, len(roots)
         fed = [torch.cat(p).to(dev) if d else None for p, d in zip(self._pending, drafting)]
-        counts = torch.tensor([0 if f is None else f.shape[0] for f in fed], dtype=torch.long)
-        m, prefix = int(counts.max()), self._visible.shape[1]
+        counts = [0 if f is None else f.shape[0] for f in fed]
+        m, prefix = max(counts), self._visible.shape[1]
         self._reserve(prefix + m + self.proposer.top_k * self.proposer.depth + 1)
-        some = next(f for f in fed if f is not None)
-        feats = some.new_zeros(rows, m, some.shape[1])
-        nxt = torch.zeros(rows, m, dtype=torch.long)
+        if all(c == m for c in counts):  # every row feeds as many positions (always for one row): no padding
+            feats = torch.stack(fed)
+        else:
+            some = next(f for f in fed if f is not None)
+            feats = some.new_zeros(rows, m, some.shape[1])
+            for r, f in enumerate(fed):
+                if f is not None:
+                    feats[r, : f.shape[0]] = f
+        # Per row the token after each fed position (the root after the last), and each position's
+        # number, built on the host as lists: one tensor each, not a tensor op per row.
+        nxt = [[] if f is None else self._ids[r][self._lengths[r] + 1 :] + [roots[r]] for r, f in enumerate(fed)]
+        nxt = torch.tensor([row + [0] * (m - len(row)) for row in nxt])
         for r, f in enumerate(fed):
-            if f is None:
-                continue
-            n, start = f.shape[0], int(self._lengths[r])
-            feats[r, :n] = f
-            nxt[r, :n] = torch.tensor(self._ids[r][start + 1 :] + [roots[r]])
-            self._pending[r] = []
+            if f is not None:
+                self._pending[r] = []
         g, attn_in = self.head.first_input(feats, nxt.to(dev))
-        positions = (self._lengths[:, None] + torch.arange(m)[None]).to(dev)
+        positions = torch.tensor([list(range(length, length + m)) for length in self._lengths]).to(dev)
         causal = torch.ones(m, m, dtype=torch.bool, device=dev).tril()  # padding never precedes a real position
         visible = self._visible.to(dev, non_blocking=True)
         mask = torch.cat([visible[:, None].expand(rows, m, prefix), causal.expand(rows, m, m)], dim=2)
         state, _ = self.head.run_layers(g, attn_in, positions, mask, cache=self._cache, cache_length=prefix)
-        new = torch.arange(m)[None] < counts[:, None]
+        new = torch.tensor([[j < c for j in range(m)] for c in counts], dtype=torch.bool)
         self._visible = torch.cat([self._visible, new], dim=1)
-        self._lengths = self._lengths + counts
-        return state[torch.arange(rows, device=dev), (counts - 1).clamp(min=0).to(dev)]
+        self._lengths = [length + c for length, c in zip(self._lengths, counts)]
+        last = torch.tensor([max(c - 1, 0) for c in counts]).to(dev, non_blocking=True)
+        return state[torch.arange(rows, device=dev), last]
 
     @torch.inference_mode()
     def propose(self, roots: list[int], max_depths: list[int]) -> list[Tree]:
@@ -139,7 +146,7 @@ class EagleRows(RowProposer):
             self._gather()
         tokens, parents, scores = grow(
             self.head, p._logits, p._vocab_ids_dev, self._cache, self._visible.to(self.device, non_blocking=True),
-            self._lengths.to(self.device, non_blocking=True), root_states, max(depths), p.top_k,
+            torch.tensor(self._lengths).to(self.device, non_blocking=True), root_states, max(depths), p.top_k,
         )
         # A row drafting shallower keeps only its first levels' nodes (what its own proposer grows).
         nodes = [nodes_up_to(max(d, 1), p.top_k) for d in depths]

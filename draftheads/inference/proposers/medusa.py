@@ -27,6 +27,7 @@ class MedusaProposer(Proposer):
         draft_vocab_size: int | None = None,
     ) -> None:
         self.heads = heads.eval()
+        self._a_parameter = next(heads.parameters())
         if tree is None:  # the calibrated tree saved with the heads, else a default
             tree = getattr(heads, "tree", None)
             tree = default_choices(heads.config.num_heads) if tree is None else tree
@@ -74,28 +75,17 @@ class MedusaProposer(Proposer):
 
     @property
     def heads_device(self) -> torch.device:
-        return next(self.heads.parameters()).device
+        # One parameter held, not `next(heads.parameters())` per call: that walks the module tree,
+        # several times per step. `Module.to` moves a parameter's data in place, so it follows.
+        return self._a_parameter.device
 
     def start(self, input_ids, hidden, params: SamplingParams, generator) -> None:
         self._last_hidden = hidden[-1]
 
     def propose(self, root: int, max_depth: int) -> Tree:
-        shape, head, rank, top, used = self._layout(max_depth)
-        if shape.size == 1:
-            return Tree(shape, torch.tensor([root]))
-        hidden = self._last_hidden.to(self.heads_device)
-        states = self.heads.head_states(hidden)  # K small residual MLPs: cheap next to a projection
-        logits = torch.stack([
-            torch.nn.functional.linear(states[k].to(weight.dtype), weight, bias)
-            for k, (weight, bias) in enumerate(self._projections[:used])
-        ])  # [used, V or draft vocab]
-        candidates = logits.topk(top, dim=-1).indices  # [used, top]
-        if self.vocab_ids is not None:
-            candidates = self.vocab_ids[candidates]
-        drafted = candidates[head, rank]
-        # The tokens stay on the device: the verifier reads them there (no host round trip).
-        root_t = torch.tensor([root]).to(drafted.device, non_blocking=True)
-        return Tree(shape, torch.cat([root_t, drafted]))
+        """One sequence's tree: `draft_rows` for a batch of one (the same drafts the loop gets)."""
+        shape, tokens = self.draft_rows(torch.tensor([root]), self._last_hidden[None], max_depth)
+        return Tree(shape, tokens[0])
 
     def accepted(self, tokens, hidden) -> None:
         self._last_hidden = hidden[-1]
@@ -150,7 +140,7 @@ class MedusaRows(RowProposer):
         return [truncate(Tree(shape, tokens[r]), d) for r, d in enumerate(max_depths)]
 
     def accepted(self, tokens, hidden) -> None:
-        self._last = torch.stack([h[-1] for h in hidden])
+        self._last = hidden[0][-1:] if len(hidden) == 1 else torch.stack([h[-1] for h in hidden])
 
     def keep(self, rows: list[int]) -> None:
         self._last = self._last[rows]

@@ -28,10 +28,11 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import Cache, StaticLayer
 
-from .accept import Acceptance
-from .masks import limiting_spans, shape_on_device, span_masks
-from .tree import Tree, TreeShape
-from .verify import TreeVerifier
+from ..accepted import Acceptance
+from ..masks import limiting_spans, shape_on_device, span_masks
+from ..tree import Tree, TreeShape
+from ..verify import TreeVerifier
+from .dynamic import SequenceKV
 
 #: Cache lengths are rounded up to a multiple of this, so that calls with different prompt lengths
 #: reuse one cache and one compiled graph per tree size (shapes are part of a compiled graph).
@@ -229,12 +230,6 @@ class StaticTreeVerifier(TreeVerifier):
             backend = "inductor" if compile is True else str(compile)
             self._step = torch.compile(self._forward_tokens, dynamic=False, backend=backend)
 
-    def own_cache(self, prefill: DynamicCache, prefix_len: int, end: int) -> Cache:
-        return self.store.load(prefill, prefix_len, end)
-
-    def commit(self, cache: Cache, prefix_len: int, acc: Acceptance) -> None:
-        self.store.commit(prefix_len, acc)
-
     def attention_mask(self, shape: TreeShape, prefix_len: int, size: int | None = None) -> torch.Tensor | dict[str, torch.Tensor]:
         """[1, 1, size, W] (or one per layer type) for a tree padded to ``size`` tokens (default: none)."""
         size = shape.size if size is None else size
@@ -243,11 +238,11 @@ class StaticTreeVerifier(TreeVerifier):
         if not limiting:
             key = (size, width)
             if key not in self._masks:
-                self._masks[key] = _FixedWidthMask(size, width, self.target.dtype, self.target.device)
+                self._masks[key] = _FixedWidthMask(size, width, self.dtype, self.device)
             return self._masks[key].place(shape, prefix_len)
         # Windows or chunks hide part of the prefix: built as on the dynamic path, then widened (and
         # padding rows see only themselves).
-        masks = span_masks(limiting, shape, prefix_len, self.target.dtype, self.target.device)
+        masks = span_masks(limiting, shape, prefix_len, self.dtype, self.device)
         if isinstance(masks, dict):
             return {name: _widened(mask, shape, prefix_len, size, width) for name, mask in masks.items()}
         return _widened(masks, shape, prefix_len, size, width)
@@ -264,17 +259,30 @@ class StaticTreeVerifier(TreeVerifier):
         parts = [states[i] for i in self.feature_layers]
         return out.logits, parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
 
-    def forward(self, cache: Cache, tree: Tree, prefix_len: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def forward_tree(self, cache: Cache, tree: Tree, prefix_len: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         n = tree.shape.size
         size = graph_size(n, self._full) if self.pad_trees else n
         self.store.ensure(prefix_len + size, prefix_len)
-        device = self.target.device
+        device = self.device
         tokens = tree.tokens.to(device, non_blocking=True)
-        positions = shape_on_device(tree.shape, device, self.target.dtype).depth + prefix_len
+        positions = shape_on_device(tree.shape, device, self.dtype).depth + prefix_len
         if size > n:  # padding: any token, at the root's position; its logits and cache slots are dropped
             tokens = torch.cat([tokens, tokens.new_zeros(size - n)])
             positions = torch.cat([positions, positions.new_full((size - n,), prefix_len)])
         logits, features = self._step(
             tokens[None], positions[None], self.attention_mask(tree.shape, prefix_len, size), self.store.cache
         )
-        return logits[0, :n], None if features is None else features[0, :n]
+        if size > n:
+            tokens, logits, features = tokens[:n], logits[:, :n], None if features is None else features[:, :n]
+        return tokens[None], logits, features
+
+
+class StaticKV(SequenceKV):
+    """One sequence in the `StaticTreeCache` of a `StaticTreeVerifier`: the prefill's entries are
+    copied into its fixed-length buffers, commits move entries in place (no slicing)."""
+
+    def own_cache(self, prefilled: DynamicCache) -> Cache:
+        return self.verifier.store.load(prefilled, self.prefix_len, self.prefix_len + self.max_new_tokens)
+
+    def commit_path(self, acc: Acceptance) -> None:
+        self.verifier.store.commit(self.prefix_len, acc)

@@ -20,11 +20,11 @@ import torch
 
 from transformers import DynamicCache
 
-from .accept import Acceptance
-from .compaction import check_compaction, wants_compaction
-from .kv import Prefilled, Verified
-from .masks import FULL, AttentionSpan, additive, span_visible
-from .tree import Tree
+from ..accepted import Acceptance
+from ..compaction import check_compaction, wants_compaction
+from ..masks import FULL, AttentionSpan, additive, span_visible
+from ..tree import Tree
+from .base import KVStore, Prefilled, Verified
 
 
 @dataclass
@@ -164,7 +164,7 @@ def compact(cache, state: RaggedState, rows: list[int] | None = None) -> RaggedS
     return RaggedState(new_pos, next_pos)
 
 
-class RaggedKV:
+class RaggedKV(KVStore):
     """A left-padded batch in one shared cache with per-row holes (see the module docstring):
     the KV store of `loop.py` for every batch but one unpadded row. ``compaction``: when holes
     are removed (`compaction.py`)."""
@@ -181,7 +181,7 @@ class RaggedKV:
         """The padded prompts [B, T], positions counted over real tokens as `generate` counts them."""
         self.state, position_ids = prefill_state(self.attention_mask)
         last, features = self.verifier.prefill(self.cache, input_ids, self.attention_mask, position_ids)
-        width, device = input_ids.shape[1], self.verifier.target.device
+        width, device = input_ids.shape[1], self.verifier.device
         lengths = self.attention_mask.sum(dim=1).tolist()
         prompts = [input_ids[r, width - n:].to(device) for r, n in enumerate(lengths)]
         hidden = [None if features is None else features[r, width - n:] for r, n in enumerate(lengths)]
@@ -190,16 +190,15 @@ class RaggedKV:
     def _mask(self, depth: torch.Tensor, ancestors: torch.Tensor) -> torch.Tensor | dict[str, torch.Tensor]:
         """The 4D mask (or one per layer type) for this step, built on the device from the host's
         slot table: [rows, slots] positions travel, not [rows, n, slots] floats."""
-        target = self.verifier.target
-        device = target.device
+        device, dtype = self.verifier.device, self.verifier.dtype
         state = RaggedState(self.state.slot_pos.to(device, non_blocking=True), self.state.next_pos.to(device, non_blocking=True))
         depth, ancestors = depth.to(device, non_blocking=True), ancestors.to(device, non_blocking=True)
-        masks = {name: ragged_mask(state, depth, ancestors, span, target.dtype) for name, span in self.verifier.spans.items()}
+        masks = {name: ragged_mask(state, depth, ancestors, span, dtype) for name, span in self.verifier.spans.items()}
         return next(iter(masks.values())) if len(masks) == 1 else masks
 
     def verify(self, trees: list[Tree]) -> Verified:
         tokens, depth, ancestors = pad_trees(trees)
-        tokens = tokens.to(self.verifier.target.device)
+        tokens = tokens.to(self.verifier.device)
         logits, features = self.verifier.forward_rows(
             self.cache, tokens, self.state.next_pos[:, None] + depth, self._mask(depth, ancestors))
         return Verified(tokens, logits, features)
