@@ -5,6 +5,7 @@
   every host read stalls the device, so a batch of B rows must not read B times.
 - `accept_sampling`: lossless rejection sampling down the tree (the target's exact law).
 - `accept_typical`: Medusa's typical acceptance, LOSSY and opt-in (``acceptance="typical"``).
+- `accept_block`: block verification of a chain (`accept_block`), lossless (``acceptance="block"``).
 
 `accept_rows` picks the rule for a step; the verifier never decides acceptance.
 """
@@ -14,11 +15,12 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .accept_block import block_verification, is_chain
 from .masks import shape_on_device
 from .sampling import SamplingParams, sample
 from .tree import Tree, TreeShape
 
-ACCEPTANCE = ("exact", "typical")
+ACCEPTANCE = ("exact", "block", "typical")
 
 
 @dataclass
@@ -152,6 +154,18 @@ def accept_typical(
     return Acceptance(path.cpu(), sample(probs[path[-1]], generator))
 
 
+def accept_block(
+    tree: Tree, logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None
+) -> Acceptance:
+    """Block verification for a chain (`accept_block.block_verification`); a branching tree keeps
+    `accept_sampling` (block verification is defined for chains)."""
+    if not is_chain(tree.shape):
+        return accept_sampling(tree, logits, params, generator)
+    nodes, next_token = block_verification(tree, logits, params, generator)
+    tokens = tree.tokens[: len(nodes)].tolist()
+    return Acceptance(torch.tensor(nodes, dtype=torch.long), next_token, tokens=tokens, _nodes=nodes)
+
+
 def accept_rows(
     trees: list[Tree],
     tokens: torch.Tensor,
@@ -164,5 +178,5 @@ def accept_rows(
     verified; trees padded to n): greedy at temperature 0 (one transfer), else the sampling rule."""
     if params.greedy:
         return accept_greedy_rows(trees, tokens, logits)
-    rule = accept_typical if acceptance == "typical" else accept_sampling
+    rule = {"typical": accept_typical, "block": accept_block}.get(acceptance, accept_sampling)
     return [rule(tree, logits[r, : tree.shape.size], params, generator) for r, tree in enumerate(trees)]
