@@ -19,7 +19,7 @@ from draftheads.inference.accept import accept_block, accept_sampling
 from draftheads.inference.sampling import SamplingParams
 from draftheads.inference.tree import Tree, TreeShape
 
-from stats import law_pvalue
+from stats import chi_square_pvalue, law_pvalue
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # thousands of tiny ops: threads only contend
 
@@ -170,3 +170,62 @@ def test_a_branching_tree_keeps_recursive_rejection():
         assert a.nodes == b.nodes and a.next_token == b.next_token
     with pytest.raises(ValueError, match="chain"):
         block.block_verification(tree, logits, params, None)
+
+
+def test_generate_with_block_verification_draws_the_target_law():
+    """End to end through `generate(acceptance="block")`: a draft LM samples a chain of two drafts
+    in the first step (4 new tokens), so the block rule judges (t2, t3); their law must be the target's."""
+    from proposer_utils import tiny_lm
+
+    import draftheads as dh
+
+    v = 8
+    target = tiny_lm("llama", seed=11, vocab=v, hidden=16, layers=1, initializer_range=0.3)
+    draft = tiny_lm("qwen2", seed=12, vocab=v, hidden=16, layers=1, initializer_range=0.3)
+    ids = torch.tensor([[1, 4, 6, 2]])
+    params = SamplingParams(temperature=1.0)
+    pairs = torch.cartesian_prod(torch.arange(v), torch.arange(v))
+    with torch.no_grad():
+        logits = target(input_ids=torch.cat([ids.expand(len(pairs), -1), pairs], dim=1)).logits
+    p1, p2 = params.probs(logits[0, -3]), params.probs(logits[::v, -2])
+    p3 = params.probs(logits[:, -1]).reshape(v, v, v)
+    exact = (p1[:, None, None] * p2[:, :, None] * p3).sum(0)  # law of (t2, t3)
+    decoder = dh.SpeculativeDecoder(target, dh.DraftModelProposer(draft, gamma=2))
+    gen = torch.Generator().manual_seed(0)
+    counts, blocks = torch.zeros(v, v), 0
+    for _ in range(400):  # the wiring: the power is in the tests above
+        out = decoder.generate(ids, max_new_tokens=4, temperature=1.0, generator=gen, eos_token_id=[],
+                               acceptance="block")
+        t2, t3 = out.sequences[0, -3:-1].tolist()
+        counts[t2, t3] += 1
+        blocks += out.stats["gamma_histogram"].get(2, 0) > 0
+    assert blocks == 400  # every run judged a block of two sampled drafts
+    assert chi_square_pvalue(counts, exact) > 1e-3
+
+
+def test_unknown_acceptance_names_the_choices():
+    from proposer_utils import tiny_lm
+
+    import draftheads as dh
+
+    target = tiny_lm("llama", seed=11, vocab=8, hidden=16, layers=1)
+    decoder = dh.SpeculativeDecoder(target, dh.DraftModelProposer(target, gamma=2))
+    with pytest.raises(ValueError, match="'exact' or 'block' or 'recursive' or 'typical'"):
+        decoder.generate(torch.tensor([[1, 2]]), max_new_tokens=2, temperature=1.0, acceptance="blocks")
+
+
+def test_exact_picks_block_verification_for_sampled_chains_only():
+    """The default rule: block verification where it accepts more (a chain of sampled drafts),
+    recursive rejection for point masses and trees; "recursive" and "block" force one."""
+    from draftheads.inference.accept import accept_typical, sampling_rule
+
+    laws = torch.full((DEPTH + 1, V), 1.0 / V)
+    sampled = Tree(TreeShape.chain(DEPTH), torch.tensor([ROOT, 1, 2, 3]), laws)
+    points = Tree(TreeShape.chain(DEPTH), torch.tensor([ROOT, 1, 2, 3]))
+    tree = Tree(TreeShape.from_choices([[0], [1]]), torch.tensor([ROOT, 1, 2]), laws[:3])
+    assert sampling_rule(sampled, "exact") is accept_block
+    assert sampling_rule(points, "exact") is accept_sampling
+    assert sampling_rule(tree, "exact") is accept_sampling
+    assert sampling_rule(sampled, "recursive") is accept_sampling
+    assert sampling_rule(points, "block") is accept_block
+    assert sampling_rule(points, "typical") is accept_typical

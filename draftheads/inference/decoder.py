@@ -178,7 +178,9 @@ class SpeculativeDecoder:
         ``temperature=0`` is always greedy, an explicit ``temperature > 0`` always samples.
 
         ``acceptance="typical"`` switches sampling to Medusa's typical acceptance: more tokens per
-        step, but LOSSY (not the target's distribution). The default, "exact", is lossless.
+        step, but LOSSY (not the target's distribution). The default, "exact", is lossless: block
+        verification for a chain of sampled drafts (a draft model's), recursive rejection for trees
+        and point-mass drafts (heads); "block" and "recursive" force one of the two.
 
         A batch ``input_ids`` [B, T] (left-padded, with its ``attention_mask``, as for `generate`)
         decodes all rows together, each exactly as `generate` decodes it (see `inference.ragged`).
