@@ -7,8 +7,8 @@ For each head type, a CHAIN of ``--depth`` drafts is decoded two ways:
 - ``topk``: each draft is the head's best token (a point mass; how the library drafts today);
 - ``sampled``: each draft is SAMPLED from the head's distribution (processed with the request's
   temperature/top-k/top-p), its law carried in ``Tree.draft_probs`` for the verifier;
-and each is verified by every lossless rule (``recursive``: token by token, the rule "exact" ran
-before block verification; ``block``: block verification). No timing: only accepted tokens per step (new tokens / target
+and each is verified by every lossless rule (``exact``: token by token / recursive rejection;
+``block``: block verification). No timing: only accepted tokens per step (new tokens / target
 forwards), which the machine's load does not change. Every (prompt, temperature, variant) uses the
 same seed, the draft budget and batch plan are off so every step drafts the full chain.
 
@@ -36,7 +36,7 @@ from draftheads.inference.proposers.row_base import ForkedRows
 from draftheads.inference.sampling import sample
 from draftheads.inference.tree import Tree, TreeShape
 
-RULES = ("recursive", "block")  # "exact" picks block for sampled chains, recursive for point masses
+RULES = ("exact", "block")
 
 
 class SampledMedusaChain(MedusaProposer):

@@ -210,22 +210,20 @@ def test_unknown_acceptance_names_the_choices():
 
     target = tiny_lm("llama", seed=11, vocab=8, hidden=16, layers=1)
     decoder = dh.SpeculativeDecoder(target, dh.DraftModelProposer(target, gamma=2))
-    with pytest.raises(ValueError, match="'exact' or 'block' or 'recursive' or 'typical'"):
+    with pytest.raises(ValueError, match="'exact' or 'block' or 'typical'"):
         decoder.generate(torch.tensor([[1, 2]]), max_new_tokens=2, temperature=1.0, acceptance="blocks")
 
 
-def test_exact_picks_block_verification_for_sampled_chains_only():
-    """The default rule: block verification where it accepts more (a chain of sampled drafts),
-    recursive rejection for point masses and trees; "recursive" and "block" force one."""
+def test_block_is_opt_in():
+    """"exact" stays recursive rejection; "block" verifies chains by blocks and trees by
+    recursive rejection."""
     from draftheads.inference.accept import accept_typical, sampling_rule
 
     laws = torch.full((DEPTH + 1, V), 1.0 / V)
     sampled = Tree(TreeShape.chain(DEPTH), torch.tensor([ROOT, 1, 2, 3]), laws)
     points = Tree(TreeShape.chain(DEPTH), torch.tensor([ROOT, 1, 2, 3]))
-    tree = Tree(TreeShape.from_choices([[0], [1]]), torch.tensor([ROOT, 1, 2]), laws[:3])
-    assert sampling_rule(sampled, "exact") is accept_block
+    assert sampling_rule(sampled, "exact") is accept_sampling
     assert sampling_rule(points, "exact") is accept_sampling
-    assert sampling_rule(tree, "exact") is accept_sampling
-    assert sampling_rule(sampled, "recursive") is accept_sampling
+    assert sampling_rule(sampled, "block") is accept_block
     assert sampling_rule(points, "block") is accept_block
     assert sampling_rule(points, "typical") is accept_typical

@@ -3,11 +3,9 @@
 - `accept_greedy_rows`: greedy for every row of a step in ONE host transfer (each row's argmaxes
   and tree tokens), then a walk of each tree's few paths in Python (`greedy_acceptance`); on a GPU
   every host read stalls the device, so a batch of B rows must not read B times.
-- `accept_sampling`: lossless rejection sampling down the tree (the target's exact law): what
-  "exact" runs for trees and point-mass drafts, and everywhere with ``acceptance="recursive"``.
+- `accept_sampling`: lossless rejection sampling down the tree (the target's exact law), "exact".
 - `accept_typical`: Medusa's typical acceptance, LOSSY and opt-in (``acceptance="typical"``).
-- `accept_block`: block verification of a chain (`accept_block`), lossless: what "exact" runs for
-  a chain of sampled drafts, and for every chain with ``acceptance="block"``.
+- `accept_block`: block verification of a chain (`accept_block`), lossless, opt-in (``acceptance="block"``).
 
 `accept_rows` picks the rule for a step; the verifier never decides acceptance.
 """
@@ -22,7 +20,7 @@ from .masks import shape_on_device
 from .sampling import SamplingParams, sample
 from .tree import Tree, TreeShape
 
-ACCEPTANCE = ("exact", "block", "recursive", "typical")
+ACCEPTANCE = ("exact", "block", "typical")
 
 
 @dataclass
@@ -185,15 +183,12 @@ def accept_rows(
 
 
 def sampling_rule(tree: Tree, acceptance: str):
-    """The sampling rule for one tree. "exact" picks the lossless rule that accepts the most:
-    block verification for a chain of SAMPLED drafts (it never accepts fewer than token-by-token
-    there), recursive rejection otherwise (for point-mass drafts it already accepts each node with
-    the target's own probability of reaching it, the most any lossless rule can). "recursive"
-    forces recursive rejection (token by token on a chain), "block" block verification on chains."""
+    """The sampling rule for one tree: "exact" is recursive rejection (for point-mass drafts it
+    already accepts each node with the target's own probability of reaching it, the most any
+    lossless rule can); "block" is block verification on chains (recursive rejection on trees);
+    "typical" is Medusa's lossy rule."""
     if acceptance == "typical":
         return accept_typical
-    if acceptance == "recursive":
-        return accept_sampling
-    if acceptance == "block" or (tree.draft_probs is not None and is_chain(tree.shape)):
+    if acceptance == "block":
         return accept_block
     return accept_sampling
