@@ -20,9 +20,6 @@ from .masks import shape_on_device
 from .sampling import SamplingParams, sample
 from .tree import Tree, TreeShape
 
-ACCEPTANCE = ("exact", "block", "typical")
-
-
 @dataclass
 class Acceptance:
     path: torch.Tensor  # node indices of the accepted path, root first: [m] (on the host)
@@ -166,6 +163,16 @@ def accept_block(
     return Acceptance(torch.tensor(nodes, dtype=torch.long), next_token, tokens=tokens, _nodes=nodes)
 
 
+#: The sampling rule of each ``acceptance`` setting, `accept_sampling` first (the default; greedy
+#: decoding is always exact). A rule takes (tree, logits [n, V], params, generator) -> `Acceptance`.
+SAMPLING_RULES = {
+    "exact": accept_sampling,
+    "block": accept_block,
+    "typical": accept_typical,
+}
+ACCEPTANCE = tuple(SAMPLING_RULES)
+
+
 def accept_rows(
     trees: list[Tree],
     tokens: torch.Tensor,
@@ -178,17 +185,5 @@ def accept_rows(
     verified; trees padded to n): greedy at temperature 0 (one transfer), else the sampling rule."""
     if params.greedy:
         return accept_greedy_rows(trees, tokens, logits)
-    return [sampling_rule(tree, acceptance)(tree, logits[r, : tree.shape.size], params, generator)
-            for r, tree in enumerate(trees)]
-
-
-def sampling_rule(tree: Tree, acceptance: str):
-    """The sampling rule for one tree: "exact" is recursive rejection (for point-mass drafts it
-    already accepts each node with the target's own probability of reaching it, the most any
-    lossless rule can); "block" is block verification on chains (recursive rejection on trees);
-    "typical" is Medusa's lossy rule."""
-    if acceptance == "typical":
-        return accept_typical
-    if acceptance == "block":
-        return accept_block
-    return accept_sampling
+    rule = SAMPLING_RULES[acceptance]
+    return [rule(tree, logits[r, : tree.shape.size], params, generator) for r, tree in enumerate(trees)]
