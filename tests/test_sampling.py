@@ -195,7 +195,7 @@ def test_typical_acceptance_is_opt_in_and_follows_its_threshold(setup):
     assert out.num_new_tokens == 8
     with pytest.raises(ValueError, match="needs temperature > 0"):
         decoder.generate(prompt, max_new_tokens=4, acceptance="typical")
-    with pytest.raises(ValueError, match="'exact' or 'typical'"):
+    with pytest.raises(ValueError, match="'exact' or 'block' or 'typical'"):
         decoder.generate(prompt, max_new_tokens=4, temperature=1.0, acceptance="fast")
 
 

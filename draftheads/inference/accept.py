@@ -4,7 +4,9 @@ and the dispatch.
 - `accept_greedy_rows`: greedy for every row of a step in ONE host transfer (each row's argmaxes
   and tree tokens), then a walk of each tree's few paths in Python (`greedy_acceptance`); on a GPU
   every host read stalls the device, so a batch of B rows must not read B times.
-- `accept_sampling`: lossless rejection sampling down the tree (the target's exact law).
+- `accept_sampling`: lossless rejection sampling down the tree (the target's exact law), "exact".
+- `accept_block`: block verification of a chain (`accept_block.block_verification`), lossless, opt-in
+  (``acceptance="block"``).
 
 `accept_rows` picks the rule for a step (`SAMPLING_RULES`: one line per ``acceptance`` setting; a
 rule lives in its own module when it is not this file's, e.g. the lossy `accept_typical`); the
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import torch
 
+from .accept_block import block_verification, is_chain
 from .accept_typical import accept_typical
 from .accepted import Acceptance
 from .sampling import SamplingParams, sample
@@ -91,10 +94,23 @@ def accept_sampling(
                               tokens=[tokens[i] for i in path], _nodes=path)
 
 
+def accept_block(
+    tree: Tree, logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None
+) -> Acceptance:
+    """Block verification for a chain (`accept_block.block_verification`); a branching tree keeps
+    `accept_sampling` (block verification is defined for chains)."""
+    if not is_chain(tree.shape):
+        return accept_sampling(tree, logits, params, generator)
+    nodes, next_token = block_verification(tree, logits, params, generator)
+    tokens = tree.tokens[: len(nodes)].tolist()
+    return Acceptance(torch.tensor(nodes, dtype=torch.long), next_token, tokens=tokens, _nodes=nodes)
+
+
 #: The sampling rule of each ``acceptance`` setting, `accept_sampling` first (the default; greedy
 #: decoding is always exact). A rule takes (tree, logits [n, V], params, generator) -> `Acceptance`.
 SAMPLING_RULES = {
     "exact": accept_sampling,
+    "block": accept_block,
     "typical": accept_typical,
 }
 ACCEPTANCE = tuple(SAMPLING_RULES)

@@ -176,7 +176,8 @@ class SpeculativeDecoder:
         ``temperature=0`` is always greedy, an explicit ``temperature > 0`` always samples.
 
         ``acceptance="typical"`` switches sampling to Medusa's typical acceptance: more tokens per
-        step, but LOSSY (not the target's distribution). The default, "exact", is lossless.
+        step, but LOSSY (not the target's distribution). The default, "exact", is lossless (recursive
+        rejection); "block" is block verification of chains, lossless too (trees keep "exact").
 
         A batch ``input_ids`` [B, T] (left-padded, with its ``attention_mask``, as for `generate`)
         decodes all rows together, each exactly as `generate` decodes it (see `inference.kv.ragged`).
