@@ -27,7 +27,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import draftheads as dh
 from draftheads.demo import corpus_texts, resolve_target
-from draftheads.inference.calibrate import measure_verify_times
+from draftheads.tune.calibrate import measure_verify_times
 
 
 def quantiles(values: list[float]) -> dict[str, float]:

@@ -13,9 +13,9 @@ from transformers import AutoModelForCausalLM, TextStreamer
 
 import draftheads as dh
 from draftheads.cli import main
-from draftheads.heads.batch_plan import mode_for, parse_batch_plan
+from draftheads.plans import mode_for, parse_batch_plan
 from draftheads.inference.inputs import left_pad
-from draftheads.inference.batch_calibrate import measure_batch_plan
+from draftheads.tune.batch_plan import measure_batch_plan
 
 from inference_utils import self_distilled_heads, tiny_target
 
@@ -314,7 +314,7 @@ def test_measured_plan_takes_a_root_only_tree(setup, one_torch_thread):
 def test_recalibrating_ignores_a_saved_plan(monkeypatch, one_torch_thread):
     """EAGLE tree settings are timed by decoding: a plan from an earlier calibration marking batch 1
     plain must not turn every setting into plain decoding (they would all time the same)."""
-    from draftheads.inference.calibrate import calibrate_dynamic_tree
+    from draftheads.tune.calibrate import calibrate_dynamic_tree
 
     target = tiny_target("llama")
     heads = dh.EagleHead.for_target(target).eval()

@@ -6,7 +6,7 @@ import json
 import torch
 
 import draftheads as dh
-from draftheads.inference.calibrate import calibrate, choose_tree, expected_tokens_per_step, grow_tree
+from draftheads.tune.calibrate import calibrate, choose_tree, expected_tokens_per_step, grow_tree
 
 from inference_utils import self_distilled_heads, tiny_target
 

@@ -13,7 +13,7 @@ import draftheads as dh
 from draftheads.heads.io import read_tree
 from draftheads.inference.default_tree import DYNAMIC_DEFAULTS, large_static_choices, resolve_tree, tree_source
 from draftheads.inference.tree import default_choices
-from draftheads.train import export_tree
+from draftheads.tune import training as export_tree
 
 from inference_utils import greedy_reference, self_distilled_heads, tiny_target
 
