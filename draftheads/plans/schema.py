@@ -162,6 +162,10 @@ def from_json(data: Any, where: str = "tree.json") -> TreePlans:
                          f"{FORMAT_VERSION}: upgrade draftheads (or run draftheads calibrate again)")
     if version == 1:
         return _from_version_1(data, where)
+    unknown = sorted(str(k) for k in set(data) - {"format_version", "plans"})
+    if unknown:
+        raise ValueError(f"{where}: unknown key(s) {unknown} in a version-{version} tree file (it holds format_version "
+                         "and plans)")
     plans = data.get("plans")
     if not isinstance(plans, list) or not plans:
         raise ValueError(f"{where}: 'plans' must be a non-empty list of plan entries")
