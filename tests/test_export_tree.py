@@ -195,3 +195,22 @@ def test_training_exports_heads_with_a_tree_chosen_by_training(tmp_path, tiny_ta
     prompt = torch.tensor([[1, 20, 31, 42, 53]])
     ref = greedy_reference(target, prompt, 24)
     assert torch.equal(decoder.generate(prompt, max_new_tokens=24, eos_token_id=[]).sequences, ref)
+
+
+def test_training_chooses_a_tree_per_temperature_timing_few_settings_when_sampling():
+    """Greedy and 0.7 by default; at 0.7 dynamic heads time only plain decoding, the greedy
+    choice and the smallest grid setting (the cost of the extra temperature stays small)."""
+    target = tiny_target("llama")
+    gen = torch.Generator().manual_seed(0)
+    rows = [torch.randint(3, 64, (40,), generator=gen) for _ in range(4)]
+    eagle = dh.EagleHead.for_target(target)
+    plans, chosen = export_tree.choose_export_plans(target, eagle, rows)
+    assert [(e.temperature, e.device_type, e.chosen_by) for e in plans.entries] == [
+        (0.0, "cpu", "training"), (0.7, "cpu", "training")]
+    greedy, warm = chosen
+    if greedy["tree"]["total_tokens"] == 1:  # plain won greedily: not timed again
+        assert warm["tree"] == greedy["tree"] and "skipped" in warm["calibration"]
+    else:
+        timed = {(c["total_tokens"], c["depth"], c["top_k"]) for c in warm["calibration"]["candidates"]}
+        assert (1, 1, 1) in timed and len(timed) <= 3
+        assert (greedy["tree"]["total_tokens"], greedy["tree"]["depth"], greedy["tree"]["top_k"]) in timed

@@ -64,12 +64,13 @@ class PlannedDrafts:
         self.entries: list[PlanEntry] = []
         self._by_tree: dict[str, Any] = {}
         self.ignored: tuple[str, ...] = ()
+        if is_heads:  # the table decides plain decoding even under an explicit tree
+            self.entries, self.ignored = usable_entries(self.plans, self.device_type)
         if not is_heads:
             self.default = proposer  # a Proposer brings its own drafts
         elif tree is not None:
             self.default = proposer.proposer(tree=tree)  # an explicit tree serves every request
         else:
-            self.entries, self.ignored = usable_entries(self.plans, self.device_type)
             for entry in self.entries:
                 if entry.tree is not None:
                     key = _tree_key(entry.tree, entry.draft_vocab_size)
@@ -80,7 +81,7 @@ class PlannedDrafts:
                 self.default = self._by_tree[_tree_key(first.tree, first.draft_vocab_size)]
             else:  # nothing applies here: this device type's default tree
                 self.default = proposer.proposer(tree=default_for(proposer, device))
-            if self.ignored and not self.entries:
+            if self.ignored and not self.entries:  # only where the table would have chosen the tree
                 warnings.warn(
                     f"the heads' tree.json holds plans measured on {', '.join(self.ignored)} only; this decoder runs "
                     f"on {self.device_type}, so they are IGNORED and the {self.device_type} default tree is drafted "
