@@ -27,7 +27,7 @@ from .proposers import Proposer
 from .proposers.row_base import RowProposer
 from .ragged import RaggedKV
 from .sampling import resolve_generator, resolve_sampling, warn_unapplied_settings
-from .static_cache import CACHE_KINDS, StaticTreeVerifier
+from .static_cache import CACHE_KINDS, StaticTreeVerifier, tree_headroom
 from .tree import TreeShape
 from .verify import TreeVerifier
 
@@ -48,6 +48,12 @@ def _whole_number(value: Any, name: str) -> int:
 def _device_of(model: torch.nn.Module) -> torch.device:
     device = getattr(model, "device", None)
     return device if isinstance(device, torch.device) else next(model.parameters()).device
+
+
+def _headroom(proposers: list) -> int | None:
+    """Cache slots beyond prompt + new tokens the largest tree of the plan may take (static cache)."""
+    sizes = [tree_headroom(p) for p in proposers]
+    return None if any(s is None for s in sizes) else max(sizes)
 
 
 class SpeculativeDecoder:
@@ -140,7 +146,7 @@ class SpeculativeDecoder:
         self.cache = cache
         if cache == "static":
             self.verifier = StaticTreeVerifier(
-                target, proposer.feature_layers, compile=compile, max_cache_len=max_cache_len, headroom=self.drafts.headroom()
+                target, proposer.feature_layers, compile=compile, max_cache_len=max_cache_len, headroom=_headroom(self.drafts.proposers)
             )
         if check_model:  # the 4D-mask property the static path relies on too
             check_tree_attention(target, dynamic_verifier)

@@ -23,7 +23,6 @@ import torch
 from ..plans import PLAIN, SPECULATIVE, BatchPlan, PlanEntry, greedy_batch_plan, mode_for, parse_batch_plan, select
 from ..plans import usable_entries
 from .default_tree import default_for, heads_plans, source_of
-from .static_cache import tree_headroom
 
 #: How the decoder follows the table (its ``batch_plan`` argument).
 FOLLOW_HEADS = "heads"
@@ -94,11 +93,6 @@ class PlannedDrafts:
     def proposers(self) -> list[Any]:
         """Every proposer this decoder may run (the default first)."""
         return [self.default] + [p for p in self._by_tree.values() if p is not self.default]
-
-    def headroom(self) -> int | None:
-        """Cache slots beyond prompt + new tokens the largest tree may take (static cache)."""
-        sizes = [tree_headroom(p) for p in self.proposers]
-        return None if any(s is None for s in sizes) else max(sizes)
 
     def batch_plan(self) -> BatchPlan | None:
         """The greedy modes by batch size this decoder follows (for reports): the override, else

@@ -32,7 +32,7 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
-from .batch_sizes import MODES, PLAIN, SPECULATIVE, batch_size, parse_batch_plan
+from .batch_sizes import MODES, SPECULATIVE, batch_size, parse_batch_plan
 
 FORMAT_VERSION = 2
 CHOSEN_BY_CALIBRATION = "calibrate"

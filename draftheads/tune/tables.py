@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..plans import CHOSEN_BY_CALIBRATION, PlanEntry, TreePlans
+from ..plans import CHOSEN_BY_CALIBRATION, PlanEntry
 from .batch_plan import BatchPlanResult
 
 #: Result fields that are the entry itself, not its measurements.
@@ -45,9 +45,5 @@ def dynamic_entries(result: Any, device_type: str, batch: BatchPlanResult | None
     """Entries from a `calibrate.CalibratedDynamicTree` (EAGLE settings) at its temperature."""
     return entries_for(result.tree, None, {"calibration": result.to_json()}, device_type, result.temperature,
                        batch, chosen_by)
-
-
-def table(entries: list[PlanEntry]) -> TreePlans:
-    return TreePlans(tuple(entries))
 
 

@@ -239,7 +239,6 @@ def write_export_tree(
     A failure here never costs the trained heads: they are already exported, and without a
     ``tree.json`` the decoder uses its device default; the reason is printed."""
     import time
-    from pathlib import Path
 
     summary = None
     if accelerator.is_main_process:
