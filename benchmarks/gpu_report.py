@@ -36,7 +36,7 @@ HERE = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(HERE))
 
 import draftheads as dh  # noqa: E402
-from draftheads.inference.calibrate import measure_verify_times  # noqa: E402
+from draftheads.tune.calibrate import measure_verify_times  # noqa: E402
 from draftheads.inference.host_syncs import HostSyncCounter  # noqa: E402
 
 ARCHS = {"llama": {}, "qwen2": {}, "mistral": {"sliding_window": 24}, "gemma": {"head_dim": 16}}

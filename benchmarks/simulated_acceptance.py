@@ -69,7 +69,7 @@ def main() -> None:
 
     import draftheads as dh
     from draftheads.demo import corpus_texts, resolve_target
-    from draftheads.inference.calibrate import head_accuracy_table
+    from draftheads.tune.calibrate import head_accuracy_table
     from draftheads.inference.tree import default_choices
     from draftheads.train.metrics import chain_acceptance_length, simulated_acceptance_length
 

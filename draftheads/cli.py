@@ -178,34 +178,68 @@ def _calibration_prompts(args, tokenizer) -> list:
     return [_encode_prompt(tokenizer, t, not args.no_chat_template)[:, -args.prompt_tokens :] for t in texts]
 
 
-def _calibrate_dynamic(args, target, heads, prompts) -> int:
-    """EAGLE heads: time each (token budget, depth, top-k) setting and save the fastest."""
-    from .heads.io import TREE_NAME, write_json_atomically
-    from .inference.calibrate import calibrate_dynamic_tree
+def _calibrate_dynamic(args, target, heads, prompts, temperature: float) -> list:
+    """EAGLE heads: time each (token budget, depth, top-k) setting at ``temperature``; the
+    fastest as tree.json entries."""
+    from .tune.calibrate import calibrate_dynamic_tree
+    from .tune.tables import dynamic_entries
 
-    result = calibrate_dynamic_tree(target, heads, prompts, new_tokens=args.new_tokens)
+    result = calibrate_dynamic_tree(target, heads, prompts, new_tokens=args.new_tokens, temperature=temperature)
     print("setting (total tokens, depth, top-k): tokens/s, tokens per step")
     for c in sorted(result.candidates, key=lambda c: -c["tokens_per_second"])[:8]:
         print(f"  {c['total_tokens']:3d} {c['depth']:2d} {c['top_k']:2d}: {c['tokens_per_second']:7.1f}  {c['mean_accept_length']:.2f}")
     print(f"chosen: {result.tree}, {result.mean_accept_length:.2f} tokens/step, "
           f"{result.expected_speedup:.2f}x our plain one-token steps")
-    plan = _batch_plan(args, target, heads, result.tree, prompts)
-    if not args.dry_run:
-        write_json_atomically(Path(args.heads) / TREE_NAME, {"tree": result.tree, "calibration": result.to_json(), **plan})
-        print(f"saved to {Path(args.heads) / TREE_NAME}: SpeculativeDecoder uses it by default")
-    return 0
+    plan = _batch_plan(args, target, heads, result.tree, prompts, temperature)
+    return dynamic_entries(result, target.device.type, plan)
 
 
-def _batch_plan(args, target, heads, tree, prompts) -> dict:
-    """With --batch-sizes: time the chosen tree against plain decoding per batch size and return
-    the tree.json keys of the plan (``batch_plan``, ``batch_plan_measured``); else nothing."""
+def _calibrate_static(args, target, heads, prompts, temperature: float, verify: dict | None) -> tuple[list, dict]:
+    """Medusa/Hydra/DFlash heads: the tree with the best expected tokens per second at
+    ``temperature``, as tree.json entries (and the verify times, reused at the next temperature)."""
+    from .tune.calibrate import calibrate
+    from .tune.tables import static_entries
+
+    result = calibrate(target, heads, prompts, new_tokens=args.new_tokens, max_nodes=args.max_nodes,
+                       temperature=temperature, verify=verify)
+    print("head accuracy by rank (rows: heads)" + (f", as the chance of acceptance at temperature {temperature:g}:"
+                                                   if temperature > 0 else ":"))
+    for k, row in enumerate(result.accuracy):
+        print(f"  head {k}: " + " ".join(f"{a:.2f}" for a in row))
+    print("verify forward, median ms by tree size: " + ", ".join(
+        f"{n}: {s * 1000:.1f}" for n, s in sorted(result.verify_seconds.items())))
+    print("drafting, median ms by heads used: " + ", ".join(
+        f"{d}: {s * 1000:.2f}" for d, s in sorted(result.draft_seconds.items()) if d))
+    print(f"chosen tree: {len(result.tree) + 1} nodes, expected {result.expected_tokens_per_step:.2f} tokens/step, "
+          f"expected speedup {result.expected_speedup:.2f}x over 1-token steps")
+    print(f"tree: {result.tree}")
+    vocab = result.draft_vocab_size
+    print(f"draft vocabulary: {'the whole vocabulary' if vocab is None else f'the {vocab} most frequent training tokens'}")
+    heads.draft_vocab_size = vocab  # the batch plan times the tree as the decoder will run it
+    plan = _batch_plan(args, target, heads, result.tree, prompts, temperature)
+    return static_entries(result, target.device.type, plan), result.verify_seconds
+
+
+def _batch_plan(args, target, heads, tree, prompts, temperature: float = 0.0):
+    """With --batch-sizes: time the chosen tree against plain decoding per batch size at
+    ``temperature`` (a `tune.batch_plan.BatchPlanResult`); else None."""
     if not args.batch_sizes:
-        return {}
-    from .inference.batch_calibrate import measure_batch_plan
+        return None
+    from .tune.batch_plan import measure_batch_plan
 
-    result = measure_batch_plan(target, heads, tree, prompts, args.batch_sizes, new_tokens=args.new_tokens)
+    result = measure_batch_plan(target, heads, tree, prompts, args.batch_sizes, new_tokens=args.new_tokens,
+                                temperature=temperature)
     print("\n".join(result.lines()))
-    return result.to_json()
+    return result
+
+
+def _temperatures(text: str) -> list[float]:
+    from .plans import parse_temperatures
+
+    try:
+        return parse_temperatures(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _batch_sizes(text: str) -> list[int]:
@@ -219,9 +253,11 @@ def _batch_sizes(text: str) -> list[int]:
 
 
 def cmd_calibrate(args) -> int:
+    """Measure the best tree per temperature (and batch size) on this device and save them in the
+    heads' tree.json, replacing what was measured on this device type before and keeping the
+    entries of other device types."""
     import draftheads as dh
-    from .heads.io import TREE_NAME, write_json_atomically
-    from .inference.calibrate import calibrate
+    from .plans import TreePlans, write_plans
 
     from .heads.hub import is_hub_reference
     if is_hub_reference(args.heads) and not args.dry_run:  # tree.json would land in the Hub cache
@@ -232,26 +268,23 @@ def cmd_calibrate(args) -> int:
     target, tokenizer = _load_target(args.target, args.device, args.dtype, args.trust_remote_code)
     heads = dh.load_heads(args.heads, target=target, check_fingerprint=not args.no_fingerprint_check)
     prompts = _calibration_prompts(args, tokenizer)
-    if heads.dynamic_tree:
-        return _calibrate_dynamic(args, target, heads, prompts)
-    result = calibrate(target, heads, prompts, new_tokens=args.new_tokens, max_nodes=args.max_nodes)
-    print("head accuracy by rank (rows: heads):")
-    for k, row in enumerate(result.accuracy):
-        print(f"  head {k}: " + " ".join(f"{a:.2f}" for a in row))
-    print("verify forward, median ms by tree size: " + ", ".join(
-        f"{n}: {s * 1000:.1f}" for n, s in sorted(result.verify_seconds.items())))
-    print("drafting, median ms by heads used: " + ", ".join(
-        f"{d}: {s * 1000:.2f}" for d, s in sorted(result.draft_seconds.items()) if d))
-    print(f"chosen tree: {len(result.tree) + 1} nodes, expected {result.expected_tokens_per_step:.2f} tokens/step, "
-          f"expected speedup {result.expected_speedup:.2f}x over 1-token steps")
-    print(f"tree: {result.tree}")
-    vocab = result.draft_vocab_size
-    print(f"draft vocabulary: {'the whole vocabulary' if vocab is None else f'the {vocab} most frequent training tokens'}")
-    heads.draft_vocab_size = vocab  # the batch plan times the tree as the decoder will run it
-    plan = _batch_plan(args, target, heads, result.tree, prompts)
+    saved = heads.plans  # the file as loaded (read once), before calibration changes the heads
+    entries, verify = [], None
+    for temperature in args.temperatures:
+        if len(args.temperatures) > 1:
+            print(f"-- temperature {temperature:g}{' (greedy)' if temperature == 0 else ''}")
+        if heads.dynamic_tree:
+            entries += _calibrate_dynamic(args, target, heads, prompts, temperature)
+        else:
+            found, verify = _calibrate_static(args, target, heads, prompts, temperature, verify)
+            entries += found
+    measured = TreePlans(tuple(entries))
     if not args.dry_run:
-        write_json_atomically(Path(args.heads) / TREE_NAME, {**result.to_json(), **plan})
-        print(f"saved to {Path(args.heads) / TREE_NAME}: SpeculativeDecoder uses it by default")
+        plans = saved.merged(measured) if saved is not None else measured
+        path = write_plans(args.heads, plans)
+        kept = len(plans.entries) - len(measured.entries)
+        print(f"saved to {path}: SpeculativeDecoder uses it by default on {target.device.type} "
+              f"({len(measured.entries)} plan entries" + (f"; kept {kept} measured on other device types)" if kept else ")"))
     return 0
 
 
@@ -318,7 +351,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dry-run", action="store_true", help="print the chosen tree without saving it")
     p.add_argument("--batch-sizes", type=_batch_sizes, default=None, metavar="1,4,8",
                    help="also time the chosen tree against plain decoding at these batch sizes and save a per-size "
-                        "plan (batch_plan in tree.json): SpeculativeDecoder decodes plainly where speculation loses")
+                        "plan (tree.json entries per batch size): SpeculativeDecoder decodes plainly where speculation "
+                        "loses")
+    p.add_argument("--temperatures", type=_temperatures, default=[0.0], metavar="0,0.7,1.0",
+                   help="measure a tree (and the batch plan) at each of these sampling temperatures (0 = greedy); "
+                        "the decoder runs the one nearest a request's temperature (default: 0)")
     p.set_defaults(func=cmd_calibrate)
 
     from .bench.command import add_parser as add_bench_parser

@@ -13,9 +13,10 @@ from transformers import AutoModelForCausalLM, TextStreamer
 
 import draftheads as dh
 from draftheads.cli import main
-from draftheads.heads.batch_plan import mode_for, parse_batch_plan
+from draftheads.plans import mode_for, parse_batch_plan
 from draftheads.inference.inputs import left_pad
-from draftheads.inference.batch_calibrate import measure_batch_plan
+from draftheads.tune.batch_plan import measure_batch_plan
+from draftheads.tune.tables import entries_for
 
 from inference_utils import self_distilled_heads, tiny_target
 
@@ -154,9 +155,10 @@ def test_streaming_a_plain_batch_is_refused(setup, tiny_tokenizer):
 
 # -- saved with the heads, loaded back ----------------------------------------------------------
 def _save_with_tree_file(heads, path, extra: dict):
-    heads.save_pretrained(path, tree=[[0], [0, 0]])
+    """Heads with a tree file in the shape `calibrate --batch-sizes` wrote before plans per temperature."""
+    heads.save_pretrained(path)
     tree_file = path / "tree.json"
-    tree_file.write_text(json.dumps({**json.loads(tree_file.read_text()), **extra}))
+    tree_file.write_text(json.dumps({"tree": [[0], [0, 0]], **extra}))
     return tree_file
 
 
@@ -228,9 +230,9 @@ def test_measured_plan_times_both_modes_at_every_size(setup, one_torch_thread):
         assert result.plan[size] == ("speculative" if m["speedup_median"] > 1 else "plain")
         assert m["speedup_min"] <= m["speedup_median"] <= m["speedup_max"]
         assert m["timed_batches"] == (3 if size == 1 else 2)  # 3 prompts: 3 batches of 1, 2 (wrapping) of 2
-    saved = result.to_json()
-    assert parse_batch_plan(saved["batch_plan"]) == result.plan
-    assert set(saved["batch_plan_measured"]) == {"1", "2"}
+    saved = entries_for([[0], [0, 0]], None, {}, "cpu", 0.0, result)  # what calibrate saves in tree.json
+    assert {e.batch_size: e.mode for e in saved} == result.plan
+    assert all(e.measured["batch"] == result.measured[e.batch_size] for e in saved)
 
 
 def test_measured_plan_works_for_dynamic_trees(one_torch_thread):
@@ -264,18 +266,21 @@ def test_calibrate_with_batch_sizes_saves_a_plan_the_decoder_loads(tiny_target_d
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("def f(self, x): return\nfor a in b: print(a)\nimport the model\n")
     assert _calibrate(tiny_target_dir, heads_dir, prompts) == 0
-    assert "batch_plan" not in json.loads((heads_dir / "tree.json").read_text())  # default: as before
+    saved = json.loads((heads_dir / "tree.json").read_text())
+    assert [e["batch_size"] for e in saved["plans"]] == [1]  # default: one sequence only, as before
     assert _calibrate(tiny_target_dir, heads_dir, prompts, "--batch-sizes", "1,2") == 0
     saved = json.loads((heads_dir / "tree.json").read_text())
-    assert set(saved["batch_plan"]) == {"1", "2"} and set(saved["batch_plan"].values()) <= {"speculative", "plain"}
-    for size, m in saved["batch_plan_measured"].items():
+    plan = {e["batch_size"]: e["mode"] for e in saved["plans"]}
+    assert set(plan) == {1, 2} and set(plan.values()) <= {"speculative", "plain"}
+    for entry in saved["plans"]:
+        m = entry["measured"]["batch"]
         assert m["speculative_tokens_per_second"] > 0 and m["plain_tokens_per_second"] > 0
-        assert saved["batch_plan"][size] == ("speculative" if m["speedup_median"] > 1 else "plain")
+        assert entry["mode"] == ("speculative" if m["speedup_median"] > 1 else "plain")
     printed = capsys.readouterr().out
     assert "batch 1: per batch" in printed and "batch 2: per batch" in printed
     target = AutoModelForCausalLM.from_pretrained(tiny_target_dir)
     loaded = dh.load_heads(heads_dir, target=target)
-    assert loaded.batch_plan == {int(k): v for k, v in saved["batch_plan"].items()}
+    assert loaded.batch_plan == plan
 
 
 def test_bad_batch_sizes_flag_is_refused(tiny_target_dir, medusa_dir, tmp_path, capsys):
@@ -314,7 +319,7 @@ def test_measured_plan_takes_a_root_only_tree(setup, one_torch_thread):
 def test_recalibrating_ignores_a_saved_plan(monkeypatch, one_torch_thread):
     """EAGLE tree settings are timed by decoding: a plan from an earlier calibration marking batch 1
     plain must not turn every setting into plain decoding (they would all time the same)."""
-    from draftheads.inference.calibrate import calibrate_dynamic_tree
+    from draftheads.tune.calibrate import calibrate_dynamic_tree
 
     target = tiny_target("llama")
     heads = dh.EagleHead.for_target(target).eval()

@@ -71,7 +71,7 @@ def test_unwritable_heads_folder_is_refused_before_calibrating(tiny_target_dir, 
         raise AssertionError("calibration ran before the heads folder was found unwritable")
 
     monkeypatch.setattr(tempfile, "mkstemp", mkstemp)
-    monkeypatch.setattr("draftheads.inference.calibrate.calibrate", calibration_must_not_run)
+    monkeypatch.setattr("draftheads.tune.calibrate.calibrate", calibration_must_not_run)
     with pytest.raises(SystemExit, match=f"cannot write tree.json into {heads_dir} \\(Permission denied\\)"):
         main(calibrate_args(tiny_target_dir, heads_dir))
 

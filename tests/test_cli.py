@@ -71,7 +71,9 @@ def test_calibrate_writes_tree_json(tiny_target_dir, heads_dir, tmp_path, capsys
                  "--new-tokens", "8", "--max-nodes", "6", "--no-chat-template"])
     assert code == 0
     saved = json.loads((heads_dir / "tree.json").read_text())
-    assert "verify_seconds" in saved and "accuracy" in saved
+    (entry,) = saved["plans"]  # one greedy entry for this device type
+    assert entry["device_type"] == "cpu" and entry["temperature"] == 0 and entry["chosen_by"] == "calibrate"
+    assert "verify_seconds" in entry["measured"] and "accuracy" in entry["measured"]
     assert "chosen tree" in capsys.readouterr().out
 
 

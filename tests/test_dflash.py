@@ -290,7 +290,7 @@ def test_experiment_config_takes_dflash_options():
 
 
 def test_training_chooses_the_tree_with_one_block_forward_as_the_cost_of_every_depth(trained):
-    from draftheads.train.export_tree import choose_export_tree
+    from draftheads.tune.training import choose_export_tree
 
     _, target, heads, prompts, _, _ = trained
     table = [[0.9] + [0.05] * 9] * (BLOCK - 1)  # an accurate first rank at every slot
@@ -429,7 +429,7 @@ def test_init_from_takes_the_folders_mask_and_refuses_another_block(tmp_path):
 
 
 def test_calibrate_measures_per_slot_acceptance_and_one_block_forward(trained):
-    from draftheads.inference.calibrate import calibrate
+    from draftheads.tune.calibrate import calibrate
     from draftheads.inference.proposers.dflash import block_accuracy_table
 
     _, target, heads, prompts, _, _ = trained

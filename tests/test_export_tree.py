@@ -10,10 +10,10 @@ import pytest
 import torch
 
 import draftheads as dh
-from draftheads.heads.io import read_tree
+from draftheads.plans import primary, read_plans
 from draftheads.inference.default_tree import DYNAMIC_DEFAULTS, large_static_choices, resolve_tree, tree_source
 from draftheads.inference.tree import default_choices
-from draftheads.train import export_tree
+from draftheads.tune import training as export_tree
 
 from inference_utils import greedy_reference, self_distilled_heads, tiny_target
 
@@ -23,6 +23,12 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 def _choices(decoder) -> list[list[int]]:
     return sorted([list(c) for c in decoder.proposer.shape.choices], key=lambda c: (len(c), c))
+
+
+def read_tree(folder):
+    """The greedy batch-1 tree and draft vocabulary of a folder's tree.json."""
+    entry = primary(read_plans(folder))
+    return entry.tree, entry.draft_vocab_size
 
 
 def _sorted(tree):
@@ -168,13 +174,19 @@ def test_training_exports_heads_with_a_tree_chosen_by_training(tmp_path, tiny_ta
                   "labels": "target"},
     }, [])
     result = run(cfg)
-    data = json.loads((result.heads_dir / "tree.json").read_text())
+    saved = json.loads((result.heads_dir / "tree.json").read_text())
     assert (result.heads_dir / "tree.json").stat().st_mode & 0o044 == 0o044  # readable like the weights
-    assert data["chosen_by"] == "training" and data["device_type"] == "cpu"
-    assert "draft_vocab_size" in data and "expected_speedup" in data
+    assert saved["format_version"] == 2
+    # greedy and one sampling temperature, both chosen by training for its device type
+    assert [(e["temperature"], e["batch_size"]) for e in saved["plans"]] == [(0.0, 1), (0.7, 1)]
+    for entry in saved["plans"]:
+        assert entry["chosen_by"] == "training" and entry["device_type"] == "cpu"
+        assert "draft_vocab_size" in entry and "expected_speedup" in entry["measured"]
+    data = {**saved["plans"][0]["measured"], **saved["plans"][0]}
     final = json.loads((Path(cfg.train.output_dir) / "metrics.json").read_text())
     assert torch.allclose(torch.tensor(data["accuracy"]), torch.tensor(final["final_eval"]["eval/rank_accuracy"]))
     assert final["tree"]["nodes"] == len(data["tree"]) + 1
+    assert set(final["tree"]["temperatures"]) == {"0", "0.7"} and final["tree"]["seconds"] > 0
     target = AutoModelForCausalLM.from_pretrained(tiny_target_dir)
     loaded = dh.load_heads(result.heads_dir, target=target)
     assert loaded.tree == data["tree"] and loaded.tree_origin == {"chosen_by": "training", "device_type": "cpu"}
@@ -183,3 +195,22 @@ def test_training_exports_heads_with_a_tree_chosen_by_training(tmp_path, tiny_ta
     prompt = torch.tensor([[1, 20, 31, 42, 53]])
     ref = greedy_reference(target, prompt, 24)
     assert torch.equal(decoder.generate(prompt, max_new_tokens=24, eos_token_id=[]).sequences, ref)
+
+
+def test_training_chooses_a_tree_per_temperature_timing_few_settings_when_sampling():
+    """Greedy and 0.7 by default; at 0.7 dynamic heads time only plain decoding, the greedy
+    choice and the smallest grid setting (the cost of the extra temperature stays small)."""
+    target = tiny_target("llama")
+    gen = torch.Generator().manual_seed(0)
+    rows = [torch.randint(3, 64, (40,), generator=gen) for _ in range(4)]
+    eagle = dh.EagleHead.for_target(target)
+    plans, chosen = export_tree.choose_export_plans(target, eagle, rows)
+    assert [(e.temperature, e.device_type, e.chosen_by) for e in plans.entries] == [
+        (0.0, "cpu", "training"), (0.7, "cpu", "training")]
+    greedy, warm = chosen
+    if greedy["tree"]["total_tokens"] == 1:  # plain won greedily: not timed again
+        assert warm["tree"] == greedy["tree"] and "skipped" in warm["calibration"]
+    else:
+        timed = {(c["total_tokens"], c["depth"], c["top_k"]) for c in warm["calibration"]["candidates"]}
+        assert (1, 1, 1) in timed and len(timed) <= 3
+        assert (greedy["tree"]["total_tokens"], greedy["tree"]["depth"], greedy["tree"]["top_k"]) in timed

@@ -248,7 +248,7 @@ def test_fresh_heads_start_from_the_targets_own_prediction():
 
 def test_dynamic_tree_calibration_is_saved_and_used(tmp_path):
     from draftheads.heads.io import TREE_NAME, write_json_atomically
-    from draftheads.inference.calibrate import calibrate_dynamic_tree
+    from draftheads.tune.calibrate import calibrate_dynamic_tree
 
     target = tiny_target("llama")
     heads, prompts = trained_heads(target, "eagle", steps=40)

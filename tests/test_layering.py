@@ -14,16 +14,20 @@ PACKAGE = Path(__file__).resolve().parent.parent / "draftheads"
 #: Bottom to top. A module may import its own package, and any package in a LOWER layer; two
 #: packages in one layer are peers and import neither each other nor anything above.
 #: ``<root>`` is draftheads/__init__.py, the public facade over heads and inference.
-#: train sits above inference: the heads leave training with a tree chosen by timing the
-#: decoder (train/export_tree.py uses inference/calibrate.py); inference never imports train.
+#: plans is tree.json (its format, reading, writing, and the rule picking an entry): below the
+#: heads that load it and the decoder that picks from it. tune fills it by timing the decoder
+#: (calibration, batch plans, training's tree choice), so it sits above inference; train uses
+#: tune for the trees heads leave training with; inference never imports tune or train.
 LAYERS: list[set[str]] = [
     {"atomic", "device", "schema", "lazy"},  # shared helpers: atomic writes, devices and the dtype rule, strict config types, lazy package attributes
+    {"plans"},  # tree.json: what to run where (device type x batch size x temperature -> tree or plain)
     {"demo"},  # the demo target (resolving the name "demo")
     {"target"},  # loading the frozen target (one dtype rule)
     {"heads", "data"},  # pure modules + safetensors io; datasets and collation
     {"config"},  # the experiment config (YAML -> dataclasses)
     {"inference", "export"},  # decoding; engine formats
     {"<root>"},
+    {"tune"},  # measuring what to run where: calibrate, batch plans, training's tree choice
     {"train"},
     {"bench"},
     {"cli"},

@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import load_file
 
 import draftheads as dh
-from draftheads.inference.calibrate import expected_tokens_per_step
+from draftheads.tune.calibrate import expected_tokens_per_step
 from draftheads.inference.tree import default_choices
 from draftheads.train.losses import IGNORE, medusa_loss, medusa_targets, token_context
 from draftheads.train.metrics import EVAL_RANKS, HeadStats, ranks_for, static_tree

@@ -15,8 +15,10 @@ import sys
 import tempfile
 from pathlib import Path
 
+from ..plans import TREE_NAME
+
 # What a heads/export folder holds; nothing else (checkpoints, logs, stray files) is uploaded.
-UPLOAD_FILES = ("config.json", "model.safetensors", "tree.json", "draftheads_export.json", "README.md")
+UPLOAD_FILES = ("config.json", "model.safetensors", TREE_NAME, "draftheads_export.json", "README.md")
 
 
 class PushError(ValueError):

@@ -55,6 +55,7 @@ class DraftHeads(nn.Module):
         # The tree saved with the heads (tree.json): rank paths (static) or settings (dynamic).
         self.tree: list[list[int]] | dict | None = None
         self.draft_vocab_size: int | None = None  # calibrated; None = draft over the whole vocabulary
+        self.plans = None  # the whole tree.json (plans.TreePlans): what to run per device type, batch size, temperature
 
     # -- construction -------------------------------------------------------------------------
     @classmethod

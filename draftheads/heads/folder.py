@@ -1,8 +1,8 @@
 """The files of a heads folder: ``config.json`` + ``model.safetensors`` (+ optional ``tree.json``).
 
-Writing and the tree file live here, below the head classes (whose ``save_pretrained`` writes
-through `save_heads`); reading a whole folder back into heads is `io.load_heads`, which needs
-the head classes.
+Writing lives here, below the head classes (whose ``save_pretrained`` writes through
+`save_heads`); reading a whole folder back into heads is `io.load_heads`, which needs the head
+classes. The tree file's format and its reading and writing are `draftheads.plans`.
 """
 from __future__ import annotations
 
@@ -15,11 +15,22 @@ import torch
 from safetensors.torch import save_file
 
 from ..atomic import write_folder_atomically
+from ..plans import (
+    CHOSEN_BY_TRAINING,
+    TREE_NAME,
+    TreePlans,
+    from_json,
+    given_tree,
+    greedy_batch_plan,
+    parse_batch_plan,
+    plan_to_json,
+    plans_json,
+    primary,
+)
 from .config import FORMAT_VERSION
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
-TREE_NAME = "tree.json"
 
 
 def non_finite_tensors(state: dict[str, torch.Tensor]) -> str | None:
@@ -31,14 +42,16 @@ def non_finite_tensors(state: dict[str, torch.Tensor]) -> str | None:
     return f"non-finite values (NaN/inf) in {', '.join(bad[:5])}{' ...' if len(bad) > 5 else ''} ({len(bad)} of {len(state)} tensors)"
 
 
-def save_heads(heads: torch.nn.Module, path: str | os.PathLike, tree: list[list[int]] | None = None) -> Path:
-    """Export heads only (never the target's weights) as a versioned safetensors folder."""
+def save_heads(heads: torch.nn.Module, path: str | os.PathLike, tree: list[list[int]] | dict | None = None) -> Path:
+    """Export heads only (never the target's weights) as a versioned safetensors folder, with
+    their ``tree.json``: ``tree`` if given (used on any device), else the plans the heads were
+    loaded with (unless a tree was set on them by hand since, which is then saved), else none."""
     state = {k: v.detach().contiguous().cpu() for k, v in heads.state_dict().items()}
     bad = non_finite_tensors(state)
     if bad:
         raise ValueError(f"refusing to export heads to {path}: {bad}; did the training diverge?")
     config = heads.config.to_dict()
-    tree = tree if tree is not None else getattr(heads, "tree", None)
+    plans = given_tree(tree) if tree is not None else saved_plans(heads)
 
     files = {
         CONFIG_NAME: lambda p: p.write_text(json.dumps(config, indent=2) + "\n"),
@@ -46,31 +59,37 @@ def save_heads(heads: torch.nn.Module, path: str | os.PathLike, tree: list[list[
             state, str(p), metadata={"format": "pt", "draftheads_format_version": str(FORMAT_VERSION)}
         ),
     }
-    if tree is not None:
-        files[TREE_NAME] = lambda p: p.write_text(json.dumps({"tree": tree}, indent=2) + "\n")
+    if plans is not None:
+        files[TREE_NAME] = lambda p: p.write_text(plans_json(plans))
     return write_folder_atomically(path, files)
 
 
-def read_tree(path: str | os.PathLike) -> tuple[list[list[int]] | dict | None, int | None]:
-    """The calibrated tree and draft vocabulary size saved by `draftheads calibrate`, if any
-    (parsed only: `load_heads` checks that they fit the heads)."""
-    tree_file = Path(path) / TREE_NAME
-    if not tree_file.is_file():
-        return None, None
-    try:
-        data = json.loads(tree_file.read_text())
-        tree = data["tree"]
-    except (json.JSONDecodeError, KeyError, TypeError, UnicodeDecodeError) as e:
-        raise ValueError(f"{tree_file} is not a valid tree file ({e!r}); delete it or run draftheads calibrate again") from None
-    return tree, data.get("draft_vocab_size")
+def plans_view(plans: TreePlans | None) -> dict[str, Any]:
+    """The attributes loaded heads carry for callers that predate plans: ``tree`` and
+    ``draft_vocab_size`` of the greedy batch-1 entry, ``tree_origin`` (``{"chosen_by":
+    "training", "device_type": ...}`` for a tree chosen by training, else ``{}``) and
+    ``batch_plan`` (the greedy modes by batch size, None when none were measured)."""
+    entry = primary(plans)
+    origin = {}
+    if entry is not None and entry.chosen_by == CHOSEN_BY_TRAINING:
+        origin = {"chosen_by": CHOSEN_BY_TRAINING, **({"device_type": entry.device_type} if entry.device_type else {})}
+    return {"tree": None if entry is None else entry.tree,
+            "draft_vocab_size": None if entry is None else entry.draft_vocab_size,
+            "tree_origin": origin, "batch_plan": greedy_batch_plan(plans)}
 
 
-def read_tree_origin(path: str | os.PathLike) -> dict[str, Any]:
-    """Who chose the saved tree and for which device type: ``{"chosen_by": "training",
-    "device_type": "cpu"}`` for trees chosen at the end of training, ``{}`` for calibrated trees
-    (which are used as they are) and for folders without a tree."""
-    tree_file = Path(path) / TREE_NAME
-    if not tree_file.is_file():
-        return {}
-    data = json.loads(tree_file.read_text())  # read_tree has already validated it
-    return {k: data[k] for k in ("chosen_by", "device_type") if isinstance(data.get(k), str)}
+def saved_plans(heads: torch.nn.Module) -> TreePlans | None:
+    """The plans that stand for ``heads``' tree: those they were loaded with, unless ``tree``,
+    ``draft_vocab_size``, ``tree_origin`` or ``batch_plan`` were set by hand since (then those
+    attributes, read as a version-1 file), else None."""
+    plans = getattr(heads, "plans", None)
+    current = {k: getattr(heads, k, None) for k in ("tree", "draft_vocab_size", "tree_origin", "batch_plan")}
+    current["tree_origin"] = current["tree_origin"] or {}
+    if plans is not None and plans_view(plans) == current:
+        return plans
+    if current["tree"] is None:
+        return None
+    legacy = {"tree": current["tree"], "draft_vocab_size": current["draft_vocab_size"], **current["tree_origin"]}
+    if current["batch_plan"]:
+        legacy["batch_plan"] = plan_to_json(parse_batch_plan(current["batch_plan"], "heads.batch_plan"))
+    return from_json(legacy, "the heads' tree attributes")

@@ -1,4 +1,5 @@
-"""Loading heads folders: ``config.json`` + ``model.safetensors`` (+ optional ``tree.json``).
+"""Loading heads folders: ``config.json`` + ``model.safetensors`` (+ optional ``tree.json``,
+read and checked by `draftheads.plans`).
 
 Writes (folder.py) are atomic (draftheads/atomic.py: a temp folder swapped into place), so an
 interrupted export never leaves a half-written folder where a good one was. Loads are strict: safetensors only, every key present
@@ -19,13 +20,13 @@ from ..atomic import restore_interrupted_swap, write_folder_atomically, write_js
 from .config import FORMAT_VERSION, HeadsConfig
 from .dflash import DFlashHeads
 from .eagle import Eagle3Head, EagleHead
-from .folder import CONFIG_NAME, TREE_NAME, WEIGHTS_NAME, non_finite_tensors, read_tree, read_tree_origin, save_heads  # noqa: F401 (re-exported)
+from ..plans import TREE_NAME, TreePlans, read_plans
+from .folder import CONFIG_NAME, WEIGHTS_NAME, non_finite_tensors, plans_view, save_heads  # noqa: F401 (re-exported)
 from .hub import resolve_heads_folder
 from .hydra import HydraHeads
 from .medusa import MedusaHeads
 from .peagle import PEagleHead
-from .tree_check import tree_problem
-from .batch_plan import read_batch_plan
+from .tree_check import plans_problem
 
 
 def head_types() -> dict[str, type]:
@@ -121,6 +122,18 @@ def _require_fingerprint(config: HeadsConfig, cfg_file: Path) -> None:
     )
 
 
+def attach_plans(heads: torch.nn.Module, plans: TreePlans | None, path: Path) -> None:
+    """Check that every tree in ``plans`` fits ``heads`` (a bad one is refused here, naming the
+    file, not in the first decode step) and set them on the heads: ``heads.plans``, and the
+    attributes of callers that predate plans (`folder.plans_view`)."""
+    problem = plans_problem(heads, plans)
+    if problem:
+        raise ValueError(f"{path / TREE_NAME}: {problem}; fix it, delete it or run draftheads calibrate again")
+    heads.plans = plans
+    for name, value in plans_view(plans).items():
+        setattr(heads, name, value)
+
+
 def load_heads(
     path: str | os.PathLike,
     target: torch.nn.Module | None = None,
@@ -177,13 +190,7 @@ def load_heads(
             validate()
         except ValueError as e:
             raise ValueError(f"{weights}: {e}") from None
-    heads.tree, heads.draft_vocab_size = read_tree(path)
-    if heads.tree is not None or heads.draft_vocab_size is not None:
-        problem = tree_problem(heads, heads.tree, heads.draft_vocab_size)
-        if problem:
-            raise ValueError(f"{path / TREE_NAME}: {problem}; fix it, delete it or run draftheads calibrate again")
-    heads.tree_origin = read_tree_origin(path)
-    heads.batch_plan = read_batch_plan(path, TREE_NAME)  # None for folders calibrated without --batch-sizes
+    attach_plans(heads, read_plans(path), path)  # tree.json, parsed once
     if target is not None:
         heads.bind_target(target)
         ref = target.get_output_embeddings().weight

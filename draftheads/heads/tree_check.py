@@ -1,4 +1,4 @@
-"""Does a tree fit a set of heads? Checked when tree.json is loaded (and for a tree passed to a
+"""Does a tree fit a set of heads? Checked for every tree of tree.json when it is loaded (and for a tree passed to a
 proposer), so a bad tree is refused with its source named instead of crashing in the first
 decode step (a rank beyond the draft vocabulary makes `topk` fail there).
 
@@ -12,6 +12,24 @@ from typing import Any
 import torch
 
 DYNAMIC_KEYS = ("total_tokens", "depth", "top_k")
+
+
+def plans_problem(heads: torch.nn.Module, plans: Any) -> str | None:
+    """What is wrong with the first tree of ``plans`` (a `plans.TreePlans`) that does not fit
+    ``heads``, prefixed by its entry when the file holds several (None: all fit)."""
+    if plans is None:
+        return None
+    for i, entry in enumerate(plans.entries):
+        if entry.tree is None:
+            continue  # a plain entry without the tree it was timed with drafts nothing
+        problem = tree_problem(heads, entry.tree, entry.draft_vocab_size)
+        if problem:
+            return problem if len(plans.entries) == 1 else f"plans[{i}] ({_where(entry)}): {problem}"
+    return None
+
+
+def _where(entry: Any) -> str:
+    return f"{entry.device_type or 'any device'}, batch {entry.batch_size}, temperature {entry.temperature:g}"
 
 
 def draft_vocab_limit(heads: torch.nn.Module, draft_vocab_size: int | None) -> tuple[int, str]:

@@ -11,17 +11,17 @@ from typing import Any, Mapping
 
 import torch
 
-from ..heads.batch_plan import PLAIN, SPECULATIVE, BatchPlan, mode_for, parse_batch_plan
+from ..plans import PLAIN, SPECULATIVE, BatchPlan
 from ..heads.config import text_config
 from .accept import ACCEPTANCE
 from .compaction import check_compaction
-from .default_tree import resolve_tree
 from .inputs import check_batch, eos_ids, pad_id, token_matrix, wants_batch_path
 from .kv import CACHE_KINDS, RaggedKV, SequenceKV, StaticKV, StaticTreeVerifier, tree_headroom
 from .loop import Settings, decode
 from .output import SpeculativeOutput
 from .draft_budget import DraftBudget, resolve_budget
 from .plain import generate_plain
+from .planned import PlannedDrafts
 from .probe import check_tree_attention
 from .proposers import Proposer
 from .proposers.row_base import RowProposer
@@ -48,19 +48,10 @@ def _device_of(model: torch.nn.Module) -> torch.device:
     return device if isinstance(device, torch.device) else next(model.parameters()).device
 
 
-def _resolve_plan(batch_plan: Any, proposer: Any) -> BatchPlan | None:
-    """The decoder's plan from its ``batch_plan`` argument (see `SpeculativeDecoder`)."""
-    if batch_plan is None:
-        return None
-    if isinstance(batch_plan, str):
-        if batch_plan != "heads":
-            raise ValueError(
-                f"batch_plan must be 'heads' (the plan saved with the heads), None (always speculative) or a dict "
-                f"like {{1: 'speculative', 4: 'plain'}}; got {batch_plan!r}"
-            )
-        saved = None if isinstance(proposer, PROPOSERS) else getattr(proposer, "batch_plan", None)
-        return None if saved is None else parse_batch_plan(saved, "heads.batch_plan")
-    return parse_batch_plan(batch_plan, "batch_plan")
+def _headroom(proposers: list) -> int | None:
+    """Cache slots beyond prompt + new tokens the largest tree of the plan may take (static cache)."""
+    sizes = [tree_headroom(p) for p in proposers]
+    return None if any(s is None for s in sizes) else max(sizes)
 
 
 class SpeculativeDecoder:
@@ -79,12 +70,18 @@ class SpeculativeDecoder:
     as the default dynamic cache; whether it is faster depends on the device: measure it
     (benchmarks/static_compile.py).
 
-    ``batch_plan`` says at which batch sizes to decode plainly (the target's own `generate`)
-    because speculation does not pay there: ``"heads"`` (default) follows the plan that
-    `draftheads calibrate --batch-sizes` saved with the heads (none: always speculative);
-    ``None`` always speculates; a dict such as ``{1: "speculative", 4: "plain"}`` forces one
-    (sizes between keys follow the nearest key at or below, see `heads.batch_plan`). Proposers
-    (prompt lookup, a draft model) have no heads folder, so a dict is their only plan.
+    Heads without a ``tree`` follow the table saved with them (tree.json, `draftheads.plans`):
+    what to run per device type x batch size x temperature, a tree or plain decoding (the
+    target's own `generate`). Each request runs the entry for this decoder's device type, the
+    nearest measured temperature (greedy = 0) and the largest measured batch size at or below its
+    own (`inference.planned`); entries measured on ANOTHER device type are ignored, with a
+    warning, and the device default tree is drafted. ``out.stats["plan"]`` says which entry ran.
+
+    ``batch_plan`` says whether that table also decides plain decoding: ``"heads"`` (default)
+    follows it; ``None`` always speculates (trees still follow the table); a dict such as
+    ``{1: "speculative", 4: "plain"}`` forces the mode per batch size (sizes between keys follow
+    the nearest key at or below, see `plans.batch_sizes`). Proposers (prompt lookup, a draft
+    model) have no heads folder, so a dict is their only plan.
 
     ``compaction`` says when a batch's caches (the target's, and EAGLE's draft cache) remove the
     holes rows leave when they accept different numbers of tokens: "auto", "never" or "always"
@@ -123,7 +120,6 @@ class SpeculativeDecoder:
                 "compile and max_cache_len need cache='static': with the dynamic cache every verify forward "
                 "has new shapes, so a compiled forward would recompile every step"
             )
-        self.batch_plan: BatchPlan | None = _resolve_plan(batch_plan, proposer)
         self.draft_budget = resolve_budget(draft_budget)
         self._budget_given = isinstance(draft_budget, DraftBudget)
         if not isinstance(proposer, PROPOSERS):
@@ -131,13 +127,15 @@ class SpeculativeDecoder:
             if bind is None:
                 raise TypeError(f"expected heads or a Proposer, got {type(proposer).__name__}")
             bind(target)  # refuses heads trained for another target
-            if tree is None:  # the saved tree, or this device type's default (small on CPU, large on CUDA)
-                tree = resolve_tree(proposer, _device_of(target))
-            proposer = proposer.proposer(tree=tree)  # each head type drafts its own way
+            # The saved plans' trees (or this device type's default): each head type drafts its own way.
+            self.drafts = PlannedDrafts(proposer, _device_of(target), tree, batch_plan=batch_plan)
         elif tree is not None:
             raise ValueError("`tree` applies to heads; a Proposer brings its own tree")
         else:
             proposer.bind_target(target)
+            self.drafts = PlannedDrafts(proposer, _device_of(target), is_heads=False, batch_plan=batch_plan)
+        proposer = self.drafts.default
+        self.batch_plan: BatchPlan | None = self.drafts.batch_plan()
         self.target = target.eval()
         self.proposer = proposer
         # Only the hidden states the proposer reads are captured (none for prompt lookup).
@@ -146,7 +144,7 @@ class SpeculativeDecoder:
         self.cache = cache
         if cache == "static":
             self.verifier = StaticTreeVerifier(
-                target, proposer.feature_layers, compile=compile, max_cache_len=max_cache_len, headroom=tree_headroom(proposer)
+                target, proposer.feature_layers, compile=compile, max_cache_len=max_cache_len, headroom=_headroom(self.drafts.proposers)
             )
         if check_model:  # the 4D-mask property the static path relies on too
             check_tree_attention(target, dynamic_verifier)
@@ -182,8 +180,11 @@ class SpeculativeDecoder:
         A batch ``input_ids`` [B, T] (left-padded, with its ``attention_mask``, as for `generate`)
         decodes all rows together, each exactly as `generate` decodes it (see `inference.kv.ragged`).
 
-        A batch size the decoder's ``batch_plan`` marks plain is decoded by ``target.generate``
-        itself; ``out.stats["mode"]`` says which mode ran ("speculative" or "plain")."""
+        A request the decoder's plan marks plain is decoded by ``target.generate`` itself;
+        ``out.stats["mode"]`` says which mode ran ("speculative" or "plain") and
+        ``out.stats["plan"]`` which tree.json entry chose it (``entry``: device type, batch size,
+        temperature, mode, chosen_by; ``tree``: "calibration", "training", "device default" or
+        "given")."""
         if acceptance not in ACCEPTANCE:
             raise ValueError(f"acceptance must be {' or '.join(map(repr, ACCEPTANCE))}, got {acceptance!r}")
         params = resolve_sampling(getattr(self.target, "generation_config", None), do_sample, temperature, top_k, top_p)
@@ -192,9 +193,12 @@ class SpeculativeDecoder:
             raise ValueError("typical acceptance needs temperature > 0 (at temperature 0 decoding is greedy and exact)")
         max_new_tokens = _whole_number(max_new_tokens, "max_new_tokens")
         input_ids = token_matrix(input_ids)
-        if self.mode_for(input_ids.shape[0]) == PLAIN:
-            return self._generate_plain(input_ids, attention_mask, max_new_tokens, params, eos_token_id, streamer,
-                                        generator)
+        run = self.drafts.run_for(input_ids.shape[0], 0.0 if params.greedy else params.temperature)
+        if run.mode == PLAIN:
+            out = self._generate_plain(input_ids, attention_mask, max_new_tokens, params, eos_token_id, streamer,
+                                       generator)
+            out.stats = {**out.stats, "plan": run.stats}
+            return out
         if wants_batch_path(input_ids, attention_mask):
             self._check_batch_options(input_ids, attention_mask, streamer)
             input_ids, attention_mask, eos, pad = self._checked_batch(input_ids, attention_mask, max_new_tokens,
@@ -206,16 +210,16 @@ class SpeculativeDecoder:
             pad = pad_id(self.target, eos)
             store = (StaticKV if self.cache == "static" else SequenceKV)(self.verifier, max_new_tokens)
         settings = Settings(max_new_tokens, params, self.target.device, set(eos), pad, acceptance, generator, streamer,
-                            self._budget())
-        out = decode(store, self.proposer.rows(self.compaction), input_ids, settings)
-        out.stats = {"mode": SPECULATIVE, **out.stats}
+                            self._budget(run.proposer))
+        out = decode(store, run.proposer.rows(self.compaction), input_ids, settings)
+        out.stats = {"mode": SPECULATIVE, "plan": run.stats, **out.stats}
         return out
 
-    def _budget(self) -> DraftBudget:
+    def _budget(self, proposer: Any) -> DraftBudget:
         """This call's draft budget, started for a new generation. A proposer that sizes its own
         draft (a draft model: adaptive gamma, or the user's fixed gamma) is left to it under the
         default "auto" (two rules capping one draft would fight); a budget given explicitly applies."""
-        own = getattr(self.proposer, "budgets_own_draft", False) and not self._budget_given
+        own = getattr(proposer, "budgets_own_draft", False) and not self._budget_given
         budget = self.draft_budget
         if own:
             budget = DraftBudget()
@@ -234,10 +238,10 @@ class SpeculativeDecoder:
         if streamer is not None:
             raise ValueError("streaming supports one sequence at a time (as transformers' streamers do): pass one row")
 
-    def mode_for(self, batch_size: int) -> str:
-        """"speculative" or "plain": how a batch of ``batch_size`` rows is decoded under this
-        decoder's batch plan."""
-        return mode_for(self.batch_plan, batch_size)
+    def mode_for(self, batch_size: int, temperature: float = 0.0) -> str:
+        """"speculative" or "plain": how a batch of ``batch_size`` rows at ``temperature`` (0:
+        greedy) is decoded under this decoder's plan."""
+        return self.drafts.run_for(batch_size, temperature).mode
 
     def _generate_plain(self, input_ids, attention_mask, max_new_tokens, params, eos_token_id, streamer,
                         generator) -> SpeculativeOutput:

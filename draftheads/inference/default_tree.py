@@ -2,18 +2,19 @@
 
 A verify forward over n tree tokens costs about 2x one token at n = 16 on a CPU and about the
 same as one token up to ~64 on a GPU (reference/cpu-stack.md), so the right default size differs
-by an order of magnitude between the two. Heads leave training with a tree chosen on the
-training device (``tree.json`` with ``"chosen_by": "training"``); a tree chosen by training on
-another device type is not a good guess here, so it gives way to this device's default.
-A tree from ``draftheads calibrate`` (or passed explicitly) is always used as is.
+by an order of magnitude between the two. Heads leave training with trees chosen on the
+training device (tree.json entries ``"chosen_by": "training"`` for that device type); entries
+measured on another device type are not a good guess here, so they give way to this device's
+default (`plans.select`). Trees without a device type (saved by hand, or calibrated before plans
+per temperature) and trees passed explicitly are used as they are.
 """
 from __future__ import annotations
 
 import torch
 
 from ..heads.acceptance import default_choices, grow_tree
-
-CHOSEN_BY_TRAINING = "training"
+from ..heads.folder import saved_plans
+from ..plans import CHOSEN_BY_TRAINING, PlanEntry, TreePlans, select
 
 # EAGLE-2 dynamic-tree settings. CPU: small trees (verify cost grows fast with tokens there).
 # CUDA: the EAGLE-2 paper's defaults (60 tokens, depth 6, top-10), the GPU is nearly flat up to ~64.
@@ -49,28 +50,41 @@ def device_default(heads: torch.nn.Module, device: torch.device | str) -> list[l
     return large_static_choices(num_heads) if kind == "cuda" else default_choices(num_heads)
 
 
-def tree_source(heads: torch.nn.Module, device: torch.device | str) -> str:
-    """Where ``resolve_tree``'s answer comes from: "calibration" (or a tree set by hand),
-    "training" or "device default" (for reports)."""
-    saved = getattr(heads, "tree", None)
-    origin = getattr(heads, "tree_origin", None) or {}
-    if saved is None:
+def heads_plans(heads: torch.nn.Module) -> TreePlans | None:
+    """The plans that stand for ``heads``: their tree.json, or the tree set on them by hand
+    (`heads.folder.saved_plans`)."""
+    return saved_plans(heads)
+
+
+def source_of(entry: PlanEntry | None) -> str:
+    """"calibration" (or a tree set by hand), "training" or "device default" (for reports)."""
+    if entry is None:
         return "device default"
-    if origin.get("chosen_by") != CHOSEN_BY_TRAINING:
-        return "calibration"
-    return "training" if origin.get("device_type") in (None, torch.device(device).type) else "device default"
+    return "training" if entry.chosen_by == CHOSEN_BY_TRAINING else "calibration"
 
 
-def resolve_tree(heads: torch.nn.Module, device: torch.device | str) -> list[list[int]] | dict:
-    """The tree ``heads`` should draft on ``device`` when the caller gave none.
+def tree_source(heads: torch.nn.Module, device: torch.device | str) -> str:
+    """Where ``resolve_tree``'s answer comes from for one greedy sequence on ``device``."""
+    return source_of(select(heads_plans(heads), torch.device(device).type, 1, 0.0).entry)
 
-    The tree saved with the heads, unless training chose it on another device type; else the
-    device default. For dynamic trees the saved draft vocabulary restriction is kept either way
-    (it trades acceptance for drafting cost and does not depend on the tree's size)."""
+
+def default_for(heads: torch.nn.Module, device: torch.device | str) -> list[list[int]] | dict:
+    """This device type's default tree for ``heads``. For dynamic trees the saved draft
+    vocabulary restriction is kept (it trades acceptance for drafting cost and does not depend on
+    the tree's size)."""
     saved = getattr(heads, "tree", None)
-    if tree_source(heads, device) != "device default":
-        return saved
     tree = device_default(heads, device)
     if isinstance(tree, dict) and isinstance(saved, dict) and saved.get("draft_vocab_size"):
         tree["draft_vocab_size"] = saved["draft_vocab_size"]
     return tree
+
+
+def resolve_tree(heads: torch.nn.Module, device: torch.device | str, batch_size: int = 1,
+                 temperature: float = 0.0) -> list[list[int]] | dict:
+    """The tree ``heads`` should draft on ``device`` for a request of ``batch_size`` rows at
+    ``temperature`` when the caller gave none: the tree.json entry that `plans.select` picks
+    (never one measured on another device type), else the device default."""
+    entry = select(heads_plans(heads), torch.device(device).type, batch_size, temperature).entry
+    if entry is None or entry.tree is None:
+        return default_for(heads, device)
+    return entry.tree

@@ -1,5 +1,5 @@
 """Plain decoding behind the `SpeculativeDecoder` interface, for batch sizes where speculation
-does not pay (see `heads.batch_plan`).
+does not pay (see `plans.batch_sizes`).
 
 It is the target's own `generate` with the decoder's settings, so a plain-decoded batch is by
 construction what `generate` gives (greedy: token for token; sampling: the same distribution,

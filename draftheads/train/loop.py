@@ -49,7 +49,7 @@ from .checkpoint import (
     resume_candidates,
     save_checkpoint,
 )
-from .export_tree import SAMPLE_ROWS, write_export_tree
+from ..tune.training import SAMPLE_ROWS, write_export_tree
 from .metrics import HeadStats, format_heads, ranks_for, static_tree
 from .model import TargetWithHeads
 from .optim import build_optimizer, build_scheduler

@@ -1,10 +1,10 @@
-"""Per-batch-size decoding plans: speculate at some batch sizes, decode plainly at others.
+"""Batch-size plans: speculate at some batch sizes, decode plainly at others.
 
 On a device where one verify forward over a few tree tokens per row already fills the hardware
 (a CPU at batch 4 or 8), speculation costs more than it returns, so `draftheads calibrate
---batch-sizes` times both modes per batch size and saves the answer in ``tree.json``::
+--batch-sizes` times both modes per batch size. A plan maps batch sizes to a mode::
 
-    "batch_plan": {"1": "speculative", "4": "plain", "8": "plain"}
+    {1: "speculative", 4: "plain", 8: "plain"}
 
 A batch between measured sizes follows the nearest measured size at or below it, one above the
 largest follows the largest, one below the smallest is decoded speculatively (nothing was
@@ -12,16 +12,11 @@ measured there, and speculation is what the decoder does without a plan).
 """
 from __future__ import annotations
 
-import json
-import os
-from pathlib import Path
 from typing import Any, Mapping
 
 SPECULATIVE = "speculative"
 PLAIN = "plain"
 MODES = (SPECULATIVE, PLAIN)
-PLAN_KEY = "batch_plan"
-MEASURED_KEY = "batch_plan_measured"
 
 BatchPlan = dict[int, str]
 
@@ -38,7 +33,7 @@ def parse_batch_plan(data: Any, where: str = "batch_plan") -> BatchPlan:
         raise ValueError(f"{where} is empty: give at least one batch size, or no plan at all")
     plan: BatchPlan = {}
     for key, mode in data.items():
-        size = _batch_size(key)
+        size = batch_size(key)
         if size is None:
             raise ValueError(f"{where}: key {key!r} is not a whole batch size >= 1 (use keys like \"1\", \"4\", \"8\")")
         if size in plan:
@@ -49,7 +44,8 @@ def parse_batch_plan(data: Any, where: str = "batch_plan") -> BatchPlan:
     return dict(sorted(plan.items()))
 
 
-def _batch_size(key: Any) -> int | None:
+def batch_size(key: Any) -> int | None:
+    """``key`` as a batch size (an int >= 1, or a string of one), else None."""
     if isinstance(key, bool):
         return None
     if isinstance(key, int):
@@ -60,28 +56,20 @@ def _batch_size(key: Any) -> int | None:
     return None
 
 
+def size_at_or_below(sizes: list[int], wanted: int) -> int | None:
+    """The batch-size rule of every plan: the largest of ``sizes`` at or below ``wanted`` (None:
+    ``wanted`` is below them all)."""
+    below = [size for size in sizes if size <= wanted]
+    return max(below) if below else None
+
+
 def mode_for(plan: BatchPlan | None, batch_size: int) -> str:
     """The mode for a batch of ``batch_size`` rows (see the module docstring for the rule)."""
     if not plan:
         return SPECULATIVE
-    below = [size for size in plan if size <= batch_size]
-    return plan[max(below)] if below else SPECULATIVE
+    size = size_at_or_below(list(plan), batch_size)
+    return SPECULATIVE if size is None else plan[size]
 
 
 def plan_to_json(plan: BatchPlan) -> dict[str, str]:
     return {str(size): mode for size, mode in sorted(plan.items())}
-
-
-def read_batch_plan(path: str | os.PathLike, tree_name: str = "tree.json") -> BatchPlan | None:
-    """The plan saved by `draftheads calibrate --batch-sizes` in a heads folder's tree file, or None
-    (no tree file, or a tree file without a plan: every folder written before plans existed)."""
-    tree_file = Path(path) / tree_name
-    if not tree_file.is_file():
-        return None
-    data = json.loads(tree_file.read_text())  # read_tree has already checked that it is JSON
-    if not isinstance(data, dict) or PLAN_KEY not in data:
-        return None
-    try:
-        return parse_batch_plan(data[PLAN_KEY], f"{tree_file}: {PLAN_KEY}")
-    except ValueError as e:
-        raise ValueError(f"{e}; fix it, delete the key or run draftheads calibrate --batch-sizes again") from None

@@ -5,6 +5,10 @@ Two measurements feed it:
   target actually produces k+2 positions ahead, on sample text (Medusa's heads_accuracy);
 - the verify-forward time for n tree tokens on this device (16 tokens cost ~2x one token on a
   2-core CPU, nearly the same as one token on a GPU).
+Under sampling at temperature T (exact acceptance, drafts are the heads' top-ranked tokens, so
+each a point mass), a drafted token x is accepted with probability p_T(x), the target's tempered
+probability of it, and siblings after a rejection with their share of what is left: so the table
+at T holds the mean p_T of each candidate instead of its hit rate (the same thing at T = 0).
 Trees are grown greedily, adding the node with the highest path probability (the product of
 ``acc`` along its path, assuming independence as Medusa's tree search does); the expected
 tokens per step of a tree is 1 + the sum of its nodes' path probabilities (at most one child of
@@ -22,11 +26,11 @@ from transformers import DynamicCache
 
 from ..heads.acceptance import expected_tokens_per_step, grow_tree  # noqa: F401 (re-exported)
 from ..heads.hydra import token_context
-from .decoder import SpeculativeDecoder
-from .one_forward_tree import drafts_in_one_forward, one_forward_accuracy, one_forward_draft_seconds
-from .sampling import SamplingParams
-from .tree import Tree, TreeShape
-from .verify import TreeVerifier
+from ..inference.decoder import SpeculativeDecoder
+from ..inference.one_forward_tree import drafts_in_one_forward, one_forward_accuracy, one_forward_draft_seconds
+from ..inference.sampling import SamplingParams
+from ..inference.tree import Tree, TreeShape
+from ..inference.verify import TreeVerifier
 
 
 @torch.no_grad()
@@ -37,10 +41,13 @@ def head_accuracy_table(
     max_rank: int = 10,
     skip_prompt: list[int] | None = None,
     vocab_ids: torch.Tensor | None = None,
+    temperature: float = 0.0,
 ) -> torch.Tensor:
     """acc[k, r] = P(head k's rank-r token == the token at t+2+k) over positions of ``sequences``
     (the target's own greedy continuations, so "correct" means "what verification accepts").
-    With ``vocab_ids``, heads rank only those tokens (a restricted draft vocabulary)."""
+    With ``vocab_ids``, heads rank only those tokens (a restricted draft vocabulary). At
+    ``temperature`` > 0: the mean probability the target, sampling at that temperature, gives
+    the candidate there (the chance exact sampling accepts it; see the module docstring)."""
     num_heads = heads.config.num_heads
     hits = torch.zeros(num_heads, max_rank)
     totals = torch.zeros(num_heads)
@@ -48,7 +55,8 @@ def head_accuracy_table(
     for i, seq in enumerate(sequences):
         seq = seq.to(device)
         start = skip_prompt[i] - 1 if skip_prompt else 0
-        hidden = target(seq[None], output_hidden_states=True).hidden_states[-1][0]
+        out = target(seq[None], output_hidden_states=True)
+        hidden = out.hidden_states[-1][0]
         if heads.reads_tokens:  # Hydra heads are told the (correct) tokens before theirs
             states = heads.head_states(hidden, token_context(seq[None], num_heads)[0])
         else:
@@ -63,7 +71,11 @@ def head_accuracy_table(
             else:
                 top = logits.topk(max_rank, dim=-1).indices  # [positions, R]
             truth = seq[start + shift :]
-            hits[k] += (top == truth[:, None]).float().sum(0).cpu()
+            if temperature > 0:  # the target's tempered law for each truth position, from the position before
+                probs = torch.softmax(out.logits[0, start + shift - 1 : -1].float() / temperature, dim=-1)
+                hits[k] += probs.gather(1, top).sum(0).cpu()
+            else:
+                hits[k] += (top == truth[:, None]).float().sum(0).cpu()
             totals[k] += truth.numel()
     return hits / totals.clamp(min=1)[:, None]
 
@@ -138,6 +150,7 @@ class CalibratedTree:
     device: str
     draft_vocab_size: int | None = None  # None: heads rank the whole vocabulary
     candidates: list[dict] = field(default_factory=list)
+    temperature: float = 0.0
 
     def to_json(self) -> dict:
         data = asdict(self)
@@ -217,31 +230,39 @@ def calibrate(
     max_rank: int = 8,
     max_nodes: int = 64,
     sizes: list[int] | None = None,
+    temperature: float = 0.0,
+    verify: dict[int, float] | None = None,
 ) -> CalibratedTree:
-    """Measure acceptance on ``prompts`` (greedy continuations by the target itself) and verify
-    times on this device, and return the tree with the best expected tokens per second."""
+    """Measure acceptance on ``prompts`` (continuations by the target itself: greedy, or sampled
+    at ``temperature``) and verify times on this device (``verify``: already measured ones), and
+    return the tree with the best expected tokens per second at that temperature."""
     decoder = SpeculativeDecoder(target, heads, batch_plan=None)  # the continuation is the target's, only faster
-    sequences = [decoder.generate(p, max_new_tokens=new_tokens, temperature=0.0, eos_token_id=[]).sequences[0] for p in prompts]
+    sequences = [decoder.generate(p, max_new_tokens=new_tokens, temperature=temperature, eos_token_id=[],
+                                  seed=i).sequences[0] for i, p in enumerate(prompts)]
     skip = [p.shape[-1] for p in prompts]
     sizes = sizes or [n for n in (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64) if n <= max_nodes + 1]
     context = min(256, max(int(s.numel()) for s in sequences))
-    verify = measure_verify_times(target, sizes, context=context)
+    verify = verify or measure_verify_times(target, sizes, context=context)
     device = str(target.device) + (f" ({torch.cuda.get_device_name()})" if target.device.type == "cuda" else "")
     # Draft vocabularies to try: the whole one, and the most frequent training tokens (cheaper
     # projections, fewer tokens that can be drafted). The measurements decide.
     if drafts_in_one_forward(heads):  # DFlash, P-EAGLE: one draft forward drafts any tree
-        acc = one_forward_accuracy(target, heads, sequences, max_rank, skip_prompt=skip)
-        return choose_tree(acc, verify, one_forward_draft_seconds(heads), max_nodes=max_nodes, device=device)
+        acc = one_forward_accuracy(target, heads, sequences, max_rank, skip_prompt=skip)  # greedy hit rates
+        result = choose_tree(acc, verify, one_forward_draft_seconds(heads), max_nodes=max_nodes, device=device)
+        result.temperature = temperature
+        return result
     vocab_sizes: list[int | None] = [None]
     if int(getattr(heads, "token_counts", torch.zeros(1)).sum()) > 0:
         vocab_sizes += [n for n in (4096, 2048, 1024, 512) if n < heads.config.vocab_size // 2]
     best = None
     for vocab_size in vocab_sizes:
         vocab_ids = heads.draft_vocab(vocab_size)
-        acc = head_accuracy_table(target, heads, sequences, max_rank, skip_prompt=skip, vocab_ids=vocab_ids)
+        acc = head_accuracy_table(target, heads, sequences, max_rank, skip_prompt=skip, vocab_ids=vocab_ids,
+                                  temperature=temperature)
         draft = measure_draft_seconds(heads, draft_vocab_size=vocab_size)
         result = choose_tree(acc, verify, draft, max_nodes=max_nodes, device=device)
         result.draft_vocab_size = vocab_size
+        result.temperature = temperature
         if best is None or result.expected_speedup > best.expected_speedup:
             best = result
     return best
@@ -267,6 +288,7 @@ class CalibratedDynamicTree:
     mean_accept_length: float
     device: str
     candidates: list[dict] = field(default_factory=list)
+    temperature: float = 0.0
 
     @property
     def expected_speedup(self) -> float:
@@ -284,6 +306,7 @@ def calibrate_dynamic_tree(
     new_tokens: int = 64,
     grid: list[dict] | None = None,
     rounds: int = 2,
+    temperature: float = 0.0,
 ) -> CalibratedDynamicTree:
     """The EAGLE tree settings (token budget, depth, top-k) that decode fastest on ``prompts``.
 
@@ -291,7 +314,8 @@ def calibrate_dynamic_tree(
     per-rank table captures, so each setting is simply timed: greedy decoding of every prompt,
     settings interleaved over ``rounds`` rounds so that machine drift hits them all alike, the
     best total tokens / decode seconds wins. Plain decoding (a root-only tree) is measured the
-    same way, so the reported speedup is against our own one-token steps."""
+    same way, so the reported speedup is against our own one-token steps. At ``temperature`` > 0
+    every setting samples, with the same seed per prompt and round."""
     if grid is None:
         vocabs = DRAFT_VOCAB_SIZES if heads.vocab_ids() is None and int(heads.token_counts.sum()) > 0 else (None,)
         grid = [{**g, "draft_vocab_size": v} for g in DYNAMIC_GRID for v in vocabs]
@@ -302,14 +326,15 @@ def calibrate_dynamic_tree(
                 for i, s in enumerate(settings)]
     for p in prompts[:1]:  # warm-up
         for d in decoders:
-            d.generate(p, max_new_tokens=8, temperature=0.0, eos_token_id=[])
+            d.generate(p, max_new_tokens=8, temperature=temperature, eos_token_id=[], seed=0)
     seconds = [0.0] * len(settings)
     tokens = [0] * len(settings)
     steps = [0] * len(settings)
-    for _ in range(rounds):
-        for p in prompts:
+    for r in range(rounds):
+        for j, p in enumerate(prompts):
             for i, d in enumerate(decoders):
-                out = d.generate(p, max_new_tokens=new_tokens, temperature=0.0, eos_token_id=[])
+                out = d.generate(p, max_new_tokens=new_tokens, temperature=temperature, eos_token_id=[],
+                                 seed=r * len(prompts) + j)
                 seconds[i] += out.decode_seconds
                 tokens[i] += out.num_new_tokens - 1  # the first token comes from the prefill
                 steps[i] += len(out.accept_lengths)
@@ -328,4 +353,5 @@ def calibrate_dynamic_tree(
         mean_accept_length=tokens[best] / max(steps[best], 1),
         device=device,
         candidates=candidates,
+        temperature=temperature,
     )

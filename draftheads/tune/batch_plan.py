@@ -4,7 +4,8 @@ A verify forward over B rows x n tree tokens costs about what B x n plain tokens
 device is busy (a CPU at batch 4 already is), so the gain of speculation shrinks as the batch
 grows and turns into a loss. The answer depends on the device, the target and the heads'
 acceptance, so it is measured: for every batch size, left-padded batches built from the
-calibration prompts are decoded greedily with the chosen tree and with plain decoding (the
+calibration prompts are decoded (greedily, or sampled at the plan's temperature with one seed
+per batch for both modes) with the chosen tree and with plain decoding (the
 target's `generate`, what the decoder runs for a batch the plan marks plain), the two modes
 interleaved batch by batch and their order alternated, over ``rounds`` rounds. Speculation is
 the plan's answer for a size when the median over batches of its tokens/s ratio to plain exceeds 1:
@@ -20,9 +21,9 @@ from typing import Any
 
 import torch
 
-from ..heads.batch_plan import MEASURED_KEY, PLAIN, PLAN_KEY, SPECULATIVE, BatchPlan, plan_to_json
-from .inputs import eos_ids, left_pad, pad_id
-from .decoder import SpeculativeDecoder
+from ..inference.decoder import SpeculativeDecoder
+from ..inference.inputs import eos_ids, left_pad, pad_id
+from ..plans import PLAIN, SPECULATIVE, BatchPlan
 
 
 def prompt_batches(prompts: list[torch.Tensor], size: int, pad_id: int, min_batches: int = 2) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -36,13 +37,11 @@ def prompt_batches(prompts: list[torch.Tensor], size: int, pad_id: int, min_batc
 class BatchPlanResult:
     plan: BatchPlan
     measured: dict[int, dict[str, Any]] = field(default_factory=dict)
-
-    def to_json(self) -> dict[str, Any]:
-        """The keys `draftheads calibrate` adds to ``tree.json``."""
-        return {PLAN_KEY: plan_to_json(self.plan), MEASURED_KEY: {str(k): v for k, v in sorted(self.measured.items())}}
+    temperature: float = 0.0
 
     def lines(self) -> list[str]:
-        out = ["batch plan (greedy; speculative / plain tokens/s, median [min-max] over batches, interleaved):"]
+        setting = "greedy" if self.temperature == 0 else f"temperature {self.temperature:g}"
+        out = [f"batch plan ({setting}; speculative / plain tokens/s, median [min-max] over batches, interleaved):"]
         for size, m in sorted(self.measured.items()):
             out.append(
                 f"  batch {size}: per batch {m['speedup_median']:.2f}x [{m['speedup_min']:.2f}-{m['speedup_max']:.2f}] "
@@ -61,9 +60,10 @@ def measure_batch_plan(
     batch_sizes: list[int],
     new_tokens: int = 64,
     rounds: int = 2,
+    temperature: float = 0.0,
 ) -> BatchPlanResult:
     """Time speculative decoding with ``tree`` against plain decoding at every batch size (see the
-    module docstring) and return the plan with its measurements."""
+    module docstring), at ``temperature`` (0: greedy), and return the plan with its measurements."""
     if not prompts:
         raise ValueError("no prompts to build batches from")
     if rounds < 1:
@@ -80,10 +80,11 @@ def measure_batch_plan(
     batches = {size: prompt_batches(prompts, size, pad) for size in sizes}
     sync = (lambda: torch.cuda.synchronize(target.device)) if target.device.type == "cuda" else (lambda: None)
 
-    def timed(mode: str, ids: torch.Tensor, mask: torch.Tensor, max_new: int) -> tuple[int, float]:
+    def timed(mode: str, ids: torch.Tensor, mask: torch.Tensor, max_new: int, seed: int = 0) -> tuple[int, float]:
         sync()
         t0 = time.perf_counter()
-        out = decoders[mode].generate(ids, attention_mask=mask, max_new_tokens=max_new, temperature=0.0, eos_token_id=[])
+        out = decoders[mode].generate(ids, attention_mask=mask, max_new_tokens=max_new, temperature=temperature,
+                                      eos_token_id=[], seed=seed)
         sync()
         seconds = time.perf_counter() - t0
         if out.stats.get("mode") != mode:  # the plan override must route the call, or the figures mean nothing
@@ -105,7 +106,7 @@ def measure_batch_plan(
                 index += 1
                 rate = {}
                 for mode in order:
-                    n, s = timed(mode, ids, mask, new_tokens)
+                    n, s = timed(mode, ids, mask, new_tokens, seed=index)
                     tokens[size][mode] += n
                     seconds[size][mode] += s
                     rate[mode] = n / s if s > 0 else 0.0
@@ -128,4 +129,4 @@ def measure_batch_plan(
             "timed_batches": len(ratios[size]),
             "new_tokens": new_tokens,
         }
-    return BatchPlanResult(plan, measured)
+    return BatchPlanResult(plan, measured, temperature)

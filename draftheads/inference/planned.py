@@ -1,0 +1,140 @@
+"""Which tree (or plain decoding) a decoder runs for a request: its plan lookup.
+
+Heads carry a table of what to run where (tree.json, `draftheads.plans`): device type x batch
+size x temperature -> tree, or plain decoding. `PlannedDrafts` builds one proposer per distinct
+tree of the entries that apply on the decoder's device (once, at construction) and answers, per
+request, which entry runs (`plans.select`: this device type's entries, the nearest measured
+temperature, the largest measured batch size at or below the request's). Entries measured on
+another device type are ignored (warned once): the device default tree is drafted instead.
+
+A tree passed to the decoder, and proposers that are not heads (prompt lookup, a draft model),
+have no table: one proposer serves every request. The choice depends only on the request's
+settings, never on what the target produces, so decoding stays lossless.
+"""
+from __future__ import annotations
+
+import json
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+import torch
+
+from ..plans import PLAIN, SPECULATIVE, BatchPlan, PlanEntry, greedy_batch_plan, mode_for, parse_batch_plan, select
+from ..plans import usable_entries
+from .default_tree import default_for, heads_plans, source_of
+
+#: How the decoder follows the table (its ``batch_plan`` argument).
+FOLLOW_HEADS = "heads"
+
+
+@dataclass(frozen=True)
+class PlannedRun:
+    """What one request runs: the mode, the proposer (for speculative steps) and, for
+    ``out.stats["plan"]``, which entry chose them."""
+
+    mode: str
+    proposer: Any
+    stats: dict = field(default_factory=dict)
+
+
+def _tree_key(tree: Any, draft_vocab_size: int | None) -> str:
+    return json.dumps([tree, draft_vocab_size], sort_keys=True, default=str)
+
+
+def _proposer_for(heads: torch.nn.Module, tree: Any, draft_vocab_size: int | None) -> Any:
+    """``heads``' proposer for an entry's tree, with the entry's own draft vocabulary (static
+    heads: the whole vocabulary when the entry has none, whatever the heads' default is)."""
+    if isinstance(tree, dict) or getattr(heads, "dynamic_tree", False):
+        return heads.proposer(tree=tree)
+    if draft_vocab_size is None and getattr(heads, "draft_vocab_size", None) is None:
+        return heads.proposer(tree=tree)
+    size = draft_vocab_size if draft_vocab_size is not None else int(heads.config.vocab_size)  # >= vocab: all of it
+    return heads.proposer(tree=tree, draft_vocab_size=size)
+
+
+class PlannedDrafts:
+    """The proposers a decoder may run and the rule picking one per request (module docstring)."""
+
+    def __init__(self, proposer: Any, device: torch.device, tree: Any = None, is_heads: bool = True,
+                 batch_plan: str | Mapping[int | str, str] | None = FOLLOW_HEADS) -> None:
+        self.device_type = torch.device(device).type
+        self.plans = heads_plans(proposer) if is_heads else None
+        self.entries: list[PlanEntry] = []
+        self._by_tree: dict[str, Any] = {}
+        self.ignored: tuple[str, ...] = ()
+        if is_heads:  # the table decides plain decoding even under an explicit tree
+            self.entries, self.ignored = usable_entries(self.plans, self.device_type)
+        if not is_heads:
+            self.default = proposer  # a Proposer brings its own drafts
+        elif tree is not None:
+            self.default = proposer.proposer(tree=tree)  # an explicit tree serves every request
+        else:
+            for entry in self.entries:
+                if entry.tree is not None:
+                    key = _tree_key(entry.tree, entry.draft_vocab_size)
+                    if key not in self._by_tree:
+                        self._by_tree[key] = _proposer_for(proposer, entry.tree, entry.draft_vocab_size)
+            first = select(self.plans, self.device_type, 1, 0.0).entry
+            if first is not None and first.tree is not None:
+                self.default = self._by_tree[_tree_key(first.tree, first.draft_vocab_size)]
+            else:  # nothing applies here: this device type's default tree
+                self.default = proposer.proposer(tree=default_for(proposer, device))
+            if self.ignored and not self.entries:  # only where the table would have chosen the tree
+                warnings.warn(
+                    f"the heads' tree.json holds plans measured on {', '.join(self.ignored)} only; this decoder runs "
+                    f"on {self.device_type}, so they are IGNORED and the {self.device_type} default tree is drafted "
+                    f"(run `draftheads calibrate` on this device to measure plans for it)", stacklevel=3)
+        self.explicit_tree = tree is not None
+        self.override = _resolve_override(batch_plan)
+        self.always_speculate = batch_plan is None
+
+    @property
+    def proposers(self) -> list[Any]:
+        """Every proposer this decoder may run (the default first)."""
+        return [self.default] + [p for p in self._by_tree.values() if p is not self.default]
+
+    def batch_plan(self) -> BatchPlan | None:
+        """The greedy modes by batch size this decoder follows (for reports): the override, else
+        the table's for this device type (None when it measured no batch sizes)."""
+        if self.override is not None or self.always_speculate:
+            return self.override
+        if not self.entries:
+            return None
+        return greedy_batch_plan(self.plans, self.device_type) if self.plans is not None else None
+
+    def run_for(self, batch_size: int, temperature: float) -> PlannedRun:
+        """What a request of ``batch_size`` rows at ``temperature`` (0: greedy) runs."""
+        entry = select(self.plans, self.device_type, batch_size, temperature).entry if self.entries else None
+        proposer = self.default
+        if entry is not None and entry.tree is not None and not self.explicit_tree:
+            proposer = self._by_tree[_tree_key(entry.tree, entry.draft_vocab_size)]
+        if self.override is not None:
+            mode, source = mode_for(self.override, batch_size), "batch_plan argument"
+        elif self.always_speculate:
+            mode, source = SPECULATIVE, "batch_plan=None"
+        else:
+            mode = entry.mode if entry is not None else SPECULATIVE
+            source = "tree.json"
+        stats: dict[str, Any] = {"tree": "given" if self.explicit_tree else source_of(entry)}
+        if entry is not None:
+            stats["entry"] = entry.describe()
+        if source != "tree.json" or entry is None:
+            stats["mode_from"] = source if source != "tree.json" else "no plan (speculative)"
+        if self.ignored and not self.entries:
+            stats["ignored_device_types"] = list(self.ignored)
+        return PlannedRun(PLAIN if mode == PLAIN else SPECULATIVE, proposer, stats)
+
+
+def _resolve_override(batch_plan: Any) -> BatchPlan | None:
+    """A ``batch_plan`` dict argument as a plan (None for "heads" and None)."""
+    if batch_plan is None:
+        return None
+    if isinstance(batch_plan, str):
+        if batch_plan != FOLLOW_HEADS:
+            raise ValueError(
+                f"batch_plan must be 'heads' (the plan saved with the heads), None (always speculative) or a dict "
+                f"like {{1: 'speculative', 4: 'plain'}}; got {batch_plan!r}"
+            )
+        return None
+    return parse_batch_plan(batch_plan, "batch_plan")

@@ -1,0 +1,236 @@
+"""The format of a heads folder's ``tree.json``: one table of what to run where.
+
+Version 2 (written since plans per temperature exist)::
+
+    {
+      "format_version": 2,
+      "plans": [
+        {"device_type": "cpu", "batch_size": 1, "temperature": 0.0, "mode": "speculative",
+         "tree": [[0], [1], [0, 0]], "draft_vocab_size": 1024, "chosen_by": "calibrate",
+         "measured": {...}},
+        {"device_type": "cpu", "batch_size": 1, "temperature": 0.7, "mode": "speculative", ...},
+        {"device_type": "cpu", "batch_size": 4, "temperature": 0.0, "mode": "plain", ...}
+      ]
+    }
+
+Each entry says, for requests on ``device_type`` ("cpu", "cuda", ...; null: any device) from
+``batch_size`` rows up and at ``temperature`` (0: greedy), which ``tree`` to draft (rank paths for
+static heads, settings for dynamic ones) with which ``draft_vocab_size``, or that ``mode``
+"plain" decoding is faster there (a plain entry may keep the tree that lost, which a decoder told
+to always speculate drafts). ``chosen_by`` says who measured it ("calibrate", "training",
+"given" for a tree saved by hand); ``measured`` keeps the figures that decided it (free-form,
+for people; the decoder never reads it). How a request picks its entry is `plans.select`.
+
+Version 1 is every file written before: one top-level ``tree`` (+ ``draft_vocab_size``), the
+measurements beside it, optionally ``chosen_by``/``device_type`` (trees chosen by training) and
+``batch_plan`` (``{"1": "speculative", "4": "plain"}``). It still loads: `from_json` turns it
+into greedy entries (device type null unless training named one, as those files were used).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Any, Mapping
+
+from .batch_sizes import MODES, SPECULATIVE, batch_size, parse_batch_plan
+
+FORMAT_VERSION = 2
+CHOSEN_BY_CALIBRATION = "calibrate"
+CHOSEN_BY_TRAINING = "training"
+CHOSEN_BY_HAND = "given"
+#: Keys of a version-1 file that are its content, not its measurements.
+LEGACY_CONTENT = ("tree", "draft_vocab_size", "chosen_by", "device_type", "batch_plan")
+ENTRY_KEYS = ("device_type", "batch_size", "temperature", "mode", "tree", "draft_vocab_size", "chosen_by", "measured")
+
+
+@dataclass(frozen=True)
+class PlanEntry:
+    """What to run for requests on ``device_type`` (None: any) from ``batch_size`` rows up at
+    ``temperature``: ``tree`` speculatively, or plain decoding (``mode`` "plain")."""
+
+    tree: list | dict | None
+    temperature: float = 0.0
+    batch_size: int = 1
+    device_type: str | None = None
+    mode: str = SPECULATIVE
+    draft_vocab_size: int | None = None
+    chosen_by: str = CHOSEN_BY_CALIBRATION
+    measured: dict = field(default_factory=dict, compare=False)
+
+    @property
+    def key(self) -> tuple[str | None, int, float]:
+        return (self.device_type, self.batch_size, self.temperature)
+
+    def describe(self) -> dict[str, Any]:
+        """The entry without its measurements (for ``out.stats`` and logs)."""
+        return {"device_type": self.device_type, "batch_size": self.batch_size, "temperature": self.temperature,
+                "mode": self.mode, "chosen_by": self.chosen_by}
+
+    def to_json(self) -> dict[str, Any]:
+        data = {"device_type": self.device_type, "batch_size": self.batch_size, "temperature": self.temperature,
+                "mode": self.mode}
+        if self.tree is not None:  # a plain entry keeps the tree that was timed (and lost) there
+            data["tree"] = self.tree
+            data["draft_vocab_size"] = self.draft_vocab_size
+        data["chosen_by"] = self.chosen_by
+        if self.measured:
+            data["measured"] = self.measured
+        return data
+
+
+@dataclass(frozen=True)
+class TreePlans:
+    """A whole ``tree.json``: its entries, in the order they were written."""
+
+    entries: tuple[PlanEntry, ...]
+    version: int = FORMAT_VERSION
+
+    def __post_init__(self) -> None:
+        seen: dict[tuple, PlanEntry] = {}
+        for entry in self.entries:
+            if entry.key in seen:
+                device, size, temp = entry.key
+                raise ValueError(f"two plans for device type {device or 'any'}, batch size {size}, temperature {temp}: "
+                                 "keep one")
+            seen[entry.key] = entry
+
+    @property
+    def device_types(self) -> list[str | None]:
+        return sorted({e.device_type for e in self.entries}, key=lambda d: (d is not None, d or ""))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"format_version": FORMAT_VERSION, "plans": [e.to_json() for e in self.entries]}
+
+    def merged(self, new: "TreePlans") -> "TreePlans":
+        """``new``'s entries, plus this file's entries for other device types: measuring on one
+        device replaces what was measured there before (and version-1 any-device entries, which
+        the measurement supersedes), never what another device type measured."""
+        measured = {e.device_type for e in new.entries}
+        kept = [e for e in self.entries if e.device_type is not None and e.device_type not in measured]
+        return TreePlans(tuple(new.entries) + tuple(kept))
+
+
+# -- checks -------------------------------------------------------------------------------------
+def check_temperature(value: Any, where: str = "temperature") -> float:
+    """A measured temperature: a finite number >= 0 (0 = greedy), else a ValueError naming it."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{where} must be a number >= 0 (0 = greedy), got {type(value).__name__} {value!r}")
+    value = float(value)
+    if math.isnan(value) or math.isinf(value):
+        raise ValueError(f"{where} must be a finite number >= 0 (0 = greedy), got {value!r}")
+    if value < 0:
+        raise ValueError(f"{where} must be >= 0 (0 = greedy), got {value!r}")
+    return value
+
+
+def parse_temperatures(text: str | list[Any]) -> list[float]:
+    """``--temperatures 0,0.7,1.0`` (or a list) as distinct temperatures, sorted; a ValueError
+    naming the value for a word, a negative, NaN/inf, a duplicate or an empty list."""
+    items = [t.strip() for t in text.split(",")] if isinstance(text, str) else list(text)
+    if isinstance(text, str) and any(t == "" for t in items):
+        raise ValueError(f"temperatures {text!r} has an empty item: give numbers separated by commas, e.g. 0,0.7,1.0")
+    out: list[float] = []
+    for item in items:
+        value = item
+        if isinstance(item, str):
+            try:
+                value = float(item)
+            except ValueError:
+                raise ValueError(f"temperature {item!r} is not a number: give numbers >= 0 like 0,0.7,1.0") from None
+        value = check_temperature(value, f"temperature {item!r}")
+        if value in out:
+            raise ValueError(f"temperature {item!r} is given twice: each temperature is measured once")
+        out.append(value)
+    if not out:
+        raise ValueError("no temperatures given: give at least one, e.g. 0 (greedy) or 0,0.7,1.0")
+    return sorted(out)
+
+
+# -- reading --------------------------------------------------------------------------------------
+def from_json(data: Any, where: str = "tree.json") -> TreePlans:
+    """A `TreePlans` from the parsed JSON of a tree file of any version, checked (the trees'
+    fit to the heads is `heads.tree_check`'s job); a ValueError naming ``where`` otherwise."""
+    if not isinstance(data, Mapping):
+        raise ValueError(f"{where} must hold a JSON object, got {type(data).__name__}")
+    version = data.get("format_version")
+    if version is None:
+        return _from_version_1(data, where)
+    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+        raise ValueError(f"{where}: format_version must be a whole number 1..{FORMAT_VERSION}, got {version!r}")
+    if version > FORMAT_VERSION:
+        raise ValueError(f"{where} has format_version {version}; this draftheads reads tree files up to version "
+                         f"{FORMAT_VERSION}: upgrade draftheads (or run draftheads calibrate again)")
+    if version == 1:
+        return _from_version_1(data, where)
+    unknown = sorted(str(k) for k in set(data) - {"format_version", "plans"})
+    if unknown:
+        raise ValueError(f"{where}: unknown key(s) {unknown} in a version-{version} tree file (it holds format_version "
+                         "and plans)")
+    plans = data.get("plans")
+    if not isinstance(plans, list) or not plans:
+        raise ValueError(f"{where}: 'plans' must be a non-empty list of plan entries")
+    entries = tuple(_entry(item, f"{where}: plans[{i}]") for i, item in enumerate(plans))
+    try:
+        return TreePlans(entries)
+    except ValueError as e:
+        raise ValueError(f"{where}: {e}") from None
+
+
+def _entry(item: Any, where: str) -> PlanEntry:
+    if not isinstance(item, Mapping):
+        raise ValueError(f"{where} must be an object with {', '.join(ENTRY_KEYS[:4])}, got {type(item).__name__}")
+    unknown = sorted(str(k) for k in set(item) - set(ENTRY_KEYS))
+    if unknown:
+        raise ValueError(f"{where}: unknown key(s) {unknown}; valid: {', '.join(ENTRY_KEYS)}")
+    device = item.get("device_type")
+    if device is not None and (not isinstance(device, str) or not device or ":" in device):
+        raise ValueError(f"{where}: device_type must be a device type such as \"cpu\" or \"cuda\" (no index) or null "
+                         f"(any device), got {device!r}")
+    size = batch_size(item.get("batch_size", 1))
+    if size is None or isinstance(item.get("batch_size", 1), str):
+        raise ValueError(f"{where}: batch_size must be a whole number >= 1, got {item.get('batch_size')!r}")
+    temperature = check_temperature(item.get("temperature", 0.0), f"{where}: temperature")
+    mode = item.get("mode", SPECULATIVE)
+    if mode not in MODES:
+        raise ValueError(f"{where}: unknown mode {mode!r}; valid: {', '.join(repr(m) for m in MODES)}")
+    tree = item.get("tree")
+    if mode == SPECULATIVE and tree is None:
+        raise ValueError(f"{where}: a speculative entry needs a tree (or mode \"plain\")")
+    chosen_by = item.get("chosen_by", CHOSEN_BY_CALIBRATION)
+    if not isinstance(chosen_by, str):
+        raise ValueError(f"{where}: chosen_by must be a string, got {chosen_by!r}")
+    measured = item.get("measured", {})
+    if not isinstance(measured, Mapping):
+        raise ValueError(f"{where}: measured must be an object, got {type(measured).__name__}")
+    return PlanEntry(tree=tree, temperature=temperature, batch_size=size,
+                     device_type=device, mode=mode, draft_vocab_size=item.get("draft_vocab_size"),
+                     chosen_by=chosen_by, measured=dict(measured))
+
+
+def _from_version_1(data: Mapping, where: str) -> TreePlans:
+    """Every file written before version 2: one greedy tree, maybe a batch plan (module docstring)."""
+    if "tree" not in data:
+        raise ValueError(f"{where} is not a valid tree file (no 'tree' and no 'format_version')")
+    by_training = data.get("chosen_by") == CHOSEN_BY_TRAINING
+    device = data.get("device_type") if by_training and isinstance(data.get("device_type"), str) else None
+    chosen_by = CHOSEN_BY_TRAINING if by_training else CHOSEN_BY_CALIBRATION
+    measured = {k: v for k, v in data.items() if k not in LEGACY_CONTENT}
+    base = PlanEntry(tree=data["tree"], device_type=device, draft_vocab_size=data.get("draft_vocab_size"),
+                     chosen_by=chosen_by, measured=measured)
+    if "batch_plan" not in data:
+        return TreePlans((base,), version=1)
+    try:
+        plan = parse_batch_plan(data["batch_plan"], f"{where}: batch_plan")
+    except ValueError as e:
+        raise ValueError(f"{e}; fix it, delete the key or run draftheads calibrate --batch-sizes again") from None
+    by_size = data.get("batch_plan_measured") if isinstance(data.get("batch_plan_measured"), Mapping) else {}
+    entries = [] if 1 in plan else [base]  # below the smallest measured size: speculative, as these files meant
+    for size, mode in plan.items():
+        measured = {**(base.measured if size == 1 else {}), **({"batch": by_size[str(size)]} if str(size) in by_size else {})}
+        entries.append(replace(base, batch_size=size, mode=mode, measured=measured))
+    return TreePlans(tuple(entries), version=1)
+
+
+def given_tree(tree: list | dict, draft_vocab_size: int | None = None) -> TreePlans:
+    """The file for a tree saved by hand (``save_pretrained(tree=...)``): used on any device."""
+    return TreePlans((PlanEntry(tree=tree, draft_vocab_size=draft_vocab_size, chosen_by=CHOSEN_BY_HAND),))
