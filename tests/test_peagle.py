@@ -336,7 +336,7 @@ def test_heads_without_a_chosen_tree_decode_the_chain_of_their_depths(trained):
 def test_training_chooses_a_tree_with_one_draft_forward_per_depth(trained):
     """The end of training picks a static tree from the evaluation's per-depth table (it refused
     P-EAGLE before), costing each depth one draft forward; the tree decodes exactly."""
-    from draftheads.train.export_tree import choose_export_tree
+    from draftheads.tune.training import choose_export_tree
 
     _, target, heads, prompts, _, _ = trained
     table = [[0.9] + [0.05] * 9] * DEPTHS  # an accurate first rank at every depth
@@ -390,7 +390,7 @@ def test_depth_table_is_what_decoding_accepts(trained):
 def test_calibrate_chooses_a_peagle_tree(trained, tmp_path):
     """`calibrate` measures P-EAGLE's per-depth acceptance on the target's own continuations and
     its draft cost by depth, and returns a tree the decoder runs exactly."""
-    from draftheads.inference.calibrate import calibrate
+    from draftheads.tune.calibrate import calibrate
 
     _, target, heads, prompts, _, _ = trained
     result = calibrate(target, heads, [prompts[i : i + 1] for i in range(2)], new_tokens=16, max_rank=4, max_nodes=8)
