@@ -7,6 +7,7 @@ counts, same loss, same gradients, and the same weights after a few optimizer st
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
 import pytest
 import torch
@@ -144,13 +145,13 @@ HEADS = {
 }
 
 
-def fresh_heads(target, head_type: str, seed: int = 0):
+def fresh_heads(target, head_type: str, seed: int = 0, std: float = 0.05):
     torch.manual_seed(seed)
     heads = HEADS[head_type](target)
     if hasattr(heads, "set_draft_vocab"):
         heads.set_draft_vocab(torch.arange(target.config.vocab_size).float())  # id 0 (P-EAGLE's mask) never seen
     for p in heads.parameters():  # a random start: zero-initialised projections would hide mistakes
-        torch.nn.init.normal_(p, std=0.05)
+        torch.nn.init.normal_(p, std=std)
     return heads
 
 
@@ -195,7 +196,8 @@ def test_a_document_boundary_changes_nothing_before_it(head_type):
     """Crossing documents would show: the loss of a window changes when its second document
     changes, while the separate runs of the first document do not."""
     target = make_tiny_model("llama")
-    model = TargetWithHeads(target, fresh_heads(target, head_type)).eval()
+    # large weights: fresh heads' near-uniform drafts would hide a change in what they attend to
+    model = TargetWithHeads(target, fresh_heads(target, head_type, std=0.5)).eval()
     first = documents((20,), target.config.vocab_size, seed=5)
     other = [documents((15,), target.config.vocab_size, seed=s) for s in (6, 7)]
     with torch.no_grad():
@@ -260,3 +262,32 @@ def test_pack_for_training_reports_and_keeps_documents():
     ds, collator = pack_for_training(cfg, make_tiny_model("llama"), rows, Collator(PAD), said.append)
     assert isinstance(collator, PackingCollator) and len(ds) < 5
     assert "1 rows longer than the window were split into 2 pieces" in said[0] and "evaluation stays unpacked" in said[0]
+
+
+# -- the training loop ------------------------------------------------------------------------------
+
+
+def test_training_runs_on_packed_windows_and_resumes_bit_exact(tmp_path, tiny_target_dir, tiny_text_jsonl, capsys):
+    """``data.packing`` through ``run``: the log reports the windows, evaluation stays unpacked,
+    and a run resumed mid-epoch from a checkpoint ends with the straight run's heads."""
+    import shutil
+
+    from safetensors.torch import load_file
+
+    from draftheads.train.loop import run
+    from test_train import HEAD_TYPE_OVERRIDES, _assert_same_state, _cfg
+
+    extra = (*HEAD_TYPE_OVERRIDES["eagle3"], "data.packing=true", "data.pack_length=96")
+    straight = _cfg(tmp_path / "a", tiny_target_dir, tiny_text_jsonl, *extra, max_steps=6, save_every=3, batch_size=2)
+    result = run(straight)
+    printed = capsys.readouterr()
+    assert result.step == 6
+    assert "packing:" in printed.out and "windows of 96 tokens" in printed.out and "evaluation stays unpacked" in printed.out
+    resumed = _cfg(tmp_path / "b", tiny_target_dir, tiny_text_jsonl, *extra, max_steps=6, save_every=3, batch_size=2)
+    ckpt = Path(straight.train.output_dir) / "checkpoints" / "step-3"
+    shutil.copytree(ckpt, Path(resumed.train.output_dir) / "checkpoints" / "step-3")
+    resumed.train.resume = "auto"
+    assert run(resumed).step == 6
+    a = load_file(str(Path(straight.train.output_dir) / "heads" / "model.safetensors"))
+    b = load_file(str(Path(resumed.train.output_dir) / "heads" / "model.safetensors"))
+    _assert_same_state(a, b)

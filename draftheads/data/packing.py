@@ -168,6 +168,7 @@ class PackingCollator:
 
 
 def pack_dataset(rows: Any, lengths: Sequence[int], window: int, overflow: str = "split") -> tuple[PackedDataset, PackingStats]:
+    """``rows`` (with their token ``lengths``) as packed windows, and what packing did."""
     windows, stats = pack_rows(lengths, window, overflow)
     return PackedDataset(rows, windows), stats
 
