@@ -11,6 +11,7 @@ from pydantic.dataclasses import dataclass
 from ..schema import CHECKED, Bool, Float, Int, Str
 
 FORMATS = ("auto", "sharegpt", "messages", "text")
+PACK_OVERFLOW = ("split", "drop")  # see data/packing.py
 
 
 @dataclass(config=CHECKED)
@@ -38,6 +39,13 @@ class DataConfig:
     cache_dir: the ``datasets`` cache folder (``None``: the library default).
     features: a feature cache folder written by ``draftheads cache-features`` for this config:
         the heads read the target's features from it instead of running the target.
+    packing: lay training rows end to end in windows of ``pack_length`` tokens, each row still
+        attending only to itself (``data/packing.py``), instead of one padded row per example.
+        Evaluation batches stay unpacked, so evaluation figures compare across runs.
+    pack_length: the packing window (``None``: ``max_length``); longer than ``max_length``
+        packs more rows per window.
+    pack_overflow: what packing does with a row longer than the window: ``split`` it into
+        pieces or ``drop`` it (either is counted in the log).
     """
 
     path: Str
@@ -54,6 +62,9 @@ class DataConfig:
     chunk_text: Bool = True
     cache_dir: Str | None = None
     features: Str | None = None
+    packing: Bool = False
+    pack_length: Int | None = None
+    pack_overflow: Str = "split"
 
     def __post_init__(self) -> None:
         if not isinstance(self.path, str) or not self.path:
@@ -67,6 +78,10 @@ class DataConfig:
             raise ValueError(f"data.eval_fraction must be in [0, 1), got {self.eval_fraction}")
         if self.max_samples is not None and self.max_samples < 1:
             raise ValueError(f"data.max_samples must be >= 1 or None, got {self.max_samples}")
+        if self.pack_length is not None and self.pack_length < 2:
+            raise ValueError(f"data.pack_length must be at least 2 (or None: max_length), got {self.pack_length}")
+        if self.pack_overflow not in PACK_OVERFLOW:
+            raise ValueError(f"data.pack_overflow={self.pack_overflow!r} is not one of {', '.join(PACK_OVERFLOW)}")
         if self.num_proc is not None and self.num_proc < 1:
             raise ValueError(f"data.num_proc must be >= 1 or None, got {self.num_proc}")
 
@@ -74,3 +89,8 @@ class DataConfig:
     def has_eval_source(self) -> bool:
         """True when evaluation rows come from their own file/split instead of a held-out share."""
         return self.eval_path is not None or self.eval_split is not None
+
+    @property
+    def packing_window(self) -> int:
+        """The tokens of one packed window."""
+        return self.pack_length if self.pack_length is not None else self.max_length

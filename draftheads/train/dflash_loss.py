@@ -38,10 +38,12 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from .losses import HeadLossOutput
+from .packing import document_ids, positions_or_arange, within_document
 
 
-def anchor_candidates(input_ids, loss_mask, attention_mask, block: int) -> torch.Tensor:
-    """[B, S] bool: positions a that may anchor a block (next token trained, block inside the row)."""
+def anchor_candidates(input_ids, loss_mask, attention_mask, block: int, position_ids=None) -> torch.Tensor:
+    """[B, S] bool: positions a that may anchor a block (next token trained, block inside the row,
+    and inside one document of a packed window)."""
     bsz, seq = input_ids.shape
     lm = torch.ones_like(input_ids, dtype=torch.bool) if loss_mask is None else loss_mask.bool()
     am = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
@@ -50,6 +52,8 @@ def anchor_candidates(input_ids, loss_mask, attention_mask, block: int) -> torch
         return ok
     last = seq - block + 1  # a + B - 1 <= S - 1
     ok[:, :last] = am[:, :last] & am[:, block - 1 :] & lm[:, 1 : last + 1]
+    if block > 1:
+        ok[:, :last] = within_document(ok[:, :last], position_ids, block - 1)
     return ok
 
 
@@ -67,12 +71,17 @@ def draw_anchors(candidates: torch.Tensor, count: int, generator: torch.Generato
     return anchors.gather(1, order), valid.gather(1, order)
 
 
-def block_mask(anchors: torch.Tensor, valid: torch.Tensor, context_ok: torch.Tensor, block: int) -> torch.Tensor:
-    """[B, N*block, S + N*block] bool: block j sees context positions < a_j (attended ones) and itself."""
+def block_mask(
+    anchors: torch.Tensor, valid: torch.Tensor, context_ok: torch.Tensor, block: int, documents: torch.Tensor | None = None
+) -> torch.Tensor:
+    """[B, N*block, S + N*block] bool: block j sees context positions < a_j (attended ones, of its
+    anchor's document when ``documents`` [B, S] numbers a packed window's documents) and itself."""
     bsz, n = anchors.shape
     seq = context_ok.shape[1]
     pos = torch.arange(seq, device=anchors.device)
     ctx = (pos[None, None, :] < anchors[:, :, None]) & context_ok[:, None, :]  # [B, N, S]
+    if documents is not None:
+        ctx = ctx & (documents[:, None, :] == documents.gather(1, anchors)[:, :, None])
     ctx = ctx.repeat_interleave(block, dim=1)  # [B, N*block, S]
     own = torch.arange(n, device=anchors.device).repeat_interleave(block)
     same = (own[:, None] == own[None, :])[None].expand(bsz, -1, -1)
@@ -121,10 +130,12 @@ def dflash_loss(
     topk: int = 5,
     ranks: int = 0,
     generator: torch.Generator | None = None,
+    position_ids: torch.Tensor | None = None,
 ) -> HeadLossOutput:
     """``features`` [B, S, m*H] the fused layers' hidden states, ``last_hidden`` [B, S, H] the target's
     final hidden states (its distribution), ``input_ids`` [B, S]. ``ranks`` > 0 (evaluation): also
-    count hits per rank r < ``ranks`` for the simulated acceptance of a tree."""
+    count hits per rank r < ``ranks`` for the simulated acceptance of a tree. ``position_ids``: a
+    packed window's per-document positions (each block inside, and attending to, one document)."""
     block = heads.block_size
     slots = block - 1
     bsz, seq = input_ids.shape
@@ -134,17 +145,20 @@ def dflash_loss(
     lm = torch.ones_like(input_ids, dtype=torch.bool) if loss_mask is None else loss_mask.bool()
     am = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
 
-    anchors, valid = draw_anchors(anchor_candidates(input_ids, lm, am, block), int(ex.get("num_anchors", 32)), generator)
+    candidates = anchor_candidates(input_ids, lm, am, block, position_ids)
+    anchors, valid = draw_anchors(candidates, int(ex.get("num_anchors", 32)), generator)
     n = anchors.shape[1]
     offsets = torch.arange(block, device=device)
     positions = (anchors[:, :, None] + offsets).clamp(max=seq - 1)  # [B, N, block]; invalid anchors stay in range
     tokens = heads.block_inputs(input_ids.gather(1, anchors))  # [B, N, block]
-    mask = block_mask(anchors, valid, am, block)
+    documents = None if position_ids is None else document_ids(position_ids, input_ids)
+    mask = block_mask(anchors, valid, am, block, documents)
 
     context = heads.context(features)
-    ctx_positions = torch.arange(seq, device=device)[None]
-    context_kv = heads.context_kv(context, ctx_positions)
-    states = heads.block_states(tokens.view(bsz, n * block), (anchors[:, :, None] + offsets).view(bsz, n * block), context_kv, mask)
+    rope = positions_or_arange(position_ids, input_ids)  # each token's position in its document
+    context_kv = heads.context_kv(context, rope)
+    block_positions = rope.gather(1, anchors)[:, :, None] + offsets
+    states = heads.block_states(tokens.view(bsz, n * block), block_positions.view(bsz, n * block), context_kv, mask)
     states = states.view(bsz, n, block, -1)[:, :, 1:]  # slots 1..K
 
     # Slot k of block j predicts token a_j + k, against the target at a_j + k - 1.
@@ -200,8 +214,8 @@ def dflash_loss(
     return HeadLossOutput(loss=loss, ce_sum=ce_sum, count=count, top1=top1, topk=topk_hits, rank_hits=rank_hits)
 
 
-def dflash_target_counts(heads, input_ids, loss_mask=None, attention_mask=None) -> torch.Tensor:
+def dflash_target_counts(heads, input_ids, loss_mask=None, attention_mask=None, position_ids=None) -> torch.Tensor:
     """``[K]``: the candidate anchors of this batch per slot (an upper bound of the positions each
     slot is trained on; the blocks are drawn in the forward, see the module docstring)."""
-    cand = anchor_candidates(input_ids, loss_mask, attention_mask, heads.block_size)
+    cand = anchor_candidates(input_ids, loss_mask, attention_mask, heads.block_size, position_ids)
     return cand.sum().expand(heads.config.num_heads).clone()

@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from .losses import HeadLossOutput
+from .packing import document_ids, positions_or_arange, within_document
 
 SOFT_CE_WEIGHT = 0.1  # EAGLE-1: the classification loss is ~10x the regression loss
 
@@ -67,6 +68,7 @@ def eagle_loss(
     topk: int = 5,
     noise_generator: torch.Generator | None = None,
     denominators: torch.Tensor | None = None,
+    position_ids: torch.Tensor | None = None,
 ) -> HeadLossOutput:
     """``features`` [B, S, F]: what the head reads (eagle: = ``last_hidden``; eagle3: fused layers);
     ``last_hidden`` [B, S, H]: the target's final hidden states (its distribution, EAGLE's feature
@@ -74,7 +76,9 @@ def eagle_loss(
     comes from (the loop reseeds it per batch so a resumed run draws the same noise; None: the
     global RNG). ``denominators`` [steps]: divide step k's summed terms by this instead of this
     batch's count of rows (the loop passes ``eagle_target_counts`` over the whole optimizer step:
-    every micro-batch and process)."""
+    every micro-batch and process). ``position_ids``: a packed window's per-document positions:
+    a row attends to the rows of its own document only, at its position in that document, and
+    no step pairs a row with a token of another document."""
     steps = heads.config.num_heads
     bsz, seq = input_ids.shape
     n = seq - 1  # rows t = 0 .. S-2 (row t's first prediction is position t+1)
@@ -91,6 +95,10 @@ def eagle_loss(
         feats = feats + (uniform - 0.5) * (2 * noise)
     rows = torch.arange(n, device=device)
     causal = (rows[None, :] <= rows[:, None])[None] & am[:, None, :n]  # [B, n, n]
+    if position_ids is not None:
+        doc = document_ids(position_ids, input_ids)[:, :n]
+        causal = causal & (doc[:, None, :] == doc[:, :, None])
+    row_positions = positions_or_arange(position_ids, input_ids)[:, :n]
     eye = torch.eye(n, dtype=torch.bool, device=device)[None].expand(bsz, n, n)
 
     def tokens_at(offset: int) -> torch.Tensor:  # input_ids[t + offset] for every row, 0 past the end
@@ -115,7 +123,7 @@ def eagle_loss(
         else:
             g, attn_in = heads.next_input(state, tokens)
             mask = torch.cat([causal] + [eye] * k, dim=-1)
-        positions = (rows + k)[None]
+        positions = row_positions + k
         state, new_kv = heads.run_layers(g, attn_in, positions, mask, past)
         past = new_kv if past is None else [
             (torch.cat([pk, nk], 2), torch.cat([pv, nv], 2)) for (pk, pv), (nk, nv) in zip(past, new_kv)
@@ -125,7 +133,7 @@ def eagle_loss(
         if shift >= seq:
             continue
         valid = torch.zeros(bsz, n, dtype=torch.bool, device=device)
-        valid[:, : seq - shift] = lm[:, shift:] & am[:, shift:]
+        valid[:, : seq - shift] = within_document(lm[:, shift:] & am[:, shift:], position_ids, shift)
         idx = valid.reshape(-1).nonzero().squeeze(-1)
         if idx.numel() == 0:
             continue
@@ -158,7 +166,11 @@ def eagle_loss(
 
 
 def eagle_target_counts(
-    steps: int, input_ids: torch.Tensor, loss_mask: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None
+    steps: int,
+    input_ids: torch.Tensor,
+    loss_mask: torch.Tensor | None = None,
+    attention_mask: torch.Tensor | None = None,
+    position_ids: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``[steps]``: the rows step k is trained on in this batch (those whose predicted token
     t+2+k is a training token), from the masks alone: the loss's denominators."""
@@ -169,5 +181,5 @@ def eagle_target_counts(
     for k in range(steps):
         shift = 2 + k
         if shift < seq:
-            counts[k] = (lm[:, shift:] & am[:, shift:]).sum()
+            counts[k] = within_document(lm[:, shift:] & am[:, shift:], position_ids, shift).sum()
     return counts

@@ -181,12 +181,17 @@ def _run(cfg: ExperimentConfig, overwrite: bool, held: contextlib.ExitStack) -> 
 
         train_ds, eval_ds, collator = open_cache(cfg, target, tokenizer, heads, train_ds, eval_ds, collator)
         say(f"target features: read from the cache {cfg.data.features} (the target is not run)")
+    train_collator = collator  # [packing] evaluation keeps the row collator
+    if cfg.data.packing:  # [packing] rows laid end to end in windows, documents kept apart (train/packing.py)
+        from .packing import pack_for_training
+
+        train_ds, train_collator = pack_for_training(cfg, target, train_ds, collator, say, check_target=not zero3)
     sampler = EpochShuffleSampler(len(train_ds), seed=t.seed)
     if t.group_by_length:  # batches of similar lengths: less padding (draftheads/data/sampling.py)
         from ..data.sampling import LengthGroupedSampler, example_lengths
 
         sampler = LengthGroupedSampler(example_lengths(train_ds), t.batch_size, seed=t.seed)
-    train_dl = DataLoader(train_ds, batch_size=t.batch_size, sampler=sampler, collate_fn=collator)
+    train_dl = DataLoader(train_ds, batch_size=t.batch_size, sampler=sampler, collate_fn=train_collator)  # [packing]
     eval_dl = None
     if eval_ds is not None and len(eval_ds) > 0:
         if t.eval_batches:  # a fixed subset, always iterated to the end (no early break)
@@ -601,7 +606,7 @@ def step_denominators(accelerator, core: TargetWithHeads, group: list[dict], gra
     is divided by ``grad_accum x processes`` because ``backward`` divides the loss by
     ``grad_accum`` and DDP/ZeRO average gradients over processes: the summed gradient is then
     exactly the gradient of the step's mean."""
-    local = sum(core.loss_counts(b["input_ids"], b.get("attention_mask"), b.get("loss_mask")) for b in group)
+    local = sum(core.loss_counts(b["input_ids"], b.get("attention_mask"), b.get("loss_mask"), b.get("position_ids")) for b in group)  # [packing]
     total = accelerator.reduce(local.to(accelerator.device, torch.float64), reduction="sum")
     return (total / (grad_accum * accelerator.num_processes)).float()
 

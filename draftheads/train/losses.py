@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from ..heads.hydra import token_context  # noqa: F401 (re-exported: the tokens Hydra heads read)
+from .packing import within_document
 
 IGNORE = -100
 
@@ -49,9 +50,11 @@ def medusa_targets(
     num_heads: int,
     loss_mask: torch.Tensor | None = None,
     attention_mask: torch.Tensor | None = None,
+    position_ids: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``[B, S, K]`` target ids: ``targets[b, t, k] = input_ids[b, t+2+k]`` where that token is a
-    training token (loss_mask 1) inside the attention mask, with position t attended too; else IGNORE."""
+    training token (loss_mask 1) inside the attention mask, with position t attended too and (a
+    packed window's ``position_ids``) in the same document; else IGNORE."""
     bsz, seq = input_ids.shape
     lm = torch.ones_like(input_ids, dtype=torch.bool) if loss_mask is None else loss_mask.bool()
     am = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
@@ -60,7 +63,7 @@ def medusa_targets(
         shift = 2 + k
         if shift >= seq:
             break
-        valid = lm[:, shift:] & am[:, shift:] & am[:, :-shift]
+        valid = within_document(lm[:, shift:] & am[:, shift:] & am[:, :-shift], position_ids, shift)
         targets[:, :-shift, k] = torch.where(valid, input_ids[:, shift:], IGNORE)
     return targets
 
@@ -94,15 +97,17 @@ def medusa_loss(
     topk: int = 5,
     ranks: int = 0,
     denominators: torch.Tensor | None = None,
+    position_ids: torch.Tensor | None = None,
 ) -> HeadLossOutput:
     """Chunked Medusa loss of ``heads`` on the target's last hidden state ``hidden`` [B, S, H].
     ``ranks`` > 0 also counts, per head, hits of each rank r < ``ranks`` (``rank_hits``).
     ``denominators`` [K]: divide head k's summed CE by this instead of this batch's own count
     (the training loop passes the count over every micro-batch and process of the step, so the
-    gradient does not depend on how tokens fall across them)."""
+    gradient does not depend on how tokens fall across them). ``position_ids``: a packed
+    window's per-document positions (no head pairs tokens of two documents)."""
     num_heads = heads.config.num_heads
     device = hidden.device
-    targets = medusa_targets(input_ids, num_heads, loss_mask, attention_mask).reshape(-1, num_heads)
+    targets = medusa_targets(input_ids, num_heads, loss_mask, attention_mask, position_ids).reshape(-1, num_heads)
     flat = hidden.reshape(-1, hidden.shape[-1])
     rows = (targets != IGNORE).any(-1).nonzero().squeeze(-1)
     flat, targets = flat[rows], targets[rows]
@@ -155,8 +160,12 @@ def _weights(decay: float, count: torch.Tensor, denominators: torch.Tensor | Non
 
 
 def medusa_target_counts(
-    input_ids: torch.Tensor, num_heads: int, loss_mask: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None
+    input_ids: torch.Tensor,
+    num_heads: int,
+    loss_mask: torch.Tensor | None = None,
+    attention_mask: torch.Tensor | None = None,
+    position_ids: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``[K]``: how many positions of the batch have a target for head k (the loss's denominators),
     from the masks alone (no model)."""
-    return (medusa_targets(input_ids, num_heads, loss_mask, attention_mask) != IGNORE).sum((0, 1))
+    return (medusa_targets(input_ids, num_heads, loss_mask, attention_mask, position_ids) != IGNORE).sum((0, 1))

@@ -12,6 +12,7 @@ from torch import nn
 from .dflash_loss import dflash_loss, dflash_target_counts
 from .eagle_loss import eagle_loss, eagle_target_counts
 from .losses import medusa_loss, medusa_target_counts
+from .packing import target_inputs
 from .peagle_loss import peagle_loss
 
 
@@ -75,17 +76,22 @@ class TargetWithHeads(nn.Module):
         return self
 
     def loss_counts(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, loss_mask: torch.Tensor | None = None
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        loss_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """``[K]``: the positions each head (EAGLE: each step) is trained on in this batch, from
         the masks alone. Summed over a step's micro-batches and processes, they are the
-        ``loss_denominators`` that make the loss a mean over the step's tokens, wherever they fell."""
+        ``loss_denominators`` that make the loss a mean over the step's tokens, wherever they fell.
+        ``position_ids``: a packed window's (pairs across documents do not count)."""
         k = self.heads.config.num_heads
         if self.heads.training_objective in ("draft_steps", "parallel_depths"):  # P-EAGLE divides by entry 0
-            return eagle_target_counts(k, input_ids, loss_mask, attention_mask)
+            return eagle_target_counts(k, input_ids, loss_mask, attention_mask, position_ids)
         if self.heads.training_objective == "block":
-            return dflash_target_counts(self.heads, input_ids, loss_mask, attention_mask)
-        return medusa_target_counts(input_ids, k, loss_mask, attention_mask)
+            return dflash_target_counts(self.heads, input_ids, loss_mask, attention_mask, position_ids)
+        return medusa_target_counts(input_ids, k, loss_mask, attention_mask, position_ids)
 
     def reseed_noise(self, seed: int, device: torch.device) -> None:
         """Draw training noise (EAGLE's feature noise) from a generator seeded by the caller, not
@@ -106,30 +112,39 @@ class TargetWithHeads(nn.Module):
     # -- forward -------------------------------------------------------------------------------
     @torch.no_grad()
     def target_features(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, layers: list[int]
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        layers: list[int],
+        position_ids: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(last hidden state after the final norm, the hidden states entering ``layers``
-        concatenated): EAGLE-3 reads several layers, and learns the target's final distribution."""
+        concatenated): EAGLE-3 reads several layers, and learns the target's final distribution.
+        ``position_ids``: a packed window's (see ``packing.target_inputs``)."""
         base = getattr(self.target, getattr(self.target, "base_model_prefix", ""), None)
         model = base if isinstance(base, nn.Module) and base is not self.target else self.target
-        out = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, output_hidden_states=True)
+        out = model(input_ids=input_ids, **target_inputs(attention_mask, position_ids), use_cache=False, output_hidden_states=True)
         last = out.last_hidden_state if hasattr(out, "last_hidden_state") and out.last_hidden_state is not None else out.hidden_states[-1]
         return last, torch.cat([out.hidden_states[i] for i in layers], dim=-1)
 
     @torch.no_grad()
-    def target_hidden(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+    def target_hidden(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, position_ids: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """The target's last hidden state after the final norm: exactly what its LM head reads.
 
         Calls the decoder (``model.model`` for Llama/Qwen2) and takes ``last_hidden_state``, the
         tensor ``CausalLM.forward`` feeds its LM head. That equals ``output_hidden_states=True``'s
         ``hidden_states[-1]`` (checked in tests) without keeping every layer's states alive or
-        computing the ``[batch, seq, vocab]`` target logits the heads never use.
+        computing the ``[batch, seq, vocab]`` target logits the heads never use. ``position_ids``:
+        a packed window's (see ``packing.target_inputs``).
         """
+        inputs = target_inputs(attention_mask, position_ids)
         base = getattr(self.target, getattr(self.target, "base_model_prefix", ""), None)
         if isinstance(base, nn.Module) and base is not self.target:
-            out = base(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+            out = base(input_ids=input_ids, **inputs, use_cache=False)
             return out.last_hidden_state
-        out = self.target(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, output_hidden_states=True)
+        out = self.target(input_ids=input_ids, **inputs, use_cache=False, output_hidden_states=True)
         return out.hidden_states[-1]
 
     @torch.no_grad()
@@ -149,16 +164,16 @@ class TargetWithHeads(nn.Module):
 
     @torch.no_grad()
     def target_outputs(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, position_ids: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Everything the losses read from the target: (last hidden state, the heads' input
         features (= the hidden state unless EAGLE-3 fuses layers), the target's greedy labels).
         The offline feature cache stores exactly these (``features.py``)."""
         layers = getattr(self.heads, "feature_layers", None)
         if layers:
-            hidden, features = self.target_features(input_ids, attention_mask, layers)
+            hidden, features = self.target_features(input_ids, attention_mask, layers, position_ids)
         else:
-            hidden = features = self.target_hidden(input_ids, attention_mask)
+            hidden = features = self.target_hidden(input_ids, attention_mask, position_ids)
         return hidden, features, self.target_labels(input_ids, hidden)
 
     def forward(
@@ -171,22 +186,28 @@ class TargetWithHeads(nn.Module):
         hidden: torch.Tensor | None = None,
         features: torch.Tensor | None = None,
         target_labels: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
     ) -> dict[str, torch.Tensor]:
         """``rank_stats`` > 0 (evaluation): Medusa/Hydra stats also count hits per rank r <
         ``rank_stats``, for the simulated acceptance of a tree; EAGLE's steps ignore it.
         ``loss_denominators``: see ``loss_counts``. ``hidden``/``features``/``target_labels``: the
-        target's outputs from the feature cache (``data.features``); then the target is not run."""
+        target's outputs from the feature cache (``data.features``); then the target is not run.
+        ``position_ids``: a packed window's per-document positions (``data.packing``): the target
+        and every loss keep its documents apart (``packing.py``)."""
         layers = getattr(self.heads, "feature_layers", None)
         if hidden is None:
             if layers:
-                hidden, features = self.target_features(input_ids, attention_mask, layers)
+                hidden, features = self.target_features(input_ids, attention_mask, layers, position_ids)
             else:
-                hidden = features = self.target_hidden(input_ids, attention_mask)
+                hidden = features = self.target_hidden(input_ids, attention_mask, position_ids)
         else:
             dtype = self.target.get_output_embeddings().weight.dtype
             hidden = hidden.to(dtype)
             features = features.to(dtype) if layers else hidden
-        common = dict(decay=self.loss_decay, chunk_size=self.loss_chunk_size, topk=self.topk, denominators=loss_denominators)
+        common = dict(
+            decay=self.loss_decay, chunk_size=self.loss_chunk_size, topk=self.topk, denominators=loss_denominators,
+            position_ids=position_ids,
+        )  # fmt: skip
         if self.heads.training_objective == "parallel_depths":
             # P-EAGLE: every trained depth in one draft forward, depths drawn by COD sampling
             # from the noise generator (reseeded per batch: a resumed run draws the same depths).
@@ -194,6 +215,7 @@ class TargetWithHeads(nn.Module):
             out = peagle_loss(
                 self.heads, features, hidden, input_ids, loss_mask, attention_mask, chunk_size=self.loss_chunk_size,
                 topk=self.topk, ranks=rank_stats, generator=self.noise_generator, denominators=loss_denominators,
+                position_ids=position_ids,
             )
         elif self.heads.training_objective == "block":
             # DFlash: random blocks per row against the target's distribution (or greedy token).
@@ -201,6 +223,7 @@ class TargetWithHeads(nn.Module):
             out = dflash_loss(
                 self.heads, features, hidden, input_ids, loss_mask, attention_mask,
                 chunk_size=self.loss_chunk_size, topk=self.topk, ranks=rank_stats, generator=self._anchor_generator(input_ids),
+                position_ids=position_ids,
             )  # fmt: skip
         elif self.heads.training_objective == "draft_steps":
             # EAGLE learns the target's distribution at every position (its own soft labels) from

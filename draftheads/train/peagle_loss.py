@@ -31,6 +31,7 @@ from torch.utils.checkpoint import checkpoint
 
 from .dflash_loss import greedy_follows
 from .losses import HeadLossOutput
+from .packing import document_ids, positions_or_arange, within_document
 
 
 def cod_sizes(ratio: float, floor: float, depths: int, supervised: int) -> list[int]:
@@ -67,10 +68,12 @@ def element_states(
     input_ids: torch.Tensor,
     attention_mask: torch.Tensor,
     chains: list[tuple[torch.Tensor, torch.Tensor]],
+    position_ids: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """One draft forward over every element: depth 0 at every anchor, then ``chains`` (per depth
     d >= 1: anchors [B, k_d] and which are real). Returns (states [B, N, d], anchor [B, N],
-    depth [N], real [B, N]) along one element axis, depth by depth."""
+    depth [N], real [B, N]) along one element axis, depth by depth. ``position_ids``: a packed
+    window's per-document positions (an element sees the prefix of its own document only)."""
     bsz, seq = input_ids.shape
     n, device = seq - 1, input_ids.device
     anchor = [torch.arange(n, device=device).expand(bsz, n)] + [picked for picked, _ in chains]
@@ -82,10 +85,14 @@ def element_states(
     if rest:
         gm, attn_m = heads.mask_input((bsz, rest))
         g, attn_in = torch.cat([g, gm.to(g.dtype)], 1), torch.cat([attn_in, attn_m.to(attn_in.dtype)], 1)
-    positions = anchor + depth[None]  # a slot's position is its anchor's plus its depth
+    # a slot's position is its anchor's (in its document) plus its depth
+    positions = positions_or_arange(position_ids, input_ids).gather(1, anchor) + depth[None]
     first = depth == 0
     # the committed prefix: depth-0 elements of anchors <= mine (real tokens only)
     sees_prefix = first[None, None, :] & (anchor[:, None, :] <= anchor[:, :, None]) & real[:, None, :]
+    if position_ids is not None:  # ... of my own document
+        doc = document_ids(position_ids, input_ids).gather(1, anchor)
+        sees_prefix = sees_prefix & (doc[:, None, :] == doc[:, :, None])
     # my own chain's mask slots up to my depth (depth-0 elements have none)
     own_chain = (anchor[:, None, :] == anchor[:, :, None]) & ~first[None, None, :] & ~first[None, :, None]
     own_chain &= depth[None, None, :] <= depth[None, :, None]
@@ -129,12 +136,14 @@ def peagle_loss(
     ranks: int = 0,
     generator: torch.Generator | None = None,
     denominators: torch.Tensor | None = None,
+    position_ids: torch.Tensor | None = None,
 ) -> HeadLossOutput:
     """``features`` [B, S, F] (fused target layers), ``last_hidden`` [B, S, H] (the target's final
     hidden states: its distribution), ``input_ids`` [B, S]. ``generator``: where COD sampling
     draws from (the loop reseeds it per batch, so a resumed run draws the same depths).
     ``denominators``: `eagle_target_counts` over the optimizer step; its entry 0 (the depth-0
-    elements) divides the summed loss. ``ranks`` > 0: count hits per rank (evaluation)."""
+    elements) divides the summed loss. ``ranks`` > 0: count hits per rank (evaluation).
+    ``position_ids``: a packed window's per-document positions (no chain crosses a document)."""
     depths = heads.config.num_heads
     ex = heads.config.extra
     bsz, seq = input_ids.shape
@@ -147,7 +156,7 @@ def peagle_loss(
     valid = torch.zeros(bsz, depths, n, dtype=torch.bool, device=device)
     for d in range(depths):
         if 2 + d < seq:
-            valid[:, d, : seq - 2 - d] = supervised[:, 2 + d :]
+            valid[:, d, : seq - 2 - d] = within_document(supervised[:, 2 + d :], position_ids, 2 + d)
     if ex.get("greedy_path", False):  # depth d only after d data tokens the target itself would produce
         follows = greedy_follows(heads.target_lm_head(), last_hidden, input_ids, chunk_size)
         on_path = torch.ones(bsz, n, dtype=torch.bool, device=device)
@@ -158,7 +167,7 @@ def peagle_loss(
             valid[:, d] &= on_path
     sizes = cod_sizes(float(ex["cod_ratio"]), float(ex["cod_min_ratio"]), depths, int(valid[:, 0].sum(1).max()))
     chains = sample_chains(valid, sizes, generator)
-    state, anchor, depth, real = element_states(heads, features, input_ids, am, chains)
+    state, anchor, depth, real = element_states(heads, features, input_ids, am, chains, position_ids)
 
     # -- losses per depth ---------------------------------------------------------------------------
     lm_head = heads.target_lm_head()
