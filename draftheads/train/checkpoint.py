@@ -20,6 +20,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 import torch
+from accelerate.utils import RNG_STATE_NAME, DistributedType
+from accelerate.utils.other import load
+from safetensors import safe_open
 
 from ..atomic import install_folder, recover, temp_folder
 
@@ -90,8 +93,6 @@ def read_state(path: str | os.PathLike) -> dict[str, Any]:
 
 
 def _is_deepspeed(accelerator) -> bool:
-    from accelerate.utils import DistributedType
-
     return accelerator.distributed_type == DistributedType.DEEPSPEED
 
 
@@ -219,9 +220,6 @@ def _unreadable(path: Path, accelerator, model: torch.nn.Module) -> str | None:
     """Why ``path`` cannot be resumed from exactly on this process, or None. accelerate would
     skip an RNG state that fails to load with an info-level log line and continue with another
     random stream (a resume that is silently not bit-exact): refuse it here instead."""
-    from accelerate.utils import RNG_STATE_NAME
-    from accelerate.utils.other import load
-
     rng = path / f"{RNG_STATE_NAME}_{accelerator.process_index}.pkl"
     try:
         states = load(rng)
@@ -249,8 +247,6 @@ def _unreadable(path: Path, accelerator, model: torch.nn.Module) -> str | None:
 def _check_heads_keys(path: Path, model: torch.nn.Module) -> None:
     """``load_state(strict=False)`` tolerates the absent target weights but would also tolerate
     missing head weights: check that the file holds exactly the heads' keys."""
-    from safetensors import safe_open
-
     file = path / "model.safetensors"
     if not file.is_file():
         raise FileNotFoundError(f"{file} is missing: {path} is not a complete checkpoint")
@@ -278,7 +274,7 @@ def heads_state(accelerator, model: torch.nn.Module, everywhere: bool = False) -
     heads = accelerator.unwrap_model(model).heads
     wanted = everywhere or accelerator.is_main_process
     if _is_deepspeed(accelerator) and accelerator.state.deepspeed_plugin.zero_stage == 3:
-        import deepspeed
+        import deepspeed  # optional: only a ZeRO-3 launch has it
 
         with deepspeed.zero.GatheredParameters(list(heads.parameters()), modifier_rank=None):
             return {k: v.detach().clone().cpu() for k, v in heads.state_dict().items()} if wanted else None
