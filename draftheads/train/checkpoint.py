@@ -23,6 +23,7 @@ import torch
 from accelerate.utils import RNG_STATE_NAME, DistributedType
 from accelerate.utils.other import load
 from safetensors import safe_open
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
 from ..atomic import install_folder, recover, temp_folder
 
@@ -94,6 +95,10 @@ def read_state(path: str | os.PathLike) -> dict[str, Any]:
 
 def _is_deepspeed(accelerator) -> bool:
     return accelerator.distributed_type == DistributedType.DEEPSPEED
+
+
+def _is_fsdp(accelerator) -> bool:
+    return accelerator.distributed_type == DistributedType.FSDP
 
 
 def register_heads_only(accelerator) -> None:
@@ -234,7 +239,7 @@ def _unreadable(path: Path, accelerator, model: torch.nn.Module) -> str | None:
                     archive.namelist()
             except (zipfile.BadZipFile, OSError) as e:
                 return f"{file.name} is truncated or corrupt ({e})"
-    if not _is_deepspeed(accelerator):
+    if not _is_deepspeed(accelerator) and not _is_fsdp(accelerator):  # those two write their own shard formats
         try:
             _check_heads_keys(path, accelerator.unwrap_model(model))
         except (OSError, ValueError) as e:
@@ -277,6 +282,9 @@ def heads_state(accelerator, model: torch.nn.Module, everywhere: bool = False) -
         import deepspeed  # optional: only a ZeRO-3 launch has it
 
         with deepspeed.zero.GatheredParameters(list(heads.parameters()), modifier_rank=None):
+            return {k: v.detach().clone().cpu() for k, v in heads.state_dict().items()} if wanted else None
+    if _is_fsdp(accelerator):  # the heads are one sharded flat parameter: gather it (the target is not in it)
+        with FSDP.summon_full_params(model, writeback=False):
             return {k: v.detach().clone().cpu() for k, v in heads.state_dict().items()} if wanted else None
     return {k: v.detach().clone().cpu() for k, v in heads.state_dict().items()} if wanted else None
 

@@ -236,10 +236,19 @@ class Trainer:
         """accelerator.prepare; then, if asked, where a checkpoint left off; the trackers."""
         t, accelerator = self.t, self.accelerator
         self.parallel.before_prepare(self.model, t.max_grad_norm)
-        self.model, self.optimizer, self.train_dl, self.scheduler = accelerator.prepare(
-            self.model, self.optimizer, self.train_dl, self.scheduler
-        )
+        if self.parallel.fsdp:  # FSDP replaces the heads' parameters: the optimizer must hold the new ones
+            self.model = accelerator.prepare(self.model)
+            self.optimizer = build_optimizer(self.parallel.optimizer_parameters(self.model, self.params), t)
+            self.scheduler = build_scheduler(self.optimizer, t, self.max_steps)
+            self.optimizer, self.train_dl, self.scheduler = accelerator.prepare(self.optimizer, self.train_dl, self.scheduler)
+        else:
+            self.model, self.optimizer, self.train_dl, self.scheduler = accelerator.prepare(
+                self.model, self.optimizer, self.train_dl, self.scheduler
+            )
         assert len(self.train_dl) == self.batches_per_epoch, (len(self.train_dl), self.batches_per_epoch)
+        layout = self.parallel.describe(self.model)
+        if layout:
+            self.say(layout)
         self.core = accelerator.unwrap_model(self.model)  # TargetWithHeads, under any wrapper
         self.best = BestHeads(self.output_dir / "best")
         self.window = TrainWindow(self.heads.config.num_heads, accelerator.device)  # statistics since the last log line
@@ -259,6 +268,7 @@ class Trainer:
         position, best/ and the history metrics.json reports (it covers the whole run, not only
         the part after the resume)."""
         accelerator = self.accelerator
+        self.parallel.before_resume(self.optimizer)
         with self.timer("resume"):
             checkpoint, state = load_checkpoint(accelerator, self.candidates, self.model, check=self.check_resume, say=self.say)
         self.step, self.epoch, self.batch_in_epoch = state["step"], state["epoch"], state["batches_in_epoch"]
@@ -318,7 +328,7 @@ class Trainer:
                     pass  # a non-finite loss somewhere: no update (stability.py)
                 else:
                     if accelerator.sync_gradients and t.max_grad_norm:
-                        accelerator.clip_grad_norm_(self.params, t.max_grad_norm)
+                        accelerator.clip_grad_norm_(self.parallel.clip_parameters(model, self.params), t.max_grad_norm)
                     self.optimizer.step()  # no-op between accumulation boundaries
                 self.optimizer.zero_grad(set_to_none=True)
             self.batch_in_epoch += 1
@@ -403,24 +413,25 @@ class Trainer:
         heads_dir = self.output_dir / "heads"
         with self.timer("export"):
             export_heads(accelerator, self.model, heads_dir)
+        trained_heads = self.parallel.whole_heads(self.model)
         with self.timer("choose_tree"):
-            chosen_tree = self.choose_tree(heads_dir, final_eval)
+            chosen_tree = self.choose_tree(heads_dir, final_eval, self.parallel.model_for_tree(self.model, trained_heads))
         metrics = self.metrics(final_eval, chosen_tree)
         if accelerator.is_main_process:
             write_json_atomically(self.output_dir / "metrics.json", metrics, default=float)
             write_run_cards(self.output_dir, self.cfg.to_dict(), metrics)  # README.md: what the heads are, how to serve them
             self.say(f"heads exported to {heads_dir}")
-        trained_heads = self.parallel.whole_heads(self.model)
         self.teardown()
         return TrainResult(output_dir=self.output_dir, heads_dir=heads_dir, step=self.step, metrics=metrics, heads=trained_heads)
 
-    def choose_tree(self, heads_dir: Path, final_eval: dict[str, Any]) -> Any:
+    def choose_tree(self, heads_dir: Path, final_eval: dict[str, Any], model: torch.nn.Module) -> Any:
         """The heads leave training ready to decode fast: their tree (and draft vocabulary) is
-        chosen and written next to them by ``write_export_tree``, the one call into it."""
+        chosen, by decoding with ``model``, and written next to them by ``write_export_tree``,
+        the one call into it."""
         sample_ds = self.eval_ds if self.eval_ds is not None and len(self.eval_ds) else self.train_ds
         rows = [torch.as_tensor(sample_ds[i]["input_ids"]) for i in range(min(SAMPLE_ROWS, len(sample_ds)))]
         return write_export_tree(
-            self.accelerator, self.model, heads_dir, rows, final_eval.get("eval/rank_accuracy"),
+            self.accelerator, model, heads_dir, rows, final_eval.get("eval/rank_accuracy"),
             skip_reason=self.parallel.tree_skip_reason(),
         )  # fmt: skip
 
