@@ -7,7 +7,9 @@ when complete (draftheads/atomic.py), so a crash mid-save never leaves a folder 
 ``resume: auto`` would pick. A save that fails (disk full) removes its temporary and says so; the
 earlier checkpoints stay. On resume, a checkpoint that cannot be read (truncated files, an RNG
 state that does not load) is reported, and ``resume: auto`` falls back to the previous one. The
-frozen target is never written: it is reloaded from its own source on resume.
+frozen target is not written (it is reloaded from its own source on resume), except under FSDP:
+accelerate's sharded FSDP state dict also holds the ignored (replicated) target's weights, once
+per checkpoint.
 """
 from __future__ import annotations
 
