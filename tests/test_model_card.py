@@ -26,7 +26,7 @@ def train_tiny(tmp_path: Path, target_dir: Path, data: Path, head_type: str) -> 
     is skipped: no card figure comes from it."""
     import functools
 
-    from draftheads.train import loop
+    from draftheads.train import loop, trainer
 
     cfg = config_from_dict({
         "target": {"name_or_path": str(target_dir), "dtype": "float32"},
@@ -37,7 +37,7 @@ def train_tiny(tmp_path: Path, target_dir: Path, data: Path, head_type: str) -> 
                   "eval_batches": 2, "save_every": 0, "log_every": 3},
     }, [])
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(loop, "write_export_tree", functools.partial(loop.write_export_tree, skip_reason="not timed in tests"))
+        mp.setattr(trainer, "write_export_tree", functools.partial(trainer.write_export_tree, skip_reason="not timed in tests"))
         loop.run(cfg)
     return tmp_path / "run"
 

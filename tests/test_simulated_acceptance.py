@@ -91,11 +91,11 @@ def test_best_simulated_acceptance_is_exported(tmp_path, tiny_target_dir, tiny_t
     """Evaluations at steps 2, 4, 6 and the final 8. Their simulated acceptance is replaced by a
     scripted sequence whose best is step 4 (real values only ever improve this early), and the
     heads are snapshotted at each evaluation: best/ must hold exactly the step-4 heads."""
-    from draftheads.train import loop
+    from draftheads.train import loop, trainer
 
     scripted = {2: 1.5, 4: 2.0, 6: 1.8, 8: 1.9}
     snapshots, real = {}, {}
-    original = loop._eval_and_log
+    original = trainer.evaluate_and_log
 
     def eval_and_log(accelerator, model, eval_dl, t, num_heads, step, progress):
         record = original(accelerator, model, eval_dl, t, num_heads, step, progress)
@@ -104,7 +104,7 @@ def test_best_simulated_acceptance_is_exported(tmp_path, tiny_target_dir, tiny_t
         real[step] = record["eval/simulated_acceptance"]
         return {**record, "eval/simulated_acceptance": scripted[step]}
 
-    monkeypatch.setattr(loop, "_eval_and_log", eval_and_log)
+    monkeypatch.setattr(trainer, "evaluate_and_log", eval_and_log)
     cfg = _cfg(tmp_path, tiny_target_dir, tiny_text_jsonl, eval_every=2)
     result = loop.run(cfg)
     out = Path(cfg.train.output_dir)

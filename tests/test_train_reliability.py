@@ -108,7 +108,7 @@ def test_a_second_run_into_a_running_runs_folder_is_refused_at_once(tmp_path, ti
     import subprocess
     import sys
 
-    from draftheads.train import loop
+    from draftheads.train import loop, trainer
     from draftheads.train.run_lock import LOCK_NAME
 
     cfg = _cfg(tmp_path, tiny_target_dir, tiny_text_jsonl, max_steps=1, eval_every=0)
@@ -122,7 +122,7 @@ def test_a_second_run_into_a_running_runs_folder_is_refused_at_once(tmp_path, ti
             raise AssertionError("the second run loaded its target instead of being refused")
 
         with monkeypatch.context() as m:
-            m.setattr(loop, "load_target", no_loading)
+            m.setattr(trainer, "load_target", no_loading)
             with pytest.raises(RunFolderError, match="in use by another run") as err:
                 loop.run(cfg)
         assert f"pid {first.pid} on " in str(err.value) and "started 20" in str(err.value)
@@ -158,12 +158,12 @@ def test_a_resumed_runs_metrics_equal_the_uninterrupted_runs(tmp_path, tiny_targ
     """Killed after the step-4 checkpoint of 6 steps, resumed: the eval history and the trained
     token count of metrics.json cover the whole run (they were lost: evals [] and the tokens of
     the resumed part only). log_every=3 leaves tokens unlogged at the checkpoint."""
-    from draftheads.train import loop
+    from draftheads.train import loop, trainer
 
     common = dict(max_steps=6, eval_every=2, save_every=2, log_every=3)
     straight = loop.run(_cfg(tmp_path / "straight", tiny_target_dir, tiny_text_jsonl, **common)).metrics
 
-    real_save = loop.save_checkpoint
+    real_save = trainer.save_checkpoint
 
     def killed_after_step_4(accelerator, output_dir, step, state):
         path = real_save(accelerator, output_dir, step, state)
@@ -173,7 +173,7 @@ def test_a_resumed_runs_metrics_equal_the_uninterrupted_runs(tmp_path, tiny_targ
 
     cfg = _cfg(tmp_path / "resumed", tiny_target_dir, tiny_text_jsonl, **common)
     with monkeypatch.context() as m:
-        m.setattr(loop, "save_checkpoint", killed_after_step_4)
+        m.setattr(trainer, "save_checkpoint", killed_after_step_4)
         with pytest.raises(KeyboardInterrupt):
             loop.run(cfg)
     cfg.train.resume = "auto"

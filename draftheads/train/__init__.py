@@ -1,4 +1,4 @@
-"""Training draft heads on a frozen target: the accelerate loop, chunked losses, metrics, checkpoints."""
+"""Training draft heads on a frozen target: the Trainer (an accelerate recipe), chunked losses, metrics, checkpoints."""
 from typing import TYPE_CHECKING
 
 from ..lazy import lazy_exports
@@ -8,12 +8,14 @@ if TYPE_CHECKING:
     from .losses import HeadLossOutput, medusa_loss, medusa_targets
     from .metrics import HeadStats, chain_acceptance_length
     from .model import TargetWithHeads
+    from .trainer import Trainer
 
 __all__ = [
     "HeadLossOutput",
     "HeadStats",
     "TargetWithHeads",
     "TrainResult",
+    "Trainer",
     "chain_acceptance_length",
     "medusa_loss",
     "medusa_targets",
@@ -25,5 +27,5 @@ __all__ = [
 __getattr__, __dir__ = lazy_exports(__name__, {
     "HeadLossOutput": ".losses", "medusa_loss": ".losses", "medusa_targets": ".losses",
     "HeadStats": ".metrics", "chain_acceptance_length": ".metrics",
-    "TargetWithHeads": ".model", "run": ".loop", "TrainResult": ".loop",
+    "TargetWithHeads": ".model", "run": ".loop", "TrainResult": ".loop", "Trainer": ".trainer",
 })

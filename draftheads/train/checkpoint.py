@@ -7,7 +7,9 @@ when complete (draftheads/atomic.py), so a crash mid-save never leaves a folder 
 ``resume: auto`` would pick. A save that fails (disk full) removes its temporary and says so; the
 earlier checkpoints stay. On resume, a checkpoint that cannot be read (truncated files, an RNG
 state that does not load) is reported, and ``resume: auto`` falls back to the previous one. The
-frozen target is never written: it is reloaded from its own source on resume.
+frozen target is not written (it is reloaded from its own source on resume), except under FSDP:
+accelerate's sharded FSDP state dict also holds the ignored (replicated) target's weights, once
+per checkpoint.
 """
 from __future__ import annotations
 
@@ -20,6 +22,10 @@ from pathlib import Path
 from typing import Any, Callable
 
 import torch
+from accelerate.utils import RNG_STATE_NAME, DistributedType
+from accelerate.utils.other import load
+from safetensors import safe_open
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
 from ..atomic import install_folder, recover, temp_folder
 
@@ -90,9 +96,11 @@ def read_state(path: str | os.PathLike) -> dict[str, Any]:
 
 
 def _is_deepspeed(accelerator) -> bool:
-    from accelerate.utils import DistributedType
-
     return accelerator.distributed_type == DistributedType.DEEPSPEED
+
+
+def _is_fsdp(accelerator) -> bool:
+    return accelerator.distributed_type == DistributedType.FSDP
 
 
 def register_heads_only(accelerator) -> None:
@@ -219,9 +227,6 @@ def _unreadable(path: Path, accelerator, model: torch.nn.Module) -> str | None:
     """Why ``path`` cannot be resumed from exactly on this process, or None. accelerate would
     skip an RNG state that fails to load with an info-level log line and continue with another
     random stream (a resume that is silently not bit-exact): refuse it here instead."""
-    from accelerate.utils import RNG_STATE_NAME
-    from accelerate.utils.other import load
-
     rng = path / f"{RNG_STATE_NAME}_{accelerator.process_index}.pkl"
     try:
         states = load(rng)
@@ -236,7 +241,7 @@ def _unreadable(path: Path, accelerator, model: torch.nn.Module) -> str | None:
                     archive.namelist()
             except (zipfile.BadZipFile, OSError) as e:
                 return f"{file.name} is truncated or corrupt ({e})"
-    if not _is_deepspeed(accelerator):
+    if not _is_deepspeed(accelerator) and not _is_fsdp(accelerator):  # those two write their own shard formats
         try:
             _check_heads_keys(path, accelerator.unwrap_model(model))
         except (OSError, ValueError) as e:
@@ -249,8 +254,6 @@ def _unreadable(path: Path, accelerator, model: torch.nn.Module) -> str | None:
 def _check_heads_keys(path: Path, model: torch.nn.Module) -> None:
     """``load_state(strict=False)`` tolerates the absent target weights but would also tolerate
     missing head weights: check that the file holds exactly the heads' keys."""
-    from safetensors import safe_open
-
     file = path / "model.safetensors"
     if not file.is_file():
         raise FileNotFoundError(f"{file} is missing: {path} is not a complete checkpoint")
@@ -278,9 +281,12 @@ def heads_state(accelerator, model: torch.nn.Module, everywhere: bool = False) -
     heads = accelerator.unwrap_model(model).heads
     wanted = everywhere or accelerator.is_main_process
     if _is_deepspeed(accelerator) and accelerator.state.deepspeed_plugin.zero_stage == 3:
-        import deepspeed
+        import deepspeed  # optional: only a ZeRO-3 launch has it
 
         with deepspeed.zero.GatheredParameters(list(heads.parameters()), modifier_rank=None):
+            return {k: v.detach().clone().cpu() for k, v in heads.state_dict().items()} if wanted else None
+    if _is_fsdp(accelerator):  # the heads are one sharded flat parameter: gather it (the target is not in it)
+        with FSDP.summon_full_params(model, writeback=False):
             return {k: v.detach().clone().cpu() for k, v in heads.state_dict().items()} if wanted else None
     return {k: v.detach().clone().cpu() for k, v in heads.state_dict().items()} if wanted else None
 

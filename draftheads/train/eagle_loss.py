@@ -80,89 +80,139 @@ def eagle_loss(
     a row attends to the rows of its own document only, at its position in that document, and
     no step pairs a row with a token of another document."""
     steps = heads.config.num_heads
-    bsz, seq = input_ids.shape
-    n = seq - 1  # rows t = 0 .. S-2 (row t's first prediction is position t+1)
-    device = input_ids.device
-    lm = torch.ones_like(input_ids, dtype=torch.bool) if loss_mask is None else loss_mask.bool()
-    am = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
     lm_head = heads.target_lm_head()
     regress = not heads.fuses_layers  # EAGLE-1/2 also regress onto the next feature; EAGLE-3 has none
-    noise = float(heads.config.extra.get("noise", 0.0)) if regress else 0.0
-
-    feats = features[:, :n]
-    if heads.training and noise > 0:
-        uniform = torch.rand(feats.shape, generator=noise_generator, device=feats.device, dtype=feats.dtype)
-        feats = feats + (uniform - 0.5) * (2 * noise)
-    rows = torch.arange(n, device=device)
-    causal = (rows[None, :] <= rows[:, None])[None] & am[:, None, :n]  # [B, n, n]
-    if position_ids is not None:
-        doc = document_ids(position_ids, input_ids)[:, :n]
-        causal = causal & (doc[:, None, :] == doc[:, :, None])
-    row_positions = positions_or_arange(position_ids, input_ids)[:, :n]
-    eye = torch.eye(n, dtype=torch.bool, device=device)[None].expand(bsz, n, n)
-
-    def tokens_at(offset: int) -> torch.Tensor:  # input_ids[t + offset] for every row, 0 past the end
-        out = input_ids.new_zeros(bsz, n)
-        if offset < seq:
-            out[:, : seq - offset] = input_ids[:, offset : offset + n][:, : seq - offset]
-        return out
-
-    ce_sum = torch.zeros(steps, device=device)
-    count = torch.zeros(steps, device=device, dtype=torch.long)
-    top1 = torch.zeros(steps, device=device, dtype=torch.long)
-    hits = torch.zeros(steps, device=device, dtype=torch.long)
+    batch = _UnrolledBatch(input_ids, loss_mask, attention_mask, position_ids)
+    feats = _input_features(heads, features[:, : batch.n], regress, noise_generator)
+    totals = _StepTotals(steps, input_ids.device)
     loss = features.new_zeros((), dtype=torch.float32)
     use_ckpt = torch.is_grad_enabled()
     past: list[tuple[torch.Tensor, torch.Tensor]] | None = None
     state = None
     for k in range(steps):
-        tokens = tokens_at(1 + k)
-        if k == 0:
-            g, attn_in = heads.first_input(feats, tokens)
-            mask = causal
-        else:
-            g, attn_in = heads.next_input(state, tokens)
-            mask = torch.cat([causal] + [eye] * k, dim=-1)
-        positions = row_positions + k
-        state, new_kv = heads.run_layers(g, attn_in, positions, mask, past)
-        past = new_kv if past is None else [
-            (torch.cat([pk, nk], 2), torch.cat([pv, nv], 2)) for (pk, pv), (nk, nv) in zip(past, new_kv)
-        ]
-        # Row t at step k predicts position t+1+k's feature (token t+2+k).
+        state, past = _unroll_step(heads, batch, k, feats, state, past)
+        idx = batch.trained_rows(k)
+        if idx is None:
+            continue
+        labels = batch.label_rows(last_hidden, k, idx)
+        step_ce, step_reg, step_count = _step_sums(
+            heads, lm_head, state.reshape(-1, state.shape[-1])[idx], labels, k, totals, chunk_size, topk, use_ckpt
+        )
+        loss = loss + decay**k * _step_loss(step_ce, step_reg, step_count, idx.numel(), regress, denominators, k)
+    return HeadLossOutput(loss=loss, ce_sum=totals.ce_sum, count=totals.count, top1=totals.top1, topk=totals.hits)
+
+
+class _UnrolledBatch:
+    """The rows of a batch as the unrolled draft steps see them: row t = 0 .. S-2 (row t's first
+    prediction is position t+1), the attention masks of each step, and which rows step k trains."""
+
+    def __init__(self, input_ids: torch.Tensor, loss_mask: torch.Tensor | None, attention_mask: torch.Tensor | None,
+                 position_ids: torch.Tensor | None = None) -> None:
+        self.position_ids = position_ids  # a packed window's per-document positions (None: one document per row)
+        self.input_ids = input_ids
+        self.bsz, self.seq = input_ids.shape
+        self.n = n = self.seq - 1
+        self.device = device = input_ids.device
+        self.lm = torch.ones_like(input_ids, dtype=torch.bool) if loss_mask is None else loss_mask.bool()
+        self.am = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
+        self.rows = torch.arange(n, device=device)
+        self.causal = (self.rows[None, :] <= self.rows[:, None])[None] & self.am[:, None, :n]  # [B, n, n]
+        if position_ids is not None:  # a row attends to the rows of its own document only
+            doc = document_ids(position_ids, input_ids)[:, :n]
+            self.causal = self.causal & (doc[:, None, :] == doc[:, :, None])
+        self.positions = positions_or_arange(position_ids, input_ids)[:, :n]  # each row's position in its document
+        self.eye = torch.eye(n, dtype=torch.bool, device=device)[None].expand(self.bsz, n, n)
+
+    def tokens_at(self, offset: int) -> torch.Tensor:
+        """input_ids[t + offset] for every row, 0 past the end."""
+        out = self.input_ids.new_zeros(self.bsz, self.n)
+        if offset < self.seq:
+            out[:, : self.seq - offset] = self.input_ids[:, offset : offset + self.n][:, : self.seq - offset]
+        return out
+
+    def mask(self, k: int) -> torch.Tensor:
+        """Step k's attention: the real prefix (step-0 rows <= t) and the row's own earlier steps."""
+        return self.causal if k == 0 else torch.cat([self.causal] + [self.eye] * k, dim=-1)
+
+    def trained_rows(self, k: int) -> torch.Tensor | None:
+        """Flat indices of the rows whose step-k prediction (token t+2+k) is a training token;
+        None when there are none."""
         shift = 2 + k
-        if shift >= seq:
-            continue
-        valid = torch.zeros(bsz, n, dtype=torch.bool, device=device)
-        valid[:, : seq - shift] = within_document(lm[:, shift:] & am[:, shift:], position_ids, shift)
+        if shift >= self.seq:
+            return None
+        valid = torch.zeros(self.bsz, self.n, dtype=torch.bool, device=self.device)
+        valid[:, : self.seq - shift] = within_document(self.lm[:, shift:] & self.am[:, shift:], self.position_ids, shift)
         idx = valid.reshape(-1).nonzero().squeeze(-1)
-        if idx.numel() == 0:
-            continue
-        flat_state = state.reshape(-1, state.shape[-1])[idx]
-        label_hidden = torch.zeros(bsz, n, last_hidden.shape[-1], dtype=last_hidden.dtype, device=device)
+        return idx if idx.numel() else None
+
+    def label_rows(self, last_hidden: torch.Tensor, k: int, idx: torch.Tensor) -> torch.Tensor:
+        """Row t at step k predicts position t+1+k's feature (token t+2+k): those target states, at ``idx``."""
+        shift, seq, width = 2 + k, self.seq, last_hidden.shape[-1]
+        label_hidden = torch.zeros(self.bsz, self.n, width, dtype=last_hidden.dtype, device=self.device)
         label_hidden[:, : seq - shift] = last_hidden[:, shift - 1 :][:, : seq - shift]
-        flat_label = label_hidden.reshape(-1, last_hidden.shape[-1])[idx]
-        step_ce = step_reg = loss.new_zeros(())
-        step_count = 0
-        for start in range(0, idx.numel(), chunk_size):
-            fn = partial(_chunk_terms, heads, lm_head, topk)
-            args = (flat_state[start : start + chunk_size], flat_label[start : start + chunk_size])
-            ce, reg, c1, ck, inside = checkpoint(fn, *args, use_reentrant=False) if use_ckpt else fn(*args)
-            step_ce, step_reg = step_ce + ce, step_reg + reg
-            step_count += int(inside)
-            top1[k] += c1
-            hits[k] += ck
-        count[k] = step_count
-        ce_sum[k] = step_ce.detach()
-        if denominators is not None:  # the rows of the whole step (EAGLE-3: rows outside its vocabulary add 0)
-            den = float(denominators[k])
-            terms = step_reg + SOFT_CE_WEIGHT * step_ce if regress else step_ce
-            step_loss = terms / den if den > 0 else 0.0 * terms
-        elif regress:
-            step_loss = (step_reg + SOFT_CE_WEIGHT * step_ce) / max(idx.numel(), 1)
-        else:
-            step_loss = step_ce / max(step_count, 1)
-        loss = loss + decay**k * step_loss
-    return HeadLossOutput(loss=loss, ce_sum=ce_sum, count=count, top1=top1, topk=hits)
+        return label_hidden.reshape(-1, width)[idx]
+
+
+class _StepTotals:
+    """Per-step figures for the stats: summed soft CE, trained rows, top-1 and top-k hits."""
+
+    def __init__(self, steps: int, device: torch.device) -> None:
+        self.ce_sum = torch.zeros(steps, device=device)
+        self.count = torch.zeros(steps, device=device, dtype=torch.long)
+        self.top1 = torch.zeros(steps, device=device, dtype=torch.long)
+        self.hits = torch.zeros(steps, device=device, dtype=torch.long)
+
+
+def _input_features(heads, feats: torch.Tensor, regress: bool, generator: torch.Generator | None) -> torch.Tensor:
+    """The target features the first step reads; EAGLE-1/2 add uniform noise to them in training."""
+    noise = float(heads.config.extra.get("noise", 0.0)) if regress else 0.0
+    if heads.training and noise > 0:
+        uniform = torch.rand(feats.shape, generator=generator, device=feats.device, dtype=feats.dtype)
+        feats = feats + (uniform - 0.5) * (2 * noise)
+    return feats
+
+
+def _unroll_step(heads, batch: _UnrolledBatch, k: int, feats: torch.Tensor, state, past):
+    """Draft step k over every row: step 0 reads the target's features, step k > 0 its own step
+    k-1 output; returns the new states and the keys/values of every step so far."""
+    tokens = batch.tokens_at(1 + k)
+    g, attn_in = heads.first_input(feats, tokens) if k == 0 else heads.next_input(state, tokens)
+    state, new_kv = heads.run_layers(g, attn_in, batch.positions + k, batch.mask(k), past)
+    past = new_kv if past is None else [
+        (torch.cat([pk, nk], 2), torch.cat([pv, nv], 2)) for (pk, pv), (nk, nv) in zip(past, new_kv)
+    ]
+    return state, past
+
+
+def _step_sums(heads, lm_head, flat_state, flat_label, k: int, totals: _StepTotals, chunk_size: int, topk: int, use_ckpt: bool):
+    """Step k's summed soft CE and feature regression over its trained rows, in checkpointed
+    chunks of ``chunk_size`` rows (vocab-sized logits never for all rows at once); the counts
+    go to ``totals``."""
+    step_ce = step_reg = flat_state.new_zeros((), dtype=torch.float32)
+    step_count = 0
+    fn = partial(_chunk_terms, heads, lm_head, topk)
+    for start in range(0, flat_state.shape[0], chunk_size):
+        args = (flat_state[start : start + chunk_size], flat_label[start : start + chunk_size])
+        ce, reg, c1, ck, inside = checkpoint(fn, *args, use_reentrant=False) if use_ckpt else fn(*args)
+        step_ce, step_reg = step_ce + ce, step_reg + reg
+        step_count += int(inside)
+        totals.top1[k] += c1
+        totals.hits[k] += ck
+    totals.count[k] = step_count
+    totals.ce_sum[k] = step_ce.detach()
+    return step_ce, step_reg, step_count
+
+
+def _step_loss(step_ce, step_reg, step_count: int, rows: int, regress: bool, denominators, k: int):
+    """Step k's loss: its summed terms over the step's denominator when given (the rows of the
+    whole optimizer step; EAGLE-3: rows outside its vocabulary add 0), else over this batch's rows."""
+    if denominators is not None:
+        den = float(denominators[k])
+        terms = step_reg + SOFT_CE_WEIGHT * step_ce if regress else step_ce
+        return terms / den if den > 0 else 0.0 * terms
+    if regress:
+        return (step_reg + SOFT_CE_WEIGHT * step_ce) / max(rows, 1)
+    return step_ce / max(step_count, 1)
 
 
 def eagle_target_counts(

@@ -31,6 +31,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+from tqdm.auto import tqdm
 
 from ..atomic import TMP_TAG, write_file_atomically, write_text_atomically
 from ..data.sampling import example_lengths
@@ -177,8 +180,6 @@ def bytes_per_token(hidden_size: int, feature_size: int, dtype: torch.dtype) -> 
     return (hidden_size + feature_size) * item + 4  # + int32 target label
 
 
-
-
 def _human(n: float) -> str:
     for unit in ("B", "KB", "MB", "GB", "TB"):
         if n < 1024 or unit == "TB":
@@ -205,18 +206,39 @@ def build_cache(
 
     ``model`` is a ``TargetWithHeads``: its own feature methods produce what online training
     reads, so the cache cannot drift from it."""
-    from safetensors.torch import save_file
-    from tqdm.auto import tqdm
-
     if dtype not in DTYPES:
         raise FeatureCacheError(f"--dtype {dtype!r} is not one of {', '.join(DTYPES)}")
     torch_dtype = DTYPES[dtype]
     directory = Path(out)
-    heads = model.heads
-    fp = fingerprint(cfg, model.target, tokenizer, heads, splits)
+    fp = fingerprint(cfg, model.target, tokenizer, model.heads, splits)
     layers = fp["heads"]["feature_layers"]
     hidden_size = int(model.target.get_output_embeddings().weight.shape[1])
     feature_size = hidden_size * len(layers) if layers else 0
+    index = _resumable_index(directory, fp, torch_dtype)
+    if index is not None and index.get("complete"):
+        say(f"{directory}: the cache is complete, nothing to do")
+        return index
+    if index is None:
+        index = _new_index(fp, torch_dtype, hidden_size, feature_size, splits)
+    directory.mkdir(parents=True, exist_ok=True)
+    _remove_half_written(directory)
+    per_token = bytes_per_token(hidden_size, feature_size, torch_dtype)
+    _check_disk_space(directory, index, splits, per_token, say)
+
+    _write_index(directory, index)
+    device = model.target.get_output_embeddings().weight.device
+    for name, ds in splits.items():
+        shards = _ShardWriter(directory, index, name, torch_dtype, with_features=bool(feature_size))
+        _cache_split(model, ds, shards, device, batch_size, collate, shard_bytes, per_token, progress)
+    index["complete"] = True
+    _write_index(directory, index)
+    say(f"feature cache written to {directory}")
+    return index
+
+
+def _resumable_index(directory: Path, fp: dict[str, Any], torch_dtype: torch.dtype) -> dict[str, Any] | None:
+    """The index of an earlier (possibly interrupted) cache of these inputs in ``directory``, or
+    None for a new cache; refuses a folder that holds something else or a cache of other inputs."""
     index = _read_index(directory) if directory.exists() else None
     if index is None and directory.exists() and any(directory.iterdir()):
         raise FeatureCacheError(f"{directory} exists and is not a feature cache; choose an empty or new --out")
@@ -226,24 +248,30 @@ def build_cache(
             raise FeatureCacheError(
                 f"{directory} holds a {index['dtype']} cache; resume with --dtype {index['dtype']} or choose another --out"
             )
-        if index.get("complete"):
-            say(f"{directory}: the cache is complete, nothing to do")
-            return index
-    else:
-        index = {
-            "format": FORMAT_VERSION,
-            "fingerprint": fp,
-            "dtype": str(torch_dtype).removeprefix("torch."),
-            "hidden_size": hidden_size,
-            "feature_size": feature_size,
-            "splits": {name: {"examples": len(ds), "shards": [], "rows": []} for name, ds in splits.items()},
-            "complete": False,
-        }
-    directory.mkdir(parents=True, exist_ok=True)
-    for stray in [*directory.glob(".*.tmp"), *directory.glob(f".*{TMP_TAG}*")]:  # files a kill left half-written
+    return index
+
+
+def _new_index(fp: dict[str, Any], torch_dtype: torch.dtype, hidden_size: int, feature_size: int, splits) -> dict[str, Any]:
+    return {
+        "format": FORMAT_VERSION,
+        "fingerprint": fp,
+        "dtype": str(torch_dtype).removeprefix("torch."),
+        "hidden_size": hidden_size,
+        "feature_size": feature_size,
+        "splits": {name: {"examples": len(ds), "shards": [], "rows": []} for name, ds in splits.items()},
+        "complete": False,
+    }
+
+
+def _remove_half_written(directory: Path) -> None:
+    """Files a killed run left half-written (never referenced by the index)."""
+    for stray in [*directory.glob(".*.tmp"), *directory.glob(f".*{TMP_TAG}*")]:
         stray.unlink()
 
-    per_token = bytes_per_token(hidden_size, feature_size, torch_dtype)
+
+def _check_disk_space(directory: Path, index: dict[str, Any], splits, per_token: int, say) -> None:
+    """Say what the cache costs; refuse to start when the rest of it does not fit on the disk."""
+    hidden_size, feature_size = index["hidden_size"], index["feature_size"]
     lengths = {name: example_lengths(ds) for name, ds in splits.items()}
     need = {name: sum(n) * per_token for name, n in lengths.items()}
     left = sum(sum(n[len(index["splits"][name]["rows"]) :]) * per_token for name, n in lengths.items())
@@ -260,55 +288,66 @@ def build_cache(
             f"{_human(free)} are free; free space, choose another --out, or use --dtype bfloat16"
         )
 
-    _write_index(directory, index)
-    device = model.target.get_output_embeddings().weight.device
-    for name, ds in splits.items():
-        part = index["splits"][name]
-        start = len(part["rows"])
-        bar = tqdm(total=len(ds), initial=start, desc=f"cache {name}", unit="ex", disable=not progress, dynamic_ncols=True)
-        pending: dict[str, list[torch.Tensor]] = {"hidden": [], "features": [], "target_labels": []}
-        pending_rows: list[tuple[int, int]] = []  # (offset, length) within the shard being filled
-        offset = 0
 
-        def flush() -> None:
-            nonlocal offset
-            if not pending_rows:
-                return
-            shard = len(part["shards"])
-            fname = f"{name}-{shard:05d}.safetensors"
-            tensors = {k: torch.cat(v).contiguous() for k, v in pending.items() if v}
-            write_file_atomically(directory / fname, lambda tmp: save_file(tensors, str(tmp)))
-            part["shards"].append(fname)
-            part["rows"].extend([shard, o, n] for o, n in pending_rows)
-            _write_index(directory, index)
-            for v in pending.values():
-                v.clear()
-            pending_rows.clear()
-            offset = 0
+class _ShardWriter:
+    """The rows of one split collected into shard files: each shard is written atomically, then
+    the index is rewritten to list it, so a killed run resumes after its last complete shard."""
 
-        for lo in range(start, len(ds), batch_size):
-            rows = [ds[i] for i in range(lo, min(lo + batch_size, len(ds)))]
-            batch = collate(rows)
-            ids = batch["input_ids"].to(device)
-            am = batch["attention_mask"].to(device)
-            hidden, feats, labels = model.target_outputs(ids, am)
-            for r, row in enumerate(rows):
-                n = len(row["input_ids"])
-                pending["hidden"].append(hidden[r, :n].to("cpu", torch_dtype))
-                if feature_size:
-                    pending["features"].append(feats[r, :n].to("cpu", torch_dtype))
-                pending["target_labels"].append(labels[r, :n].to("cpu", torch.int32))
-                pending_rows.append((offset, n))
-                offset += n
-            if offset * per_token >= shard_bytes:
-                flush()
-            bar.update(len(rows))
-        flush()
-        bar.close()
-    index["complete"] = True
-    _write_index(directory, index)
-    say(f"feature cache written to {directory}")
-    return index
+    def __init__(self, directory: Path, index: dict[str, Any], name: str, dtype: torch.dtype, with_features: bool) -> None:
+        self.directory, self.index, self.name = directory, index, name
+        self.part = index["splits"][name]
+        self.dtype, self.with_features = dtype, with_features
+        self.pending: dict[str, list[torch.Tensor]] = {"hidden": [], "features": [], "target_labels": []}
+        self.rows: list[tuple[int, int]] = []  # (offset, length) within the shard being filled
+        self.tokens = 0  # the shard's tokens so far (the next row's offset)
+
+    @property
+    def done(self) -> int:
+        """Examples already in complete shards."""
+        return len(self.part["rows"])
+
+    def add(self, hidden: torch.Tensor, features: torch.Tensor, labels: torch.Tensor, n: int) -> None:
+        """One example's first ``n`` positions."""
+        self.pending["hidden"].append(hidden[:n].to("cpu", self.dtype))
+        if self.with_features:
+            self.pending["features"].append(features[:n].to("cpu", self.dtype))
+        self.pending["target_labels"].append(labels[:n].to("cpu", torch.int32))
+        self.rows.append((self.tokens, n))
+        self.tokens += n
+
+    def flush(self) -> None:
+        """Write the pending rows as the split's next shard and list it in the index."""
+        if not self.rows:
+            return
+        shard = len(self.part["shards"])
+        fname = f"{self.name}-{shard:05d}.safetensors"
+        tensors = {k: torch.cat(v).contiguous() for k, v in self.pending.items() if v}
+        write_file_atomically(self.directory / fname, lambda tmp: save_file(tensors, str(tmp)))
+        self.part["shards"].append(fname)
+        self.part["rows"].extend([shard, o, n] for o, n in self.rows)
+        _write_index(self.directory, self.index)
+        for v in self.pending.values():
+            v.clear()
+        self.rows.clear()
+        self.tokens = 0
+
+
+def _cache_split(model, ds, shards: _ShardWriter, device, batch_size: int, collate, shard_bytes: int, per_token: int,
+                 progress: bool) -> None:
+    """Run the target over the split's examples not cached yet, ``batch_size`` at a time."""
+    start = shards.done
+    bar = tqdm(total=len(ds), initial=start, desc=f"cache {shards.name}", unit="ex", disable=not progress, dynamic_ncols=True)
+    for lo in range(start, len(ds), batch_size):
+        rows = [ds[i] for i in range(lo, min(lo + batch_size, len(ds)))]
+        batch = collate(rows)
+        hidden, feats, labels = model.target_outputs(batch["input_ids"].to(device), batch["attention_mask"].to(device))
+        for r, row in enumerate(rows):
+            shards.add(hidden[r], feats[r], labels[r], len(row["input_ids"]))
+        if shards.tokens * per_token >= shard_bytes:
+            shards.flush()
+        bar.update(len(rows))
+    shards.flush()
+    bar.close()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -338,8 +377,6 @@ class FeatureDataset(torch.utils.data.Dataset):
 
     def _shard(self, i: int):
         if i not in self._open:
-            from safetensors import safe_open
-
             self._open[i] = safe_open(str(self.directory / self.shards[i]), framework="pt")
         return self._open[i]
 

@@ -31,8 +31,8 @@ def run_cache_features(args) -> int:
 
     from ..config import ConfigError, load_config
     from ..data import Collator, build_datasets
+    from .components import build_heads, load_target
     from .features import FeatureCacheError, build_cache
-    from .loop import build_heads, load_target
     from .model import TargetWithHeads
 
     if args.batch_size < 1 or args.shard_mb < 1:

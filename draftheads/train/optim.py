@@ -11,6 +11,11 @@ from __future__ import annotations
 from typing import Iterable
 
 import torch
+from transformers import (
+    get_constant_schedule_with_warmup,
+    get_cosine_schedule_with_warmup,
+    get_linear_schedule_with_warmup,
+)
 
 SCHEDULES = ("cosine", "linear", "constant")
 
@@ -23,12 +28,6 @@ def build_optimizer(params: Iterable[torch.nn.Parameter], train_cfg) -> torch.op
 
 def build_scheduler(optimizer: torch.optim.Optimizer, train_cfg, max_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
     """The configured schedule over ``max_steps`` optimizer steps, warmup included (capped at ``max_steps``)."""
-    from transformers import (
-        get_constant_schedule_with_warmup,
-        get_cosine_schedule_with_warmup,
-        get_linear_schedule_with_warmup,
-    )
-
     warmup = min(train_cfg.warmup_steps, max_steps)
     name = train_cfg.lr_schedule
     if name == "cosine":

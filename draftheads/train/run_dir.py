@@ -18,6 +18,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from ..config import upgrade_config_dict, with_added_keys
+
 # What a run writes into its output folder; --overwrite removes exactly these.
 RUN_ARTEFACTS = ("checkpoints", "heads", "best", "metrics.json", "config.json")
 # Their presence means a run already lives here. config.json is written first, at the start of a
@@ -158,8 +160,6 @@ def check_resume_config(checkpoint: Path, saved: dict[str, Any] | None, current:
     """Refuse to resume ``checkpoint`` under a config that differs in more than the step budget."""
     if saved is None:
         return  # written before checkpoints carried their config: nothing to compare
-    from ..config import upgrade_config_dict, with_added_keys
-
     # a checkpoint written before a key was renamed, or before a key existed (what it did then)
     saved = with_added_keys(upgrade_config_dict(saved))
     diff = config_differences(saved, current)
