@@ -12,11 +12,10 @@ decoding will use (``simulated_acceptance_length``: 1 + the sum over tree nodes 
 of ``acc`` along the node's path, the same formula ``draftheads calibrate`` ranks trees by), and
 the loop keeps the heads with the best such figure.
 
-Measured against real greedy decoding (tests/test_simulated_acceptance.py,
-benchmarks/simulated_acceptance.py) it is within 15%, from two biases that partly cancel:
-independence ignores that heads tend to be right together, and averaging over every position
-overweights predictable stretches, which decoding crosses in few steps (demo target: +2% to
-+5% for 10-node trees; tiny random targets that fall into loops: about +10%).
+It differs from real greedy decoding (tests/test_simulated_acceptance.py bounds the gap;
+benchmarks/simulated_acceptance.py measures it) by two biases that partly cancel: independence
+ignores that heads tend to be right together, and averaging over every position overweights
+predictable stretches, which decoding crosses in few steps.
 """
 from __future__ import annotations
 

@@ -3,8 +3,8 @@
 Two measurements feed it:
 - an acceptance table ``acc[k, r]``: how often head k's rank-r candidate equals the token the
   target actually produces k+2 positions ahead, on sample text (Medusa's heads_accuracy);
-- the verify-forward time for n tree tokens on this device (16 tokens cost ~2x one token on a
-  2-core CPU, nearly the same as one token on a GPU).
+- the verify-forward time for n tree tokens on this device (it grows quickly with n on a CPU and
+  barely on a GPU, which is why the tree is measured where it decodes).
 Under sampling at temperature T (exact acceptance, drafts are the heads' top-ranked tokens, so
 each a point mass), a drafted token x is accepted with probability p_T(x), the target's tempered
 probability of it, and siblings after a rejection with their share of what is left: so the table
