@@ -163,14 +163,7 @@ def dflash_loss(
 
     # Slot k of block j predicts token a_j + k, against the target at a_j + k - 1.
     label_pos = positions[:, :, 1:]
-    counted = valid[:, :, None] & lm.gather(1, label_pos.reshape(bsz, -1)).view(bsz, n, slots) \
-        & am.gather(1, label_pos.reshape(bsz, -1)).view(bsz, n, slots)
-    if ex.get("greedy_path", False):  # slot k only after k-1 data tokens the target itself would produce
-        follows = greedy_follows(heads.target_lm_head(), last_hidden, input_ids, chunk_size)
-        on_path = follows.gather(1, label_pos.reshape(bsz, -1)).view(bsz, n, slots)
-        before = torch.ones_like(on_path)
-        before[:, :, 1:] = on_path[:, :, :-1].long().cumprod(-1).bool()
-        counted &= before
+    counted = _counted_slots(heads, valid, lm, am, label_pos, last_hidden, input_ids, chunk_size)
     slot_of = torch.arange(slots, device=device).expand(bsz, n, slots)
     idx = counted.reshape(-1).nonzero().squeeze(-1)
     flat_states = states.reshape(-1, states.shape[-1])[idx]
@@ -178,18 +171,7 @@ def dflash_loss(
     flat_target = last_hidden.gather(1, src[:, :, None].expand(-1, -1, last_hidden.shape[-1])).reshape(-1, last_hidden.shape[-1])[idx]
     flat_slot = slot_of.reshape(-1)[idx]
 
-    lm_head = heads.target_lm_head()
-    fn = partial(_chunk_terms, heads, lm_head, topk, ranks, hard)
-    use_ckpt = torch.is_grad_enabled()
-    row_losses, hits = [], []
-    for start in range(0, idx.numel(), chunk_size):
-        args = (flat_states[start : start + chunk_size], flat_target[start : start + chunk_size])
-        rows, hit = checkpoint(fn, *args, use_reentrant=False) if use_ckpt else fn(*args)
-        row_losses.append(rows)
-        hits.append(hit)
-    width = max(topk, ranks)
-    rows = torch.cat(row_losses) if row_losses else states.new_zeros(0, dtype=torch.float32)
-    hit = torch.cat(hits) if hits else torch.zeros(0, width, dtype=torch.bool, device=device)
+    rows, hit = _row_terms(heads, flat_states, flat_target, topk, ranks, hard, chunk_size)
 
     count = torch.bincount(flat_slot, minlength=slots)
     ce_sum = torch.zeros(slots, device=device).index_add(0, flat_slot, rows.detach())
@@ -199,19 +181,56 @@ def dflash_loss(
     if ranks:
         rank_hits = torch.stack([torch.bincount(flat_slot[hit[:, r]], minlength=slots) for r in range(ranks)], dim=1)
 
+    loss = _weighted_loss(heads, rows, flat_slot, count, states)
+    return HeadLossOutput(loss=loss, ce_sum=ce_sum, count=count, top1=top1, topk=topk_hits, rank_hits=rank_hits)
+
+
+def _counted_slots(heads, valid, lm, am, label_pos, last_hidden, input_ids, chunk_size) -> torch.Tensor:
+    """[B, N, K]: which slots of which drawn blocks are trained: a valid anchor, a loss token at the
+    label, and (``greedy_path``) only after k-1 data tokens the target itself would produce."""
+    bsz, n, slots = label_pos.shape
+    flat = label_pos.reshape(bsz, -1)
+    counted = valid[:, :, None] & lm.gather(1, flat).view(bsz, n, slots) & am.gather(1, flat).view(bsz, n, slots)
+    if heads.config.extra.get("greedy_path", False):
+        follows = greedy_follows(heads.target_lm_head(), last_hidden, input_ids, chunk_size)
+        on_path = follows.gather(1, flat).view(bsz, n, slots)
+        before = torch.ones_like(on_path)
+        before[:, :, 1:] = on_path[:, :, :-1].long().cumprod(-1).bool()
+        counted &= before
+    return counted
+
+
+def _row_terms(heads, flat_states, flat_target, topk: int, ranks: int, hard: bool, chunk_size: int):
+    """Each trained slot's loss and its rank hits, in chunks under activation checkpointing (the
+    full-vocabulary logits of every slot would not fit at once)."""
+    fn = partial(_chunk_terms, heads, heads.target_lm_head(), topk, ranks, hard)
+    use_ckpt = torch.is_grad_enabled()
+    row_losses, hits = [], []
+    for start in range(0, flat_states.shape[0], chunk_size):
+        args = (flat_states[start : start + chunk_size], flat_target[start : start + chunk_size])
+        rows, hit = checkpoint(fn, *args, use_reentrant=False) if use_ckpt else fn(*args)
+        row_losses.append(rows)
+        hits.append(hit)
+    width = max(topk, ranks)
+    rows = torch.cat(row_losses) if row_losses else flat_states.new_zeros(0, dtype=torch.float32)
+    hit = torch.cat(hits) if hits else torch.zeros(0, width, dtype=torch.bool, device=flat_states.device)
+    return rows, hit
+
+
+def _weighted_loss(heads, rows: torch.Tensor, flat_slot: torch.Tensor, count: torch.Tensor, states: torch.Tensor):
+    """The slot-weighted mean of the slots' mean losses (exp(-(k-1)/gamma) weights)."""
+    slots, device = count.shape[0], count.device
     weights = heads.slot_weights(device)
     per_slot = torch.zeros(slots, device=device, dtype=torch.float32).index_add(0, flat_slot, rows)
     present = count > 0
-    if bool(present.any()):
-        w = weights * present
-        # greedy_path: every slot's sum over the blocks (slot 1's count), so a slot weighs as often
-        # as verification reaches it; its own count would let a few on-path blocks of a deep slot
-        # weigh as much as every block of slot 1.
-        den = count[:1].expand_as(count) if ex.get("greedy_path", False) else count
-        loss = (w * per_slot / den.clamp(min=1)).sum() / w.sum()
-    else:  # no block in this batch: a zero loss that still touches every parameter (DDP needs a graph)
-        loss = states.sum() * 0.0
-    return HeadLossOutput(loss=loss, ce_sum=ce_sum, count=count, top1=top1, topk=topk_hits, rank_hits=rank_hits)
+    if not bool(present.any()):  # no block in this batch: a zero loss that still touches every parameter (DDP)
+        return states.sum() * 0.0
+    w = weights * present
+    # greedy_path: every slot's sum over the blocks (slot 1's count), so a slot weighs as often as
+    # verification reaches it; its own count would let a few on-path blocks of a deep slot weigh as
+    # much as every block of slot 1.
+    den = count[:1].expand_as(count) if heads.config.extra.get("greedy_path", False) else count
+    return (w * per_slot / den.clamp(min=1)).sum() / w.sum()
 
 
 def dflash_target_counts(heads, input_ids, loss_mask=None, attention_mask=None, position_ids=None) -> torch.Tensor:
