@@ -100,7 +100,7 @@ def draftheads_acceptance(target, heads_dir: str, prompts, args, counting) -> di
 
     heads = dh.load_heads(heads_dir, target=target)
     chain = dh.TreeShape.chain(args.k) if not heads.dynamic_tree else {"total_tokens": args.k + 1, "depth": args.k, "top_k": 1}
-    decoder = dh.SpeculativeDecoder(target, heads, tree=chain)
+    decoder = dh.SpeculativeDecoder(target, heads, tree=chain, draft_budget=None)  # full drafts, as vLLM runs them
     if getattr(decoder.proposer, "vocab_ids", None) is not None and heads.config.head_type != "eagle3":
         raise SystemExit(f"{heads_dir}: the proposer drafts from a reduced vocabulary; vLLM drafts from the whole one")
     per_prompt, t0 = [], time.perf_counter()

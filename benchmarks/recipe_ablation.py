@@ -100,7 +100,9 @@ def decode_stats(target, heads_dir: Path, prompt_ids: list[torch.Tensor], refere
     heads = load_heads(heads_dir, target=target)
     result = {}
     for name, shape in (("chain", CHAIN), ("tree", TREE)):
-        decoder = SpeculativeDecoder(target, heads, tree=shape)
+        # draft_budget=None: the online budget caps drafts by measured seconds, which would make an
+        # acceptance figure follow the machine's load instead of the heads.
+        decoder = SpeculativeDecoder(target, heads, tree=shape, draft_budget=None)
         lengths: list[int] = []
         for ids, ref in zip(prompt_ids, references):
             out = decoder.generate(ids, max_new_tokens=new_tokens, temperature=0.0)  # EOS as generate's
