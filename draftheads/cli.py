@@ -257,6 +257,7 @@ def cmd_calibrate(args) -> int:
     heads' tree.json, replacing what was measured on this device type before and keeping the
     entries of other device types."""
     import draftheads as dh
+    from .inference.one_forward_tree import drafts_in_one_forward
     from .plans import TreePlans, write_plans
 
     from .heads.hub import is_hub_reference
@@ -275,6 +276,11 @@ def cmd_calibrate(args) -> int:
             print(f"-- temperature {temperature:g}{' (greedy)' if temperature == 0 else ''}")
         if heads.dynamic_tree:
             entries += _calibrate_dynamic(args, target, heads, prompts, temperature)
+        elif temperature > 0 and drafts_in_one_forward(heads):
+            # Their table holds greedy hit rates; at T > 0 acceptance is the target's tempered
+            # probability of each draft, which is not measured for them yet: no entry rather than
+            # one chosen from the wrong figure (requests there use the nearest measured plan).
+            print(f"{heads.head_type} heads: no tree measured at temperature {temperature:g} (greedy only for now)")
         else:
             found, verify = _calibrate_static(args, target, heads, prompts, temperature, verify)
             entries += found

@@ -439,6 +439,10 @@ def test_calibrate_measures_per_slot_acceptance_and_one_block_forward(trained):
     result = calibrate(target, heads, [prompts[i : i + 1] for i in range(2)], new_tokens=16, max_rank=4, max_nodes=8)
     assert len(set(v for d, v in result.draft_seconds.items() if d > 0)) == 1
     assert all(len(p) <= BLOCK - 1 for p in result.tree)
+    # Their table holds greedy hit rates, not the chance of acceptance under sampling: no tree is
+    # chosen for a sampling temperature from it.
+    with pytest.raises(ValueError, match="greedy decoding only"):
+        calibrate(target, heads, [prompts[:1]], new_tokens=8, max_rank=4, max_nodes=8, temperature=0.7)
 
 
 def _greedy_path_loss(target, heads, seq, loss_mask, greedy_path: bool):

@@ -247,6 +247,9 @@ def calibrate(
     # Draft vocabularies to try: the whole one, and the most frequent training tokens (cheaper
     # projections, fewer tokens that can be drafted). The measurements decide.
     if drafts_in_one_forward(heads):  # DFlash, P-EAGLE: one draft forward drafts any tree
+        if temperature > 0:
+            raise ValueError(f"{heads.head_type} heads: trees are measured for greedy decoding only (their table "
+                             f"holds greedy hit rates, not the chance of acceptance at temperature {temperature:g})")
         acc = one_forward_accuracy(target, heads, sequences, max_rank, skip_prompt=skip)  # greedy hit rates
         result = choose_tree(acc, verify, one_forward_draft_seconds(heads), max_nodes=max_nodes, device=device)
         result.temperature = temperature
