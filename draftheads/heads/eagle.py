@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from .base import DraftHeads
-from .draft_layer import DraftLayer, rope_settings
+from .draft_layer import DraftLayer, check_sliding_window, rope_settings
 from .config import HeadsConfig, TargetInfo, text_config
 
 
@@ -88,6 +88,7 @@ class EagleHead(DraftHeads):
                 input_norm=i > 0,  # EAGLE's first layer reads the fused input without a norm
                 rope_scaling=ex.get("rope_scaling"),
                 max_position_embeddings=ex.get("max_position_embeddings"),
+                sliding_window=ex.get("sliding_window"),
             )
             for i in range(config.num_layers)
         ])
@@ -101,6 +102,19 @@ class EagleHead(DraftHeads):
             self.fc.weight[:, d : 2 * d] = torch.eye(d)
             if self.fc.bias is not None:
                 self.fc.bias.zero_()
+
+    def set_sliding_window(self, window: int | None) -> None:
+        """Let every draft layer attend to the last ``window`` positions only (None: all of them);
+        recorded in ``config.extra`` so that saved heads keep it. Drafting stays exact whatever
+        the window (the target verifies every token); it changes what the drafter sees, e.g. for
+        heads trained on windows shorter than the contexts they now draft in."""
+        window = check_sliding_window(window)
+        for layer in self.layers:
+            layer.sliding_window = window
+        if window is None:
+            self.config.extra.pop("sliding_window", None)
+        else:
+            self.config.extra["sliding_window"] = window
 
     # -- construction -------------------------------------------------------------------------
     @classmethod
