@@ -236,3 +236,17 @@ def test_measuring_one_device_type_keeps_the_others():
 def test_temperatures_compare_as_numbers():
     assert math.isclose(parse_temperatures("0.70")[0], 0.7)
     assert torch.tensor(parse_temperatures("0,1")).tolist() == [0.0, 1.0]
+
+
+def test_a_measurement_that_drafts_nothing_is_a_plain_entry():
+    """Calibration or training choosing no draft (EAGLE settings of one token, static rank paths
+    []) must run the target's own generate, not root-only steps of the speculative loop."""
+    from draftheads.tune.tables import entries_for
+
+    for tree in ({"total_tokens": 1, "depth": 1, "top_k": 1}, []):
+        (entry,) = entries_for(tree, None, {}, "cpu", 1.0)
+        assert entry.mode == "plain" and entry.temperature == 1.0 and entry.batch_size == 1
+    (entry,) = entries_for({"total_tokens": 16, "depth": 5, "top_k": 2}, None, {}, "cpu", 0.0)
+    assert entry.mode == "speculative"
+    (entry,) = entries_for([[0], [1]], 1024, {}, "cpu", 0.7)
+    assert entry.mode == "speculative"

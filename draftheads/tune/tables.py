@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..plans import CHOSEN_BY_CALIBRATION, PlanEntry
+from ..plans import CHOSEN_BY_CALIBRATION, PLAIN, SPECULATIVE, PlanEntry
 from .batch_plan import BatchPlanResult
 
 #: Result fields that are the entry itself, not its measurements.
@@ -21,7 +21,10 @@ def entries_for(tree: Any, draft_vocab_size: int | None, measured: dict[str, Any
     """The entries of one temperature: batch 1 speculative with ``tree`` (unless the batch plan
     timed batch 1 and plain won), plus one per batch size the plan timed."""
     measured = {k: v for k, v in measured.items() if k not in _CONTENT}
-    base = PlanEntry(tree=tree, temperature=float(temperature), batch_size=1, device_type=device_type,
+    # A measurement that chose to draft nothing is plain decoding: the target's own generate, not
+    # root-only steps of the speculative loop, which cost more per token.
+    mode = PLAIN if drafts_nothing(tree) else SPECULATIVE
+    base = PlanEntry(tree=tree, temperature=float(temperature), batch_size=1, device_type=device_type, mode=mode,
                      draft_vocab_size=draft_vocab_size, chosen_by=chosen_by, measured=measured)
     plan = batch.plan if batch is not None else {}
     entries = [] if 1 in plan else [base]
@@ -31,6 +34,13 @@ def entries_for(tree: Any, draft_vocab_size: int | None, measured: dict[str, Any
                                  mode=mode, draft_vocab_size=draft_vocab_size, chosen_by=chosen_by,
                                  measured={**measured, **timed} if size == 1 else timed))
     return entries
+
+
+def drafts_nothing(tree: Any) -> bool:
+    """A chosen tree with no draft node: static rank paths ``[]``, or EAGLE settings of one token."""
+    if isinstance(tree, dict):
+        return int(tree.get("total_tokens", 2)) <= 1
+    return tree is not None and len(tree) == 0
 
 
 def static_entries(result: Any, device_type: str, batch: BatchPlanResult | None = None,
