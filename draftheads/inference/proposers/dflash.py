@@ -23,11 +23,11 @@ import time
 
 import torch
 
-from ..features import FeatureTap
 from ..sampling import SamplingParams
 from ..tree import Tree, TreeShape
 from .base import Proposer
 from .draft_cache import grown
+from .rank_table import rank_hit_table
 
 INITIAL_CAPACITY = 256  # context rows beyond the prompt before the cache grows (doubling)
 
@@ -182,7 +182,6 @@ def measure_block_seconds(heads: torch.nn.Module, context: int = 64, repeats: in
     return statistics.median(samples)
 
 
-@torch.no_grad()
 def block_accuracy_table(
     target: torch.nn.Module, heads: torch.nn.Module, sequences: list[torch.Tensor], max_rank: int = 10,
     skip_prompt: list[int] | None = None,
@@ -190,25 +189,8 @@ def block_accuracy_table(
     """acc[k, r] = P(slot k+1's rank-r token == the token k+1 after the root) over the roots of
     ``sequences`` (the target's own greedy continuations: "correct" = what verification accepts),
     each block drafted exactly as decoding drafts it (the committed context before the root)."""
-    slots = heads.config.num_heads
-    hits, totals = torch.zeros(slots, max_rank), torch.zeros(slots)
-    tap = FeatureTap(target, heads.feature_layers)
-    device = target.get_output_embeddings().weight.device
-    for i, seq in enumerate(sequences):
-        seq = seq.to(device)
-        with tap.capture() as got:
-            out = target(seq[None], **tap.forward_kwargs())
-        features = tap.features(got, out)[0]
-        proposer = DFlashProposer(heads)
-        start = max(1, skip_prompt[i] if skip_prompt else 1)
-        proposer.start(seq[:start], features[:start], SamplingParams(), None)
-        for root in range(start, seq.numel() - 1):
-            logits = proposer.block_logits(int(seq[root]))[1:]
-            ranks = logits.topk(min(max_rank, logits.shape[-1]), dim=-1).indices
-            for k in range(min(slots, seq.numel() - 1 - root)):
-                totals[k] += 1
-                hit = (ranks[k] == seq[root + 1 + k]).nonzero()
-                if hit.numel():
-                    hits[k, int(hit[0])] += 1
-            proposer.accepted(seq[root : root + 1], features[root : root + 1])
-    return hits / totals.clamp(min=1)[:, None]
+    def ranked(proposer, token: int, ranks: int) -> torch.Tensor:
+        logits = proposer.block_logits(token)[1:]
+        return logits.topk(min(ranks, logits.shape[-1]), dim=-1).indices
+
+    return rank_hit_table(target, heads, sequences, lambda: DFlashProposer(heads), ranked, max_rank, skip_prompt)

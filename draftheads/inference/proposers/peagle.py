@@ -20,11 +20,11 @@ import time
 
 import torch
 
-from ..features import FeatureTap
 from ..sampling import SamplingParams
 from ..tree import Tree, TreeShape
 from .base import Proposer
 from .draft_cache import grown
+from .rank_table import rank_hit_table
 
 CACHE_HEADROOM = 256  # committed rows reserved beyond the prompt before the buffers grow
 
@@ -169,7 +169,6 @@ def measure_draft_seconds(head: torch.nn.Module, context: int = 64, repeats: int
     return times
 
 
-@torch.no_grad()
 def depth_accuracy_table(
     target: torch.nn.Module, head: torch.nn.Module, sequences: list[torch.Tensor], max_rank: int = 10,
     skip_prompt: list[int] | None = None,
@@ -178,24 +177,10 @@ def depth_accuracy_table(
     ``sequences`` (the target's own greedy continuations: "correct" = what verification accepts),
     each step drafted exactly as decoding drafts it (the committed context before the root)."""
     depths = head.config.num_heads
-    hits, totals = torch.zeros(depths, max_rank), torch.zeros(depths)
-    tap = FeatureTap(target, head.feature_layers)
-    device = target.get_output_embeddings().weight.device
-    for i, seq in enumerate(sequences):
-        seq = seq.to(device)
-        with tap.capture() as got:
-            out = target(seq[None], **tap.forward_kwargs())
-        features = tap.features(got, out)[0]
-        proposer = PEagleProposer(head)
-        start = max(1, skip_prompt[i] if skip_prompt else 1)
-        proposer.start(seq[:start].cpu(), features[:start], SamplingParams(), None)
-        for root in range(start, seq.numel() - 1):
-            scores = proposer.draft_scores(int(seq[root]), depths)
-            ranks = proposer.vocab_ids[scores.topk(min(max_rank, scores.shape[-1]), dim=-1).indices]
-            for d in range(min(depths, seq.numel() - 1 - root)):
-                totals[d] += 1
-                hit = (ranks[d] == seq[root + 1 + d]).nonzero()
-                if hit.numel():
-                    hits[d, int(hit[0])] += 1
-            proposer.accepted(seq[root : root + 1].cpu(), features[root : root + 1])
-    return hits / totals.clamp(min=1)[:, None]
+
+    def ranked(proposer, token: int, ranks: int) -> torch.Tensor:
+        scores = proposer.draft_scores(token, depths)
+        return proposer.vocab_ids[scores.topk(min(ranks, scores.shape[-1]), dim=-1).indices]
+
+    return rank_hit_table(target, head, sequences, lambda: PEagleProposer(head), ranked, max_rank, skip_prompt,
+                          host_tokens=True)
