@@ -146,7 +146,8 @@ class EagleProposer(Proposer):
         prefix = self._cached
         visible = torch.ones(1, prefix, dtype=torch.bool, device=self.device)
         first_pos = torch.full((1,), prefix, dtype=torch.long, device=self.device)
-        if self._params.draws_drafts:  # a drawn chain (`sampled`) as deep as the tree
+        if self._params.draws_drafts:  # a drawn chain (`sampled`) as deep as the tree, within its token budget
+            depth = min(depth, self.total_tokens - 1)
             drafts, laws = draw_chain(self.head, self._logits, self._vocab_ids_dev, self._cache, visible, first_pos,
                                       root_state[None], depth, self._params, self._generator)
             laws = [full_vocab(law, self._vocab_ids_dev, self.head.config.vocab_size) for law in laws]

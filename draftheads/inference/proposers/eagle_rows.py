@@ -148,7 +148,8 @@ class EagleRows(RowProposer):
             self._gather()
         visible = self._visible.to(self.device, non_blocking=True)
         first_pos = torch.tensor(self._lengths).to(self.device, non_blocking=True)
-        if self._params.draws_drafts:  # a drawn chain (`sampled`) as deep as the tree
+        if self._params.draws_drafts:  # a drawn chain (`sampled`) as deep as the tree, within its token budget
+            depths = [min(d, p.total_tokens - 1) for d in depths]
             drafts, laws = draw_chain(self.head, p._logits, p._vocab_ids_dev, self._cache, visible, first_pos,
                                       root_states, max(depths), self._params, self._generator)
             laws = [full_vocab(law, p._vocab_ids_dev, self.head.config.vocab_size) for law in laws]
