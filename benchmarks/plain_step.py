@@ -34,7 +34,7 @@ from draftheads.atomic import write_text_atomically
 HERE = Path(__file__).resolve().parents[1]
 
 ROUND = r"""
-import functools, importlib.util, json, sys, time
+import functools, importlib.util, json, os, sys, time
 import torch
 import draftheads as dh
 from draftheads.bench.questions import demo_questions
@@ -84,7 +84,7 @@ def timed_forward(*a, **k):
 target.forward = timed_forward
 
 
-def plain(ids, temperature, seed):
+def plain(ids, temperature, seed, new=new):
     sampling = {"do_sample": False} if temperature == 0 else {"do_sample": True, "temperature": temperature, "top_k": 0,
                                                               "top_p": 1.0}
     torch.manual_seed(seed)
@@ -92,9 +92,9 @@ def plain(ids, temperature, seed):
                            eos_token_id=[], **sampling)
 
 
-def run(name, ids, temperature, seed):
+def run(name, ids, temperature, seed, new=new):
     if name == "generate":
-        return plain(ids, temperature, seed)
+        return plain(ids, temperature, seed, new)
     return decoders[name].generate(ids, max_new_tokens=new, temperature=temperature, top_k=0, top_p=1.0,
                                    eos_token_id=[], seed=seed).sequences
 
@@ -126,12 +126,12 @@ if args["count"]:
     spec = importlib.util.spec_from_file_location("host_syncs", args["counter"])
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    counts = {}
+    counts, short = {}, min(new, 32)  # the counter dispatches every op through Python: a short run
     with torch.inference_mode():
         for temperature in args["temperatures"]:
             for name in names:
                 with mod.HostSyncCounter(target, *heads.values()) as c:
-                    out = run(name, prompts[0], temperature, 0)
+                    out = run(name, prompts[0], temperature, 0, short)
                 steps = out.shape[1] - prompts[0].shape[1] - 1  # the first token comes from the prefill
                 counts[f"{temperature:g}/{name}"] = {"ops": (c.ops_outside) / steps,
                                                      "host_reads": c.total_outside / steps}
