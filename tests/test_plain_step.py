@@ -17,7 +17,7 @@ import torch
 
 import draftheads as dh
 from draftheads.inference import accept, verify
-from draftheads.inference.accept import draw
+from draftheads.inference.sampling import sample as draw
 from draftheads.inference.draft_budget import PLAIN, DraftBudget
 from draftheads.inference.host_syncs import HostSyncCounter
 from draftheads.inference.proposers.eagle_rows import EagleRows
@@ -102,11 +102,11 @@ def test_a_plain_step_dispatches_no_more_tensor_ops_than_a_generate_step(deep_ta
 
 def test_a_plain_step_takes_the_root_only_path(target, monkeypatch):
     """No tree topology is moved to the device and every sampled token of a plain step is one
-    `draw`; the counts would change if the loop fell back to the tree machinery."""
+    `sampling.sample` in `accept`; the counts would change if the loop fell back to the tree machinery."""
     shapes, draws = [], []
-    original_shape, original_draw = verify.shape_on_device, accept.draw
+    original_shape, original_draw = verify.shape_on_device, accept.sample
     monkeypatch.setattr(verify, "shape_on_device", lambda shape, *a: shapes.append(shape) or original_shape(shape, *a))
-    monkeypatch.setattr(accept, "draw", lambda probs, gen: draws.append(1) or original_draw(probs, gen))
+    monkeypatch.setattr(accept, "sample", lambda probs, gen: draws.append(1) or original_draw(probs, gen))
     heads = dh.EagleHead.for_target(target)  # draws a fresh root-only shape every plain step
     decoder = dh.SpeculativeDecoder(target, heads, draft_budget=AlwaysPlain())
     ids = torch.tensor([[5, 9, 33, 17]])

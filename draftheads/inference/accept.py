@@ -53,28 +53,11 @@ def accept_greedy_rows(trees: list[Tree], tokens: torch.Tensor, logits: torch.Te
     return [greedy_acceptance(tree.shape, row[:n], row[n:]) for tree, row in zip(trees, packed)]
 
 
-def draw(probs: torch.Tensor, generator: torch.Generator | None) -> int:
-    """One token from ``probs`` [V] (need not be normalised), the law `sample` draws.
-
-    On the host by inverse CDF: one uniform, a float64 cumulative sum, a binary search for the
-    first token whose CDF exceeds it (a token without mass never has a CDF step, so it is never
-    drawn). About 10x cheaper there than `torch.multinomial`, which draws one exponential per
-    vocabulary entry: on a small target that is a tenth of a plain step. Float rounding can put the
-    uniform past the last step; then the last token with mass, read on the host (no device to
-    stall, unlike `sampling.sample_inverse_cdf`, which must avoid that read). Elsewhere `sample`."""
-    if probs.device.type != "cpu" or (generator is not None and generator.device.type != "cpu"):
-        return sample(probs, generator)
-    u = torch.rand((), generator=generator, dtype=torch.float64)
-    cdf = probs.cumsum(-1, dtype=torch.float64)
-    index = int(torch.searchsorted(cdf, (u * cdf[-1]).reshape(1), right=True))
-    return index if index < probs.shape[-1] else int(probs.nonzero()[-1])
-
-
 def accept_root(tree: Tree, logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> Acceptance:
     """A tree of the root alone (a plain step): nothing to accept or reject, so every rule (exact,
     block, typical) comes down to one draw from the target's processed distribution at the root,
     what `generate(do_sample=True)` draws for its next token."""
-    return root_only(draw(params.probs(logits[0]), generator), tree.tokens.tolist()[0])
+    return root_only(sample(params.probs(logits[0]), generator), tree.tokens.tolist()[0])
 
 
 def accept_sampling(

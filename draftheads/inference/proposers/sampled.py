@@ -19,7 +19,7 @@ from functools import lru_cache
 
 import torch
 
-from ..sampling import SamplingParams
+from ..sampling import SamplingParams, sample_rows
 from ..tree import Tree, TreeShape
 
 
@@ -27,19 +27,10 @@ def draw(logits: torch.Tensor, params: SamplingParams, generator: torch.Generato
          vocab_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """One draft per row from ``logits`` [rows, V'] (V' = the draft vocabulary when ``vocab_ids``
     maps it to target ids): (target token ids [rows] on the logits' device, the laws [rows, V']
-    they were drawn from, fp32).
-
-    Inverse-CDF draws with one uniform per row from ``generator`` (a host generator serves device
-    rows too): the tokens stay where the logits are, so drafting reads nothing back from the device,
-    and a zero-probability token is never drawn (its CDF equals its predecessor's)."""
+    they were drawn from, fp32). `sampling.sample_rows` draws them where the logits are, so
+    drafting reads nothing back from the device."""
     laws = params.probs(logits)
-    where = generator.device if generator is not None else torch.device("cpu")
-    uniform = torch.rand(laws.shape[0], 1, generator=generator, dtype=torch.float64, device=where)
-    cdf = laws.double().cumsum(-1)
-    picked = torch.searchsorted(cdf, uniform.to(laws.device, non_blocking=True) * cdf[:, -1:], right=True)
-    # Float rounding past the end: the last token with mass.
-    ids = torch.arange(laws.shape[-1], device=laws.device)
-    picked = torch.minimum(picked[:, 0], torch.where(laws > 0, ids, -1).amax(-1))
+    picked = sample_rows(laws, generator)
     if vocab_ids is not None:
         picked = vocab_ids.to(logits.device)[picked]
     return picked, laws
