@@ -8,16 +8,21 @@ calibration prompts are decoded (greedily, or sampled at the plan's temperature 
 per batch for both modes) with the chosen tree and with plain decoding (the
 target's `generate`, what the decoder runs for a batch the plan marks plain), the two modes
 interleaved batch by batch and their order alternated, over ``rounds`` rounds. Speculation is
-the plan's answer for a size when the median over batches of its tokens/s ratio to plain exceeds 1:
-a median, not total tokens / total seconds, because on a shared machine one slow moment in one
-run can swing the totals (seen here: totals 0.42x against a per-batch median of 0.82x).
+the plan's answer for a size when the median over batches of its tokens/s ratio to plain exceeds
+``min_speedup`` (1 for calibrate; training asks for a margin, `tune.training.PLAIN_MARGIN`): a
+median, not total tokens / total seconds, because on a shared machine one slow moment in one run
+can swing the totals (seen here: totals 0.42x against a per-batch median of 0.82x).
+
+Training's tree choice runs the same measurement at batch size 1 per temperature (a few held-out
+rows), so "plain where the tree loses to ``generate``" means one thing in both places.
 """
 from __future__ import annotations
 
 import statistics
+import math
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -47,6 +52,7 @@ class BatchPlanResult:
                 f"  batch {size}: per batch {m['speedup_median']:.2f}x [{m['speedup_min']:.2f}-{m['speedup_max']:.2f}] "
                 f"over {m['timed_batches']} batches (totals: speculative {m['speculative_tokens_per_second']:.1f}, "
                 f"plain {m['plain_tokens_per_second']:.1f} tokens/s = {m['speedup']:.2f}x) -> {self.plan[size]}"
+                + (f" (speculation needs > {m['min_speedup']:.2f}x)" if m.get("min_speedup", 1.0) != 1.0 else "")
             )
         return out
 
@@ -61,9 +67,18 @@ def measure_batch_plan(
     new_tokens: int = 64,
     rounds: int = 2,
     temperature: float = 0.0,
+    min_speedup: float = 1.0,
+    clock: Callable[[], float] = time.perf_counter,
 ) -> BatchPlanResult:
     """Time speculative decoding with ``tree`` against plain decoding at every batch size (see the
-    module docstring), at ``temperature`` (0: greedy), and return the plan with its measurements."""
+    module docstring), at ``temperature`` (0: greedy), and return the plan with its measurements.
+
+    ``min_speedup``: the median ratio speculation must exceed to be the plan's answer (above 1
+    asks for a margin over plain decoding). ``clock``: the timer (seconds), replaceable so that a
+    test can script the timings and check the rule itself."""
+    if not isinstance(min_speedup, (int, float)) or isinstance(min_speedup, bool) or not math.isfinite(min_speedup) \
+            or min_speedup <= 0:
+        raise ValueError(f"min_speedup must be a finite number > 0 (1 = merely faster than plain), got {min_speedup!r}")
     if not prompts:
         raise ValueError("no prompts to build batches from")
     if rounds < 1:
@@ -82,11 +97,11 @@ def measure_batch_plan(
 
     def timed(mode: str, ids: torch.Tensor, mask: torch.Tensor, max_new: int, seed: int = 0) -> tuple[int, float]:
         sync()
-        t0 = time.perf_counter()
+        t0 = clock()
         out = decoders[mode].generate(ids, attention_mask=mask, max_new_tokens=max_new, temperature=temperature,
                                       eos_token_id=[], seed=seed)
         sync()
-        seconds = time.perf_counter() - t0
+        seconds = clock() - t0
         if out.stats.get("mode") != mode:  # the plan override must route the call, or the figures mean nothing
             raise RuntimeError(f"asked for {mode} decoding but the decoder ran {out.stats.get('mode')!r}")
         return out.num_new_tokens, seconds
@@ -118,7 +133,7 @@ def measure_batch_plan(
         spec = tokens[size][SPECULATIVE] / max(seconds[size][SPECULATIVE], 1e-12)
         plain = tokens[size][PLAIN] / max(seconds[size][PLAIN], 1e-12)
         median = statistics.median(ratios[size]) if ratios[size] else spec / max(plain, 1e-12)
-        plan[size] = SPECULATIVE if median > 1.0 else PLAIN
+        plan[size] = SPECULATIVE if median > min_speedup else PLAIN
         measured[size] = {
             "speculative_tokens_per_second": spec,
             "plain_tokens_per_second": plain,
@@ -128,5 +143,7 @@ def measure_batch_plan(
             "speedup_max": max(ratios[size]) if ratios[size] else None,
             "timed_batches": len(ratios[size]),
             "new_tokens": new_tokens,
+            "min_speedup": float(min_speedup),  # the median had to exceed this for "speculative"
+            "timed_seconds": seconds[size][SPECULATIVE] + seconds[size][PLAIN],  # warm-up excluded
         }
     return BatchPlanResult(plan, measured, temperature)
