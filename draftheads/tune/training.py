@@ -48,7 +48,7 @@ from typing import Any, Callable, Iterator
 import torch
 
 from ..plans import CHOSEN_BY_TRAINING, PLAIN, SPECULATIVE, PlanEntry, TreePlans, parse_temperatures, write_plans
-from .batch_plan import BatchPlanResult, measure_batch_plan
+from .batch_plan import PLAIN_MARGIN, BatchPlanResult, measure_batch_plan
 from .calibrate import (
     calibrate_dynamic_tree,
     choose_tree,
@@ -67,13 +67,12 @@ DYNAMIC_VOCAB_SIZE = 1024  # EAGLE (scored by the target's LM head) also tries r
 DEFAULT_TEMPERATURES = (0.0, 0.7, 1.0)  # greedy, what most chat models ship, and the target's own law
 # The chosen tree against the target's generate (module docstring): prompts x rounds pairs of
 # decodes per temperature, each of VS_GENERATE_NEW_TOKENS tokens after a VS_GENERATE_PROMPT_LEN
-# prompt; speculation must beat generate by PLAIN_MARGIN (median of per-prompt ratios), because
-# a tie buys nothing and timings on a shared machine wobble by a few percent.
+# prompt; speculation must beat generate by batch_plan.PLAIN_MARGIN (median of per-prompt
+# ratios), as in calibrate --batch-sizes.
 VS_GENERATE_PROMPTS = 4
 VS_GENERATE_ROUNDS = 2
 VS_GENERATE_NEW_TOKENS = 48
 VS_GENERATE_PROMPT_LEN = 64
-PLAIN_MARGIN = 1.05
 
 
 def dynamic_grid(device_type: str, restrict_vocab: bool) -> list[dict]:
