@@ -19,8 +19,8 @@ rows), so "plain where the tree loses to ``generate``" means one thing in both p
 """
 from __future__ import annotations
 
-import statistics
 import math
+import statistics
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -60,6 +60,13 @@ class BatchPlanResult:
         return out
 
 
+def _check_min_speedup(value: Any) -> None:
+    """A threshold that can be met: a finite number > 0 (a string or NaN would compare wrongly or
+    never, and silently make every size plain or speculative)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise ValueError(f"min_speedup must be a finite number > 0 (1 = merely faster than plain), got {value!r}")
+
+
 @torch.inference_mode()
 def measure_batch_plan(
     target: torch.nn.Module,
@@ -79,9 +86,7 @@ def measure_batch_plan(
     ``min_speedup``: the median ratio speculation must exceed to be the plan's answer (1: merely
     faster than plain). ``clock``: the timer (seconds), replaceable so that a
     test can script the timings and check the rule itself."""
-    if not isinstance(min_speedup, (int, float)) or isinstance(min_speedup, bool) or not math.isfinite(min_speedup) \
-            or min_speedup <= 0:
-        raise ValueError(f"min_speedup must be a finite number > 0 (1 = merely faster than plain), got {min_speedup!r}")
+    _check_min_speedup(min_speedup)
     if not prompts:
         raise ValueError("no prompts to build batches from")
     if rounds < 1:

@@ -2,9 +2,10 @@
 
 Written into the exported heads folder as ``tree.json`` (`draftheads.plans`): one entry for
 greedy decoding and one per sampling temperature (``DEFAULT_TEMPERATURES``: greedy, 0.7, the
-temperature most chat models ship, and 1.0, the target's own distribution), ``"chosen_by": "training"``, for the training device type (a
-decoder on another device type ignores them and drafts its own default; `draftheads calibrate`
-replaces this device type's entries with its measurements).
+temperature most chat models ship, and 1.0, the target's own distribution),
+``"chosen_by": "training"``, for the training device type (a decoder on another device type
+ignores them and drafts its own default; `draftheads calibrate` replaces this device type's
+entries with its measurements).
 
 - Static trees (Medusa, Hydra): the acceptance table is the one the final evaluation measured
   (``eval/rank_accuracy``: how often head k's rank-r candidate is the token training targets, over
