@@ -90,11 +90,25 @@ def test_a_gain_inside_the_margin_is_plain(setup, monkeypatch, min_speedup, mode
     assert math.isclose(result.measured[1]["speedup_median"], 1.03) and result.plan == {1: mode}
 
 
-@pytest.mark.parametrize("value", [0, -1.0, float("nan"), "1.05", True])
-def test_a_bad_margin_is_refused_naming_it(setup, value):
+@pytest.mark.parametrize("max_seconds, pairs", [(None, 8), (1000.0, 8), (25.0, 3), (65.0, 4)])
+def test_a_time_bound_stops_new_pairs_but_keeps_three(setup, monkeypatch, max_seconds, pairs):
+    """Every decode takes 10 s: a 25 s bound is spent after 2 pairs but 3 are kept; 65 s after 4."""
     target, heads, rows = setup
-    with pytest.raises(ValueError, match="min_speedup"):
-        measure_batch_plan(target, heads, TREE, rows[:1], [1], new_tokens=2, rounds=1, min_speedup=value)
+    clock = ScriptedClock(target, monkeypatch, spec=[10.0] * 9, plain=[10.0] * 9)
+    result = measure_batch_plan(target, heads, TREE, rows[:4], [1], new_tokens=3, rounds=2, clock=clock,
+                                max_seconds=max_seconds)
+    m = result.measured[1]
+    assert m["timed_batches"] == pairs and len(clock.modes) == 2 + 2 * pairs
+    assert m["cut_by_time"] == (pairs < 8) and m["timed_seconds"] == 20.0 * pairs
+
+
+@pytest.mark.parametrize("name, value", [("min_speedup", 0), ("min_speedup", -1.0), ("min_speedup", float("nan")),
+                                         ("min_speedup", "1.05"), ("min_speedup", True), ("max_seconds", 0),
+                                         ("max_seconds", float("inf"))])
+def test_a_bad_margin_or_bound_is_refused_naming_it(setup, name, value):
+    target, heads, rows = setup
+    with pytest.raises(ValueError, match=name):
+        measure_batch_plan(target, heads, TREE, rows[:1], [1], new_tokens=2, rounds=1, **{name: value})
 
 
 # -- training's choice --------------------------------------------------------------------------
@@ -139,7 +153,7 @@ def test_each_temperature_goes_plain_where_its_tree_loses_to_generate(setup, mon
     assert asked == [0.0, 0.7, 1.0]  # greedy, 0.7 and 1.0 by default
     assert [(t, tree, sizes) for t, tree, sizes, _ in calls] == [(0.0, TREE, [1]), (0.7, TREE, [1]), (1.0, [[0]], [1])]
     assert all(kw["min_speedup"] == training.PLAIN_MARGIN and kw["rounds"] == training.VS_GENERATE_ROUNDS
-               for *_, kw in calls)
+               and kw["max_seconds"] == training.VS_GENERATE_MAX_SECONDS for *_, kw in calls)
     by_temp = {e.temperature: e for e in plans.entries}
     assert [(e.temperature, e.batch_size, e.mode) for e in plans.entries] == [
         (0.0, 1, SPECULATIVE), (0.7, 1, PLAIN), (1.0, 1, PLAIN)]
@@ -155,6 +169,7 @@ def test_each_temperature_goes_plain_where_its_tree_loses_to_generate(setup, mon
     warm = summary["temperatures"]["0.7"]
     assert warm["mode"] == PLAIN and math.isclose(warm["vs_generate"]["median"], 0.85)
     assert warm["text"].startswith("plain decoding (target.generate)") and "0.85x target.generate" in warm["text"]
+    assert warm["vs_generate"]["cut_by_time"] is False  # scripted decodes take about a second each
     assert summary["temperatures"]["0"]["vs_generate"]["min"] == pytest.approx(1.4)
     assert summary["vs_generate_seconds"] == pytest.approx(sum(d["batch"]["seconds"] for d in chosen))
     json.dumps(summary)  # metrics.json is JSON

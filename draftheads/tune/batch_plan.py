@@ -32,6 +32,7 @@ from ..inference.inputs import eos_ids, left_pad, pad_id
 from ..plans import PLAIN, SPECULATIVE, BatchPlan
 
 PLAIN_MARGIN = 1.05  # speculation must beat plain decoding by 5% (median per-batch ratio), else plain
+MIN_PAIRS = 3  # a time bound (max_seconds) never leaves a size with fewer ratios than this
 
 
 def prompt_batches(prompts: list[torch.Tensor], size: int, pad_id: int, min_batches: int = 2) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -60,11 +61,11 @@ class BatchPlanResult:
         return out
 
 
-def _check_min_speedup(value: Any) -> None:
-    """A threshold that can be met: a finite number > 0 (a string or NaN would compare wrongly or
-    never, and silently make every size plain or speculative)."""
+def _check_positive(value: Any, name: str, hint: str) -> None:
+    """A threshold or bound that can be met: a finite number > 0 (a string or NaN would compare
+    wrongly or never, and silently make every size plain, speculative or untimed)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-        raise ValueError(f"min_speedup must be a finite number > 0 (1 = merely faster than plain), got {value!r}")
+        raise ValueError(f"{name} must be a finite number > 0 ({hint}), got {value!r}")
 
 
 @torch.inference_mode()
@@ -79,14 +80,20 @@ def measure_batch_plan(
     temperature: float = 0.0,
     min_speedup: float = PLAIN_MARGIN,
     clock: Callable[[], float] = time.perf_counter,
+    max_seconds: float | None = None,
 ) -> BatchPlanResult:
     """Time speculative decoding with ``tree`` against plain decoding at every batch size (see the
     module docstring), at ``temperature`` (0: greedy), and return the plan with its measurements.
 
     ``min_speedup``: the median ratio speculation must exceed to be the plan's answer (1: merely
     faster than plain). ``clock``: the timer (seconds), replaceable so that a
-    test can script the timings and check the rule itself."""
-    _check_min_speedup(min_speedup)
+    test can script the timings and check the rule itself. ``max_seconds``: a bound on the timed
+    decoding per batch size (warm-up excluded): once it is spent, no further pair of decodes starts
+    at that size, but a size always gets ``MIN_PAIRS`` pairs (or all its batches, if fewer). On a
+    loaded machine every decode stretches, and a training run must not wait minutes for this."""
+    if max_seconds is not None:
+        _check_positive(max_seconds, "max_seconds", "None = no bound")
+    _check_positive(min_speedup, "min_speedup", "1 = merely faster than plain")
     if not prompts:
         raise ValueError("no prompts to build batches from")
     if rounds < 1:
@@ -114,6 +121,10 @@ def measure_batch_plan(
             raise RuntimeError(f"asked for {mode} decoding but the decoder ran {out.stats.get('mode')!r}")
         return out.num_new_tokens, seconds
 
+    def out_of_time(spent: dict[str, float], pairs: int) -> bool:
+        """Past ``max_seconds`` of timed decoding at a size that has its ``MIN_PAIRS`` ratios."""
+        return max_seconds is not None and pairs >= MIN_PAIRS and sum(spent.values()) >= max_seconds
+
     for size in sizes:  # warm-up at each shape: allocator, thread pool, lazy initialisation
         ids, mask = batches[size][0]
         for mode in decoders:
@@ -125,6 +136,8 @@ def measure_batch_plan(
     for _ in range(rounds):
         for size in sizes:
             for ids, mask in batches[size]:
+                if out_of_time(seconds[size], len(ratios[size])):
+                    continue
                 order = (SPECULATIVE, PLAIN) if index % 2 == 0 else (PLAIN, SPECULATIVE)
                 index += 1
                 rate = {}
@@ -150,6 +163,7 @@ def measure_batch_plan(
             "speedup_min": min(ratios[size]) if ratios[size] else None,
             "speedup_max": max(ratios[size]) if ratios[size] else None,
             "timed_batches": len(ratios[size]),
+            "cut_by_time": max_seconds is not None and len(ratios[size]) < rounds * len(batches[size]),
             "new_tokens": new_tokens,
             "min_speedup": float(min_speedup),  # the median had to exceed this for "speculative"
             "timed_seconds": seconds[size][SPECULATIVE] + seconds[size][PLAIN],  # warm-up excluded

@@ -36,8 +36,9 @@ decodes) is timed against ``generate`` on a few held-out rows (`batch_plan.measu
 batch size 1: interleaved, order alternated, same seed for both modes), and the entry is PLAIN
 unless the median of the per-prompt ratios exceeds ``PLAIN_MARGIN``. The figures are kept in the
 entry's ``measured["batch"]`` (as `draftheads calibrate --batch-sizes` keeps them) and in
-metrics.json (`describe`). Its cost is bounded by a fixed number of short decodes per
-temperature (``VS_GENERATE_*``).
+metrics.json (`describe`). Its cost is bounded per temperature: at most prompts x rounds pairs of
+short decodes, and no new pair once ``VS_GENERATE_MAX_SECONDS`` of decoding are spent (a loaded
+machine stretches every decode; the verdict then rests on fewer prompts, and says how many).
 """
 from __future__ import annotations
 
@@ -74,6 +75,7 @@ VS_GENERATE_PROMPTS = 4
 VS_GENERATE_ROUNDS = 2
 VS_GENERATE_NEW_TOKENS = 48
 VS_GENERATE_PROMPT_LEN = 64
+VS_GENERATE_MAX_SECONDS = 20.0  # per temperature, warm-up excluded (at least batch_plan.MIN_PAIRS pairs)
 
 
 def dynamic_grid(device_type: str, restrict_vocab: bool) -> list[dict]:
@@ -262,7 +264,8 @@ def time_against_generate(
     started = time.perf_counter()
     with _drafting_as(heads, data):
         result = measure(target, heads, data["tree"], prompts, [1], new_tokens=VS_GENERATE_NEW_TOKENS,
-                         rounds=VS_GENERATE_ROUNDS, temperature=data["temperature"], min_speedup=PLAIN_MARGIN)
+                         rounds=VS_GENERATE_ROUNDS, temperature=data["temperature"], min_speedup=PLAIN_MARGIN,
+                         max_seconds=VS_GENERATE_MAX_SECONDS)
     result.measured[1]["seconds"] = time.perf_counter() - started  # warm-up included: what it cost the training
     return result
 
@@ -382,8 +385,9 @@ def describe(data: dict[str, Any]) -> dict[str, Any]:
     if batch:
         summary["vs_generate"] = {key: batch.get(f"speedup_{key}") for key in ("median", "min", "max")}
         summary["vs_generate"].update(prompts=batch.get("timed_batches"), needed=batch.get("min_speedup"),
-                                      seconds=batch.get("seconds"))
-        timed = (f"{batch['speedup_median']:.2f}x target.generate (median of {batch['timed_batches']} prompts, "
+                                      seconds=batch.get("seconds"), cut_by_time=batch.get("cut_by_time", False))
+        cut = ", cut short by the time bound" if batch.get("cut_by_time") else ""
+        timed = (f"{batch['speedup_median']:.2f}x target.generate (median of {batch['timed_batches']} prompt runs{cut}, "
                  f"{batch['speedup_min']:.2f}-{batch['speedup_max']:.2f})")
         if summary["mode"] == PLAIN:
             summary["text"] = (f"plain decoding (target.generate): the {summary['text']} measured {timed}, "
