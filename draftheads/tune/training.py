@@ -270,7 +270,9 @@ def time_against_generate(
     return result
 
 
-def _check_against_generate(target, heads, data: dict[str, Any], rows, measure) -> BatchPlanResult | None:
+def check_against_generate(target: torch.nn.Module, heads: torch.nn.Module, data: dict[str, Any],
+                           rows: list[torch.Tensor],
+                           measure: Callable[..., BatchPlanResult] = measure_batch_plan) -> BatchPlanResult | None:
     """`time_against_generate`, its verdict noted in ``data`` (``mode``, and ``batch``: the
     figures). A timing that fails keeps the chosen tree, as before this check existed, and says so:
     the heads and the other temperatures are worth more than this one check."""
@@ -317,7 +319,7 @@ def choose_export_plans(
             chosen.append({**greedy, "temperature": temperature, "tree_from": f"temperature 0 ({e})"})
     entries: list[PlanEntry] = []
     for data in chosen:
-        batch = _check_against_generate(target, heads, data, rows, measure)
+        batch = check_against_generate(target, heads, data, rows, measure)
         entries += entries_for(data["tree"], data.get("draft_vocab_size"), data, data["device_type"],
                                data["temperature"], batch=batch, chosen_by=CHOSEN_BY_TRAINING)
     return TreePlans(tuple(entries)), chosen
