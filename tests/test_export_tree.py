@@ -177,16 +177,25 @@ def test_training_exports_heads_with_a_tree_chosen_by_training(tmp_path, tiny_ta
     saved = json.loads((result.heads_dir / "tree.json").read_text())
     assert (result.heads_dir / "tree.json").stat().st_mode & 0o044 == 0o044  # readable like the weights
     assert saved["format_version"] == 2
-    # greedy and one sampling temperature, both chosen by training for its device type
-    assert [(e["temperature"], e["batch_size"]) for e in saved["plans"]] == [(0.0, 1), (0.7, 1)]
+    # greedy, 0.7 and 1.0, chosen by training for its device type, each timed against generate
+    assert [(e["temperature"], e["batch_size"]) for e in saved["plans"]] == [(0.0, 1), (0.7, 1), (1.0, 1)]
+    final = json.loads((Path(cfg.train.output_dir) / "metrics.json").read_text())
     for entry in saved["plans"]:
         assert entry["chosen_by"] == "training" and entry["device_type"] == "cpu"
         assert "draft_vocab_size" in entry and "expected_speedup" in entry["measured"]
+        said = final["tree"]["temperatures"][f"{entry['temperature']:g}"]
+        assert said["mode"] == entry["mode"]  # metrics.json says what tree.json decided
+        if entry["tree"]:  # a tree that drafts something was timed; the verdict follows the median
+            batch = entry["measured"]["batch"]
+            assert entry["mode"] == ("speculative" if batch["speedup_median"] > batch["min_speedup"] else "plain")
+            assert said["vs_generate"]["median"] == batch["speedup_median"]
+        else:
+            assert entry["mode"] == "plain"
+    assert final["tree"]["plain_temperatures"] == [e["temperature"] for e in saved["plans"] if e["mode"] == "plain"]
     data = {**saved["plans"][0]["measured"], **saved["plans"][0]}
-    final = json.loads((Path(cfg.train.output_dir) / "metrics.json").read_text())
     assert torch.allclose(torch.tensor(data["accuracy"]), torch.tensor(final["final_eval"]["eval/rank_accuracy"]))
     assert final["tree"]["nodes"] == len(data["tree"]) + 1
-    assert set(final["tree"]["temperatures"]) == {"0", "0.7"} and final["tree"]["seconds"] > 0
+    assert set(final["tree"]["temperatures"]) == {"0", "0.7", "1"} and final["tree"]["seconds"] > 0
     target = AutoModelForCausalLM.from_pretrained(tiny_target_dir)
     loaded = dh.load_heads(result.heads_dir, target=target)
     assert loaded.tree == data["tree"] and loaded.tree_origin == {"chosen_by": "training", "device_type": "cpu"}
@@ -194,20 +203,22 @@ def test_training_exports_heads_with_a_tree_chosen_by_training(tmp_path, tiny_ta
     assert _choices(decoder) == _sorted(data["tree"])
     prompt = torch.tensor([[1, 20, 31, 42, 53]])
     ref = greedy_reference(target, prompt, 24)
-    assert torch.equal(decoder.generate(prompt, max_new_tokens=24, eos_token_id=[]).sequences, ref)
+    out = decoder.generate(prompt, max_new_tokens=24, eos_token_id=[])
+    assert torch.equal(out.sequences, ref) and out.stats["mode"] == saved["plans"][0]["mode"]
 
 
 def test_training_chooses_a_tree_per_temperature_timing_few_settings_when_sampling():
-    """Greedy and 0.7 by default; at 0.7 dynamic heads time only plain decoding, the greedy
-    choice and the smallest grid setting (the cost of the extra temperature stays small)."""
+    """Greedy, 0.7 and 1.0 by default; at a sampling temperature dynamic heads time only plain
+    decoding, the greedy choice and the smallest grid setting (the cost of the extra temperatures
+    stays small)."""
     target = tiny_target("llama")
     gen = torch.Generator().manual_seed(0)
     rows = [torch.randint(3, 64, (40,), generator=gen) for _ in range(4)]
     eagle = dh.EagleHead.for_target(target)
     plans, chosen = export_tree.choose_export_plans(target, eagle, rows)
     assert [(e.temperature, e.device_type, e.chosen_by) for e in plans.entries] == [
-        (0.0, "cpu", "training"), (0.7, "cpu", "training")]
-    greedy, warm = chosen
+        (0.0, "cpu", "training"), (0.7, "cpu", "training"), (1.0, "cpu", "training")]
+    greedy, warm, _ = chosen
     if greedy["tree"]["total_tokens"] == 1:  # plain won greedily: not timed again
         assert warm["tree"] == greedy["tree"] and "skipped" in warm["calibration"]
     else:

@@ -8,22 +8,31 @@ calibration prompts are decoded (greedily, or sampled at the plan's temperature 
 per batch for both modes) with the chosen tree and with plain decoding (the
 target's `generate`, what the decoder runs for a batch the plan marks plain), the two modes
 interleaved batch by batch and their order alternated, over ``rounds`` rounds. Speculation is
-the plan's answer for a size when the median over batches of its tokens/s ratio to plain exceeds 1:
-a median, not total tokens / total seconds, because on a shared machine one slow moment in one
-run can swing the totals (seen here: totals 0.42x against a per-batch median of 0.82x).
+the plan's answer for a size when the median over batches of its tokens/s ratio to plain exceeds
+``PLAIN_MARGIN`` (1.05): a median, not total tokens / total seconds, because on a shared machine
+one slow moment in one run can swing the totals (seen here: totals 0.42x against a per-batch
+median of 0.82x); and a margin, because a tie buys nothing and a few percent is within what
+the same decode varies by from run to run on a shared machine.
+
+Training's tree choice runs the same measurement at batch size 1 per temperature (a few held-out
+rows), so "plain where the tree loses to ``generate``" means one thing in both places.
 """
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
 from ..inference.decoder import SpeculativeDecoder
 from ..inference.inputs import eos_ids, left_pad, pad_id
 from ..plans import PLAIN, SPECULATIVE, BatchPlan
+
+PLAIN_MARGIN = 1.05  # speculation must beat plain decoding by 5% (median per-batch ratio), else plain
+MIN_PAIRS = 3  # a time bound (max_seconds) never leaves a size with fewer ratios than this
 
 
 def prompt_batches(prompts: list[torch.Tensor], size: int, pad_id: int, min_batches: int = 2) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -47,8 +56,16 @@ class BatchPlanResult:
                 f"  batch {size}: per batch {m['speedup_median']:.2f}x [{m['speedup_min']:.2f}-{m['speedup_max']:.2f}] "
                 f"over {m['timed_batches']} batches (totals: speculative {m['speculative_tokens_per_second']:.1f}, "
                 f"plain {m['plain_tokens_per_second']:.1f} tokens/s = {m['speedup']:.2f}x) -> {self.plan[size]}"
+                + f" (speculative needs > {m['min_speedup']:.2f}x)"
             )
         return out
+
+
+def _check_positive(value: Any, name: str, hint: str) -> None:
+    """A threshold or bound that can be met: a finite number > 0 (a string or NaN would compare
+    wrongly or never, and silently make every size plain, speculative or untimed)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{name} must be a finite number > 0 ({hint}), got {value!r}")
 
 
 @torch.inference_mode()
@@ -61,9 +78,22 @@ def measure_batch_plan(
     new_tokens: int = 64,
     rounds: int = 2,
     temperature: float = 0.0,
+    min_speedup: float = PLAIN_MARGIN,
+    clock: Callable[[], float] = time.perf_counter,
+    max_seconds: float | None = None,
 ) -> BatchPlanResult:
     """Time speculative decoding with ``tree`` against plain decoding at every batch size (see the
-    module docstring), at ``temperature`` (0: greedy), and return the plan with its measurements."""
+    module docstring), at ``temperature`` (0: greedy), and return the plan with its measurements.
+
+    ``min_speedup``: the median ratio speculation must exceed to be the plan's answer (1: merely
+    faster than plain). ``clock``: the timer (seconds), replaceable so that a
+    test can script the timings and check the rule itself. ``max_seconds``: a bound on the timed
+    decoding per batch size (warm-up excluded): once it is spent, no further pair of decodes starts
+    at that size, but a size always gets ``MIN_PAIRS`` pairs (or all its batches, if fewer). On a
+    loaded machine every decode stretches, and a training run must not wait minutes for this."""
+    if max_seconds is not None:
+        _check_positive(max_seconds, "max_seconds", "None = no bound")
+    _check_positive(min_speedup, "min_speedup", "1 = merely faster than plain")
     if not prompts:
         raise ValueError("no prompts to build batches from")
     if rounds < 1:
@@ -82,14 +112,18 @@ def measure_batch_plan(
 
     def timed(mode: str, ids: torch.Tensor, mask: torch.Tensor, max_new: int, seed: int = 0) -> tuple[int, float]:
         sync()
-        t0 = time.perf_counter()
+        t0 = clock()
         out = decoders[mode].generate(ids, attention_mask=mask, max_new_tokens=max_new, temperature=temperature,
                                       eos_token_id=[], seed=seed)
         sync()
-        seconds = time.perf_counter() - t0
+        seconds = clock() - t0
         if out.stats.get("mode") != mode:  # the plan override must route the call, or the figures mean nothing
             raise RuntimeError(f"asked for {mode} decoding but the decoder ran {out.stats.get('mode')!r}")
         return out.num_new_tokens, seconds
+
+    def out_of_time(spent: dict[str, float], pairs: int) -> bool:
+        """Past ``max_seconds`` of timed decoding at a size that has its ``MIN_PAIRS`` ratios."""
+        return max_seconds is not None and pairs >= MIN_PAIRS and sum(spent.values()) >= max_seconds
 
     for size in sizes:  # warm-up at each shape: allocator, thread pool, lazy initialisation
         ids, mask = batches[size][0]
@@ -102,6 +136,8 @@ def measure_batch_plan(
     for _ in range(rounds):
         for size in sizes:
             for ids, mask in batches[size]:
+                if out_of_time(seconds[size], len(ratios[size])):
+                    continue
                 order = (SPECULATIVE, PLAIN) if index % 2 == 0 else (PLAIN, SPECULATIVE)
                 index += 1
                 rate = {}
@@ -118,7 +154,7 @@ def measure_batch_plan(
         spec = tokens[size][SPECULATIVE] / max(seconds[size][SPECULATIVE], 1e-12)
         plain = tokens[size][PLAIN] / max(seconds[size][PLAIN], 1e-12)
         median = statistics.median(ratios[size]) if ratios[size] else spec / max(plain, 1e-12)
-        plan[size] = SPECULATIVE if median > 1.0 else PLAIN
+        plan[size] = SPECULATIVE if median > min_speedup else PLAIN
         measured[size] = {
             "speculative_tokens_per_second": spec,
             "plain_tokens_per_second": plain,
@@ -127,6 +163,9 @@ def measure_batch_plan(
             "speedup_min": min(ratios[size]) if ratios[size] else None,
             "speedup_max": max(ratios[size]) if ratios[size] else None,
             "timed_batches": len(ratios[size]),
+            "cut_by_time": max_seconds is not None and len(ratios[size]) < rounds * len(batches[size]),
             "new_tokens": new_tokens,
+            "min_speedup": float(min_speedup),  # the median had to exceed this for "speculative"
+            "timed_seconds": seconds[size][SPECULATIVE] + seconds[size][PLAIN],  # warm-up excluded
         }
     return BatchPlanResult(plan, measured, temperature)

@@ -12,7 +12,7 @@ from ..plans import CHOSEN_BY_CALIBRATION, PLAIN, SPECULATIVE, PlanEntry
 from .batch_plan import BatchPlanResult
 
 #: Result fields that are the entry itself, not its measurements.
-_CONTENT = ("tree", "draft_vocab_size", "temperature", "chosen_by", "device_type")
+_CONTENT = ("tree", "draft_vocab_size", "temperature", "chosen_by", "device_type", "mode")
 
 
 def entries_for(tree: Any, draft_vocab_size: int | None, measured: dict[str, Any], device_type: str,

@@ -1,10 +1,11 @@
 """The trees and draft vocabulary heads leave training with, so they decode fast with no extra step.
 
 Written into the exported heads folder as ``tree.json`` (`draftheads.plans`): one entry for
-greedy decoding and one per sampling temperature (``DEFAULT_TEMPERATURES``: greedy and 0.7, the
-temperature most chat models ship), ``"chosen_by": "training"``, for the training device type (a
-decoder on another device type ignores them and drafts its own default; `draftheads calibrate`
-replaces this device type's entries with its measurements).
+greedy decoding and one per sampling temperature (``DEFAULT_TEMPERATURES``: greedy, 0.7, the
+temperature most chat models ship, and 1.0, the target's own distribution),
+``"chosen_by": "training"``, for the training device type (a decoder on another device type
+ignores them and drafts its own default; `draftheads calibrate` replaces this device type's
+entries with its measurements).
 
 - Static trees (Medusa, Hydra): the acceptance table is the one the final evaluation measured
   (``eval/rank_accuracy``: how often head k's rank-r candidate is the token training targets, over
@@ -24,16 +25,32 @@ drafting times): static trees search again on a table of the target's tempered p
 each candidate on the held-out rows (`calibrate.head_accuracy_table`); dynamic trees time only
 plain decoding, the greedy choice and the smallest grid setting (a tree that did not pay
 greedily does not pay under sampling, which accepts less: then plain without timing); DFlash's
-block tree is chosen for greedy decoding only.
+block tree is chosen for greedy decoding only (at a sampling temperature its greedy tree is the
+candidate, timed as below).
+
+Then every temperature's tree meets the decoder's real baseline: the cost models above compare a
+tree with the decode loop's own one-token steps, not with the target's ``generate``, which is
+what a plain entry runs and what a user would otherwise call. So, per temperature, speculative
+decoding with the chosen tree (through `SpeculativeDecoder`, default draft budget: the way a user
+decodes) is timed against ``generate`` on a few held-out rows (`batch_plan.measure_batch_plan` at
+batch size 1: interleaved, order alternated, same seed for both modes), and the entry is PLAIN
+unless the median of the per-prompt ratios exceeds ``PLAIN_MARGIN``. The figures are kept in the
+entry's ``measured["batch"]`` (as `draftheads calibrate --batch-sizes` keeps them) and in
+metrics.json (`describe`). Its cost is bounded per temperature: at most prompts x rounds pairs of
+short decodes, and no new pair once ``VS_GENERATE_MAX_SECONDS`` of decoding are spent (a loaded
+machine stretches every decode; the verdict then rests on fewer prompts, and says how many).
 """
 from __future__ import annotations
 
 import math
-from typing import Any
+import time
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator
 
 import torch
 
-from ..plans import CHOSEN_BY_TRAINING, PlanEntry, TreePlans, write_plans
+from ..plans import CHOSEN_BY_TRAINING, PLAIN, SPECULATIVE, PlanEntry, TreePlans, parse_temperatures, write_plans
+from .batch_plan import PLAIN_MARGIN, BatchPlanResult, measure_batch_plan
 from .calibrate import (
     calibrate_dynamic_tree,
     choose_tree,
@@ -42,14 +59,23 @@ from .calibrate import (
     measure_verify_times,
 )
 from ..inference.one_forward_tree import drafts_in_one_forward, one_forward_draft_seconds
-from .tables import entries_for
+from .tables import drafts_nothing, entries_for
 
 VOCAB_SIZES = (4096, 2048, 1024, 512)  # draft vocabularies tried besides the whole one (static trees)
 VERIFY_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 SAMPLE_ROWS = 8  # held-out rows for the vocabulary ratio / dynamic-tree timing
 DYNAMIC_PROMPTS = 3
 DYNAMIC_VOCAB_SIZE = 1024  # EAGLE (scored by the target's LM head) also tries ranking only these tokens
-DEFAULT_TEMPERATURES = (0.0, 0.7)  # greedy, and the sampling temperature most chat models ship
+DEFAULT_TEMPERATURES = (0.0, 0.7, 1.0)  # greedy, what most chat models ship, and the target's own law
+# The chosen tree against the target's generate (module docstring): prompts x rounds pairs of
+# decodes per temperature, each of VS_GENERATE_NEW_TOKENS tokens after a VS_GENERATE_PROMPT_LEN
+# prompt; speculation must beat generate by batch_plan.PLAIN_MARGIN (median of per-prompt
+# ratios), as in calibrate --batch-sizes.
+VS_GENERATE_PROMPTS = 4
+VS_GENERATE_ROUNDS = 2
+VS_GENERATE_NEW_TOKENS = 48
+VS_GENERATE_PROMPT_LEN = 64
+VS_GENERATE_MAX_SECONDS = 20.0  # per temperature, warm-up excluded (at least batch_plan.MIN_PAIRS pairs)
 
 
 def dynamic_grid(device_type: str, restrict_vocab: bool) -> list[dict]:
@@ -193,30 +219,109 @@ def choose_export_tree(
     return data
 
 
+@contextmanager
+def _drafting_as(heads: torch.nn.Module, data: dict[str, Any]) -> Iterator[None]:
+    """Heads in eval mode drafting with ``data``'s draft vocabulary while they are timed (a decoder
+    given an explicit static tree drafts with the heads' own vocabulary, and the entry will carry
+    this one), then back as they were. Dynamic trees carry their vocabulary in the tree itself."""
+    before, was_training = heads.draft_vocab_size, heads.training
+    if not getattr(heads, "dynamic_tree", False):
+        heads.draft_vocab_size = data.get("draft_vocab_size")
+    heads.eval()
+    try:
+        yield
+    finally:
+        heads.draft_vocab_size = before
+        heads.train(was_training)
+
+
+def vs_generate_prompts(target: torch.nn.Module, rows: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The first ``VS_GENERATE_PROMPTS`` held-out rows, cut to prompts that leave room in the
+    target's context for the new tokens (rows shorter than 8 tokens are left out, as in the tree
+    choice)."""
+    limit = getattr(target.config, "max_position_embeddings", None) or 4096
+    length = max(1, min(VS_GENERATE_PROMPT_LEN, limit - VS_GENERATE_NEW_TOKENS - 8))
+    rows = [r.to(target.device) for r in rows if r.numel() >= 8]
+    return [row[:length] for row in rows[:VS_GENERATE_PROMPTS]]
+
+
+def time_against_generate(
+    target: torch.nn.Module,
+    heads: torch.nn.Module,
+    data: dict[str, Any],
+    rows: list[torch.Tensor],
+    measure: Callable[..., BatchPlanResult] = measure_batch_plan,
+) -> BatchPlanResult | None:
+    """``data``'s tree (a `choose_export_tree` result) against the target's ``generate`` at its
+    temperature, one sequence at a time (module docstring); its plan at batch size 1 says
+    speculative or plain. None for a tree that drafts nothing: already plain, nothing to time.
+    ``measure``: `measure_batch_plan`, replaceable so a test can give the timings."""
+    if drafts_nothing(data["tree"]):
+        return None
+    prompts = vs_generate_prompts(target, rows)
+    if not prompts:
+        raise ValueError("no held-out rows of at least 8 tokens to time the tree against generate on")
+    started = time.perf_counter()
+    with _drafting_as(heads, data):
+        result = measure(target, heads, data["tree"], prompts, [1], new_tokens=VS_GENERATE_NEW_TOKENS,
+                         rounds=VS_GENERATE_ROUNDS, temperature=data["temperature"], min_speedup=PLAIN_MARGIN,
+                         max_seconds=VS_GENERATE_MAX_SECONDS)
+    result.measured[1]["seconds"] = time.perf_counter() - started  # warm-up included: what it cost the training
+    return result
+
+
+def check_against_generate(target: torch.nn.Module, heads: torch.nn.Module, data: dict[str, Any],
+                           rows: list[torch.Tensor],
+                           measure: Callable[..., BatchPlanResult] = measure_batch_plan) -> BatchPlanResult | None:
+    """`time_against_generate`, its verdict noted in ``data`` (``mode``, and ``batch``: the
+    figures). A timing that fails keeps the chosen tree, as before this check existed, and says so:
+    the heads and the other temperatures are worth more than this one check."""
+    try:
+        batch = time_against_generate(target, heads, data, rows, measure)
+    except (RuntimeError, ValueError) as e:
+        print(f"warning: timing the temperature-{data['temperature']:g} tree against generate failed ({e!r}); "
+              "its entry stays speculative, unchecked (draftheads calibrate --batch-sizes 1 checks it)", flush=True)
+        data["mode"] = SPECULATIVE
+        data["vs_generate_error"] = repr(e)
+        return None
+    data["mode"] = PLAIN if batch is None else batch.plan[1]
+    if batch is not None:
+        data["batch"] = batch.measured[1]
+    return batch
+
+
 def choose_export_plans(
     target: torch.nn.Module,
     heads: torch.nn.Module,
     rows: list[torch.Tensor],
     rank_accuracy: list[list[float]] | None = None,
     temperatures: tuple[float, ...] = DEFAULT_TEMPERATURES,
+    measure: Callable[..., BatchPlanResult] = measure_batch_plan,
 ) -> tuple[TreePlans, list[dict[str, Any]]]:
     """The whole tree.json training writes: one batch-1 entry per temperature, greedy first
-    (which must succeed; a sampling temperature that cannot be measured is left out, printed).
-    Returns the table and each temperature's `choose_export_tree` result."""
+    (which must succeed, and is chosen whether or not ``temperatures`` names 0), each timed
+    against ``generate`` and plain where it loses (module docstring). A sampling temperature
+    where no tree can be chosen (DFlash, P-EAGLE) times the greedy tree there instead.
+    ``temperatures``: checked like calibrate's ``--temperatures`` (a negative, NaN or duplicate
+    is a named error). Returns the table and each temperature's `choose_export_tree` result,
+    with ``mode`` and the ``batch`` figures added."""
+    temperatures = tuple(parse_temperatures(list(temperatures)))
     timings: dict = {}
     greedy = choose_export_tree(target, heads, rows, rank_accuracy, 0.0, timings=timings)
     chosen = [greedy]
-    for temperature in sorted(t for t in temperatures if t > 0):
+    for temperature in (t for t in temperatures if t > 0):
         try:
             chosen.append(choose_export_tree(target, heads, rows, rank_accuracy, temperature,
                                              greedy_choice=greedy["tree"], timings=timings))
         except ValueError as e:
-            print(f"tree: none chosen for temperature {temperature:g} ({e}); requests there use the nearest plan",
+            print(f"tree: none chosen for temperature {temperature:g} ({e}); the greedy tree is timed there instead",
                   flush=True)
+            chosen.append({**greedy, "temperature": temperature, "tree_from": f"temperature 0 ({e})"})
     entries: list[PlanEntry] = []
     for data in chosen:
+        batch = check_against_generate(target, heads, data, rows, measure)
         entries += entries_for(data["tree"], data.get("draft_vocab_size"), data, data["device_type"],
-                               data["temperature"], chosen_by=CHOSEN_BY_TRAINING)
+                               data["temperature"], batch=batch, chosen_by=CHOSEN_BY_TRAINING)
     return TreePlans(tuple(entries)), chosen
 
 
@@ -229,14 +334,13 @@ def write_export_tree(
     skip_reason: str | None = None,
     temperatures: tuple[float, ...] = DEFAULT_TEMPERATURES,
 ) -> dict[str, Any] | None:
-    """On the main process: choose the trees (one per temperature) and write
-    ``heads_dir/tree.json`` (atomically); every process meets at a barrier after. Returns a
-    summary for metrics.json (main process), else None.
+    """On the main process: choose the trees (one per temperature), time them against
+    ``generate``, and write ``heads_dir/tree.json`` (atomically); every process meets at a barrier
+    after. Returns a summary for metrics.json (main process), else None: the greedy tree's
+    `describe`, every temperature's, which temperatures went plain, and the seconds spent.
 
     A failure here never costs the trained heads: they are already exported, and without a
     ``tree.json`` the decoder uses its device default; the reason is printed."""
-    import time
-
     summary = None
     if accelerator.is_main_process:
         if skip_reason:
@@ -251,19 +355,54 @@ def write_export_tree(
                       "the decoder will use its device default (or run `draftheads calibrate`)", flush=True)
             else:
                 path = write_plans(heads_dir, plans)
-                summary = describe(chosen[0])
-                summary["seconds"] = time.perf_counter() - started
-                summary["temperatures"] = {f"{d['temperature']:g}": describe(d) for d in chosen}
+                summary = summarize(chosen, time.perf_counter() - started)
                 for data in chosen:
                     print(f"tree chosen for {data['device_type']} at temperature {data['temperature']:g}: "
                           f"{describe(data)['text']}", flush=True)
-                print(f"-> {path} ({summary['seconds']:.1f} s)", flush=True)
+                print(f"-> {path} ({summary['seconds']:.1f} s, of which {summary['vs_generate_seconds']:.1f} s "
+                      "timing against generate)", flush=True)
     accelerator.wait_for_everyone()
     return summary
 
 
+def summarize(chosen: list[dict[str, Any]], seconds: float) -> dict[str, Any]:
+    """metrics.json's ``tree``: the greedy entry's `describe` at the top (as before plans per
+    temperature), every temperature's, the temperatures that went plain and what timing against
+    ``generate`` cost."""
+    described = {f"{d['temperature']:g}": describe(d) for d in chosen}
+    summary = describe(chosen[0])
+    summary["seconds"] = seconds
+    summary["temperatures"] = described
+    summary["plain_temperatures"] = [float(d["temperature"]) for d in chosen if described[f"{d['temperature']:g}"]["mode"] == PLAIN]
+    summary["vs_generate_seconds"] = sum(float(d.get("batch", {}).get("seconds", 0.0)) for d in chosen)
+    return summary
+
+
 def describe(data: dict[str, Any]) -> dict[str, Any]:
-    """A short summary of a ``tree.json`` written by training (for logs and metrics.json)."""
+    """A short summary of one temperature's choice (for logs and metrics.json): the tree, and,
+    where it was timed against ``generate``, the ratio and the verdict (``mode``)."""
+    summary = _describe_tree(data)
+    summary["mode"] = data.get("mode", PLAIN if drafts_nothing(data["tree"]) else SPECULATIVE)
+    batch = data.get("batch")
+    if batch:
+        summary["vs_generate"] = {key: batch.get(f"speedup_{key}") for key in ("median", "min", "max")}
+        summary["vs_generate"].update(prompts=batch.get("timed_batches"), needed=batch.get("min_speedup"),
+                                      seconds=batch.get("seconds"), cut_by_time=batch.get("cut_by_time", False))
+        cut = ", cut short by the time bound" if batch.get("cut_by_time") else ""
+        timed = (f"{batch['speedup_median']:.2f}x target.generate (median of {batch['timed_batches']} prompt runs{cut}, "
+                 f"{batch['speedup_min']:.2f}-{batch['speedup_max']:.2f})")
+        if summary["mode"] == PLAIN:
+            summary["text"] = (f"plain decoding (target.generate): the {summary['text']} measured {timed}, "
+                               f"not above {batch['min_speedup']:.2f}x")
+        else:
+            summary["text"] += f"; measured {timed}"
+    elif data.get("vs_generate_error"):
+        summary["text"] += f"; NOT timed against target.generate ({data['vs_generate_error']})"
+    return summary
+
+
+def _describe_tree(data: dict[str, Any]) -> dict[str, Any]:
+    """The tree itself: its size, vocabulary and what the cost model expected of it."""
     tree = data["tree"]
     if tree == [] or (isinstance(tree, dict) and tree.get("total_tokens") == 1):  # root-only: plain steps
         return {"text": "plain decoding (no tree paid for its drafting and verification on this device)",
@@ -274,7 +413,7 @@ def describe(data: dict[str, Any]) -> dict[str, Any]:
         speedup = calibration.get("tokens_per_second", 0) / max(calibration.get("plain_tokens_per_second", 0), 1e-9)
         text = (f"dynamic tree {tree['total_tokens']} tokens, depth {tree['depth']}, top-{tree['top_k']}, "
                 f"{'whole vocabulary' if not vocab else f'{vocab}-token draft vocabulary'}, "
-                f"{speedup:.2f}x plain steps measured")
+                f"{speedup:.2f}x the decode loop's one-token steps measured")
         return {"text": text, "tree": tree, "draft_vocab_size": vocab, "measured_speedup": speedup}
     vocab = data.get("draft_vocab_size")
     text = (f"static tree of {len(tree) + 1} nodes, {'whole vocabulary' if not vocab else f'{vocab}-token draft vocabulary'}, "

@@ -1,0 +1,294 @@
+"""Training's trees meet the target's own `generate`: per temperature (greedy, 0.7, 1.0 by
+default) the chosen tree is timed against `generate` through `measure_batch_plan` at batch size
+1, and the entry is plain unless the median per-prompt ratio beats `generate` by a margin. The
+timings are scripted (a fake clock that knows which mode ran), so every verdict here is
+deterministic and follows from the rule, not from this machine's speed. Tiny random models only."""
+from __future__ import annotations
+
+import functools
+import json
+import math
+
+import pytest
+import torch
+
+import draftheads as dh
+from draftheads.plans import PLAIN, SPECULATIVE, TreePlans, read_plans, write_plans
+from draftheads.tune import training
+from draftheads.tune.batch_plan import measure_batch_plan
+
+from inference_utils import greedy_reference, self_distilled_heads, tiny_target
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+TREE = [[0], [0, 0]]
+
+
+@pytest.fixture(scope="module")
+def setup():
+    target = tiny_target("llama")
+    heads, prompts = self_distilled_heads(target, steps=30)
+    rows = list(greedy_reference(target, prompts[:6], 12))  # held-out rows of 18 tokens
+    return target, heads, rows
+
+
+class ScriptedClock:
+    """A clock for `measure_batch_plan` whose decodes last what the script says: each decode takes
+    the next of ``seconds[mode]``, the mode told apart by whether ``target.generate`` ran (what a
+    plain decode calls; speculative decoding never does). ``modes`` records the order they ran."""
+
+    def __init__(self, target, monkeypatch, spec: list[float], plain: list[float]):
+        self.seconds = {SPECULATIVE: list(spec), PLAIN: list(plain)}
+        self.now, self.generate_calls, self.started_at_call = 0.0, 0, None
+        self.modes: list[str] = []
+        real = target.generate
+
+        def counted(*args, **kwargs):
+            self.generate_calls += 1
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(target, "generate", counted)
+
+    def __call__(self) -> float:
+        if self.started_at_call is None:  # a decode starts
+            self.started_at_call = self.generate_calls
+            return self.now
+        mode = PLAIN if self.generate_calls > self.started_at_call else SPECULATIVE
+        self.started_at_call = None
+        self.modes.append(mode)
+        self.now += self.seconds[mode].pop(0)
+        return self.now
+
+
+def scripted(target, monkeypatch, ratios: list[float]) -> ScriptedClock:
+    """A clock where prompt i's speculative decode is ``ratios[i]`` times as fast as generate's
+    (both decode the same number of tokens), after one warm-up decode per mode."""
+    return ScriptedClock(target, monkeypatch, spec=[1.0] + [1.0 / r for r in ratios], plain=[1.0] + [1.0] * len(ratios))
+
+
+# -- the timing rule itself ---------------------------------------------------------------------
+def test_the_median_of_per_prompt_ratios_decides_not_the_totals(setup, monkeypatch):
+    target, heads, rows = setup
+    # three prompts 1.2x faster, one 10x slower: totals say plain (13 s against 4.8 s), the median speculative
+    clock = ScriptedClock(target, monkeypatch, spec=[1.0, 1.0, 1.0, 1.0, 12.0], plain=[1.0] + [1.2] * 4)
+    result = measure_batch_plan(target, heads, TREE, rows[:4], [1], new_tokens=4, rounds=1, min_speedup=1.05,
+                                clock=clock)
+    m = result.measured[1]
+    assert m["speedup"] < 1 and math.isclose(m["speedup_median"], 1.2)
+    assert math.isclose(m["speedup_min"], 0.1) and math.isclose(m["speedup_max"], 1.2)
+    assert result.plan == {1: SPECULATIVE} and m["min_speedup"] == 1.05 and m["timed_batches"] == 4
+    # warm-up once per mode, then the two modes interleaved prompt by prompt, order alternated
+    assert clock.modes == [SPECULATIVE, PLAIN] + [SPECULATIVE, PLAIN, PLAIN, SPECULATIVE] * 2
+
+
+@pytest.mark.parametrize("min_speedup, mode", [(1.0, SPECULATIVE), (1.05, PLAIN)])
+def test_a_gain_inside_the_margin_is_plain(setup, monkeypatch, min_speedup, mode):
+    target, heads, rows = setup
+    clock = scripted(target, monkeypatch, [1.03, 1.04, 1.02])
+    result = measure_batch_plan(target, heads, TREE, rows[:3], [1], new_tokens=4, rounds=1, min_speedup=min_speedup,
+                                clock=clock)
+    assert math.isclose(result.measured[1]["speedup_median"], 1.03) and result.plan == {1: mode}
+
+
+@pytest.mark.parametrize("max_seconds, pairs", [(None, 8), (1000.0, 8), (25.0, 3), (65.0, 4)])
+def test_a_time_bound_stops_new_pairs_but_keeps_three(setup, monkeypatch, max_seconds, pairs):
+    """Every decode takes 10 s: a 25 s bound is spent after 2 pairs but 3 are kept; 65 s after 4."""
+    target, heads, rows = setup
+    clock = ScriptedClock(target, monkeypatch, spec=[10.0] * 9, plain=[10.0] * 9)
+    result = measure_batch_plan(target, heads, TREE, rows[:4], [1], new_tokens=3, rounds=2, clock=clock,
+                                max_seconds=max_seconds)
+    m = result.measured[1]
+    assert m["timed_batches"] == pairs and len(clock.modes) == 2 + 2 * pairs
+    assert m["cut_by_time"] == (pairs < 8) and m["timed_seconds"] == 20.0 * pairs
+
+
+@pytest.mark.parametrize("name, value", [("min_speedup", 0), ("min_speedup", -1.0), ("min_speedup", float("nan")),
+                                         ("min_speedup", "1.05"), ("min_speedup", True), ("max_seconds", 0),
+                                         ("max_seconds", float("inf"))])
+def test_a_bad_margin_or_bound_is_refused_naming_it(setup, name, value):
+    target, heads, rows = setup
+    with pytest.raises(ValueError, match=name):
+        measure_batch_plan(target, heads, TREE, rows[:1], [1], new_tokens=2, rounds=1, **{name: value})
+
+
+# -- training's choice --------------------------------------------------------------------------
+def fixed_trees(monkeypatch, trees: dict[float, object], fail_above: float | None = None) -> list[float]:
+    """Replace training's tree search (timed and tested elsewhere) with fixed trees per temperature;
+    returns the temperatures it was asked for. ``fail_above``: temperatures above it raise as
+    DFlash's do (no tree chosen at T > 0)."""
+    asked = []
+
+    def choose(target, heads, rows, rank_accuracy=None, temperature=0.0, greedy_choice=None, timings=None):
+        asked.append(temperature)
+        if fail_above is not None and temperature > fail_above:
+            raise ValueError("greedy only")
+        return {"tree": trees[temperature], "draft_vocab_size": None, "temperature": float(temperature),
+                "chosen_by": "training", "device_type": target.device.type,
+                "expected_tokens_per_step": 1.6, "expected_speedup": 1.3}
+
+    monkeypatch.setattr(training, "choose_export_tree", choose)
+    return asked
+
+
+def scripted_measure(target, monkeypatch, ratios: dict[float, list[float]], calls: list | None = None):
+    """`measure_batch_plan` with each temperature's scripted per-prompt ratios."""
+
+    def measure(*args, temperature, **kwargs):
+        if calls is not None:
+            calls.append((temperature, args[2], args[4], kwargs))
+        clock = scripted(target, monkeypatch, ratios[temperature] * kwargs["rounds"])
+        return measure_batch_plan(*args, temperature=temperature, clock=clock, **kwargs)
+
+    return measure
+
+
+def test_each_temperature_goes_plain_where_its_tree_loses_to_generate(setup, monkeypatch, tmp_path):
+    target, heads, rows = setup
+    asked = fixed_trees(monkeypatch, {0.0: TREE, 0.7: TREE, 1.0: [[0]]})
+    monkeypatch.setattr(training, "VS_GENERATE_NEW_TOKENS", 4)
+    calls: list = []
+    ratios = {0.0: [1.5, 1.4, 1.6, 1.5], 0.7: [0.8, 0.9, 1.2, 0.7], 1.0: [1.03, 1.04, 1.0, 1.06]}
+    plans, chosen = training.choose_export_plans(target, heads, rows, measure=scripted_measure(target, monkeypatch,
+                                                                                               ratios, calls))
+    assert asked == [0.0, 0.7, 1.0]  # greedy, 0.7 and 1.0 by default
+    assert [(t, tree, sizes) for t, tree, sizes, _ in calls] == [(0.0, TREE, [1]), (0.7, TREE, [1]), (1.0, [[0]], [1])]
+    assert all(kw["min_speedup"] == training.PLAIN_MARGIN and kw["rounds"] == training.VS_GENERATE_ROUNDS
+               and kw["max_seconds"] == training.VS_GENERATE_MAX_SECONDS for *_, kw in calls)
+    by_temp = {e.temperature: e for e in plans.entries}
+    assert [(e.temperature, e.batch_size, e.mode) for e in plans.entries] == [
+        (0.0, 1, SPECULATIVE), (0.7, 1, PLAIN), (1.0, 1, PLAIN)]
+    assert by_temp[0.7].tree == TREE  # a plain entry keeps the tree that lost
+    for t, entry in by_temp.items():  # what was measured is kept in the entry, as calibrate keeps it
+        batch = entry.measured["batch"]
+        assert math.isclose(batch["speedup_median"], sorted(ratios[t])[1] / 2 + sorted(ratios[t])[2] / 2)
+        assert batch["timed_batches"] == 4 * training.VS_GENERATE_ROUNDS and batch["seconds"] > 0
+        assert batch["min_speedup"] == training.PLAIN_MARGIN and "expected_speedup" in entry.measured
+
+    summary = training.summarize(chosen, seconds=3.0)  # what metrics.json gets
+    assert summary["plain_temperatures"] == [0.7, 1.0] and summary["mode"] == SPECULATIVE
+    warm = summary["temperatures"]["0.7"]
+    assert warm["mode"] == PLAIN and math.isclose(warm["vs_generate"]["median"], 0.85)
+    assert warm["text"].startswith("plain decoding (target.generate)") and "0.85x target.generate" in warm["text"]
+    assert warm["vs_generate"]["cut_by_time"] is False  # scripted decodes take about a second each
+    assert summary["temperatures"]["0"]["vs_generate"]["min"] == pytest.approx(1.4)
+    assert summary["vs_generate_seconds"] == pytest.approx(sum(d["batch"]["seconds"] for d in chosen))
+    json.dumps(summary)  # metrics.json is JSON
+
+    # the decoder follows it: generate itself at 1.0 (and 0.7), the tree greedily, output unchanged
+    heads.save_pretrained(tmp_path / "h")
+    write_plans(tmp_path / "h", plans)
+    decoder = dh.SpeculativeDecoder(target, dh.load_heads(tmp_path / "h", target=target))
+    prompt = rows[0][None, :6]  # the random prompt (tokens >= 3: no pad id to mistake for padding)
+    hot = decoder.generate(prompt, max_new_tokens=6, temperature=1.0, seed=0, eos_token_id=[])
+    assert hot.stats["mode"] == PLAIN and hot.stats["plan"]["entry"]["temperature"] == 1.0
+    assert decoder.generate(prompt, max_new_tokens=6, temperature=0.7, seed=0).stats["mode"] == PLAIN
+    greedy = decoder.generate(prompt, max_new_tokens=12, temperature=0, eos_token_id=[])
+    assert greedy.stats["mode"] == SPECULATIVE
+    assert torch.equal(greedy.sequences, greedy_reference(target, prompt, 12))
+
+
+def test_a_greedy_tree_that_loses_is_plain_too(setup, monkeypatch):
+    target, heads, rows = setup
+    fixed_trees(monkeypatch, {0.0: TREE})
+    monkeypatch.setattr(training, "VS_GENERATE_NEW_TOKENS", 4)
+    measure = scripted_measure(target, monkeypatch, {0.0: [0.9, 1.1, 0.95, 1.0]})
+    plans, chosen = training.choose_export_plans(target, heads, rows, temperatures=(0.0,), measure=measure)
+    assert [(e.temperature, e.mode) for e in plans.entries] == [(0.0, PLAIN)]
+    assert training.summarize(chosen, 1.0)["plain_temperatures"] == [0.0]
+
+
+def test_a_tree_that_drafts_nothing_is_plain_without_timing(setup, monkeypatch):
+    target, heads, rows = setup
+    fixed_trees(monkeypatch, {0.0: TREE, 0.7: []})
+    calls: list = []
+    measure = scripted_measure(target, monkeypatch, {0.0: [1.5] * 4}, calls)
+    monkeypatch.setattr(training, "VS_GENERATE_NEW_TOKENS", 4)
+    plans, chosen = training.choose_export_plans(target, heads, rows, temperatures=(0.0, 0.7), measure=measure)
+    assert [c[0] for c in calls] == [0.0]
+    assert [(e.temperature, e.mode) for e in plans.entries] == [(0.0, SPECULATIVE), (0.7, PLAIN)]
+    assert "batch" not in plans.entries[1].measured and training.describe(chosen[1])["mode"] == PLAIN
+
+
+def test_where_no_tree_is_chosen_the_greedy_tree_is_timed_there(setup, monkeypatch):
+    """DFlash and P-EAGLE choose greedily only: at 0.7 their greedy tree is timed, and goes plain
+    there if it loses (before, no entry: 0.7 requests ran the greedy tree untimed)."""
+    target, heads, rows = setup
+    fixed_trees(monkeypatch, {0.0: TREE}, fail_above=0.0)
+    calls: list = []
+    measure = scripted_measure(target, monkeypatch, {0.0: [1.5] * 4, 0.7: [0.8] * 4}, calls)
+    monkeypatch.setattr(training, "VS_GENERATE_NEW_TOKENS", 4)
+    plans, chosen = training.choose_export_plans(target, heads, rows, temperatures=(0.0, 0.7), measure=measure)
+    assert [(c[0], c[1]) for c in calls] == [(0.0, TREE), (0.7, TREE)]
+    assert [(e.temperature, e.mode) for e in plans.entries] == [(0.0, SPECULATIVE), (0.7, PLAIN)]
+    assert plans.entries[1].measured["tree_from"].startswith("temperature 0")
+
+
+def test_a_timing_that_fails_keeps_the_tree_and_says_so(setup, monkeypatch, capsys):
+    target, heads, rows = setup
+    fixed_trees(monkeypatch, {0.0: TREE})
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("asked for plain decoding but the decoder ran 'speculative'")
+
+    plans, chosen = training.choose_export_plans(target, heads, rows, temperatures=(0.0,), measure=broken)
+    assert [(e.temperature, e.mode) for e in plans.entries] == [(0.0, SPECULATIVE)]
+    assert "vs_generate_error" in plans.entries[0].measured
+    assert "NOT timed against target.generate" in training.describe(chosen[0])["text"]
+    assert "timing the temperature-0 tree against generate failed" in capsys.readouterr().out
+
+
+def test_the_timed_heads_draft_with_the_entrys_vocabulary_and_are_restored(setup, monkeypatch):
+    target, heads, rows = setup
+    seen = []
+    monkeypatch.setattr(training, "VS_GENERATE_NEW_TOKENS", 4)
+
+    def measure(target, heads, tree, prompts, sizes, **kwargs):
+        seen.append((heads.draft_vocab_size, heads.training, [p.shape[0] for p in prompts]))
+        raise ValueError("stop here")
+
+    heads.train()
+    try:
+        training.time_against_generate(target, heads, {"tree": TREE, "draft_vocab_size": 32, "temperature": 0.0},
+                                       rows, measure)
+    except ValueError:
+        pass
+    assert heads.training and heads.draft_vocab_size is None
+    heads.eval()
+    assert seen[0][:2] == (32, False)
+    assert len(seen[0][2]) == min(training.VS_GENERATE_PROMPTS, len(rows))
+
+
+@pytest.mark.parametrize("temperatures, message", [
+    ((0.0, -0.7), "must be >= 0"),
+    ((0.0, float("nan")), "finite"),
+    ((0.0, 0.7, 0.7), "given twice"),
+    ((0.0, "hot"), "not a number"),
+])
+def test_bad_temperatures_are_refused_before_anything_is_timed(setup, monkeypatch, temperatures, message):
+    target, heads, rows = setup
+    asked = fixed_trees(monkeypatch, {0.0: TREE, 0.7: TREE})
+    with pytest.raises(ValueError, match=message):
+        training.choose_export_plans(target, heads, rows, temperatures=temperatures, measure=None)
+    assert asked == []
+
+
+# -- files written before this check -------------------------------------------------------------
+def test_a_training_file_from_before_loads_and_is_followed(setup, tmp_path):
+    """Version-2 files training wrote before (greedy + 0.7, no figures against generate) load as
+    they were: a 1.0 request runs the nearest, 0.7 entry, speculatively."""
+    target, heads, rows = setup
+    heads.save_pretrained(tmp_path / "h")
+    old = {"format_version": 2, "plans": [
+        {"device_type": "cpu", "batch_size": 1, "temperature": 0.0, "mode": "speculative", "tree": TREE,
+         "draft_vocab_size": None, "chosen_by": "training", "measured": {"expected_speedup": 1.3}},
+        {"device_type": "cpu", "batch_size": 1, "temperature": 0.7, "mode": "speculative", "tree": [[0]],
+         "draft_vocab_size": None, "chosen_by": "training", "measured": {"expected_speedup": 1.1}}]}
+    (tmp_path / "h" / "tree.json").write_text(json.dumps(old))
+    assert isinstance(read_plans(tmp_path / "h"), TreePlans)
+    decoder = dh.SpeculativeDecoder(target, dh.load_heads(tmp_path / "h", target=target))
+    out = decoder.generate(rows[0][None, :6], max_new_tokens=4, temperature=1.0, seed=0)
+    assert out.stats["mode"] == SPECULATIVE and out.stats["plan"]["entry"]["temperature"] == 0.7
+    # and describe() still reads what such a run's chosen data held (no mode, no figures)
+    text = training.describe({"tree": TREE, "temperature": 0.7, "draft_vocab_size": None,
+                              "expected_tokens_per_step": 1.5, "expected_speedup": 1.2})
+    assert text["mode"] == SPECULATIVE and "vs_generate" not in text
