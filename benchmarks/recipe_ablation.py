@@ -44,13 +44,20 @@ OPTIM = ("train.adam_betas=[0.9, 0.95]", "train.lr_schedule=linear", "train.max_
 OWN_OPTIM = ("train.adam_betas=[0.9, 0.999]", "train.lr_schedule=cosine", "train.max_grad_norm=1.0")
 #: Training-time-test depth: draftheads' demo unrolls 3 steps, the reference trainer 7.
 TTT, OWN_TTT = ("heads.num_heads=7",), ("heads.num_heads=3",)
+#: The per-step loss (`heads.loss`) and the weight of draft step k (`train.loss_decay` ** k).
+LOSS = ("heads.loss=soft_ce", "train.loss_decay=0.8")
 ARMS: dict[str, tuple[str, ...]] = {
-    "today": OWN_INIT + OWN_OPTIM + OWN_TTT,
-    "init": INIT + OWN_OPTIM + OWN_TTT,
-    "optim": OWN_INIT + OPTIM + OWN_TTT,
-    "init+optim": INIT + OPTIM + OWN_TTT,
-    "init+ttt7": INIT + OWN_OPTIM + TTT,
-    "init+optim+ttt7": INIT + OPTIM + TTT,
+    "today": OWN_INIT + OWN_OPTIM + OWN_TTT + LOSS,
+    "init": INIT + OWN_OPTIM + OWN_TTT + LOSS,
+    "optim": OWN_INIT + OPTIM + OWN_TTT + LOSS,
+    "init+optim": INIT + OPTIM + OWN_TTT + LOSS,
+    "init+ttt7": INIT + OWN_OPTIM + TTT + LOSS,
+    "init+optim+ttt7": INIT + OPTIM + TTT + LOSS,
+    # The loss knobs, each one change from the shipped demo recipe (= "init"):
+    "loss=kl": INIT + OWN_OPTIM + OWN_TTT + ("heads.loss=kl", "train.loss_decay=0.8"),
+    "loss=ce": INIT + OWN_OPTIM + OWN_TTT + ("heads.loss=ce", "train.loss_decay=0.8"),
+    "loss=lk": INIT + OWN_OPTIM + OWN_TTT + ("heads.loss=lk", "train.loss_decay=0.8"),
+    "decay=1.0": INIT + OWN_OPTIM + OWN_TTT + ("heads.loss=soft_ce", "train.loss_decay=1.0"),
 }
 CHAIN = {"total_tokens": 6, "depth": 5, "top_k": 1}
 TREE = {"total_tokens": 16, "depth": 6, "top_k": 4}
@@ -128,7 +135,8 @@ def heldout_windows(tokenizer, config: Path, eval_batches: int):
 
 @torch.no_grad()
 def heldout_top1(target, tokenizer, heads_dir: Path, cfg, eval_ds) -> dict:
-    """Held-out top-1 (vs the target's greedy token) and soft loss per draft step, 7 steps unrolled."""
+    """Held-out top-1 (vs the target's greedy token) and soft CE per draft step, 7 steps unrolled
+    (soft CE for every arm, whichever `heads.loss` it trained with)."""
     from draftheads import load_heads
     from draftheads.data import Collator
     from draftheads.train.metrics import HeadStats
@@ -136,6 +144,7 @@ def heldout_top1(target, tokenizer, heads_dir: Path, cfg, eval_ds) -> dict:
 
     heads = load_heads(heads_dir, target=target)
     heads.config.num_heads = EVAL_STEPS  # steps unrolled: no tensor depends on it
+    heads.config.extra["loss"] = "soft_ce"  # one held-out loss for every arm, whatever it trained with
     model = TargetWithHeads(target, heads, loss_decay=cfg.train.loss_decay, labels=cfg.train.labels).eval()
     collate = Collator.from_tokenizer(tokenizer)
     stats = HeadStats(EVAL_STEPS)
