@@ -249,3 +249,29 @@ def test_the_configured_loss_reaches_the_trained_heads(tmp_path, tiny_target_dir
     soft = weights["soft_ce"]
     assert all(torch.equal(soft[n], weights["kl"][n]) for n in soft)
     assert any(not torch.equal(soft[n], weights["ce"][n]) for n in soft)
+
+
+# ---------------------------------------------------------------------------------------------
+# Per-step weights (train.loss_decay) with every loss
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("loss", TARGET_LOSSES)
+@pytest.mark.parametrize("decay", [1.0, 0.8, 0.5])
+def test_eagle3_steps_weigh_decay_to_the_k(loss, decay):
+    """The loss is sum_k decay^k x (step k's summed loss / its trained rows), from the per-step sums."""
+    _, heads, ids, feats, last, _ = _eagle3(loss, steps=3)
+    out = eagle_loss(heads, feats, last, ids, decay=decay)
+    expected = sum(decay**k * out.ce_sum[k] / out.count[k] for k in range(3))
+    torch.testing.assert_close(out.loss.detach(), expected)
+
+
+def test_the_step_decay_reaches_the_loop(tmp_path, tiny_target_dir, tiny_text_jsonl):
+    from draftheads.train.loop import run
+
+    weights = {}
+    for decay in ("0.8", "1.0"):
+        cfg = _cfg(tmp_path / decay, tiny_target_dir, tiny_text_jsonl, *HEAD_TYPE_OVERRIDES["eagle3"],
+                   f"train.loss_decay={decay}", max_steps=2, eval_every=0, warmup_steps=0, lr=1e-2)  # fmt: skip
+        weights[decay] = {n: p.detach().clone() for n, p in run(cfg).heads.state_dict().items()}
+    assert any(not torch.equal(weights["0.8"][n], weights["1.0"][n]) for n in weights["0.8"])
