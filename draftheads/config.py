@@ -54,7 +54,7 @@ class HeadsSpec:
     # config.json. Files written before the rename say ``type``: read as this (see _upgrade).
     head_type: Str = "medusa"
     # medusa/hydra: heads (one per future position); eagle/eagle3: draft steps unrolled in training
-    # (eagle: 1 = EAGLE-1's teacher-forced recipe; eagle3: training-time test, steps weighted 0.8^k);
+    # (eagle: 1 = EAGLE-1's teacher-forced recipe; eagle3: training-time test, step k weighted train.loss_decay^k);
     # peagle: the depths trained (the most tokens one draft forward may propose).
     num_heads: Positive = 4
     num_layers: NonNegative = 1  # residual blocks per head (medusa/hydra) or decoder layers (eagle/eagle3)
