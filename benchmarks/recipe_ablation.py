@@ -60,8 +60,8 @@ ARMS: dict[str, tuple[str, ...]] = {
     "loss=lk": INIT + OWN_OPTIM + OWN_TTT + ("heads.loss=lk", "train.loss_decay=0.8"),
     "decay=1.0": INIT + OWN_OPTIM + OWN_TTT + ("heads.loss=soft_ce", "train.loss_decay=1.0"),
     # A second training seed (initialisation and batch order; the same files) for the two that differed most
-    "init,seed=1": INIT + OWN_OPTIM + OWN_TTT + LOSS + ("train.seed=1",),
-    "loss=ce,seed=1": INIT + OWN_OPTIM + OWN_TTT + ("heads.loss=ce", "train.loss_decay=0.8", "train.seed=1"),
+    "init@seed1": INIT + OWN_OPTIM + OWN_TTT + LOSS + ("train.seed=1",),
+    "loss=ce@seed1": INIT + OWN_OPTIM + OWN_TTT + ("heads.loss=ce", "train.loss_decay=0.8", "train.seed=1"),
 }
 CHAIN = {"total_tokens": 6, "depth": 5, "top_k": 1}
 TREE = {"total_tokens": 16, "depth": 6, "top_k": 4}
