@@ -1,7 +1,15 @@
-"""The draft budget (online fallback) vs always-full drafts vs plain `generate`, interleaved.
+"""The draft budget (online fallback) vs always-full drafts vs plain `generate`, interleaved; and
+drawn drafts (the default when sampling) vs top-k trees.
 
     python benchmarks/bench_draft_budget.py --heads medusa=PATH --heads eagle=PATH \
-        [--target demo] [--temperatures 0,0.7,1.0] [--seeds 2] [--num-prompts 12] --out DIR
+        [--target demo] [--temperatures 0,0.7,1.0] [--seeds 2] [--num-prompts 12] \
+        [--variants full,budget,topk,topk-full] [--no-plan] --out DIR
+
+Variants per heads folder (``--variants``, default ``full,budget``): ``budget`` is the decoder as
+users get it (online budget, drawn drafts when sampling), ``full`` the same with
+``draft_budget=None``, ``topk`` with ``draw_drafts=False`` (the heads' top-k trees when sampling),
+``topk-full`` both off. ``--no-plan`` passes ``batch_plan=None`` (always speculate, even where the
+heads' tree.json says plain), to compare ways of drafting rather than the plan.
 
 Per temperature, per held-out demo prompt (`bench.questions.demo_questions`: files neither the
 target nor the heads trained on) and per seed, every variant runs once in a rotating order:
@@ -30,6 +38,15 @@ from draftheads.bench.questions import demo_questions
 from draftheads.target import load_target
 
 
+#: Decoder options per variant (the default decoder: draft_budget="auto", draw_drafts=True).
+VARIANTS = {
+    "budget": {},
+    "full": {"draft_budget": None},
+    "topk": {"draw_drafts": False},
+    "topk-full": {"draft_budget": None, "draw_drafts": False},
+}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--target", default="demo")
@@ -39,8 +56,13 @@ def main() -> None:
     ap.add_argument("--num-prompts", type=int, default=12)
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--variants", default="full,budget", help=f"comma list of {', '.join(VARIANTS)}")
+    ap.add_argument("--no-plan", action="store_true", help="batch_plan=None: speculate even where tree.json says plain")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
+    unknown = [v for v in args.variants.split(",") if v not in VARIANTS]
+    if unknown:
+        ap.error(f"unknown variants {unknown}; choose from {', '.join(VARIANTS)}")
     torch.set_num_threads(args.threads)
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -52,8 +74,9 @@ def main() -> None:
     for spec in args.heads:
         name, path = spec.split("=", 1)
         heads = dh.load_heads(path, target=target)
-        variants[f"{name}-full"] = dh.SpeculativeDecoder(target, heads, draft_budget=None)
-        variants[f"{name}-budget"] = dh.SpeculativeDecoder(target, heads)  # the default: draft_budget="auto"
+        plan = {"batch_plan": None} if args.no_plan else {}
+        for variant in args.variants.split(","):
+            variants[f"{name}-{variant}"] = dh.SpeculativeDecoder(target, heads, **VARIANTS[variant], **plan)
 
     def plain(ids, temperature, seed):
         sampling = {"do_sample": False} if temperature == 0 else {

@@ -67,7 +67,8 @@ def cmd_generate(args) -> int:
     import draftheads as dh
 
     target, tokenizer = _load_target(args.target, args.device, args.dtype, args.trust_remote_code)
-    decoder = dh.SpeculativeDecoder(target, _proposer(args, target, tokenizer))
+    options = {"draw_drafts": False} if args.top_k_drafts and args.heads else {}
+    decoder = dh.SpeculativeDecoder(target, _proposer(args, target, tokenizer), **options)
     ids = _encode_prompt(tokenizer, args.prompt, not args.no_chat_template)
     streamer = None if args.quiet else TextStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True)
     generator = torch.Generator().manual_seed(args.seed)
@@ -343,6 +344,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--top-k", type=int, help="0 = off; default: the model's generation config (else 50), as generate()")
     p.add_argument("--top-p", type=float, help="default: the model's generation config (else 1.0), as generate()")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--top-k-drafts", action="store_true",
+                   help="with --heads at temperature > 0: draft the heads' top-k tree instead of drawing a chain from "
+                        "their own distribution (the default)")
     p.add_argument("--quiet", action="store_true", help="print the text at the end instead of streaming it")
     p.set_defaults(func=cmd_generate)
 

@@ -178,12 +178,19 @@ SAMPLE_NEW = 3
 RUNS = 1500  # batches; every row gets its own chi-square test over RUNS draws
 
 
-def test_sampled_rows_follow_the_target_distribution(one_torch_thread):
+@pytest.mark.parametrize("head_type", ["medusa", "eagle"])
+def test_sampled_rows_follow_the_target_distribution(one_torch_thread, head_type):
+    """Every row of a batch keeps the target's law with drawn drafts (the default when sampling):
+    Medusa's rows drawn from one call, EAGLE's through the shared draft cache with holes."""
     target = tiny_target("llama", seed=3, vocab=VOCAB, hidden=32, layers=1)
     with torch.no_grad():  # sharper logits than the random init, so mistakes move real mass
         target.get_output_embeddings().weight.mul_(4.0)
-    heads = dh.MedusaHeads.for_target(target, num_heads=2)
-    decoder = dh.SpeculativeDecoder(target, heads, tree=TREE)
+    torch.manual_seed(0)
+    if head_type == "medusa":
+        decoder = dh.SpeculativeDecoder(target, dh.MedusaHeads.for_target(target, num_heads=2), tree=TREE)
+    else:
+        decoder = dh.SpeculativeDecoder(target, dh.EagleHead.for_target(target, num_heads=1),
+                                        tree={"total_tokens": 6, "depth": 2, "top_k": 2})
     rows = [[1, 4, 3], [2, 5], [1, 1, 4, 3], [3, 2, 4]]
     ids, mask = left_padded(rows)
     params = SamplingParams(temperature=0.9, top_k=5)

@@ -178,3 +178,18 @@ def test_top_level_help_lists_every_command(capsys):
     with pytest.raises(SystemExit):
         main(["--help"])
     assert " ".join(parser.description.split()[:3]) in " ".join(capsys.readouterr().out.split())
+
+
+@pytest.mark.parametrize("flag, drawn", [([], True), (["--top-k-drafts"], False)])
+def test_generate_draws_drafts_unless_told_to_draft_top_k(tiny_target_dir, heads_dir, monkeypatch, flag, drawn):
+    made = []
+    real = dh.SpeculativeDecoder
+
+    def recording(*args, **kwargs):
+        made.append(real(*args, **kwargs))
+        return made[-1]
+
+    monkeypatch.setattr(dh, "SpeculativeDecoder", recording)
+    code = main(["generate", "--target", str(tiny_target_dir), "--heads", str(heads_dir), "--prompt", "def f(x):",
+                 "--max-new-tokens", "6", "--no-chat-template", "--quiet", "--temperature", "0.8", *flag])
+    assert code == 0 and [d.draw_drafts for d in made] == [drawn]

@@ -10,7 +10,7 @@ from transformers import DynamicCache
 import draftheads as dh
 from draftheads.inference.features import FeatureTap
 from draftheads.inference.host_syncs import HostSyncCounter
-from draftheads.inference.sampling import sample_inverse_cdf
+from draftheads.inference.sampling import SamplingParams, sample_inverse_cdf
 from draftheads.inference.tree import Tree, TreeShape
 from draftheads.inference.accept import accept_greedy_rows, accept_sampling
 from draftheads.inference.masks import tree_attention_mask
@@ -138,7 +138,7 @@ def test_hydra_drafts_without_reading_the_device(rows):
     assert syncs.total_outside == 0, dict(syncs.outside)
     assert tokens.shape == (rows, shape.size) and tokens[:, 0].tolist() == [7, 8, 9][:rows]
     for r in range(rows):  # each row drafts what the per-sequence proposer drafts for it alone
-        proposer.start(None, hidden[r : r + 1], None, None)
+        proposer.start(None, hidden[r : r + 1], SamplingParams(), None)
         assert torch.equal(proposer.propose([7, 8, 9][r], 3).tokens, tokens[r])
 
 
@@ -351,3 +351,18 @@ def test_drafting_into_the_cache_does_not_read_positions_back():
         g, attn_in = head.first_input(features, tokens)
         head.run_layers(g, attn_in, positions, mask, cache=cache, cache_length=4)
     assert syncs.total_outside == 0, dict(syncs.outside)
+
+
+@pytest.mark.parametrize("head_type", ["medusa", "hydra"])
+def test_drawn_drafts_read_nothing_back(head_type):
+    """Drawing a chain (sampling's default) keeps the drawn tokens on the heads' device too: the
+    uniforms go to the device, the inverse CDF runs there."""
+    target = tiny_target("llama")
+    cls = dh.MedusaHeads if head_type == "medusa" else dh.HydraHeads
+    proposer = cls.for_target(target, num_heads=3).proposer(tree=[[0], [0, 0], [0, 0, 0]])
+    params = SamplingParams(temperature=0.8, top_k=20, sample_drafts=True)
+    with torch.inference_mode(), HostSyncCounter(target, proposer.heads) as syncs:
+        hidden = target.get_input_embeddings()(torch.tensor([3, 4]))
+        trees = proposer.draw_chains([7, 8], hidden, [3, 2], params, torch.Generator().manual_seed(0))
+    assert syncs.total_outside == 0, dict(syncs.outside)
+    assert [t.shape.size for t in trees] == [4, 3] and all(t.draft_probs is not None for t in trees)

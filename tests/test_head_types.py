@@ -124,7 +124,7 @@ def test_sampling_follows_the_target_distribution(head_type):
     if hasattr(heads, "set_draft_vocab"):
         heads.set_draft_vocab(torch.tensor([1, 5, 4, 3, 2, 6]))
     tree = [[0], [1], [0, 0], [0, 1], [1, 0]] if head_type == "hydra" else {"total_tokens": 6, "depth": 2, "top_k": 2}
-    decoder = dh.SpeculativeDecoder(target, heads, tree=tree)
+    decoder = dh.SpeculativeDecoder(target, heads, tree=tree, draw_drafts=False)  # top-k trees (drawn: test_drawn_drafts)
     prompt = torch.tensor([[1, 4, 3]])
     params = SamplingParams(temperature=0.9, top_k=5)
     dist = exact_distribution(target, prompt, params)

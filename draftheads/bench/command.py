@@ -53,6 +53,9 @@ def add_parser(sub, add_target_args: Callable[[argparse.ArgumentParser], None]) 
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy, where exactness is checked")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--top-k-drafts", action="store_true",
+                   help="at temperature > 0, heads draft their top-k trees instead of drawing chains from their own "
+                        "distribution (the default)")
     p.add_argument("--warmup", type=int, default=1, metavar="N", help="untimed runs of every method before timing")
     p.add_argument("--out", default="results", help="output folder for report.json, report.md and plots")
     p.add_argument("--overwrite", action="store_true", help="write into --out even if it exists")
@@ -127,7 +130,8 @@ def _run(args, load_model) -> int:
         questions = select(questions, args.categories, None)
         source = f"demo held-out code (first 128 tokens of {len(questions)} held-out standard-library files)"
     methods = build_methods(names, target, tokenizer, args.heads, heads_names, args.draft_model, load_model,
-                            check_fingerprint=not getattr(args, "no_fingerprint_check", False))
+                            check_fingerprint=not getattr(args, "no_fingerprint_check", False),
+                            draw_drafts=not getattr(args, "top_k_drafts", False))
     if getattr(args, "batch_size", None):
         from .batch_command import run_batch_sizes
 

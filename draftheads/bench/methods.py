@@ -101,9 +101,11 @@ def build_methods(
     draft_model: str | None,
     load_model: Callable[[str], tuple[Any, Any]],
     check_fingerprint: bool = True,
+    draw_drafts: bool = True,
 ) -> list[Method]:
     """Decoders for ``names``; ``load_model(path)`` returns (model, tokenizer) for a draft LM,
-    loaded the way the target was (device, dtype). ``check_fingerprint``: see ``load_heads``."""
+    loaded the way the target was (device, dtype). ``check_fingerprint``: see ``load_heads``;
+    ``draw_drafts``: `SpeculativeDecoder`'s, for heads."""
     import draftheads as dh
 
     from ..heads import read_config
@@ -117,7 +119,8 @@ def build_methods(
             config = read_config(Path(folder))
             info = {"head_type": config.head_type, "num_heads": getattr(config, "num_heads", None),
                     "tree_source": tree_source(heads, target.device)}  # calibration / training / device default
-            methods.append(Method(name, dh.SpeculativeDecoder(target, heads), folder, info))
+            info["draw_drafts"] = draw_drafts
+            methods.append(Method(name, dh.SpeculativeDecoder(target, heads, draw_drafts=draw_drafts), folder, info))
         elif name == DRAFT_MODEL:
             draft, draft_tok = load_model(draft_model)
             proposer = dh.DraftModelProposer(draft, gamma="auto", target_tokenizer=tokenizer, draft_tokenizer=draft_tok)

@@ -18,7 +18,7 @@ import torch
 
 from .accept_block import block_verification, is_chain
 from .accept_typical import accept_typical
-from .accepted import Acceptance
+from .accepted import Acceptance, root_only
 from .sampling import SamplingParams, sample
 from .tree import Tree, TreeShape
 
@@ -27,6 +27,8 @@ def greedy_acceptance(shape: TreeShape, predicted: list[int], tokens: list[int])
     """The first longest root-first path of ``shape`` whose every drafted token equals the target's
     argmax (``predicted``) at its parent, and the target's next token after it (host lists, as one
     transfer brought them back)."""
+    if shape.size == 1:  # a plain step: no path to walk (and no topology to derive for a fresh shape)
+        return root_only(predicted[0], tokens[0])
     best: tuple[int, ...] = (0,)
     for path in shape.leaf_paths:
         m = 1
@@ -34,6 +36,8 @@ def greedy_acceptance(shape: TreeShape, predicted: list[int], tokens: list[int])
             m += 1
         if m > len(best):
             best = path[:m]
+    if len(best) == 1:
+        return root_only(predicted[0], tokens[0])
     nodes = list(best)
     return Acceptance(torch.tensor(nodes, dtype=torch.long), predicted[nodes[-1]],
                       tokens=[tokens[i] for i in nodes], _nodes=nodes)
@@ -47,6 +51,30 @@ def accept_greedy_rows(trees: list[Tree], tokens: torch.Tensor, logits: torch.Te
     n = tokens.shape[1]
     packed = torch.cat([logits.argmax(dim=-1), tokens.to(logits.device, non_blocking=True)], dim=1).tolist()
     return [greedy_acceptance(tree.shape, row[:n], row[n:]) for tree, row in zip(trees, packed)]
+
+
+def draw(probs: torch.Tensor, generator: torch.Generator | None) -> int:
+    """One token from ``probs`` [V] (need not be normalised), the law `sample` draws.
+
+    On the host by inverse CDF: one uniform, a float64 cumulative sum, a binary search for the
+    first token whose CDF exceeds it (a token without mass never has a CDF step, so it is never
+    drawn). About 10x cheaper there than `torch.multinomial`, which draws one exponential per
+    vocabulary entry: on a small target that is a tenth of a plain step. Float rounding can put the
+    uniform past the last step; then the last token with mass, read on the host (no device to
+    stall, unlike `sampling.sample_inverse_cdf`, which must avoid that read). Elsewhere `sample`."""
+    if probs.device.type != "cpu" or (generator is not None and generator.device.type != "cpu"):
+        return sample(probs, generator)
+    u = torch.rand((), generator=generator, dtype=torch.float64)
+    cdf = probs.cumsum(-1, dtype=torch.float64)
+    index = int(torch.searchsorted(cdf, (u * cdf[-1]).reshape(1), right=True))
+    return index if index < probs.shape[-1] else int(probs.nonzero()[-1])
+
+
+def accept_root(tree: Tree, logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> Acceptance:
+    """A tree of the root alone (a plain step): nothing to accept or reject, so every rule (exact,
+    block, typical) comes down to one draw from the target's processed distribution at the root,
+    what `generate(do_sample=True)` draws for its next token."""
+    return root_only(draw(params.probs(logits[0]), generator), tree.tokens.tolist()[0])
 
 
 def accept_sampling(
@@ -129,4 +157,5 @@ def accept_rows(
     if params.greedy:
         return accept_greedy_rows(trees, tokens, logits)
     rule = SAMPLING_RULES[acceptance]
-    return [rule(tree, logits[r, : tree.shape.size], params, generator) for r, tree in enumerate(trees)]
+    return [(accept_root if tree.shape.size == 1 else rule)(tree, logits[r, : tree.shape.size], params, generator)
+            for r, tree in enumerate(trees)]

@@ -32,3 +32,14 @@ class Acceptance:
         if self.contiguous:
             return slice(0, len(self.nodes))
         return self.path.to(device, non_blocking=True)
+
+
+#: The path of a step that accepted no draft: the root alone. One tensor shared by every such step
+#: (nothing writes an `Acceptance`'s path), so a plain step builds none.
+_ROOT_PATH = torch.zeros(1, dtype=torch.long)
+
+
+def root_only(next_token: int, root: int) -> Acceptance:
+    """A step that kept only its root (a plain step, or every draft rejected): on the host, with no
+    tensor built; ``root`` is the root's token, ``next_token`` the target's token after it."""
+    return Acceptance(_ROOT_PATH, next_token, tokens=[root], _nodes=[0])

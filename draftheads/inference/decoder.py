@@ -6,6 +6,7 @@ anything else in a ragged batch cache (`kv.RaggedKV`); all through the same loop
 """
 from __future__ import annotations
 
+import dataclasses
 import operator
 from typing import Any, Mapping
 
@@ -93,7 +94,15 @@ class SpeculativeDecoder:
     sub-tree, or to a plain root-only step, when that is faster, probing the full draft again now
     and then; ``None`` always drafts in full (seed-reproducible sampling); or a `DraftBudget`.
     Lossless either way: a step's cap depends only on earlier steps. ``out.stats["draft_budget"]``
-    counts the steps taken full, capped and plain."""
+    counts the steps taken full, capped and plain.
+
+    ``draw_drafts`` (default True): when a request SAMPLES, heads draw each draft token from their
+    own distribution (processed with the request's temperature/top-k/top-p) as a chain as deep as
+    their tree, and the verifier accepts it with probability 1 - TV(target, draft)
+    (`proposers.sampled`); False keeps their top-k tree (point masses, accepted with the target's
+    probability of each candidate). Both are exact; drawn chains accept more tokens per step at
+    T = 0.7-1.0 on the demo (benchmarks/README.md, "Acceptance rules"). Greedy decoding is not
+    affected; prompt lookup has no distribution to draw from and a draft model always samples."""
 
     def __init__(
         self,
@@ -107,8 +116,12 @@ class SpeculativeDecoder:
         batch_plan: str | Mapping[int | str, str] | None = "heads",
         compaction: str = "auto",
         draft_budget: str | DraftBudget | None = "auto",
+        draw_drafts: bool = True,
     ) -> None:
         self.compaction = check_compaction(compaction)
+        if not isinstance(draw_drafts, bool):
+            raise ValueError(f"draw_drafts must be True or False, got {draw_drafts!r}")
+        self.draw_drafts = draw_drafts
         if cache not in CACHE_KINDS:
             raise ValueError(f"cache must be one of {CACHE_KINDS}, got {cache!r}")
         if max_cache_len is not None and _whole_number(max_cache_len, "max_cache_len") < 1:
@@ -188,6 +201,7 @@ class SpeculativeDecoder:
         if acceptance not in ACCEPTANCE:
             raise ValueError(f"acceptance must be {' or '.join(map(repr, ACCEPTANCE))}, got {acceptance!r}")
         params = resolve_sampling(getattr(self.target, "generation_config", None), do_sample, temperature, top_k, top_p)
+        params = dataclasses.replace(params, sample_drafts=self.draw_drafts and not params.greedy)
         generator = resolve_generator(generator, seed)  # the one place a seed becomes a generator
         if acceptance == "typical" and params.greedy:
             raise ValueError("typical acceptance needs temperature > 0 (at temperature 0 decoding is greedy and exact)")

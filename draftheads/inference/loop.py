@@ -14,11 +14,11 @@ from typing import Any
 
 import torch
 
-from .accept import accept_rows
+from .accept import accept_rows, draw
 from .accepted import Acceptance
 from .kv.base import Prefilled, Verified
 from .output import SpeculativeOutput
-from .sampling import SamplingParams, sample
+from .sampling import SamplingParams
 from .timing import ForwardTimer
 from .tree import Tree
 
@@ -73,11 +73,12 @@ def cut(emitted: list[int], eos: set[int], room: int) -> tuple[list[int], bool]:
 
 
 def first_tokens(last_logits: torch.Tensor, settings: Settings) -> list[int]:
-    """Every row's first new token from its prompt's last logits [rows, V] (greedy: one host read)."""
+    """Every row's first new token from its prompt's last logits [rows, V] (greedy: one host read;
+    sampling: one `accept.draw` per row, as a plain step draws its token)."""
     if settings.params.greedy:
         return last_logits.argmax(dim=-1).tolist()
     probs = settings.params.probs(last_logits)
-    return [sample(probs[r], settings.generator) for r in range(probs.shape[0])]
+    return [draw(probs[r], settings.generator) for r in range(probs.shape[0])]
 
 
 def start(store, proposer, input_ids: torch.Tensor, settings: Settings) -> Rows:

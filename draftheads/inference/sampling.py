@@ -37,9 +37,19 @@ def _checked_number(value: Any, name: str, *, integer: bool = False) -> Any:
 
 @dataclass(frozen=True)
 class SamplingParams:
+    """The target's processed distribution (temperature, top-k, top-p), and how drafts are drawn.
+
+    ``sample_drafts`` (read only when sampling): proposers with a distribution of their own
+    (every head type) DRAW each draft token from it, processed with these same settings, as a
+    chain, and hand the law to the verifier (`Tree.draft_probs`), instead of drafting their
+    top-k candidates as point masses. Both are exact; drawn drafts are accepted with
+    probability 1 - TV(target, draft) rather than the target's probability of the draft's best
+    guess, which is far more at high temperatures (benchmarks/README.md, "Acceptance rules")."""
+
     temperature: float = 0.0
     top_k: int = 0
     top_p: float = 1.0
+    sample_drafts: bool = False
 
     def __post_init__(self) -> None:
         if self.temperature < 0:
@@ -52,6 +62,11 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def draws_drafts(self) -> bool:
+        """Whether proposers that can should draw their drafts (`sample_drafts` while sampling)."""
+        return self.sample_drafts and not self.greedy
 
     def warpers(self) -> LogitsProcessorList:
         """The same processors, in the same order, that `generate(do_sample=True)` builds."""

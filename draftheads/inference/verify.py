@@ -53,6 +53,7 @@ class TreeVerifier:
         # Tree masks over prefix + tree, one buffer per tree size, extended in place: the prefix
         # columns stay 0 (visible), only the tree block moves along (see `_extended_mask`).
         self._masks: dict[tuple[int, torch.device, torch.dtype], list] = {}
+        self._arange: dict[torch.device, torch.Tensor] = {}
 
     @property
     def device(self) -> torch.device:
@@ -122,13 +123,25 @@ class TreeVerifier:
         """`forward` as a batch of one row, what the loop's stores hand on: the tokens as verified
         [1, n] (on the device), logits [1, n, V] and features [1, n, F] (or None)."""
         device = self.device
-        on_device = shape_on_device(tree.shape, device, self.dtype)
         tokens = tree.tokens.to(device, non_blocking=True)[None]
+        if tree.shape.size == 1:
+            # A plain step: the root's position is the prefix length, read off a buffer (no
+            # topology moved to the device: a fresh root-only shape per step would build it each time).
+            position_ids = self._positions(prefix_len + 1, device)[None, prefix_len : prefix_len + 1]
+        else:
+            position_ids = (shape_on_device(tree.shape, device, self.dtype).depth + prefix_len)[None]
         logits, features = self._run(
-            cache, input_ids=tokens, position_ids=(on_device.depth + prefix_len)[None],
-            attention_mask=self.attention_mask(tree.shape, prefix_len),
+            cache, input_ids=tokens, position_ids=position_ids, attention_mask=self.attention_mask(tree.shape, prefix_len),
         )
         return tokens, logits, features
+
+    def _positions(self, end: int, device: torch.device) -> torch.Tensor:
+        """``arange(end)`` or longer on ``device``, one buffer doubled as decoding goes on: a step's
+        positions are a view of it, not a new tensor (and on an accelerator not a copy)."""
+        buffer = self._arange.get(device)
+        if buffer is None or buffer.numel() < end:
+            buffer = self._arange[device] = torch.arange(max(2 * end, 512), device=device)
+        return buffer
 
     # -- a batch of trees -------------------------------------------------------------------------
     def forward_rows(self, cache, tokens: torch.Tensor, position_ids: torch.Tensor,

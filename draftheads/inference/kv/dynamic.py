@@ -15,22 +15,26 @@ def commit(cache: DynamicCache, prefix_len: int, path: torch.Tensor | Acceptance
     `Acceptance`) in the cache.
 
     Entries are moved in place and the layers become views of their first prefix+m slots: no
-    full-cache copy (the next forward's concatenation makes the only copy). No host sync: the
-    contiguity test reads the host copy of the path, the gather uses the device copy."""
+    full-cache copy (the next forward's concatenation makes the only copy). A layer that already
+    holds exactly the prefix and the path is left alone: no view per layer in a plain step. No host
+    sync: the contiguity test reads the host copy of the path, the gather uses the device copy."""
     acc = path if isinstance(path, Acceptance) else Acceptance(path, -1)
     m = len(acc.nodes)
     contiguous = acc.contiguous
     sources: dict[torch.device, torch.Tensor] = {}
+    end = prefix_len + m
     for layer in cache.layers:
         keys, values = layer.keys, layer.values
+        if contiguous and keys.shape[-2] == end and values.shape[-2] == end:
+            continue  # the forward appended exactly the accepted nodes (a plain step, a fully accepted chain)
         if not contiguous:
             if keys.device not in sources:
                 sources[keys.device] = prefix_len + acc.index(keys.device)
             src = sources[keys.device]
             keys[..., prefix_len : prefix_len + m, :] = keys.index_select(-2, src)
             values[..., prefix_len : prefix_len + m, :] = values.index_select(-2, src)
-        layer.keys = keys[..., : prefix_len + m, :]
-        layer.values = values[..., : prefix_len + m, :]
+        layer.keys = keys[..., :end, :]
+        layer.values = values[..., :end, :]
 
 
 class SequenceKV(KVStore):

@@ -29,6 +29,10 @@ class Proposer(ABC):
     #: model's adaptive gamma): the decoder's draft budget (`inference.draft_budget`) then stays off.
     budgets_own_draft: bool = False
 
+    # The request's settings, which `start` records (a proposer used before `start`: greedy).
+    _params: SamplingParams = SamplingParams()
+    _generator: torch.Generator | None = None
+
     def bind_target(self, target: torch.nn.Module) -> None:
         """Called once by the decoder with the target (optional): a proposer with its own model
         checks here that it fits the target (e.g. a draft LM's vocabulary) and raises otherwise."""

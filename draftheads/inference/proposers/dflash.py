@@ -28,6 +28,7 @@ from ..tree import Tree, TreeShape
 from .base import Proposer
 from .draft_cache import grown
 from .rank_table import rank_hit_table
+from .sampled import drawn_block
 
 INITIAL_CAPACITY = 256  # context rows beyond the prompt before the cache grows (doubling)
 
@@ -80,6 +81,7 @@ class DFlashProposer(Proposer):
         self._cached = 0
         self._drafts = 0
         self._ensure_capacity(self._length + INITIAL_CAPACITY)
+        self._params, self._generator = params, generator
 
     def accepted(self, tokens, hidden) -> None:
         self._length += int(tokens.numel())
@@ -153,6 +155,8 @@ class DFlashProposer(Proposer):
         if shape.size == 1:
             return Tree(shape, torch.tensor([root]))
         logits = self.slot_logits(root, shape.max_depth)
+        if self._params.draws_drafts:
+            return drawn_block(root, logits, self._params, self._generator, None, self.heads.config.vocab_size)
         candidates = logits.topk(top, dim=-1).indices  # [depth, top]: row d-1 ranks slot d
         drafted = candidates[slot - 1, rank]
         root_t = torch.tensor([root]).to(drafted.device, non_blocking=True)

@@ -10,7 +10,9 @@ Each step:
 3. rerank: keep the ``total_tokens - 1`` best nodes of everything created. A child's joint
    probability never exceeds its parent's, so the kept set is a connected tree.
 The tree's KV entries are dropped after each step; only committed positions stay cached. Drafts
-are deterministic top-k picks (point masses for the verifier), so sampling stays exact.
+are deterministic top-k picks (point masses for the verifier), so sampling stays exact; when the
+request samples with drawn drafts (`SamplingParams.draws_drafts`), a chain is drawn instead
+(`eagle_tree.draw_chain`).
 """
 from __future__ import annotations
 
@@ -22,7 +24,8 @@ from .base import Proposer
 from .draft_cache import grown
 from .eagle_rows import EagleRows
 from .row_base import RowProposer
-from .eagle_tree import grow, select
+from .eagle_tree import draw_chain, grow, select
+from .sampled import chains, full_vocab
 
 # Small enough to pay off on a CPU, where verify cost grows quickly with tree size; `draftheads
 # calibrate` measures better values for the device.
@@ -92,6 +95,7 @@ class EagleProposer(Proposer):
         self._pending = [hidden]  # target features of committed positions not yet fed to the draft
         self._cached = 0
         self._ensure_capacity(input_ids.numel() + 256)
+        self._params, self._generator = params, generator
 
     def fork(self) -> "EagleProposer":
         """Its own draft KV buffers (`start` reuses them when large enough)."""
@@ -142,6 +146,12 @@ class EagleProposer(Proposer):
         prefix = self._cached
         visible = torch.ones(1, prefix, dtype=torch.bool, device=self.device)
         first_pos = torch.full((1,), prefix, dtype=torch.long, device=self.device)
+        if self._params.draws_drafts:  # a drawn chain (`sampled`) as deep as the tree, within its token budget
+            depth = min(depth, self.total_tokens - 1)
+            drafts, laws = draw_chain(self.head, self._logits, self._vocab_ids_dev, self._cache, visible, first_pos,
+                                      root_state[None], depth, self._params, self._generator)
+            laws = [full_vocab(law, self._vocab_ids_dev, self.head.config.vocab_size) for law in laws]
+            return chains([root], drafts, laws, [depth])[0]
         tokens, parents, scores = grow(self.head, self._logits, self._vocab_ids_dev, self._cache, visible, first_pos,
                                        root_state[None], depth, self.top_k)
         return select([root], tokens, parents, scores, [tokens.shape[1]], self.total_tokens, self._vocab_ids_dev)[0]

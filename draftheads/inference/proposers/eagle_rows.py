@@ -18,7 +18,8 @@ import torch
 
 from ..compaction import check_compaction, wants_compaction
 from ..tree import Tree, TreeShape
-from .eagle_tree import grow, nodes_up_to, select
+from .eagle_tree import draw_chain, grow, nodes_up_to, select
+from .sampled import chains, full_vocab
 from .row_base import RowProposer
 from .draft_cache import grown
 
@@ -47,6 +48,7 @@ class EagleRows(RowProposer):
         self._visible = torch.zeros(len(prompts), 0, dtype=torch.bool)
         self._cache = None
         self._reserve(max(len(ids) for ids in self._ids) + 256)
+        self._params, self._generator = params, generator
 
     def accepted(self, tokens, hidden) -> None:
         for ids, pending, t, h in zip(self._ids, self._pending, tokens, hidden):
@@ -144,10 +146,16 @@ class EagleRows(RowProposer):
         self.max_excess = max(self.max_excess, excess)
         if wants_compaction(self.compaction, excess, self._visible.shape[1]):
             self._gather()
-        tokens, parents, scores = grow(
-            self.head, p._logits, p._vocab_ids_dev, self._cache, self._visible.to(self.device, non_blocking=True),
-            torch.tensor(self._lengths).to(self.device, non_blocking=True), root_states, max(depths), p.top_k,
-        )
+        visible = self._visible.to(self.device, non_blocking=True)
+        first_pos = torch.tensor(self._lengths).to(self.device, non_blocking=True)
+        if self._params.draws_drafts:  # a drawn chain (`sampled`) as deep as the tree, within its token budget
+            depths = [min(d, p.total_tokens - 1) for d in depths]
+            drafts, laws = draw_chain(self.head, p._logits, p._vocab_ids_dev, self._cache, visible, first_pos,
+                                      root_states, max(depths), self._params, self._generator)
+            laws = [full_vocab(law, p._vocab_ids_dev, self.head.config.vocab_size) for law in laws]
+            return chains(roots, drafts, laws, depths)
+        tokens, parents, scores = grow(self.head, p._logits, p._vocab_ids_dev, self._cache, visible, first_pos,
+                                       root_states, max(depths), p.top_k)
         # A row drafting shallower keeps only its first levels' nodes (what its own proposer grows).
         nodes = [nodes_up_to(max(d, 1), p.top_k) for d in depths]
         trees = select(roots, tokens, parents, scores, nodes, p.total_tokens, p._vocab_ids_dev)

@@ -12,7 +12,9 @@ from typing import Callable
 
 import torch
 
+from ..sampling import SamplingParams
 from ..tree import Tree, TreeShape
+from .sampled import draw
 
 
 def grow(
@@ -74,6 +76,38 @@ def grow(
         frontier_tokens = tokens[-1].gather(1, keep)
         created += cand_scores.shape[1]
     return torch.cat(tokens, 1), torch.cat(parents, 1), torch.cat(scores, 1)
+
+
+def draw_chain(
+    head: torch.nn.Module,
+    logits: Callable[[torch.Tensor], torch.Tensor],
+    vocab_ids: torch.Tensor | None,
+    cache: list[tuple[torch.Tensor, torch.Tensor]],
+    visible: torch.Tensor,
+    first_pos: torch.Tensor,
+    root_states: torch.Tensor,
+    depth: int,
+    params: SamplingParams,
+    generator: torch.Generator | None,
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Each row's chain of ``depth`` drafts DRAWN from the draft layer's processed distribution
+    (`sampled`), the next level fed the drawn token, as `grow` feeds its top-k: (target ids [rows]
+    per level, their draft-vocabulary laws [rows, V'] per level). Arguments as `grow`'s; the
+    chain's slots after the committed ones are scratch, as the tree's are."""
+    prefix = visible.shape[1]
+    rows = root_states.shape[0]
+    drafted, laws = [], []
+    state = root_states[:, None]  # [rows, 1, d]
+    for level in range(depth):
+        if level:
+            g, attn_in = head.next_input(state, drafted[-1][:, None])
+            mask = torch.cat([visible, visible.new_ones(rows, level)], dim=1)[:, None]
+            positions = (first_pos + level - 1)[:, None]
+            state, _ = head.run_layers(g, attn_in, positions, mask, cache=cache, cache_length=prefix + level - 1)
+        token, law = draw(logits(state[:, 0]), params, generator, vocab_ids)
+        drafted.append(token)
+        laws.append(law)
+    return drafted, laws
 
 
 def nodes_up_to(depth: int, top_k: int) -> int:

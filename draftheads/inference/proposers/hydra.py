@@ -13,8 +13,10 @@ from dataclasses import dataclass
 
 import torch
 
-from ..tree import TreeShape
+from ..sampling import SamplingParams
+from ..tree import Tree, TreeShape
 from .medusa import MedusaProposer
+from .sampled import chains, draw, full_vocab
 
 
 @dataclass(frozen=True)
@@ -88,3 +90,23 @@ class HydraProposer(MedusaProposer):
                 best = self.vocab_ids[best]
             tokens[:, level.nodes] = best[:, level.parent_row, level.ranks]
         return shape, tokens
+
+    @torch.no_grad()
+    def draw_chains(self, roots: list[int], hidden: torch.Tensor, max_depths: list[int], params: SamplingParams,
+                    generator: torch.Generator | None) -> list[Tree]:
+        """`MedusaProposer.draw_chains` for Hydra: head k reads the root and the k drafts drawn
+        before it, so the depths are drawn one after another."""
+        depths = [min(d, self.shape.max_depth) for d in max_depths]
+        device = self.heads_device
+        path = torch.tensor(roots, dtype=torch.long, device=device)[:, None, None]  # [B, 1, tokens so far]
+        hidden = hidden.to(device)[:, None, :]
+        drafts, laws = [], []
+        for k in range(max(depths)):
+            state = self.heads.head_state(hidden, path, k)
+            weight, bias = self._projections[k]
+            tokens, law = draw(torch.nn.functional.linear(state[:, 0].to(weight.dtype), weight, bias), params,
+                               generator, self.vocab_ids)
+            path = torch.cat([path, tokens[:, None, None]], dim=2)
+            drafts.append(tokens)
+            laws.append(full_vocab(law, self.vocab_ids, self.heads.config.vocab_size))
+        return chains(roots, drafts, laws, depths)

@@ -12,6 +12,7 @@ from ..sampling import SamplingParams
 from ..tree import Tree, TreeShape, default_choices
 from .base import Proposer
 from .row_base import RowProposer
+from .sampled import chains, draw, full_vocab
 
 
 class MedusaProposer(Proposer):
@@ -81,9 +82,12 @@ class MedusaProposer(Proposer):
 
     def start(self, input_ids, hidden, params: SamplingParams, generator) -> None:
         self._last_hidden = hidden[-1]
+        self._params, self._generator = params, generator
 
     def propose(self, root: int, max_depth: int) -> Tree:
         """One sequence's tree: `draft_rows` for a batch of one (the same drafts the loop gets)."""
+        if self._params.draws_drafts:
+            return self.draw_chains([root], self._last_hidden[None], [max_depth], self._params, self._generator)[0]
         shape, tokens = self.draft_rows(torch.tensor([root]), self._last_hidden[None], max_depth)
         return Tree(shape, tokens[0])
 
@@ -114,6 +118,23 @@ class MedusaProposer(Proposer):
         # Tokens stay on the device (the batched verify reads them there): no copy to the host.
         return shape, torch.cat([roots.to(drafted.device, non_blocking=True), drafted], dim=1)
 
+    @torch.no_grad()
+    def draw_chains(self, roots: list[int], hidden: torch.Tensor, max_depths: list[int], params: SamplingParams,
+                    generator: torch.Generator | None) -> list[Tree]:
+        """Per row a chain as deep as the tree (at most its ``max_depths``), each depth DRAWN from
+        its head's processed distribution (`sampled`): head k's law does not depend on the drafts
+        before it, so every depth is drawn from the one hidden state."""
+        depths = [min(d, self.shape.max_depth) for d in max_depths]
+        states = self.heads.head_states(hidden.to(self.heads_device)) if max(depths) else None
+        drafts, laws = [], []
+        for k in range(max(depths)):
+            weight, bias = self._projections[k]
+            tokens, law = draw(torch.nn.functional.linear(states[k].to(weight.dtype), weight, bias), params, generator,
+                               self.vocab_ids)
+            drafts.append(tokens)
+            laws.append(full_vocab(law, self.vocab_ids, self.heads.config.vocab_size))
+        return chains(roots, drafts, laws, depths)
+
 
 def truncate(tree: Tree, max_depth: int) -> Tree:
     """``tree`` without nodes deeper than ``max_depth``: a row near max_new_tokens in a batch drafted
@@ -134,8 +155,11 @@ class MedusaRows(RowProposer):
 
     def start(self, prompts, hidden, params, generator) -> None:
         self._last = torch.stack([h[-1] for h in hidden])
+        self._params, self._generator = params, generator
 
     def propose(self, roots: list[int], max_depths: list[int]) -> list[Tree]:
+        if self._params.draws_drafts:
+            return self.proposer.draw_chains(roots, self._last, max_depths, self._params, self._generator)
         shape, tokens = self.proposer.draft_rows(torch.tensor(roots), self._last, max(max_depths))
         return [truncate(Tree(shape, tokens[r]), d) for r, d in enumerate(max_depths)]
 

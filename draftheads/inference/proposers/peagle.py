@@ -25,6 +25,7 @@ from ..tree import Tree, TreeShape
 from .base import Proposer
 from .draft_cache import grown
 from .rank_table import rank_hit_table
+from .sampled import drawn_block
 
 CACHE_HEADROOM = 256  # committed rows reserved beyond the prompt before the buffers grow
 
@@ -80,6 +81,7 @@ class PEagleProposer(Proposer):
         self._cached = 0
         self._steps = 0
         self._reserve(input_ids.numel() + CACHE_HEADROOM)
+        self._params, self._generator = params, generator
 
     def accepted(self, tokens, hidden) -> None:
         self._ids.extend(tokens.tolist())
@@ -100,6 +102,8 @@ class PEagleProposer(Proposer):
         if shape.size == 1:
             return Tree(shape, torch.tensor([root]))
         scores = self.draft_scores(root, shape.max_depth)  # [depth, draft vocab]
+        if self._params.draws_drafts:
+            return drawn_block(root, scores, self._params, self._generator, self.vocab_ids, self.head.config.vocab_size)
         candidates = self.vocab_ids[scores.topk(top, dim=-1).indices]  # [depth, top] target ids
         drafted = candidates[depth_of, rank_of]
         root_t = torch.tensor([root]).to(drafted.device, non_blocking=True)

@@ -20,6 +20,10 @@ class RowProposer:
     #: The target hidden states `start` and `accepted` receive, as `Proposer.feature_layers`.
     feature_layers: tuple[int, ...] = (-1,)
 
+    # The request's settings, which `start` records (before `start`: greedy).
+    _params: SamplingParams = SamplingParams()
+    _generator: torch.Generator | None = None
+
     def bind_target(self, target: torch.nn.Module) -> None:
         """As `Proposer.bind_target` (optional)."""
 

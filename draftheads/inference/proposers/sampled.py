@@ -1,0 +1,88 @@
+"""Drawn drafts: at temperature > 0 a head draws each draft token from its own distribution.
+
+A head's top-k candidates are point masses to the verifier: the target accepts its best guess
+with the target's own probability of that token, which at T = 0.7-1.0 is small even when the
+head's distribution is close to the target's. A token DRAWN from the head's distribution q
+(processed with the request's temperature/top-k/top-p, like the target's p) is accepted with
+probability 1 - TV(p, q) by the verifier's min(1, p/q) rule (`accept.accept_sampling`), and the
+output law stays exactly the target's. Drawn drafts form a chain (one draw per depth): sibling
+draws of one parent would be exact too, but a chain already takes most of what drawing gives,
+and every head type can draw one.
+
+Each head type keeps its own way of scoring a depth (Medusa's head k, Hydra's head on the path
+so far, EAGLE's draft layer on the drawn token, one forward's slot for DFlash and P-EAGLE) and
+hands the scores here: `draw` samples a depth for every row, `chain_tree` builds the tree.
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+
+import torch
+
+from ..sampling import SamplingParams
+from ..tree import Tree, TreeShape
+
+
+def draw(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None,
+         vocab_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """One draft per row from ``logits`` [rows, V'] (V' = the draft vocabulary when ``vocab_ids``
+    maps it to target ids): (target token ids [rows] on the logits' device, the laws [rows, V']
+    they were drawn from, fp32).
+
+    Inverse-CDF draws with one uniform per row from ``generator`` (a host generator serves device
+    rows too): the tokens stay where the logits are, so drafting reads nothing back from the device,
+    and a zero-probability token is never drawn (its CDF equals its predecessor's)."""
+    laws = params.probs(logits)
+    where = generator.device if generator is not None else torch.device("cpu")
+    uniform = torch.rand(laws.shape[0], 1, generator=generator, dtype=torch.float64, device=where)
+    cdf = laws.double().cumsum(-1)
+    picked = torch.searchsorted(cdf, uniform.to(laws.device, non_blocking=True) * cdf[:, -1:], right=True)
+    # Float rounding past the end: the last token with mass.
+    ids = torch.arange(laws.shape[-1], device=laws.device)
+    picked = torch.minimum(picked[:, 0], torch.where(laws > 0, ids, -1).amax(-1))
+    if vocab_ids is not None:
+        picked = vocab_ids.to(logits.device)[picked]
+    return picked, laws
+
+
+def full_vocab(laws: torch.Tensor, vocab_ids: torch.Tensor | None, vocab_size: int) -> torch.Tensor:
+    """Draft-vocabulary laws [..., V'] as laws over the target's vocabulary [..., vocab_size]
+    (the verifier reads q at target token ids; tokens outside the draft vocabulary have q = 0)."""
+    if vocab_ids is None:
+        return laws
+    full = laws.new_zeros(*laws.shape[:-1], vocab_size)
+    return full.index_copy_(-1, vocab_ids.to(laws.device), laws)
+
+
+def chain_tree(root: int, drafts: torch.Tensor, laws: torch.Tensor) -> Tree:
+    """The chain ``root -> drafts[0] -> ...`` with ``laws`` [d, V] (target vocabulary) as the
+    draft law of each drafted node; a root alone when nothing was drafted."""
+    depth = drafts.shape[0]
+    tokens = torch.cat([torch.tensor([root]).to(drafts.device, non_blocking=True), drafts])
+    if depth == 0:
+        return Tree(chain_shape(0), tokens)
+    return Tree(chain_shape(depth), tokens, torch.cat([laws.new_zeros(1, laws.shape[-1]), laws]))
+
+
+def chains(roots: list[int], drafts: list[torch.Tensor], laws: list[torch.Tensor], depths: list[int]) -> list[Tree]:
+    """Per row the chain of its drawn drafts, cut at its depth: ``drafts[k]`` [rows] and ``laws[k]``
+    [rows, V] are depth k + 1's draws for every row."""
+    if not drafts:
+        return [chain_tree(root, torch.zeros(0, dtype=torch.long), torch.zeros(0, 0)) for root in roots]
+    tokens, law = torch.stack(drafts, 1), torch.stack(laws, 1)  # [rows, depth], [rows, depth, V]
+    return [chain_tree(root, tokens[r, :d], law[r, :d]) for r, (root, d) in enumerate(zip(roots, depths))]
+
+
+@lru_cache(maxsize=None)
+def chain_shape(depth: int) -> TreeShape:
+    """One shape object per chain length, so the verifier's per-shape masks are built once."""
+    return TreeShape((-1,)) if depth == 0 else TreeShape.chain(depth)
+
+
+def drawn_block(root: int, logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None,
+                vocab_ids: torch.Tensor | None, vocab_size: int) -> Tree:
+    """A parallel drafter's chain (DFlash, P-EAGLE): ``logits`` [depth, V'] score every draft
+    position from ONE forward, so each depth is drawn from its own slot's law, none conditioned
+    on the draws before it (a valid draft law all the same: the verifier only needs to know it)."""
+    drafts, laws = draw(logits, params, generator, vocab_ids)
+    return chain_tree(root, drafts, full_vocab(laws, vocab_ids, vocab_size))

@@ -1,0 +1,164 @@
+"""Drawn drafts, the default when a request samples: every head type draws a chain from its own
+law (`inference.proposers.sampled`), and the output is still exactly the target's law.
+
+Each generation makes 4 new tokens: the first comes from the prefill, so the first speculative
+step drafts a chain 2 deep (EAGLE's draft layer then runs on the drawn token, Hydra's head on
+the drawn path) and the law of the first 3 tokens is tested against the exact chain-rule law.
+A verifier told the wrong draft law must fail the same test.
+"""
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+import torch
+
+import draftheads as dh
+import draftheads.inference.loop as loop
+import draftheads.inference.proposers.medusa as medusa_proposer
+from draftheads.heads.dflash import DFlashHeads
+from draftheads.inference.proposers.eagle import EagleProposer
+from draftheads.inference.sampling import SamplingParams
+
+from inference_utils import tiny_target
+from stats import law_pvalue
+from test_sampling import exact_distribution
+
+VOCAB = 6
+TREE = [[0], [1], [0, 0], [0, 1], [1, 0]]  # two deep: the drawn chain is two deep too
+RUNS = 2500
+PARAMS = SamplingParams(temperature=0.9, top_k=5)
+
+
+def _eagle3(target):
+    heads = dh.Eagle3Head.for_target(target, num_heads=2, draft_vocab_size=5)
+    heads.set_draft_vocab(torch.tensor([1, 5, 4, 3, 2, 6]))
+    return heads
+
+
+def _peagle(target):
+    heads = dh.PEagleHead.for_target(target, num_heads=2, draft_vocab_size=5, mask_token_id=0)
+    heads.set_draft_vocab(torch.tensor([0, 5, 4, 3, 2, 6]))  # the mask token is never drafted
+    return heads
+
+
+HEADS = {
+    "medusa": (lambda t: dh.MedusaHeads.for_target(t, num_heads=2), TREE),
+    "hydra": (lambda t: dh.HydraHeads.for_target(t, num_heads=2), TREE),
+    "eagle": (lambda t: dh.EagleHead.for_target(t, num_heads=1), {"total_tokens": 6, "depth": 2, "top_k": 2}),
+    "eagle3": (_eagle3, {"total_tokens": 6, "depth": 2, "top_k": 2}),
+    "peagle": (_peagle, TREE),
+    "dflash": (lambda t: DFlashHeads.for_target(t, num_layers=1, block_size=3, mask_token_id=5), TREE),
+}
+
+
+@pytest.fixture(scope="module")
+def target():
+    model = tiny_target("llama", seed=3, vocab=VOCAB, hidden=32, layers=2)  # DFlash reads a layer below the last
+    with torch.no_grad():  # sharper logits than the random init, so mistakes move real mass
+        model.get_output_embeddings().weight.mul_(4.0)
+    return model
+
+
+def decoder_for(target, head_type: str, **options) -> dh.SpeculativeDecoder:
+    build, tree = HEADS[head_type]
+    torch.manual_seed(0)
+    return dh.SpeculativeDecoder(target, build(target), tree=tree, **options)
+
+
+def first_three_counts(decoder, prompt, runs: int = RUNS) -> tuple[Counter, int]:
+    """The first 3 of 4 sampled tokens over ``runs`` seeded generations, and how many of them
+    accepted a drafted token at depth 2 (a step committing 3 tokens)."""
+    gen = torch.Generator().manual_seed(1234)
+    counts: Counter = Counter()
+    deep = 0
+    for _ in range(runs):
+        out = decoder.generate(prompt, max_new_tokens=4, temperature=PARAMS.temperature, top_k=PARAMS.top_k,
+                               eos_token_id=[], generator=gen)
+        counts[tuple(out.sequences[0, prompt.shape[1]: prompt.shape[1] + 3].tolist())] += 1
+        deep += max(out.accept_lengths) >= 3
+    return counts, deep
+
+
+@pytest.fixture
+def drafted_trees(monkeypatch):
+    """Every tree the loop verifies, recorded on its way to acceptance."""
+    seen = []
+    accept = loop.accept_rows
+
+    def recording(trees, *args, **kwargs):
+        seen.extend(trees)
+        return accept(trees, *args, **kwargs)
+
+    monkeypatch.setattr(loop, "accept_rows", recording)
+    return seen
+
+
+@pytest.mark.parametrize("head_type", list(HEADS))
+def test_drawn_chains_keep_the_target_distribution(target, head_type, drafted_trees):
+    decoder = decoder_for(target, head_type)
+    prompt = torch.tensor([[1, 4, 3]])
+    counts, deep = first_three_counts(decoder, prompt)
+    pvalue = law_pvalue(counts, exact_distribution(target, prompt, PARAMS))
+    assert pvalue > 1e-3, f"{head_type}: chi-square p-value {pvalue:.2g}: not the target's distribution"
+    assert deep >= 25, f"{head_type}: a depth-2 draft was accepted in only {deep}/{RUNS} runs: the test would be vacuous"
+    drafted = [t for t in drafted_trees if t.shape.size > 1]
+    assert drafted and all(t.draft_probs is not None for t in drafted), "sampling did not draw its drafts"
+    for tree in drafted[:50]:
+        assert tree.shape.parents == tuple(range(-1, tree.shape.size - 1)), "a drawn draft is a chain"
+        laws = tree.draft_probs[1:]
+        assert torch.allclose(laws.sum(-1), torch.ones(laws.shape[0]), atol=1e-5)
+        drawn = tree.tokens[1:].cpu()
+        assert bool((laws.cpu()[torch.arange(drawn.numel()), drawn] > 0).all()), "a draft drawn where its law is 0"
+
+
+def test_a_verifier_told_the_wrong_draft_law_is_caught(target, monkeypatch):
+    """The test above has teeth: Medusa draws from q but tells the verifier the uniform law."""
+    draw = medusa_proposer.draw
+
+    def misreported(logits, params, generator, vocab_ids=None):
+        tokens, law = draw(logits, params, generator, vocab_ids)
+        return tokens, torch.full_like(law, 1.0 / law.shape[-1])
+
+    monkeypatch.setattr(medusa_proposer, "draw", misreported)
+    prompt = torch.tensor([[1, 4, 3]])
+    counts, _ = first_three_counts(decoder_for(target, "medusa"), prompt)
+    pvalue = law_pvalue(counts, exact_distribution(target, prompt, PARAMS))
+    assert pvalue < 1e-3, f"a misreported draft law went unnoticed (chi-square p-value {pvalue:.2g})"
+
+
+@pytest.mark.parametrize("head_type", ["medusa", "eagle"])
+def test_top_k_trees_stay_available_and_greedy_is_unchanged(target, head_type, drafted_trees):
+    prompt = torch.tensor([[1, 4, 3]])
+    top_k = decoder_for(target, head_type, draw_drafts=False)
+    top_k.generate(prompt, max_new_tokens=6, temperature=0.9, eos_token_id=[], seed=0)
+    assert all(t.draft_probs is None for t in drafted_trees), "draw_drafts=False drew its drafts"
+    drafted_trees.clear()
+    drawn = decoder_for(target, head_type).generate(prompt, max_new_tokens=6, temperature=0, eos_token_id=[])
+    plain = target.generate(prompt, max_new_tokens=6, do_sample=False, eos_token_id=None, pad_token_id=0)
+    assert torch.equal(drawn.sequences, plain), "greedy decoding changed"
+    assert all(t.draft_probs is None for t in drafted_trees), "greedy decoding drew drafts"
+
+
+def test_one_eagle_sequence_draws_what_its_batch_form_draws(target):
+    """`EagleProposer.propose` (one sequence) and `EagleRows` (the loop's form) draw the same chain
+    from the same generator state."""
+    build, _ = HEADS["eagle"]
+    torch.manual_seed(0)
+    head = build(target)
+    prompt = torch.tensor([1, 4, 3, 2])
+    with torch.no_grad():
+        hidden = target(prompt[None], output_hidden_states=True).hidden_states[-1][0]
+    params = SamplingParams(temperature=0.9, sample_drafts=True)
+    one = EagleProposer(head, total_tokens=4, depth=3, top_k=1)
+    one.start(prompt, hidden, params, torch.Generator().manual_seed(7))
+    rows = EagleProposer(head, total_tokens=4, depth=3, top_k=1).rows()
+    rows.start([prompt], [hidden], params, torch.Generator().manual_seed(7))
+    a, (b,) = one.propose(5, 3), rows.propose([5], [3])
+    assert a.shape.size == 4 and torch.equal(a.tokens.cpu(), b.tokens.cpu())
+    assert torch.allclose(a.draft_probs, b.draft_probs)
+
+
+def test_draw_drafts_must_be_a_bool(target):
+    with pytest.raises(ValueError, match="draw_drafts must be True or False"):
+        decoder_for(target, "medusa", draw_drafts="yes")
