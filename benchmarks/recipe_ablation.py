@@ -8,7 +8,8 @@ Each arm trains ``configs/demo-eagle3.yaml`` (the same data, seed and batches: o
 options of the arm differ) into WORKDIR/runs/<arm> (skipped when its heads exist, so a killed run
 continues), then every arm's heads are measured with draftheads' own decoder on the 12 held-out
 demo prompts that ``draftheads bench`` uses (128 tokens of held-out stdlib files), greedy, 128 new
-tokens, every output checked equal to ``target.generate(do_sample=False)``:
+tokens, every output checked equal to ``target.generate(do_sample=False)`` (``--temperature T``:
+lossless sampling instead, seeded per prompt, unchecked here):
 
 - chain: EAGLE's dynamic tree cut to a chain of 5 drafts (total_tokens 6, depth 5, top_k 1):
   mean accepted tokens per step (bonus included) and how often a step reaches depth 1..5;
@@ -44,13 +45,23 @@ OPTIM = ("train.adam_betas=[0.9, 0.95]", "train.lr_schedule=linear", "train.max_
 OWN_OPTIM = ("train.adam_betas=[0.9, 0.999]", "train.lr_schedule=cosine", "train.max_grad_norm=1.0")
 #: Training-time-test depth: draftheads' demo unrolls 3 steps, the reference trainer 7.
 TTT, OWN_TTT = ("heads.num_heads=7",), ("heads.num_heads=3",)
+#: The per-step loss (`heads.loss`) and the weight of draft step k (`train.loss_decay` ** k).
+LOSS = ("heads.loss=soft_ce", "train.loss_decay=0.8")
 ARMS: dict[str, tuple[str, ...]] = {
-    "today": OWN_INIT + OWN_OPTIM + OWN_TTT,
-    "init": INIT + OWN_OPTIM + OWN_TTT,
-    "optim": OWN_INIT + OPTIM + OWN_TTT,
-    "init+optim": INIT + OPTIM + OWN_TTT,
-    "init+ttt7": INIT + OWN_OPTIM + TTT,
-    "init+optim+ttt7": INIT + OPTIM + TTT,
+    "today": OWN_INIT + OWN_OPTIM + OWN_TTT + LOSS,
+    "init": INIT + OWN_OPTIM + OWN_TTT + LOSS,
+    "optim": OWN_INIT + OPTIM + OWN_TTT + LOSS,
+    "init+optim": INIT + OPTIM + OWN_TTT + LOSS,
+    "init+ttt7": INIT + OWN_OPTIM + TTT + LOSS,
+    "init+optim+ttt7": INIT + OPTIM + TTT + LOSS,
+    # The loss knobs, each one change from the shipped demo recipe (= "init"):
+    "loss=kl": INIT + OWN_OPTIM + OWN_TTT + ("heads.loss=kl", "train.loss_decay=0.8"),
+    "loss=ce": INIT + OWN_OPTIM + OWN_TTT + ("heads.loss=ce", "train.loss_decay=0.8"),
+    "loss=lk": INIT + OWN_OPTIM + OWN_TTT + ("heads.loss=lk", "train.loss_decay=0.8"),
+    "decay=1.0": INIT + OWN_OPTIM + OWN_TTT + ("heads.loss=soft_ce", "train.loss_decay=1.0"),
+    # A second training seed (initialisation and batch order; the same files) for the two that differed most
+    "init@seed1": INIT + OWN_OPTIM + OWN_TTT + LOSS + ("train.seed=1",),
+    "loss=ce@seed1": INIT + OWN_OPTIM + OWN_TTT + ("heads.loss=ce", "train.loss_decay=0.8", "train.seed=1"),
 }
 CHAIN = {"total_tokens": 6, "depth": 5, "top_k": 1}
 TREE = {"total_tokens": 16, "depth": 6, "top_k": 4}
@@ -62,7 +73,7 @@ def train_arm(workdir: Path, arm: str, steps: int, warmup: int | None, config: P
     checkpoints and the export's tree timing are off: this benchmark decodes with fixed shapes,
     and on a loaded machine the timing grid costs more than the training."""
     from draftheads.config import load_config
-    from draftheads.train import loop
+    from draftheads.train import loop, trainer
 
     out = workdir / "runs" / arm
     info_file = out / "train-info.json"
@@ -71,13 +82,13 @@ def train_arm(workdir: Path, arm: str, steps: int, warmup: int | None, config: P
     overrides = [f"train.output_dir={out}", f"train.max_steps={steps}", "train.eval_every=0", "train.save_every=0",
                  *([f"train.warmup_steps={warmup}"] if warmup is not None else []), *ARMS[arm]]  # fmt: skip
     print(f"+ {arm}: {config} {' '.join(overrides)}", flush=True)
-    choose_tree = loop.write_export_tree
-    loop.write_export_tree = lambda *a, **k: choose_tree(*a, **{**k, "skip_reason": "recipe_ablation decodes fixed shapes"})
+    choose_tree = trainer.write_export_tree  # the name the Trainer calls
+    trainer.write_export_tree = lambda *a, **k: choose_tree(*a, **{**k, "skip_reason": "recipe_ablation decodes fixed shapes"})
     start = time.perf_counter()
     try:
         result = loop.run(load_config(config, overrides), overwrite=True)
     finally:
-        loop.write_export_tree = choose_tree
+        trainer.write_export_tree = choose_tree
     info = {"config": str(config), "overrides": overrides, "train_seconds": time.perf_counter() - start,
             "final_eval": {k: v for k, v in result.metrics["final_eval"].items() if isinstance(v, (int, float))}}
     info_file.write_text(json.dumps(info, indent=2))
@@ -91,9 +102,12 @@ def prompts(tokenizer, num: int) -> list[torch.Tensor]:
 
 
 @torch.no_grad()
-def decode_stats(target, heads_dir: Path, prompt_ids: list[torch.Tensor], references: list[torch.Tensor],
-                 new_tokens: int) -> dict:
-    """Mean accepted tokens per step for the chain and the tree, and the chain's reach per depth."""
+def decode_stats(target, heads_dir: Path, prompt_ids: list[torch.Tensor], references: list[torch.Tensor] | None,
+                 new_tokens: int, temperature: float = 0.0) -> dict:
+    """Mean accepted tokens per step for the chain and the tree, and the chain's reach per depth.
+    ``temperature`` > 0: lossless sampling (one seed per prompt, the target's other sampling
+    settings as its generation config says); no reference to compare with then (tests/test_sampling.py
+    checks the law), and the figures carry the draws' noise."""
     from draftheads import load_heads
     from draftheads.inference import SpeculativeDecoder
 
@@ -104,9 +118,10 @@ def decode_stats(target, heads_dir: Path, prompt_ids: list[torch.Tensor], refere
         # acceptance figure follow the machine's load instead of the heads.
         decoder = SpeculativeDecoder(target, heads, tree=shape, draft_budget=None)
         lengths: list[int] = []
-        for ids, ref in zip(prompt_ids, references):
-            out = decoder.generate(ids, max_new_tokens=new_tokens, temperature=0.0)  # EOS as generate's
-            if not torch.equal(out.sequences.cpu(), ref):
+        for i, ids in enumerate(prompt_ids):
+            out = decoder.generate(ids, max_new_tokens=new_tokens, temperature=temperature,
+                                   seed=i if temperature > 0 else None)  # EOS as generate's
+            if references is not None and not torch.equal(out.sequences.cpu(), references[i]):
                 raise AssertionError(f"{heads_dir} ({name}): output differs from target.generate on a prompt")
             lengths += list(out.accept_lengths)
         steps = len(lengths)
@@ -128,7 +143,8 @@ def heldout_windows(tokenizer, config: Path, eval_batches: int):
 
 @torch.no_grad()
 def heldout_top1(target, tokenizer, heads_dir: Path, cfg, eval_ds) -> dict:
-    """Held-out top-1 (vs the target's greedy token) and soft loss per draft step, 7 steps unrolled."""
+    """Held-out top-1 (vs the target's greedy token) and soft CE per draft step, 7 steps unrolled
+    (soft CE for every arm, whichever `heads.loss` it trained with)."""
     from draftheads import load_heads
     from draftheads.data import Collator
     from draftheads.train.metrics import HeadStats
@@ -136,6 +152,7 @@ def heldout_top1(target, tokenizer, heads_dir: Path, cfg, eval_ds) -> dict:
 
     heads = load_heads(heads_dir, target=target)
     heads.config.num_heads = EVAL_STEPS  # steps unrolled: no tensor depends on it
+    heads.config.extra["loss"] = "soft_ce"  # one held-out loss for every arm, whatever it trained with
     model = TargetWithHeads(target, heads, loss_decay=cfg.train.loss_decay, labels=cfg.train.labels).eval()
     collate = Collator.from_tokenizer(tokenizer)
     stats = HeadStats(EVAL_STEPS)
@@ -159,8 +176,9 @@ def table(results: dict, steps: int) -> str:
     ]
     for arm, r in results.items():
         reach = " ".join(f"{x:.2f}" for x in r["chain"]["reach"])
-        top1 = " / ".join(f"{r['heldout']['top1'][k]:.3f}" for k in (0, 2, 6))
-        loss = " / ".join(f"{r['heldout']['loss'][k]:.2f}" for k in (0, 2, 6))
+        held = r["heldout"]
+        top1 = " / ".join(f"{held['top1'][k]:.3f}" for k in (0, 2, 6)) if held else "-"
+        loss = " / ".join(f"{held['loss'][k]:.2f}" for k in (0, 2, 6)) if held else "-"
         lines.append(
             f"| {arm} (`{' '.join(ARMS[arm])}`) | {r['tree']['mean_accepted']:.2f} "
             f"| **{r['chain']['mean_accepted']:.2f}** | {reach} | {top1} | {loss} "
@@ -181,6 +199,9 @@ def main() -> None:
     ap.add_argument("--eval-batches", type=int, default=20, help="held-out batches of 8 windows for top-1 per step")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--train-only", action="store_true", help="train the arms, measure nothing")
+    ap.add_argument("--temperature", type=float, default=0.0,
+                    help="decode by lossless sampling at this temperature (0: greedy, checked equal to generate)")
+    ap.add_argument("--skip-heldout", action="store_true", help="decode only (no held-out top-1 per step)")
     ap.add_argument("--out", default=None, help="folder for results.json and results.md")
     args = ap.parse_args()
     arms = [a.strip() for a in args.arms.split(",") if a.strip()]
@@ -199,17 +220,17 @@ def main() -> None:
 
     target, tokenizer = load_target("demo")
     prompt_ids = prompts(tokenizer, args.num_prompts)
-    references = [
+    references = None if args.temperature > 0 else [
         target.generate(p, attention_mask=torch.ones_like(p), do_sample=False, max_new_tokens=args.new_tokens)
         for p in prompt_ids
     ]  # fmt: skip
-    cfg, eval_ds = heldout_windows(tokenizer, config, args.eval_batches)
+    cfg, eval_ds = (None, None) if args.skip_heldout else heldout_windows(tokenizer, config, args.eval_batches)
     results = {}
     for arm in arms:
         heads_dir = workdir / "runs" / arm / "heads"
         results[arm] = {
-            **decode_stats(target, heads_dir, prompt_ids, references, args.new_tokens),
-            "heldout": heldout_top1(target, tokenizer, heads_dir, cfg, eval_ds),
+            **decode_stats(target, heads_dir, prompt_ids, references, args.new_tokens, args.temperature),
+            "heldout": None if args.skip_heldout else heldout_top1(target, tokenizer, heads_dir, cfg, eval_ds),
             "overrides": list(ARMS[arm]),
             "train_seconds": infos[arm].get("train_seconds"),
         }
@@ -219,7 +240,8 @@ def main() -> None:
     if args.out:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
-        meta = {"steps": args.steps, "prompts": len(prompt_ids), "new_tokens": args.new_tokens, "chain": CHAIN,
+        meta = {"steps": args.steps, "prompts": len(prompt_ids), "new_tokens": args.new_tokens,
+                "temperature": args.temperature, "chain": CHAIN,
                 "tree": TREE, "eval_steps": EVAL_STEPS, "command": " ".join(sys.argv)}  # fmt: skip
         (out / "results.json").write_text(json.dumps({**meta, "arms": results}, indent=2))
         (out / "results.md").write_text(f"`{meta['command']}`\n\n" + md)

@@ -23,7 +23,7 @@ from pydantic import TypeAdapter, ValidationError
 from pydantic.dataclasses import dataclass
 
 from .data.config import DataConfig
-from .schema import CHECKED, Bool, Float, Int, NonNegative, Positive, Str
+from .schema import CHECKED, Bool, Float, Int, NonNegative, Positive, Str, TargetLoss
 
 
 class ConfigError(ValueError):
@@ -54,7 +54,7 @@ class HeadsSpec:
     # config.json. Files written before the rename say ``type``: read as this (see _upgrade).
     head_type: Str = "medusa"
     # medusa/hydra: heads (one per future position); eagle/eagle3: draft steps unrolled in training
-    # (eagle: 1 = EAGLE-1's teacher-forced recipe; eagle3: training-time test, steps weighted 0.8^k);
+    # (eagle: 1 = EAGLE-1's teacher-forced recipe; eagle3: training-time test, step k weighted train.loss_decay^k);
     # peagle: the depths trained (the most tokens one draft forward may propose).
     num_heads: Positive = 4
     num_layers: NonNegative = 1  # residual blocks per head (medusa/hydra) or decoder layers (eagle/eagle3)
@@ -79,7 +79,11 @@ class HeadsSpec:
     # target layers whose features form the context (default: 5 spread ones, z-lab's choice).
     block_size: Annotated[Int, Ge(2)] | None = None
     loss_gamma: Annotated[Float, Gt(0)] | None = None  # dflash: slot k weighs exp(-(k-1)/gamma) (default 7)
-    block_loss: Literal["kl", "ce"] = "kl"  # dflash: KL to the target's distribution, or CE on its greedy token
+    # eagle, eagle3, peagle, dflash: how each draft step / depth / slot is scored against the target
+    # (train/target_loss.py): "soft_ce" its distribution (the papers'), "kl" the same objective
+    # reported as KL(target || draft), "ce" its greedy token (hard labels), "lk" LK's negative log
+    # acceptance rate. Replaces dflash's `block_loss` (whose "kl" was computed as soft CE).
+    loss: TargetLoss = "soft_ce"
     num_anchors: Positive | None = None  # dflash: blocks drawn per training row (default 32)
     # dflash, peagle: train draft depth d only where the data's d-1 tokens before it are the target's
     # own greedy tokens (what verification requires before it accepts depth d); off: every depth
@@ -219,6 +223,7 @@ def config_from_dict(data: dict[str, Any], overrides: Sequence[str] = ()) -> Exp
     sources: dict[str, str] = {}
     for item in overrides:
         key, value = parse_override(item)
+        value = _OLD_VALUES.get(key, {}).get(value, value) if isinstance(value, str) else value
         key = _OLD_KEYS.get(key, key)
         _apply_override(data, key, value, item)
         sources[key] = item
@@ -231,7 +236,10 @@ def config_from_dict(data: dict[str, Any], overrides: Sequence[str] = ()) -> Exp
 
 
 # Keys renamed since files were written with them: old dotted key -> new one.
-_OLD_KEYS = {"heads.type": "heads.head_type"}
+_OLD_KEYS = {"heads.type": "heads.head_type", "heads.block_loss": "heads.loss"}
+# Values of renamed keys that mean something else under the new name: what the code computed then.
+# DFlash's `block_loss: kl` was soft CE (the same gradient as KL, another reported value).
+_OLD_VALUES = {"heads.block_loss": {"kl": "soft_ce"}}
 
 # Keys added since run folders were first written, with the value every run before them used
 # (what the code did then). A checkpoint's saved config that lacks one was trained with that value,
@@ -246,7 +254,7 @@ ADDED_KEYS: dict[str, Any] = {
     "heads.cod_min_ratio": 0.2,
     "heads.block_size": None,
     "heads.loss_gamma": None,
-    "heads.block_loss": "kl",
+    "heads.loss": "soft_ce",
     "heads.num_anchors": None,
     "heads.greedy_path": False,
 }
@@ -277,7 +285,11 @@ def upgrade_config_dict(data: Any) -> Any:
         if isinstance(data.get(section), dict) and old_key in data[section]:
             if new_key in data[section]:
                 raise ConfigError(f"{old} is the old name of {new}: give only {new}")
-            data[section] = {(new_key if k == old_key else k): v for k, v in data[section].items()}
+            renamed = _OLD_VALUES.get(old, {})
+            data[section] = {
+                (new_key if k == old_key else k): (renamed.get(v, v) if k == old_key and isinstance(v, str) else v)
+                for k, v in data[section].items()
+            }
     return data
 
 

@@ -5,7 +5,7 @@ type is an error here instead. Nested sections stay lax so that they can be give
 """
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal, get_args
 
 from annotated_types import Ge
 from pydantic import BeforeValidator, ConfigDict, Strict
@@ -29,3 +29,8 @@ Int = Annotated[int, Strict()]
 Float = Annotated[float, BeforeValidator(_float_literal), Strict()]  # an int is accepted too
 Positive = Annotated[int, Strict(), Ge(1)]
 NonNegative = Annotated[int, Strict(), Ge(0)]
+
+#: `heads.loss`: how a draft distribution is scored against the target's (draftheads/train/target_loss.py
+#: says what each one is). Here, below both the config and the losses, so both read one list.
+TargetLoss = Literal["soft_ce", "kl", "ce", "lk"]
+TARGET_LOSSES: tuple[str, ...] = get_args(TargetLoss)

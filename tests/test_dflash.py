@@ -179,7 +179,7 @@ def test_block_mask_sees_the_context_before_its_anchor_and_its_own_block():
 
 def test_ce_objective_trains_too():
     target = tiny_target("llama", layers=3)
-    _, _, (loss0, acc0), (loss1, acc1) = trained_dflash(target, steps=30, block_loss="ce")
+    _, _, (loss0, acc0), (loss1, acc1) = trained_dflash(target, steps=30, loss="ce")
     assert loss1 < 0.9 * loss0 and acc1 > acc0, f"ce: loss {loss0:.3f} -> {loss1:.3f}, top-1 {acc0:.2f} -> {acc1:.2f}"
 
 

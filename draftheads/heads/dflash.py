@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..schema import TARGET_LOSSES
 from .base import DraftHeads
 from .config import HeadsConfig, text_config
 from .draft_layer import apply_rotary, inverse_frequencies, rope_settings, rotary
@@ -149,7 +150,7 @@ class DFlashHeads(DraftHeads):
     head_type = "dflash"
     training_objective = "block"
     spec_options: tuple[str, ...] = (
-        "feature_layers", "block_size", "mask_token_id", "loss_gamma", "block_loss", "num_anchors", "greedy_path",
+        "feature_layers", "block_size", "mask_token_id", "loss_gamma", "loss", "num_anchors", "greedy_path",
     )
     required_extra: tuple[str, ...] = (
         "num_attention_heads", "num_key_value_heads", "head_dim", "intermediate_size", "rms_norm_eps", "rope_theta",
@@ -201,7 +202,7 @@ class DFlashHeads(DraftHeads):
         block_size: int | None = None,
         mask_token_id: int | None = None,
         loss_gamma: float | None = None,
-        block_loss: str = "kl",
+        loss: str = "soft_ce",
         num_anchors: int | None = None,
         greedy_path: bool = False,
     ) -> "DFlashHeads":
@@ -221,8 +222,8 @@ class DFlashHeads(DraftHeads):
         gamma = DEFAULT_GAMMA if loss_gamma is None else float(loss_gamma)
         if not math.isfinite(gamma) or gamma <= 0:
             raise ValueError(f"heads.loss_gamma must be > 0 (slot k weighs exp(-(k-1)/gamma)), got {loss_gamma!r}")
-        if block_loss not in ("kl", "ce"):
-            raise ValueError(f"heads.block_loss must be 'kl' (the target's distribution) or 'ce' (its greedy token), got {block_loss!r}")
+        if loss not in TARGET_LOSSES:
+            raise ValueError(f"heads.loss: unknown loss {loss!r}; valid: {', '.join(TARGET_LOSSES)}")
         anchors = DEFAULT_ANCHORS if num_anchors is None else num_anchors
         if isinstance(anchors, bool) or not isinstance(anchors, int) or anchors < 1:
             raise ValueError(f"heads.num_anchors must be a positive integer, got {num_anchors!r}")
@@ -238,7 +239,7 @@ class DFlashHeads(DraftHeads):
             "block_size": block_size,
             "mask_token_id": mask_token_id,
             "loss_gamma": gamma,
-            "block_loss": block_loss,
+            "loss": loss,
             "num_anchors": anchors,
             "greedy_path": bool(greedy_path),
         }

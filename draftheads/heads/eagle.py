@@ -56,7 +56,7 @@ class EagleHead(DraftHeads):
     head_type = "eagle"
     dynamic_tree = True
     training_objective = "draft_steps"
-    spec_options: tuple[str, ...] = ("noise", "fc_bias")
+    spec_options: tuple[str, ...] = ("noise", "fc_bias", "loss")
     #: config.json "extra" keys the draft layer is built from (checked at load).
     required_extra: tuple[str, ...] = (
         "num_attention_heads", "num_key_value_heads", "head_dim", "intermediate_size", "rms_norm_eps", "rope_theta"
@@ -202,7 +202,7 @@ class Eagle3Head(EagleHead):
     are refused when drafting, never silently treated as an identity."""
 
     head_type = "eagle3"
-    spec_options = ("feature_layers", "draft_vocab_size")
+    spec_options = ("feature_layers", "draft_vocab_size", "loss")
     required_extra = EagleHead.required_extra + ("feature_layers", "draft_vocab_size")
     fuses_layers = True
 

@@ -60,7 +60,7 @@ def init_heads_from(heads: torch.nn.Module, path: str, target: torch.nn.Module) 
     if problems:
         raise ValueError(f"heads.init_from: {path} does not match the configured heads:\n  - " + "\n  - ".join(problems))
     theirs.num_heads = mine.num_heads  # EAGLE: draft steps unrolled in training (no tensors depend on it)
-    for key in ("noise", "loss_gamma", "block_loss", "num_anchors", "greedy_path"):  # training settings come from the config
+    for key in ("noise", "loss_gamma", "loss", "num_anchors", "greedy_path"):  # training settings come from the config
         if key in mine.extra:
             theirs.extra[key] = mine.extra[key]
     return saved

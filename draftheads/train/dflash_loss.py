@@ -9,9 +9,10 @@ drafting step sees, whose root sits right after the committed context. Every blo
 shares the context's keys/values, so the whole row is one forward over
 ``T + anchors x B`` keys.
 
-Slot 0 (the anchor's own token) carries no loss. Slot k predicts token a+k against the target's
-distribution at a+k-1 (``block_loss: kl``, the soft cross-entropy = KL up to a constant) or its
-greedy token there (``ce``), counted where a+k is a training token. Slot k's mean loss weighs
+Slot 0 (the anchor's own token) carries no loss. Slot k predicts token a+k against the target at
+a+k-1 with `heads.loss`, the one option every draft-layer loss shares (target_loss.py: soft CE
+against its distribution by default, KL = the same objective, CE on its greedy token, or LK),
+counted where a+k is a training token. Slot k's mean loss weighs
 w_k = exp(-(k-1)/gamma), and the weights are normalised to sum to 1 over the slots that had
 any target (an early wrong slot ends acceptance, so the first slots matter most).
 
@@ -38,6 +39,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from .losses import HeadLossOutput
+from .target_loss import loss_of, needs_distribution, row_losses
 from .packing import document_ids, positions_or_arange, within_document
 
 
@@ -100,20 +102,17 @@ def greedy_follows(lm_head, last_hidden: torch.Tensor, input_ids: torch.Tensor, 
     return follows
 
 
-def _chunk_terms(heads, lm_head, topk: int, ranks: int, hard: bool, state, target_hidden):
-    """Summed loss terms of ``state`` rows against the target at ``target_hidden`` rows, per row."""
+def _chunk_terms(heads, lm_head, topk: int, ranks: int, kind: str, state, target_hidden):
+    """The `heads.loss` of each ``state`` row against the target at its ``target_hidden`` row."""
     with torch.no_grad():
         target_logits = lm_head(target_hidden.to(lm_head.weight.dtype)).float()
         target_top = target_logits.argmax(-1)
-        p = None if hard else target_logits.softmax(-1)
-    logp = heads.logits(state).float().log_softmax(-1)
-    if hard:
-        rows = -logp.gather(-1, target_top[:, None]).squeeze(-1)
-    else:
-        rows = -(p * logp).sum(-1)
+        p = target_logits.softmax(-1) if needs_distribution(kind) else None
+    logits = heads.logits(state).float()
+    rows = row_losses(kind, logits, p, target_top)
     with torch.no_grad():
         width = max(topk, ranks)
-        order = logp.topk(min(width, logp.shape[-1]), -1).indices
+        order = logits.topk(min(width, logits.shape[-1]), -1).indices
         hit = order == target_top[:, None]  # [n, width]
     return rows, hit
 
@@ -141,7 +140,7 @@ def dflash_loss(
     bsz, seq = input_ids.shape
     device = input_ids.device
     ex = heads.config.extra
-    hard = ex.get("block_loss", "kl") == "ce"
+    kind = loss_of(ex)
     lm = torch.ones_like(input_ids, dtype=torch.bool) if loss_mask is None else loss_mask.bool()
     am = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
 
@@ -171,7 +170,7 @@ def dflash_loss(
     flat_target = last_hidden.gather(1, src[:, :, None].expand(-1, -1, last_hidden.shape[-1])).reshape(-1, last_hidden.shape[-1])[idx]
     flat_slot = slot_of.reshape(-1)[idx]
 
-    rows, hit = _row_terms(heads, flat_states, flat_target, topk, ranks, hard, chunk_size)
+    rows, hit = _row_terms(heads, flat_states, flat_target, topk, ranks, kind, chunk_size)
 
     count = torch.bincount(flat_slot, minlength=slots)
     ce_sum = torch.zeros(slots, device=device).index_add(0, flat_slot, rows.detach())
@@ -200,10 +199,10 @@ def _counted_slots(heads, valid, lm, am, label_pos, last_hidden, input_ids, chun
     return counted
 
 
-def _row_terms(heads, flat_states, flat_target, topk: int, ranks: int, hard: bool, chunk_size: int):
+def _row_terms(heads, flat_states, flat_target, topk: int, ranks: int, kind: str, chunk_size: int):
     """Each trained slot's loss and its rank hits, in chunks under activation checkpointing (the
     full-vocabulary logits of every slot would not fit at once)."""
-    fn = partial(_chunk_terms, heads, heads.target_lm_head(), topk, ranks, hard)
+    fn = partial(_chunk_terms, heads, heads.target_lm_head(), topk, ranks, kind)
     use_ckpt = torch.is_grad_enabled()
     row_losses, hits = [], []
     for start in range(0, flat_states.shape[0], chunk_size):

@@ -7,11 +7,13 @@ k+1 at inference, the real prefix (step-0 rows <= t) and its own earlier steps (
 steps 1..k-1), nothing else: the training graph matches what drafting does.
 
 Losses per step, averaged over the rows whose predicted token is a training token:
-- eagle:  SmoothL1(predicted feature, f_{t+1+k}) + 0.1 x soft cross-entropy against the target's
-  distribution (EAGLE-1), with uniform noise on the input features in training;
-- eagle3: soft cross-entropy against the target's distribution restricted to the draft
+- eagle:  SmoothL1(predicted feature, f_{t+1+k}) + 0.1 x a classification term against the
+  target (EAGLE-1), with uniform noise on the input features in training;
+- eagle3: the classification term against the target's distribution restricted to the draft
   vocabulary, counted where the target's argmax lies in it (EAGLE-3; no feature loss).
-Step k is weighted 0.8^k. Vocab-sized logits are computed in checkpointed chunks, never for the
+The classification term is `heads.loss` (target_loss.py: soft cross-entropy by default, as both
+papers; KL, CE on the target's greedy token, or LK's negative log acceptance). Step k is weighted
+``decay``^k (`train.loss_decay`, 0.8 as EAGLE-3's trainer). Vocab-sized logits are computed in checkpointed chunks, never for the
 whole batch at once (as in losses.py).
 """
 from __future__ import annotations
@@ -23,15 +25,17 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from .losses import HeadLossOutput
+from .target_loss import loss_of, needs_distribution, row_losses
 from .packing import document_ids, positions_or_arange, within_document
 
 SOFT_CE_WEIGHT = 0.1  # EAGLE-1: the classification loss is ~10x the regression loss
 
 
 def _chunk_terms(heads, lm_head, topk: int, state: torch.Tensor, target_hidden: torch.Tensor):
-    """Summed soft CE (and feature SmoothL1 for EAGLE) of draft states against the target, plus
-    top-1 / top-k hit counts of the target's argmax; rows where the target's argmax is outside
-    the draft vocabulary are left out (EAGLE-3)."""
+    """Summed classification loss (`heads.loss`; and feature SmoothL1 for EAGLE) of draft states
+    against the target, plus top-1 / top-k hit counts of the target's argmax; rows where the
+    target's argmax is outside the draft vocabulary are left out (EAGLE-3)."""
+    kind = loss_of(heads.config.extra)
     with torch.no_grad():
         target_logits = lm_head(target_hidden.to(lm_head.weight.dtype)).float()
         target_top = target_logits.argmax(-1)
@@ -42,10 +46,9 @@ def _chunk_terms(heads, lm_head, topk: int, state: torch.Tensor, target_hidden: 
             target_top = heads.target_to_draft[target_top].clamp(min=0)
         else:
             inside = torch.ones_like(target_top, dtype=torch.bool)
-        p = target_logits.softmax(-1)
+        p = target_logits.softmax(-1) if needs_distribution(kind) else None
     logits = heads.logits(state).float()
-    ce_rows = -(p * logits.log_softmax(-1)).sum(-1)
-    ce = (ce_rows * inside).sum()
+    ce = (row_losses(kind, logits, p, target_top) * inside).sum()
     reg = logits.new_zeros(())
     if ids is None:
         reg = F.smooth_l1_loss(state.float(), target_hidden.float(), reduction="none").mean(-1).sum()

@@ -31,6 +31,7 @@ from torch.utils.checkpoint import checkpoint
 
 from .dflash_loss import greedy_follows
 from .losses import HeadLossOutput
+from .target_loss import loss_of, needs_distribution, row_losses
 from .packing import document_ids, positions_or_arange, within_document
 
 
@@ -103,16 +104,18 @@ def element_states(
 
 
 def _depth_terms(heads, lm_head, topk: int, ranks: int, state: torch.Tensor, target_hidden: torch.Tensor):
-    """Summed soft CE against the target restricted to the draft vocabulary, top-1 / top-k /
-    per-rank hits of the target's argmax; rows whose argmax is outside the vocabulary are left out."""
+    """Summed `heads.loss` (target_loss.py) against the target restricted to the draft vocabulary,
+    top-1 / top-k / per-rank hits of the target's argmax; rows whose argmax is outside the
+    vocabulary are left out."""
+    kind = loss_of(heads.config.extra)
     with torch.no_grad():
         target_logits = lm_head(target_hidden.to(lm_head.weight.dtype)).float()
         target_top = target_logits.argmax(-1)
         inside = heads.target_to_draft[target_top] >= 0
-        p = target_logits[:, heads.vocab_ids()].softmax(-1)
+        p = target_logits[:, heads.vocab_ids()].softmax(-1) if needs_distribution(kind) else None
         target_top = heads.target_to_draft[target_top].clamp(min=0)
     logits = heads.logits(state).float()
-    ce = (-(p * logits.log_softmax(-1)).sum(-1) * inside).sum()
+    ce = (row_losses(kind, logits, p, target_top) * inside).sum()
     with torch.no_grad():
         order = logits.topk(min(max(topk, ranks), logits.shape[-1]), -1).indices
         hit = (order == target_top[:, None]) & inside[:, None]

@@ -1,0 +1,74 @@
+"""How one draft distribution is scored against the target's at one position: `heads.loss`.
+
+Every draft-layer loss (EAGLE's classification term, EAGLE-3's training-time-test steps, P-EAGLE's
+depths, DFlash's block slots) scores a row the same way, through `row_losses`, so an option means
+the same thing for every head type that takes it:
+
+- ``soft_ce`` (the default): cross-entropy against the target's distribution p,
+  ``-sum_x p(x) log q(x)`` (EAGLE-1's classification term, EAGLE-3, SpecForge).
+- ``kl``: forward KL(p || q) = soft CE - H(p). H(p) does not depend on the draft, so the gradient
+  with respect to the draft is EXACTLY soft CE's: ``kl`` is the same objective, trained to the same
+  weights bit for bit (a test checks it); only the reported loss differs (0 where q = p). It is
+  offered because speculators reports it (its default, ``kl_div``), not as another recipe.
+- ``ce``: cross-entropy on the target's greedy token (hard labels, EAGLE-1's classification part as
+  its paper describes it): what greedy verification accepts, blind to the rest of p.
+- ``lk``: the negative log acceptance rate of the LK losses (arXiv 2602.23881):
+  ``-log alpha`` with ``alpha = sum_x min(p(x), q(x))`` = 1 - TV(p, q), the probability that
+  lossless speculative sampling accepts a token drafted from q. Optimising alpha directly is what
+  sampling verification pays for; the log scales the total-variation gradient (which is tiny where
+  alpha is small) by 1/alpha. The paper's other member, a KL + TV hybrid with an adaptive weight,
+  is not built: the public sources read here do not pin down its schedule.
+
+p is the target's distribution over the tokens the draft scores (EAGLE-3 and P-EAGLE: restricted to
+the draft vocabulary and renormalised; rows whose target argmax lies outside it are left out by
+the callers), and the greedy label is its argmax there.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..schema import TARGET_LOSSES
+
+DEFAULT_LOSS = "soft_ce"
+
+
+def check_loss_name(name: str) -> str:
+    """``name`` when it is a known loss, else an error naming the valid ones (for heads built or
+    loaded outside the config, whose checking happens in pydantic)."""
+    if name not in TARGET_LOSSES:
+        raise ValueError(f"heads.loss: unknown loss {name!r}; valid: {', '.join(TARGET_LOSSES)}")
+    return name
+
+
+def loss_of(extra: dict) -> str:
+    """The loss a heads config says to train with: its ``loss``; DFlash heads saved before the
+    option was shared say ``block_loss`` (their ``kl`` was computed as soft CE: the same objective)."""
+    if "loss" in extra:
+        return check_loss_name(extra["loss"])
+    return {"kl": "soft_ce", "ce": "ce"}.get(extra.get("block_loss", DEFAULT_LOSS), DEFAULT_LOSS)
+
+
+def needs_distribution(kind: str) -> bool:
+    """Whether the loss reads the target's whole distribution (``ce`` reads only its argmax)."""
+    return kind != "ce"
+
+
+def row_losses(kind: str, draft_logits: torch.Tensor, target_probs: torch.Tensor | None,
+               target_top: torch.Tensor) -> torch.Tensor:
+    """``[n]``: each row's loss. ``draft_logits`` [n, V] (fp32, with grad), ``target_probs`` [n, V]
+    the target's distribution over the same V tokens (None for ``ce``), ``target_top`` [n] its
+    argmax (an index into V)."""
+    logq = draft_logits.log_softmax(-1)
+    if kind == "ce":
+        return -logq.gather(-1, target_top[:, None]).squeeze(-1)
+    if target_probs is None:
+        raise ValueError(f"heads.loss={kind!r} needs the target's distribution")
+    if kind == "soft_ce":
+        return -(target_probs * logq).sum(-1)
+    if kind == "kl":  # soft CE minus the target's entropy (a constant for the draft)
+        entropy = -torch.special.xlogy(target_probs, target_probs).sum(-1)
+        return -(target_probs * logq).sum(-1) - entropy.detach()
+    if kind == "lk":
+        alpha = torch.minimum(target_probs, logq.exp()).sum(-1)
+        return -alpha.clamp(min=torch.finfo(alpha.dtype).tiny).log()
+    raise ValueError(f"heads.loss: unknown loss {kind!r}; valid: {', '.join(TARGET_LOSSES)}")
