@@ -116,8 +116,8 @@ def test_a_verifier_told_the_wrong_draft_law_is_caught(target, monkeypatch):
     """The test above has teeth: Medusa draws from q but tells the verifier the uniform law."""
     draw = medusa_proposer.draw
 
-    def misreported(logits, params, generator, vocab_ids=None):
-        tokens, law = draw(logits, params, generator, vocab_ids)
+    def misreported(logits, params, generator, vocab_ids=None, vocab_size=None):
+        tokens, law = draw(logits, params, generator, vocab_ids, vocab_size)
         return tokens, torch.full_like(law, 1.0 / law.shape[-1])
 
     monkeypatch.setattr(medusa_proposer, "draw", misreported)

@@ -25,7 +25,7 @@ from .draft_cache import grown
 from .eagle_rows import EagleRows
 from .row_base import RowProposer
 from .eagle_tree import draw_chain, grow, select
-from .sampled import chains, full_vocab
+from .sampled import chains
 
 # Small enough to pay off on a CPU, where verify cost grows quickly with tree size; `draftheads
 # calibrate` measures better values for the device.
@@ -150,7 +150,6 @@ class EagleProposer(Proposer):
             depth = min(depth, self.total_tokens - 1)
             drafts, laws = draw_chain(self.head, self._logits, self._vocab_ids_dev, self._cache, visible, first_pos,
                                       root_state[None], depth, self._params, self._generator)
-            laws = [full_vocab(law, self._vocab_ids_dev, self.head.config.vocab_size) for law in laws]
             return chains([root], drafts, laws, [depth])[0]
         tokens, parents, scores = grow(self.head, self._logits, self._vocab_ids_dev, self._cache, visible, first_pos,
                                        root_state[None], depth, self.top_k)

@@ -19,7 +19,7 @@ import torch
 from ..compaction import check_compaction, wants_compaction
 from ..tree import Tree, TreeShape
 from .eagle_tree import draw_chain, grow, nodes_up_to, select
-from .sampled import chains, full_vocab
+from .sampled import chains
 from .row_base import RowProposer
 from .draft_cache import grown
 
@@ -152,7 +152,6 @@ class EagleRows(RowProposer):
             depths = [min(d, p.total_tokens - 1) for d in depths]
             drafts, laws = draw_chain(self.head, p._logits, p._vocab_ids_dev, self._cache, visible, first_pos,
                                       root_states, max(depths), self._params, self._generator)
-            laws = [full_vocab(law, p._vocab_ids_dev, self.head.config.vocab_size) for law in laws]
             return chains(roots, drafts, laws, depths)
         tokens, parents, scores = grow(self.head, p._logits, p._vocab_ids_dev, self._cache, visible, first_pos,
                                        root_states, max(depths), p.top_k)

@@ -92,8 +92,8 @@ def draw_chain(
 ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """Each row's chain of ``depth`` drafts DRAWN from the draft layer's processed distribution
     (`sampled`), the next level fed the drawn token, as `grow` feeds its top-k: (target ids [rows]
-    per level, their draft-vocabulary laws [rows, V'] per level). Arguments as `grow`'s; the
-    chain's slots after the committed ones are scratch, as the tree's are."""
+    per level, their laws over the target's vocabulary [rows, V] per level). Arguments as `grow`'s;
+    the chain's slots after the committed ones are scratch, as the tree's are."""
     prefix = visible.shape[1]
     rows = root_states.shape[0]
     drafted, laws = [], []
@@ -104,7 +104,7 @@ def draw_chain(
             mask = torch.cat([visible, visible.new_ones(rows, level)], dim=1)[:, None]
             positions = (first_pos + level - 1)[:, None]
             state, _ = head.run_layers(g, attn_in, positions, mask, cache=cache, cache_length=prefix + level - 1)
-        token, law = draw(logits(state[:, 0]), params, generator, vocab_ids)
+        token, law = draw(logits(state[:, 0]), params, generator, vocab_ids, head.config.vocab_size)
         drafted.append(token)
         laws.append(law)
     return drafted, laws

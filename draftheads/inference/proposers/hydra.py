@@ -16,7 +16,7 @@ import torch
 from ..sampling import SamplingParams
 from ..tree import Tree, TreeShape
 from .medusa import MedusaProposer
-from .sampled import chains, draw, full_vocab
+from .sampled import chains, draw
 
 
 @dataclass(frozen=True)
@@ -105,8 +105,8 @@ class HydraProposer(MedusaProposer):
             state = self.heads.head_state(hidden, path, k)
             weight, bias = self._projections[k]
             tokens, law = draw(torch.nn.functional.linear(state[:, 0].to(weight.dtype), weight, bias), params,
-                               generator, self.vocab_ids)
+                               generator, self.vocab_ids, self.heads.config.vocab_size)
             path = torch.cat([path, tokens[:, None, None]], dim=2)
             drafts.append(tokens)
-            laws.append(full_vocab(law, self.vocab_ids, self.heads.config.vocab_size))
+            laws.append(law)
         return chains(roots, drafts, laws, depths)

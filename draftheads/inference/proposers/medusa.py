@@ -12,7 +12,7 @@ from ..sampling import SamplingParams
 from ..tree import Tree, TreeShape, default_choices
 from .base import Proposer
 from .row_base import RowProposer
-from .sampled import chains, draw, full_vocab
+from .sampled import chains, draw
 
 
 class MedusaProposer(Proposer):
@@ -130,9 +130,9 @@ class MedusaProposer(Proposer):
         for k in range(max(depths)):
             weight, bias = self._projections[k]
             tokens, law = draw(torch.nn.functional.linear(states[k].to(weight.dtype), weight, bias), params, generator,
-                               self.vocab_ids)
+                               self.vocab_ids, self.heads.config.vocab_size)
             drafts.append(tokens)
-            laws.append(full_vocab(law, self.vocab_ids, self.heads.config.vocab_size))
+            laws.append(law)
         return chains(roots, drafts, laws, depths)
 
 

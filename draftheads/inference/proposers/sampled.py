@@ -24,25 +24,19 @@ from ..tree import Tree, TreeShape
 
 
 def draw(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None,
-         vocab_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+         vocab_ids: torch.Tensor | None = None, vocab_size: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """One draft per row from ``logits`` [rows, V'] (V' = the draft vocabulary when ``vocab_ids``
-    maps it to target ids): (target token ids [rows] on the logits' device, the laws [rows, V']
-    they were drawn from, fp32). `sampling.sample_rows` draws them where the logits are, so
-    drafting reads nothing back from the device."""
+    maps it to target ids, of a ``vocab_size``-token target): (target token ids [rows] on the
+    logits' device, the laws they were drawn from over the target's vocabulary [rows, vocab_size],
+    fp32; the verifier reads q at target ids, tokens outside the draft vocabulary have q = 0).
+    `sampling.sample_rows` draws them where the logits are, so drafting reads nothing back from
+    the device."""
     laws = params.probs(logits)
     picked = sample_rows(laws, generator)
-    if vocab_ids is not None:
-        picked = vocab_ids.to(logits.device)[picked]
-    return picked, laws
-
-
-def full_vocab(laws: torch.Tensor, vocab_ids: torch.Tensor | None, vocab_size: int) -> torch.Tensor:
-    """Draft-vocabulary laws [..., V'] as laws over the target's vocabulary [..., vocab_size]
-    (the verifier reads q at target token ids; tokens outside the draft vocabulary have q = 0)."""
     if vocab_ids is None:
-        return laws
-    full = laws.new_zeros(*laws.shape[:-1], vocab_size)
-    return full.index_copy_(-1, vocab_ids.to(laws.device), laws)
+        return picked, laws
+    vocab_ids = vocab_ids.to(logits.device)
+    return vocab_ids[picked], laws.new_zeros(laws.shape[0], vocab_size).index_copy_(1, vocab_ids, laws)
 
 
 def chain_tree(root: int, drafts: torch.Tensor, laws: torch.Tensor) -> Tree:
@@ -75,5 +69,4 @@ def drawn_block(root: int, logits: torch.Tensor, params: SamplingParams, generat
     """A parallel drafter's chain (DFlash, P-EAGLE): ``logits`` [depth, V'] score every draft
     position from ONE forward, so each depth is drawn from its own slot's law, none conditioned
     on the draws before it (a valid draft law all the same: the verifier only needs to know it)."""
-    drafts, laws = draw(logits, params, generator, vocab_ids)
-    return chain_tree(root, drafts, full_vocab(laws, vocab_ids, vocab_size))
+    return chain_tree(root, *draw(logits, params, generator, vocab_ids, vocab_size))
