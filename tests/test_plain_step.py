@@ -107,7 +107,7 @@ def test_a_plain_step_takes_the_root_only_path(target, monkeypatch):
     original_shape, original_draw = verify.shape_on_device, accept.sample
     monkeypatch.setattr(verify, "shape_on_device", lambda shape, *a: shapes.append(shape) or original_shape(shape, *a))
     monkeypatch.setattr(accept, "sample", lambda probs, gen: draws.append(1) or original_draw(probs, gen))
-    heads = dh.EagleHead.for_target(target)  # draws a fresh root-only shape every plain step
+    heads = dh.EagleHead.for_target(target)
     decoder = dh.SpeculativeDecoder(target, heads, draft_budget=AlwaysPlain())
     ids = torch.tensor([[5, 9, 33, 17]])
     shapes.clear()

@@ -27,7 +27,7 @@ def greedy_acceptance(shape: TreeShape, predicted: list[int], tokens: list[int])
     """The first longest root-first path of ``shape`` whose every drafted token equals the target's
     argmax (``predicted``) at its parent, and the target's next token after it (host lists, as one
     transfer brought them back)."""
-    if shape.size == 1:  # a plain step: no path to walk (and no topology to derive for a fresh shape)
+    if shape.size == 1:  # a plain step: no path to walk
         return root_only(predicted[0], tokens[0])
     best: tuple[int, ...] = (0,)
     for path in shape.leaf_paths:

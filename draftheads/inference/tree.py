@@ -8,7 +8,7 @@ ranks, e.g. ``[0, 1]`` = head 0's best token followed by head 1's second-best.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import cached_property
+from functools import cached_property, lru_cache
 
 import torch
 
@@ -136,6 +136,14 @@ class TreeShape:
             choices = tuple(c for c in self.choices if len(c) <= max_depth)
             cache[max_depth] = TreeShape(parents, ranks, choices)
         return cache[max_depth]
+
+
+@lru_cache(maxsize=None)
+def chain_shape(length: int) -> TreeShape:
+    """THE chain of ``length`` drafts (0: the root alone, a plain step), one shape object per
+    length for every proposer that drafts chains: the topology it derives (masks, paths, its
+    device copies) is built once, not every step."""
+    return TreeShape.chain(length)
 
 
 @dataclass

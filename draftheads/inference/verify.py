@@ -125,8 +125,8 @@ class TreeVerifier:
         device = self.device
         tokens = tree.tokens.to(device, non_blocking=True)[None]
         if tree.shape.size == 1:
-            # A plain step: the root's position is the prefix length, read off a buffer (no
-            # topology moved to the device: a fresh root-only shape per step would build it each time).
+            # A plain step: the root's position is the prefix length, a view of one buffer (no
+            # topology lookup and no `depth + prefix` tensor op per step).
             position_ids = self._positions(prefix_len + 1, device)[None, prefix_len : prefix_len + 1]
         else:
             position_ids = (shape_on_device(tree.shape, device, self.dtype).depth + prefix_len)[None]

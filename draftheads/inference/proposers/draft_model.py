@@ -28,7 +28,7 @@ from transformers import DynamicCache
 from ..output import logits_to_keep
 from ..sampling import SamplingParams, sample
 from ..tokenizer_check import check_same_tokenizer, tokenizer_size
-from ..tree import Tree, TreeShape
+from ..tree import Tree, chain_shape
 from ..verify import cache_kwarg
 from .adaptive_gamma import AdaptiveGamma, best_gamma, choose_gamma, expected_tokens, predicted_rates  # noqa: F401 (re-exported)
 from .base import Proposer
@@ -124,7 +124,6 @@ class DraftModelProposer(Proposer):
         self.target_vocab: int | None = None  # set by bind_target
         self._cache_arg = cache_kwarg(draft_model)
         self._keep_last = logits_to_keep(draft_model, 1)
-        self._shapes: dict[int, TreeShape] = {}
         self._cache: DynamicCache | None = None
         self._pending: list[int] = []
         self._drafts: list[int] = []
@@ -152,11 +151,6 @@ class DraftModelProposer(Proposer):
                     f"the target's logits cover {target_vocab} ids but the tokenizer has {self.tokenizer_size} tokens"
                 )
         self.target_vocab = target_vocab
-
-    def _chain(self, length: int) -> TreeShape:
-        if length not in self._shapes:
-            self._shapes[length] = TreeShape.chain(length)
-        return self._shapes[length]
 
     @property
     def device(self) -> torch.device:
@@ -220,7 +214,7 @@ class DraftModelProposer(Proposer):
             # Plain decoding step: the draft sees the root later, with the next drafted step.
             self._pending.append(int(root))
             self._drafts = []
-            return Tree(self._chain(0), torch.tensor([root], dtype=torch.long))
+            return Tree(chain_shape(0), torch.tensor([root], dtype=torch.long))
 
         feed = self._pending + [int(root)]
         drafts: list[int] = []
@@ -244,7 +238,7 @@ class DraftModelProposer(Proposer):
         draft_probs = None
         if rows:
             draft_probs = torch.cat([torch.zeros_like(rows[0])[None], torch.stack(rows)])
-        return Tree(self._chain(gamma), tokens, draft_probs)
+        return Tree(chain_shape(gamma), tokens, draft_probs)
 
     def accepted(self, tokens: torch.Tensor, hidden: torch.Tensor | None = None) -> None:
         if not self._in_flight:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 
 from ..sampling import SamplingParams
-from ..tree import Tree, TreeShape
+from ..tree import Tree, chain_shape
 from .base import Proposer
 from .draft_cache import grown
 from .eagle_rows import EagleRows
@@ -141,7 +141,7 @@ class EagleProposer(Proposer):
     def propose(self, root: int, max_depth: int) -> Tree:
         depth = min(self.depth, max_depth)
         if depth < 1 or self.total_tokens == 1:  # nothing to draft (total_tokens=1 = plain decoding)
-            return Tree(TreeShape((-1,)), torch.tensor([root]))
+            return Tree(chain_shape(0), torch.tensor([root]))
         root_state = self._catch_up(root)
         prefix = self._cached
         visible = torch.ones(1, prefix, dtype=torch.bool, device=self.device)

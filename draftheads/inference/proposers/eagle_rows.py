@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 
 from ..compaction import check_compaction, wants_compaction
-from ..tree import Tree, TreeShape
+from ..tree import Tree, chain_shape
 from .eagle_tree import draw_chain, grow, nodes_up_to, select
 from .sampled import chains
 from .row_base import RowProposer
@@ -140,7 +140,7 @@ class EagleRows(RowProposer):
         depths = [0 if p.total_tokens == 1 else min(p.depth, d) for d in max_depths]
         drafting = [d >= 1 for d in depths]
         if not any(drafting):  # nothing to draft (total_tokens=1 = plain decoding)
-            return [Tree(TreeShape((-1,)), torch.tensor([root])) for root in roots]
+            return [Tree(chain_shape(0), torch.tensor([root])) for root in roots]
         root_states = self._catch_up(roots, drafting)
         excess = self._excess()
         self.max_excess = max(self.max_excess, excess)
@@ -158,4 +158,4 @@ class EagleRows(RowProposer):
         # A row drafting shallower keeps only its first levels' nodes (what its own proposer grows).
         nodes = [nodes_up_to(max(d, 1), p.top_k) for d in depths]
         trees = select(roots, tokens, parents, scores, nodes, p.total_tokens, p._vocab_ids_dev)
-        return [tree if d >= 1 else Tree(TreeShape((-1,)), torch.tensor([root])) for tree, d, root in zip(trees, depths, roots)]
+        return [tree if d >= 1 else Tree(chain_shape(0), torch.tensor([root])) for tree, d, root in zip(trees, depths, roots)]

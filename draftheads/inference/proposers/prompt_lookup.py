@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from ..sampling import SamplingParams
-from ..tree import Tree, TreeShape
+from ..tree import Tree, chain_shape
 from .base import Proposer
 
 
@@ -37,7 +37,6 @@ class PromptLookupProposer(Proposer):
         # _next[n][ngram] = j: tokens[j - n : j] == ngram, and tokens[j] exists (latest such j)
         self._next: dict[int, dict[tuple[int, ...], int]] = {}
         self._root_pending = False
-        self._shapes: dict[int, TreeShape] = {}
         self._reset_stats()
 
     def _reset_stats(self) -> None:
@@ -46,11 +45,6 @@ class PromptLookupProposer(Proposer):
         self._drafted = 0
         self._accepted = 0
         self._ngram_hist: dict[int, int] = {}
-
-    def _chain(self, length: int) -> TreeShape:
-        if length not in self._shapes:
-            self._shapes[length] = TreeShape.chain(length)
-        return self._shapes[length]
 
     def _append(self, token: int) -> None:
         """Commit one token: every n-gram ending just before it now has it as continuation."""
@@ -100,7 +94,7 @@ class PromptLookupProposer(Proposer):
             self._matched += 1
             self._drafted += len(draft)
             self._ngram_hist[n] = self._ngram_hist.get(n, 0) + 1
-        return Tree(self._chain(len(draft)), torch.tensor([root, *draft], dtype=torch.long))
+        return Tree(chain_shape(len(draft)), torch.tensor([root, *draft], dtype=torch.long))
 
     def accepted(self, tokens: torch.Tensor, hidden: torch.Tensor | None = None) -> None:
         tokens = tokens.reshape(-1).tolist()

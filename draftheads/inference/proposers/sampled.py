@@ -15,12 +15,10 @@ hands the scores here: `draw` samples a depth for every row, `chain_tree` builds
 """
 from __future__ import annotations
 
-from functools import lru_cache
-
 import torch
 
 from ..sampling import SamplingParams, sample_rows
-from ..tree import Tree, TreeShape
+from ..tree import Tree, chain_shape
 
 
 def draw(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None,
@@ -56,12 +54,6 @@ def chains(roots: list[int], drafts: list[torch.Tensor], laws: list[torch.Tensor
         return [chain_tree(root, torch.zeros(0, dtype=torch.long), torch.zeros(0, 0)) for root in roots]
     tokens, law = torch.stack(drafts, 1), torch.stack(laws, 1)  # [rows, depth], [rows, depth, V]
     return [chain_tree(root, tokens[r, :d], law[r, :d]) for r, (root, d) in enumerate(zip(roots, depths))]
-
-
-@lru_cache(maxsize=None)
-def chain_shape(depth: int) -> TreeShape:
-    """One shape object per chain length, so the verifier's per-shape masks are built once."""
-    return TreeShape((-1,)) if depth == 0 else TreeShape.chain(depth)
 
 
 def drawn_block(root: int, logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None,
