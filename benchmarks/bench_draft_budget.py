@@ -45,12 +45,14 @@ VARIANTS = {
     "topk": {"draw_drafts": False},
     "topk-full": {"draft_budget": None, "draw_drafts": False},
 }
+PROMPT_LOOKUP = "prompt-lookup"  # --heads NAME=prompt-lookup: the prompt lookup proposer (no heads)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--target", default="demo")
-    ap.add_argument("--heads", action="append", required=True, help="NAME=PATH (repeatable)")
+    ap.add_argument("--heads", action="append", required=True,
+                    help=f"NAME=PATH (repeatable); PATH {PROMPT_LOOKUP} for prompt lookup")
     ap.add_argument("--temperatures", default="0,0.7,1.0")
     ap.add_argument("--seeds", type=int, default=2, help="seeds per prompt at T > 0 (greedy: one)")
     ap.add_argument("--num-prompts", type=int, default=12)
@@ -73,10 +75,11 @@ def main() -> None:
     variants: dict[str, dh.SpeculativeDecoder] = {}
     for spec in args.heads:
         name, path = spec.split("=", 1)
-        heads = dh.load_heads(path, target=target)
         plan = {"batch_plan": None} if args.no_plan else {}
         for variant in args.variants.split(","):
-            variants[f"{name}-{variant}"] = dh.SpeculativeDecoder(target, heads, **VARIANTS[variant], **plan)
+            # A fresh proposer per variant: prompt lookup keeps per-generation state in it.
+            drafter = dh.PromptLookupProposer() if path == PROMPT_LOOKUP else dh.load_heads(path, target=target)
+            variants[f"{name}-{variant}"] = dh.SpeculativeDecoder(target, drafter, **VARIANTS[variant], **plan)
 
     def plain(ids, temperature, seed):
         sampling = {"do_sample": False} if temperature == 0 else {

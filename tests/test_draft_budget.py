@@ -87,6 +87,25 @@ def test_it_returns_to_the_full_draft_when_drafts_start_paying():
     assert all(c >= DEPTH or c == 0 for c in after) and after.count(0) <= len(after) // budget.remeasure_every + 1, after
 
 
+def test_steps_that_draft_nothing_are_plain_steps_not_cheap_full_ones():
+    """Prompt lookup without a match drafts nothing under any cap and costs a plain step. Filed
+    under the full cap, those steps made a 3-deep draft look as cheap as a plain one, so drafts that
+    were never accepted kept being drafted whenever a match came."""
+    budget = OnlineDraftBudget()
+    budget.start()
+    matched_caps = []
+    for step in range(400):
+        (cap,) = budget.caps([1000 - step])
+        drafted = min(cap, DEPTH) if step % 3 == 0 else 0  # a match on one step in three
+        budget.record(drafted, [0], 1.0 + 0.5 * drafted)  # what is drafted is never accepted
+        if step % 3 == 0 and step >= 100:
+            matched_caps.append(cap)
+    # with a match in hand the budget chooses plain, but for the probes that re-check deep drafts
+    assert sum(cap == 0 for cap in matched_caps) >= 0.85 * len(matched_caps), matched_caps
+    costs = budget.stats()["draft_budget"]["step_seconds"][1]
+    assert costs[0] == 1.0 and costs[DEPTH] == 2.5  # each depth's cost is what a step drafting it took
+
+
 def test_only_the_first_level_is_accepted_so_the_draft_is_capped_to_it():
     budget = OnlineDraftBudget()
     caps = simulate(budget, 200, lambda step, drafted: min(drafted, 1), linear_cost(per_level=0.5))

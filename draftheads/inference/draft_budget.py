@@ -38,7 +38,6 @@ class DraftBudget:
     def __init__(self) -> None:
         self.counts = {FULL: 0, CAPPED: 0, PLAIN: 0}
         self._choice: int | None = None
-        self._limit = 0
 
     def start(self) -> None:
         """A new generation: per-generation counts start again (what was learned about the device may stay)."""
@@ -52,7 +51,7 @@ class DraftBudget:
         """Each active row's ``max_depth`` for the next step: its own ``limits[r]`` (tokens left
         before max_new_tokens) under the step's one cap for all rows."""
         choice = self.choose(len(limits))
-        self._choice, self._limit = choice, max(limits, default=0)
+        self._choice = choice
         self.counts[FULL if choice is None else PLAIN if choice == 0 else CAPPED] += 1
         return [limit if choice is None else min(choice, limit) for limit in limits]
 
@@ -224,9 +223,11 @@ class OnlineDraftBudget(DraftBudget):
         choice = self._choice
         if choice is None:
             self.depth = max(self.depth, drafted)
-        # The cap the step really ran under: near max_new_tokens the row limits cut it too. A full
-        # step that drafted shallower by itself (prompt lookup without a match) still counts as full.
-        cap = min(self.depth if choice is None else choice, self._limit, self.depth)
+        # What the step really ran: its cost and its accepted counts belong to the depth it DRAFTED,
+        # not to the cap it was allowed (the row limits near max_new_tokens cut a cap; prompt lookup
+        # without a match drafts nothing under any cap, and such a step costs a plain step: filed
+        # under the full cap it made a deep draft look as cheap as a plain one).
+        cap = min(drafted, self.depth)
         rows = max(len(accepted), 1)
         self._steps += 1
         samples = self._seconds.setdefault(rows, {}).setdefault(cap, deque(maxlen=self.window))
