@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from draftheads.inference.draft_budget import (
-    CAPPED, FULL, PLAIN, DraftBudget, OnlineDraftBudget, expected_tokens, interpolate, pick_depth, resolve_budget,
+    CAPPED, FULL, MAX_GROW_AFTER, PLAIN, DraftBudget, OnlineDraftBudget, expected_tokens, interpolate, pick_depth, resolve_budget,
 )
 
 pytestmark = pytest.mark.online_draft_budget
@@ -104,6 +104,38 @@ def test_steps_that_draft_nothing_are_plain_steps_not_cheap_full_ones():
     assert sum(cap == 0 for cap in matched_caps) >= 0.85 * len(matched_caps), matched_caps
     costs = budget.stats()["draft_budget"]["step_seconds"][1]
     assert costs[0] == 1.0 and costs[DEPTH] == 2.5  # each depth's cost is what a step drafting it took
+
+
+def test_the_warm_up_waits_for_steps_that_draft():
+    """A generation whose first steps find nothing to draft (prompt lookup before the text repeats)
+    has learned nothing from them: it keeps the full draft (free: such a step is a plain one) until
+    drafting steps have shown what drafts earn, instead of rating every draft at one token and going
+    plain until the first probe."""
+    budget = OnlineDraftBudget()
+    simulate(budget, 60, always_right, linear_cost())  # a first generation measures the device
+    budget.start()
+    caps = []
+    for step in range(40):
+        (cap,) = budget.caps([1000 - step])
+        drafted = 0 if step < 12 else min(cap, DEPTH)  # nothing to draft for 12 steps, then it pays
+        budget.record(drafted, [drafted], 1.0 + 0.2 * drafted)
+        caps.append(cap)
+    assert all(cap != 0 for cap in caps[:12 + budget.warmup]), caps
+    assert budget.counts[PLAIN] <= 2 and budget.reach == [1.0] * DEPTH
+
+
+def test_a_cap_whose_drafts_are_all_accepted_grows_without_waiting_for_a_probe():
+    """Capped at one level while only that level was accepted, the budget has no news of deeper
+    levels but from probes; when the capped steps start accepting everything they draft, each
+    such step lets the next draft one level deeper, so the full draft is back within a few steps."""
+    budget = OnlineDraftBudget(probe_every=64, max_probe_every=64)
+    switch = 100
+    caps = simulate(budget, 160, lambda step, drafted: min(drafted, 1) if step < switch else drafted,
+                    linear_cost(per_level=0.5))
+    # capped to level 1, but for a one-level growth that fails now and then (backed off to 1 in 17)
+    assert caps[switch - 24 : switch].count(1) >= 21, caps[switch - 24 : switch]
+    back = next(s for s in range(switch, 160) if caps[s] >= DEPTH)
+    assert back - switch <= MAX_GROW_AFTER + DEPTH, caps[switch : switch + 16]
 
 
 def test_only_the_first_level_is_accepted_so_the_draft_is_capped_to_it():

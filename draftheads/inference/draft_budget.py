@@ -24,6 +24,7 @@ from collections import deque
 from typing import Any, Sequence
 
 FULL, CAPPED, PLAIN = "full", "capped", "plain"
+MAX_GROW_AFTER = 16  # the most saturated capped steps a one-level growth waits for (see OnlineDraftBudget)
 
 
 class DraftBudget:
@@ -106,11 +107,19 @@ class OnlineDraftBudget(DraftBudget):
       generations: it is the device's, not the text's. The minimum, not the median: the cap taken
       is measured every step and the others only now and then, so on a machine whose load moves a
       median compares a busy moment with a quiet one; the minimum of each compares quiet with quiet.
-    - the first ``warmup`` steps of a generation take the full draft (nothing is known yet).
+    - a generation takes the full draft until ``warmup`` of its steps have drafted something
+      (nothing is known yet). Steps, not drafting steps, would end the warm-up of a proposer that
+      drafts only now and then (prompt lookup without a match) before it has learned anything,
+      and an empty ``reach`` rates every draft at one token: plain until the first probe.
       Then, until ``min_samples`` plain steps have been measured at this batch size, every other
       step is a plain one (interleaved with full ones); a plain step is measured again when the
       last one is ``remeasure_every`` steps old.
     - the cap taken is the deepest one within ``margin`` of the best rate (ties go to drafting).
+    - capped steps whose every row accepted all they drafted let the next step draft one level
+      deeper (levels below a cap are otherwise measured only by probes: a text that starts to
+      repeat, where prompt lookup accepts all it drafts, stayed capped at the one or two levels its
+      first success reached until the next probe). A deeper step that fails doubles the run of
+      such steps the next growth waits for (up to ``MAX_GROW_AFTER``); one that succeeds resets it.
     - while a shallower cap wins, every ``probe_interval`` steps a probe takes the full draft to
       refresh what deep drafts earn; a probe that beats the current cap's expected rate probes
       again at once (a good stretch of text is picked up within a few steps), a probe whose rate
@@ -165,12 +174,17 @@ class OnlineDraftBudget(DraftBudget):
         super().start()
         self.reach: list[float] = []
         self._generation_steps = 0
+        self._drafting_steps = 0  # steps of this generation that drafted at least one token
         self.probe_interval = self.probe_every
         self._since_probe = 0
         self._probing = False
         self._rows = 1
         self.probes = self.measurements = 0
         self._expected_rate: float | None = None  # what the current (non-full) choice promises
+        self._saturated_run = 0  # capped steps in a row whose rows all accepted every drafted token
+        self._last_cap = 0  # the cap of the last capped step
+        self._grow_after = 1  # saturated capped steps the next one-level growth waits for
+        self._growing = False  # this step drafts one level deeper than the last capped one
 
     # -- estimates --------------------------------------------------------------------------------
     def expected_tokens(self, depth: int) -> float:
@@ -189,24 +203,29 @@ class OnlineDraftBudget(DraftBudget):
         self._rows, self._probing = rows, False
         self._generation_steps += 1
         measured = self._costs.get(rows, {})
-        if self._generation_steps <= self.warmup or self.depth == 0 or self.depth not in measured:
+        if self._drafting_steps < self.warmup or self.depth == 0 or self.depth not in measured:
             return None
         plain_samples = len(self._seconds[rows].get(0, ()))
         if plain_samples < self.min_samples:
             # Plain steps measured between full ones, not back to back: a burst of load then
             # weighs on both sides of the comparison instead of on one.
-            if (self._generation_steps - self.warmup) % 2 == 1 or 0 not in measured:
+            if self._generation_steps % 2 == 1 or 0 not in measured:
                 self.measurements += 1
                 return 0
             return None
         rates = self.rates(rows)
         depth = pick_depth(rates, self.margin)
+        grow = self._saturated_run >= self._grow_after and depth <= self._last_cap < self.depth
+        if grow:
+            depth = self._last_cap + 1
         if depth == self.depth:
             self._since_probe, self.probe_interval = 0, self.probe_every
             if self._steps - self._measured_at[rows][0] > self.remeasure_every:
                 self.measurements += 1
-                return 0
+                return 0  # the growth, if any, waits for the next step
+            self._growing, self._saturated_run = grow, 0 if grow else self._saturated_run
             return None
+        self._growing, self._saturated_run = grow, 0 if grow else self._saturated_run
         self._expected_rate = rates[depth]
         self._since_probe += 1
         if self._since_probe >= self.probe_interval:
@@ -228,6 +247,14 @@ class OnlineDraftBudget(DraftBudget):
         # without a match drafts nothing under any cap, and such a step costs a plain step: filed
         # under the full cap it made a deep draft look as cheap as a plain one).
         cap = min(drafted, self.depth)
+        full_accept = cap > 0 and bool(accepted) and min(accepted) >= cap
+        if self._growing:
+            self._grow_after = 1 if full_accept else min(2 * self._grow_after, MAX_GROW_AFTER)
+            self._growing = False
+        if choice is not None and cap > 0:
+            self._saturated_run, self._last_cap = (self._saturated_run + 1 if full_accept else 0), cap
+        elif choice is None:
+            self._saturated_run = 0  # a full step measured every level itself (a plain one measures none)
         rows = max(len(accepted), 1)
         self._steps += 1
         samples = self._seconds.setdefault(rows, {}).setdefault(cap, deque(maxlen=self.window))
@@ -235,6 +262,7 @@ class OnlineDraftBudget(DraftBudget):
         self._costs.setdefault(rows, {})[cap] = min(samples)
         self._measured_at.setdefault(rows, {})[cap] = self._steps
         if cap > 0 and accepted:
+            self._drafting_steps += 1
             while len(self.reach) < cap:
                 self.reach.append(-1.0)  # unseen yet: the first observation sets it
             for j in range(1, cap + 1):
