@@ -26,7 +26,7 @@ from .planned import PlannedDrafts
 from .probe import check_tree_attention
 from .proposers import Proposer
 from .proposers.row_base import RowProposer
-from .sampling import resolve_generator, resolve_sampling, warn_unapplied_settings
+from .sampling import SamplingParams, resolve_generator, resolve_sampling, warn_unapplied_settings
 from .tree import TreeShape
 from .verify import TreeVerifier
 
@@ -93,7 +93,9 @@ class SpeculativeDecoder:
     (accepted tokens per step) against what a step costs, and caps the draft to a shallower
     sub-tree, or to a plain root-only step, when that is faster, probing the full draft again now
     and then; ``None`` always drafts in full (seed-reproducible sampling); or a `DraftBudget`.
-    Lossless either way: a step's cap depends only on earlier steps. ``out.stats["draft_budget"]``
+    Lossless either way: a step's cap depends only on earlier steps. With "auto" the decoder keeps
+    one budget per proposer and sampling settings, and what it learned (step costs, accepted
+    tokens per depth) carries from one generation to the next. ``out.stats["draft_budget"]``
     counts the steps taken full, capped and plain.
 
     ``draw_drafts`` (default True): when a request SAMPLES, heads draw each draft token from their
@@ -133,8 +135,10 @@ class SpeculativeDecoder:
                 "compile and max_cache_len need cache='static': with the dynamic cache every verify forward "
                 "has new shapes, so a compiled forward would recompile every step"
             )
-        self.draft_budget = resolve_budget(draft_budget)
+        self._draft_budget_arg = draft_budget
+        self.draft_budget = resolve_budget(draft_budget)  # the first request's (see `_budget`)
         self._budget_given = isinstance(draft_budget, DraftBudget)
+        self._budgets: dict[tuple, DraftBudget] = {}
         if not isinstance(proposer, PROPOSERS):
             bind = getattr(proposer, "bind_target", None)
             if bind is None:
@@ -224,17 +228,25 @@ class SpeculativeDecoder:
             pad = pad_id(self.target, eos)
             store = (StaticKV if self.cache == "static" else SequenceKV)(self.verifier, max_new_tokens)
         settings = Settings(max_new_tokens, params, self.target.device, set(eos), pad, acceptance, generator, streamer,
-                            self._budget(run.proposer))
+                            self._budget(run.proposer, params))
         out = decode(store, run.proposer.rows(self.compaction), input_ids, settings)
         out.stats = {"mode": SPECULATIVE, "plan": run.stats, **out.stats}
         return out
 
-    def _budget(self, proposer: Any) -> DraftBudget:
-        """This call's draft budget, started for a new generation. A proposer that sizes its own
-        draft (a draft model: adaptive gamma, or the user's fixed gamma) is left to it under the
-        default "auto" (two rules capping one draft would fight); a budget given explicitly applies."""
+    def _budget(self, proposer: Any, params: SamplingParams) -> DraftBudget:
+        """This call's draft budget, started for a new generation: one per proposer (the plan's tree
+        for the request) and sampling settings, since both what a step costs (a 16-node tree or a
+        drawn chain of the same depth) and what it earns (the temperature) depend on them; a budget
+        given explicitly serves every request. A proposer that sizes its own draft (a draft model:
+        adaptive gamma, or the user's fixed gamma) is left to it under the default "auto" (two rules
+        capping one draft would fight); a budget given explicitly applies."""
         own = getattr(proposer, "budgets_own_draft", False) and not self._budget_given
         budget = self.draft_budget
+        if not self._budget_given:
+            key = (id(proposer), params.temperature, params.top_k, params.top_p, params.draws_drafts)
+            if key not in self._budgets:
+                self._budgets[key] = budget if not self._budgets else resolve_budget(self._draft_budget_arg)
+            budget = self._budgets[key]
         if own:
             budget = DraftBudget()
             budget.name = "proposer"  # the proposer's own rule: see its stats (e.g. gamma_histogram)

@@ -100,17 +100,20 @@ class OnlineDraftBudget(DraftBudget):
       accepts at least j drafts, is an exponential average (``decay`` per step) of what the steps
       of THIS generation that drafted j deep or more showed (a step capped at d tells exactly how
       any cap below d would have done: the accepted path of a truncated tree is the truncated
-      path). A cap of d commits 1 + reach[0] + ... + reach[d - 1] tokens. Reset every generation:
-      acceptance follows the text and the temperature.
+      path). A cap of d commits 1 + reach[0] + ... + reach[d - 1] tokens. Carried from one
+      generation to the next (the decoder keeps one budget per proposer and sampling settings, so
+      it is what THIS way of drafting earned at THIS temperature): reset, a generation started
+      from nothing, and the few drafts that failed before a text began to repeat sent prompt
+      lookup plain until the first probe, 16 steps on.
     - what a cap costs: the least wall seconds of the last ``window`` steps taken at that cap
       (one table per number of active rows), straight lines between measured caps. Kept across
       generations: it is the device's, not the text's. The minimum, not the median: the cap taken
       is measured every step and the others only now and then, so on a machine whose load moves a
       median compares a busy moment with a quiet one; the minimum of each compares quiet with quiet.
-    - a generation takes the full draft until ``warmup`` of its steps have drafted something
-      (nothing is known yet). Steps, not drafting steps, would end the warm-up of a proposer that
-      drafts only now and then (prompt lookup without a match) before it has learned anything,
-      and an empty ``reach`` rates every draft at one token: plain until the first probe.
+    - the budget's first ``warmup`` drafting steps take the full draft (nothing is known yet);
+      later generations start from the carried ``reach``. Steps, not drafting steps, would end the
+      warm-up of a proposer that drafts only now and then (prompt lookup without a match) before
+      it has learned anything, and an empty ``reach`` rates every draft at one token.
       Then, until ``min_samples`` plain steps have been measured at this batch size, every other
       step is a plain one (interleaved with full ones); a plain step is measured again when the
       last one is ``remeasure_every`` steps old.
@@ -168,13 +171,13 @@ class OnlineDraftBudget(DraftBudget):
         self._costs: dict[int, dict[int, float]] = {}
         self._measured_at: dict[int, dict[int, int]] = {}  # rows -> cap -> step count of its last sample
         self._steps = 0  # every step this budget has seen, all generations
+        self.reach: list[float] = []  # carried across generations (see the class docstring)
+        self._drafting_steps = 0  # steps that drafted at least one token, all generations
         self.start()
 
     def start(self) -> None:
         super().start()
-        self.reach: list[float] = []
         self._generation_steps = 0
-        self._drafting_steps = 0  # steps of this generation that drafted at least one token
         self.probe_interval = self.probe_every
         self._since_probe = 0
         self._probing = False
