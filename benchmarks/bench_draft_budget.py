@@ -45,7 +45,21 @@ VARIANTS = {
     "topk": {"draw_drafts": False},
     "topk-full": {"draft_budget": None, "draw_drafts": False},
 }
-PROMPT_LOOKUP = "prompt-lookup"  # --heads NAME=prompt-lookup: the prompt lookup proposer (no heads)
+PROMPT_LOOKUP = "prompt-lookup"
+
+
+def variant_options(variant: str) -> dict:
+    """Decoder options of ``variant``; ``budget:KEY=VALUE;...`` is the online budget with other
+    settings (e.g. ``budget:decay=0.9``), one instance for the decoder's whole run (so run one
+    temperature per process to keep what it learns at one from the other)."""
+    name, _, settings = variant.partition(":")
+    options = dict(VARIANTS[name])
+    if settings:
+        from draftheads.inference.draft_budget import OnlineDraftBudget
+
+        kwargs = {k: float(v) if "." in v else int(v) for k, v in (kv.split("=") for kv in settings.split(";"))}
+        options["draft_budget"] = OnlineDraftBudget(**kwargs)
+    return options  # --heads NAME=prompt-lookup: the prompt lookup proposer (no heads)
 
 
 def main() -> None:
@@ -62,7 +76,7 @@ def main() -> None:
     ap.add_argument("--no-plan", action="store_true", help="batch_plan=None: speculate even where tree.json says plain")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
-    unknown = [v for v in args.variants.split(",") if v not in VARIANTS]
+    unknown = [v for v in args.variants.split(",") if v.split(":")[0] not in VARIANTS]
     if unknown:
         ap.error(f"unknown variants {unknown}; choose from {', '.join(VARIANTS)}")
     torch.set_num_threads(args.threads)
@@ -79,7 +93,7 @@ def main() -> None:
         for variant in args.variants.split(","):
             # A fresh proposer per variant: prompt lookup keeps per-generation state in it.
             drafter = dh.PromptLookupProposer() if path == PROMPT_LOOKUP else dh.load_heads(path, target=target)
-            variants[f"{name}-{variant}"] = dh.SpeculativeDecoder(target, drafter, **VARIANTS[variant], **plan)
+            variants[f"{name}-{variant}"] = dh.SpeculativeDecoder(target, drafter, **variant_options(variant), **plan)
 
     def plain(ids, temperature, seed):
         sampling = {"do_sample": False} if temperature == 0 else {
