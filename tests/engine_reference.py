@@ -81,10 +81,21 @@ def eagle1_forward(cfg: dict, t: dict, embeds: torch.Tensor, hidden: torch.Tenso
 
 
 # -- EAGLE-3 (vLLM via speculators, SGLang midlayer) ---------------------------------------------------
+def eagle3_fuse(cfg: dict, t: dict, aux: torch.Tensor) -> torch.Tensor:
+    """vLLM's ``combine_hidden_states``: the captured states [n, k*H] (layer order) through ``fc``;
+    with ``fc_norm`` (EAGLE 3.1) chunk j first goes through RMSNorm ``fc_norm.{j}.weight``."""
+    if cfg.get("fc_norm", False):
+        chunks = aux.chunk(sum(1 for k in t if k.startswith("fc_norm.")), dim=-1)
+        aux = torch.cat([rms(c, t[f"fc_norm.{j}.weight"], cfg["rms_norm_eps"]) for j, c in enumerate(chunks)], -1)
+    return aux @ t["fc.weight"].T
+
+
 def eagle3_forward(cfg: dict, t: dict, embeds: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
                    *, layer0: str, later_norm: str, norm_before_residual: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """``hidden``: fc(aux) on the first step, the previous step's pre-norm output after that.
-    Returns (logits over the target vocabulary, -inf outside the draft vocabulary; pre-norm output)."""
+    """``hidden``: `eagle3_fuse` of the captured states on the first step, after that what the
+    previous step returned. Returns (logits over the target vocabulary, -inf outside the draft
+    vocabulary; the state fed to the next step: the pre-norm output, or with ``norm_output``
+    (EAGLE 3.1) the final norm's output, vLLM's auxiliary hidden state)."""
     eps = cfg["rms_norm_eps"]
     p = layer0
     normed = rms(hidden, t[f"{p}.hidden_norm.weight"], eps)
@@ -96,10 +107,11 @@ def eagle3_forward(cfg: dict, t: dict, embeds: torch.Tensor, hidden: torch.Tenso
         p = f"layers.{i}"
         x = x + attention(t, p, rms(x, t[f"{p}.{later_norm}.weight"], eps), positions, cfg)
         x = x + mlp(t, p, rms(x, t[f"{p}.post_attention_layernorm.weight"], eps))
-    logits = rms(x, t["norm.weight"], eps) @ t["lm_head.weight"].T
+    normed = rms(x, t["norm.weight"], eps)
+    logits = normed @ t["lm_head.weight"].T
     vocab = cfg["vocab_size"]
     if "d2t" in t:
-        full = torch.full((x.shape[0], vocab), float("-inf"))
+        full = torch.full((x.shape[0], vocab), float("-inf"), dtype=logits.dtype)
         full[:, torch.arange(t["d2t"].numel()) + t["d2t"]] = logits  # target id = i + d2t[i]
         logits = full
-    return logits, x
+    return logits, (normed if cfg.get("norm_output", False) else x)

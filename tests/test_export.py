@@ -13,7 +13,7 @@ import draftheads as dh
 from conftest import make_tiny_model
 from draftheads.export import ExportError, export_heads
 from inference_utils import select_features
-from engine_reference import eagle1_forward, eagle3_forward, medusa_logits, read_folder
+from engine_reference import eagle1_forward, eagle3_forward, eagle3_fuse, medusa_logits, read_folder
 
 
 def target4():
@@ -72,15 +72,16 @@ def eagle3_two_steps(heads, target, layer_cfg, t, captured, **kw):
     """Logits of two EAGLE-3 draft steps, (engine step 1, engine step 2, draftheads step 1,
     draftheads step 2): the engine's forward (engine_reference) over an exported/imported folder's
     tensors ``t``, reading the hidden states ``captured`` (indices into output_hidden_states, in the
-    engine's concatenation order), and draftheads' own heads."""
+    engine's concatenation order), and draftheads' own heads. ``layer_cfg`` is the draft config as
+    the engine sees it (EAGLE 3.1's ``fc_norm`` / ``norm_output`` included when set)."""
     ids, hs = hidden_states(target)
     aux = torch.cat([hs[k][0] for k in captured], -1)[:-2]
     feats = select_features(hs, heads.feature_layers)[0][:-2]  # draftheads' order
     tok1, tok2 = ids[1:-1], ids[2:]
     pos, emb = torch.arange(tok1.numel()), target.get_input_embeddings()
     with torch.no_grad():
-        l1, x1 = eagle3_forward(layer_cfg, t, emb(tok1), aux @ t["fc.weight"].T, pos, **kw)
-        l2, _ = eagle3_forward(layer_cfg, t, emb(tok2), x1, pos, **kw)  # the pre-norm output is fed back
+        l1, x1 = eagle3_forward(layer_cfg, t, emb(tok1), eagle3_fuse(layer_cfg, t, aux), pos, **kw)
+        l2, _ = eagle3_forward(layer_cfg, t, emb(tok2), x1, pos, **kw)  # what step 1 returns is fed back
     m1, m2 = draftheads_two_steps(heads, feats, tok1, tok2)
     return l1, l2, m1, m2
 

@@ -2,6 +2,7 @@
 
 For every head type with a vLLM layout (Medusa with its own and with the shared LM head, EAGLE-1,
 EAGLE-3 through the speculators format, also as ``method: eagle3`` and as ``LLM(model=SPEC_DIR)``,
+EAGLE-3 with both EAGLE 3.1 options (``fc_norm``, ``norm_output``) through the same format,
 P-EAGLE through the speculators ``peagle`` format, as ``method: eagle3`` + ``parallel_drafting`` and
 as ``LLM(model=SPEC_DIR)``; DFlash in the z-lab layout, ``method: dflash``) heads are built on a tiny random Llama (the target's own next-token guess plus noise in every tensor,
 see `identity_plus_noise`; P-EAGLE and DFlash heads are trained for a few seconds instead, as their mask slots
@@ -14,7 +15,8 @@ draft nothing useful untrained, see `trained_peagle`, `trained_dflash_heads`), e
   about the export (verification makes any draft lossless, and vLLM's loader silently skips a
   tensor it does not expect); equal acceptance does;
 - the comparison can fail: exports with a classic conversion bug (Medusa block biases without
-  ``medusa_fc_bias``, EAGLE-1 fc halves in the wrong order, EAGLE-3 ``d2t`` all zeros, P-EAGLE without
+  ``medusa_fc_bias``, EAGLE-1 fc halves in the wrong order, EAGLE-3 ``d2t`` all zeros, EAGLE 3.1 with
+  ``norm_output`` or ``fc_norm`` (and its weights) dropped, P-EAGLE without
   its own embedding, so that vLLM shares the target's, a DFlash block made causal or its layer ids
   left in draftheads' numbering) decode the same text in vLLM but accept differently.
 
@@ -113,7 +115,8 @@ def identity_plus_noise(target, head_type: str, noise: float, seed: int = 0, dra
     if head_type == "eagle":
         heads = dh.EagleHead.for_target(target, num_heads=1, num_layers=1)  # fc = [0 | I]: f_t passed through
     else:
-        heads = dh.Eagle3Head.for_target(target, num_heads=K, num_layers=1, draft_vocab_size=160)
+        options = {"fc_norm": True, "norm_output": True} if head_type == "eagle31" else {}
+        heads = dh.Eagle3Head.for_target(target, num_heads=K, num_layers=1, draft_vocab_size=160, **options)
         heads.set_draft_vocab(draft_counts)
         with torch.no_grad():  # fc picks the deepest fused feature; norm + LM head are the target's
             deepest = max(range(len(heads.feature_layers)), key=lambda i: heads.feature_layers[i])
@@ -122,7 +125,7 @@ def identity_plus_noise(target, head_type: str, noise: float, seed: int = 0, dra
             heads.norm.weight.copy_(target.model.norm.weight)
             heads.lm_head.weight.copy_(target.lm_head.weight[heads.draft_to_target])
         noisy(heads.lm_head.weight, 0.5 * noise * float(heads.lm_head.weight.detach().std()), gen)
-        for norm in (heads.embed_norm, heads.hidden_norm, heads.norm):
+        for norm in (heads.embed_norm, heads.hidden_norm, heads.norm, *(heads.fc_norm or [])):
             noisy(norm.weight, 0.2 * noise, gen)
     noisy(heads.fc.weight, noise / (heads.fc.weight.shape[1]) ** 0.5, gen)
     layer = heads.layers[0]
@@ -174,7 +177,7 @@ class Case:
 
 # Noise per head type: the drafts stay right often enough at every position (EAGLE-3 feeds its own
 # output back at depth, so noise compounds there and it gets less).
-NOISE = {"medusa": 0.2, "medusa_shared": 0.2, "eagle": 0.2, "eagle3": 0.03}
+NOISE = {"medusa": 0.2, "medusa_shared": 0.2, "eagle": 0.2, "eagle3": 0.03, "eagle31": 0.03}
 
 
 def build_heads(target, root: Path, draft_counts: torch.Tensor) -> dict[str, tuple[Path, object]]:
@@ -216,6 +219,11 @@ def perturb(src: Path, dst: Path, how: str) -> None:
         tensors["fc.weight"] = torch.cat([w[:, d:], w[:, :d]], dim=1).contiguous()
     elif how == "eagle3_d2t_zero":  # a d2t of zeros (a known bug): draft index i read as target id i
         tensors["d2t"] = torch.zeros_like(tensors["d2t"])
+    elif how == "eagle31_norm_output_dropped":  # vLLM then feeds the pre-norm state to the next step
+        config["norm_output"] = False
+    elif how == "eagle31_fc_norm_dropped":  # vLLM then fuses the raw target features
+        config["fc_norm"] = False
+        tensors = {k: v for k, v in tensors.items() if not k.startswith("fc_norm.")}
     elif how == "peagle_embedding_dropped":  # vLLM then embeds with the target's table (mask row included)
         del tensors["embed_tokens.weight"]
     elif how == "dflash_causal_flag":  # vLLM then makes the block causal: slots no longer see later masks
@@ -294,6 +302,7 @@ def prepare_and_run(python: Path, root: Path, reuse: bool = False, only: set[str
     cases["peagle"] = Case("peagle", peagle_dir, out, peagle_method, dh.TreeShape.chain(K))
     cases["peagle_as_model"] = Case("peagle_as_model", peagle_dir, out, None, dh.TreeShape.chain(K), {"model": str(out)})
     negatives = [("medusa", "medusa_bias_flag_dropped"), ("eagle", "eagle_fc_halves_swapped"), ("eagle3", "eagle3_d2t_zero"),
+                 ("eagle31", "eagle31_norm_output_dropped"), ("eagle31", "eagle31_fc_norm_dropped"),
                  ("peagle", "peagle_embedding_dropped"), ("dflash", "dflash_causal_flag"),
                  ("dflash", "dflash_layer_ids_unshifted")]
     broken: dict[str, Case] = {}
@@ -348,8 +357,8 @@ def test_vllm_counting_replays_the_schedulers_rule():
         vllm_counts([1, 1], max_tokens=10, k=3)
 
 
-CASES = ["medusa", "medusa_shared", "eagle", "eagle3", "eagle3_method", "eagle3_as_model", "peagle", "peagle_as_model",
-         "dflash"]
+CASES = ["medusa", "medusa_shared", "eagle", "eagle3", "eagle3_method", "eagle3_as_model", "eagle31", "peagle",
+         "peagle_as_model", "dflash"]
 
 
 def test_vllm_plain_greedy_equals_transformers_generate(engine_run):
@@ -379,6 +388,7 @@ def test_vllm_accepts_per_position_what_draftheads_accepts(engine_run, name):
 
 
 @pytest.mark.parametrize("how", ["medusa_bias_flag_dropped", "eagle_fc_halves_swapped", "eagle3_d2t_zero",
+                                 "eagle31_norm_output_dropped", "eagle31_fc_norm_dropped",
                                  "peagle_embedding_dropped", "dflash_causal_flag", "dflash_layer_ids_unshifted"])
 def test_a_conversion_bug_changes_vllm_acceptance_not_its_output(engine_run, how):
     """The acceptance comparison can fail: an export with one classic bug still decodes exactly

@@ -9,7 +9,10 @@ checked against the target and dropped (draftheads always reads the target's own
 P-EAGLE (speculators ``peagle``): the EAGLE-3 layout plus ``mask_hidden``, a top-level
 ``mask_token_id`` and the draft's own trained ``embed_tokens`` (kept; without one, vLLM embeds
 with the target's table, so that is what the imported heads get).
-Variants draftheads' heads cannot compute (norm_before_residual, fc norms, RoPE scaling, ...)
+EAGLE 3.1 (config ``fc_norm`` with ``fc_norm.{j}.weight`` per captured layer, ``norm_output``) imports
+into an EAGLE-3 head with the same options (heads/eagle.py says what vLLM computes for them); a
+P-EAGLE checkpoint setting them is refused (vLLM's P-EAGLE mapping does not forward them).
+Variants draftheads' heads cannot compute (norm_before_residual, norm_before_fc, RoPE scaling, ...)
 are refused by name, never approximated.
 """
 from __future__ import annotations
@@ -24,7 +27,8 @@ from .import_medusa import load_strict
 from .layouts import d2t_absolute, default_engine_feature_layers, feature_layers_from_sglang, feature_layers_from_vllm
 from .sources import Source
 
-UNSUPPORTED_FLAGS = ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output", "use_aux_norm")
+UNSUPPORTED_FLAGS = ("norm_before_residual", "norm_before_fc", "use_aux_norm")
+EAGLE31_FLAGS = ("fc_norm", "norm_output")  # computed by Eagle3Head (not by P-EAGLE: vLLM does not forward them)
 
 
 def _strip_model_prefix(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -129,17 +133,22 @@ def read_eagle3(source: Source, target: torch.nn.Module, layout: str) -> Eagle3H
         layer_cfg = dict(cfg.get("transformer_layer_config") or {})
         # vLLM's default for this format (its P-EAGLE mapping defaults to false)
         flags = {"norm_before_residual": cfg.get("norm_before_residual", not peagle)}
-        flags.update({k: cfg.get(k, False) for k in UNSUPPORTED_FLAGS if k != "norm_before_residual"})
+        flags.update({k: cfg.get(k, False) for k in UNSUPPORTED_FLAGS + EAGLE31_FLAGS if k != "norm_before_residual"})
         ids = cfg.get("eagle_aux_hidden_state_layer_ids") or (layer_cfg.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
         feature_layers = feature_layers_from_vllm(ids) if ids else default_engine_feature_layers(n_target)
         prefix0 = "layers.0"
     else:
         layer_cfg = cfg
         eagle_cfg = cfg.get("eagle_config") or {}
-        flags = {k: cfg.get(k, eagle_cfg.get(k, False)) for k in UNSUPPORTED_FLAGS}
+        flags = {k: cfg.get(k, eagle_cfg.get(k, False)) for k in UNSUPPORTED_FLAGS + EAGLE31_FLAGS}
         ids = eagle_cfg.get("eagle_aux_hidden_state_layer_ids") or cfg.get("eagle_aux_hidden_state_layer_ids")
         feature_layers = feature_layers_from_sglang(ids) if ids else default_engine_feature_layers(n_target)
         prefix0 = "midlayer" if any(k.startswith("midlayer.") for k in tensors) else "layers.0"
+    eagle31 = {k: bool(flags.pop(k)) for k in EAGLE31_FLAGS}
+    if peagle and any(eagle31.values()):
+        raise ValueError(f"{where}: {', '.join(k for k, v in eagle31.items() if v)} set on a P-EAGLE checkpoint: vLLM's "
+                         "P-EAGLE mapping does not forward it (it serves the draft without), and draftheads' P-EAGLE "
+                         "head does not compute it")
     on = sorted(k for k, v in flags.items() if v)
     if on:
         raise ValueError(f"{where}: {', '.join(on)} set: draftheads' EAGLE-3 head computes none of these variants "
@@ -178,6 +187,8 @@ def read_eagle3(source: Source, target: torch.nn.Module, layout: str) -> Eagle3H
     order = torch.argsort(absolute)  # draftheads keeps the draft vocabulary sorted by target id
     num_layers = 1 + len({k.split(".")[1] for k in tensors if k.startswith("layers.") and k.split(".")[1] != "0"})
     extra = {**_geometry(layer_cfg, d, where), "feature_layers": feature_layers, "draft_vocab_size": int(n_vocab)}
+    if any(eagle31.values()):  # only when set: plain EAGLE-3 imports stay as they were
+        extra.update(eagle31)
     num_heads, cls = 1, Eagle3Head
     if peagle:
         num_heads, cls = peagle_state.pop("num_heads"), PEagleHead
@@ -196,6 +207,12 @@ def read_eagle3(source: Source, target: torch.nn.Module, layout: str) -> Eagle3H
     for name in ("fc.weight", "norm.weight"):
         if name in tensors:
             state[name] = tensors.pop(name)
+    if eagle31["fc_norm"]:  # chunk j of the engine's fc input = the j-th captured layer = feature_layers[j] (sorted)
+        missing = [f"fc_norm.{j}.weight" for j in range(len(feature_layers)) if f"fc_norm.{j}.weight" not in tensors]
+        if missing:
+            raise ValueError(f"{where}: fc_norm set but {', '.join(missing)} missing (one norm per captured layer)")
+        for j in range(len(feature_layers)):
+            state[f"fc_norm.{j}.weight"] = tensors.pop(f"fc_norm.{j}.weight")
     bias = tensors.pop("fc.bias", None)
     if bias is not None and bool((bias != 0).any()):
         raise ValueError(f"{where}: fc.bias: draftheads' EAGLE-3 fc has no bias")

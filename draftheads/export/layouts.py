@@ -14,7 +14,9 @@ installed vLLM (0.32) and SGLang (0.5.23):
   vLLM's fc has no bias, SGLang's always has one.
 - EAGLE-3 (vllm/model_executor/models/llama_eagle3.py, sglang/srt/models/llama_eagle3.py):
   ``midlayer.*`` (read as ``layers.0.*``), ``hidden_norm``, ``norm``, ``lm_head`` over the draft
-  vocabulary, ``d2t`` as offsets, ``t2d`` a bool mask (ignored by both engines).
+  vocabulary, ``d2t`` as offsets, ``t2d`` a bool mask (ignored by both engines); EAGLE 3.1 in vLLM:
+  ``fc_norm.{j}.weight`` [H] per captured layer (config ``fc_norm: true``) and ``norm_output: true``
+  (no tensor).
 """
 from __future__ import annotations
 
@@ -97,6 +99,8 @@ def eagle3_shapes(config, *, layer0_prefix: str, later_norm: str = "input_layern
             shapes[f"{prefix}.{name}"] = shape
         if i == 0:
             shapes[f"{prefix}.hidden_norm.weight"] = (d,)
+    if ex.get("fc_norm"):  # EAGLE 3.1: vLLM's per-layer norms before fc (vllm/model_executor/models/llama_eagle3.py)
+        shapes.update({f"fc_norm.{j}.weight": (d,) for j in range(n_aux)})
     shapes["d2t"] = (n,)
     shapes["t2d"] = (vocab,)
     return shapes

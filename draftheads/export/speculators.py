@@ -32,6 +32,9 @@ def eagle3_tensors(heads, layer0_prefix: str, later_norm: str) -> dict[str, torc
     out[f"{layer0_prefix}.input_layernorm.weight"] = state["embed_norm.weight"]  # the norm on the embedding
     out[f"{layer0_prefix}.hidden_norm.weight"] = state["hidden_norm.weight"]
     out["fc.weight"] = state["fc.weight"][:, fc_column_order(ex["feature_layers"], cfg.hidden_size)]
+    if ex.get("fc_norm"):  # EAGLE 3.1: engine chunk j = the j-th fused layer in layer order, as fc's columns
+        for j, i in enumerate(sorted(range(len(ex["feature_layers"])), key=lambda i: ex["feature_layers"][i])):
+            out[f"fc_norm.{j}.weight"] = state[f"fc_norm.{i}.weight"]
     out["norm.weight"] = state["norm.weight"]
     out["lm_head.weight"] = state["lm_head.weight"]
     d2t = state["draft_to_target"]
@@ -97,8 +100,9 @@ def _eagle3_folder(heads, *, verifier: str | None, verifier_cfg: dict, num_specu
         "eagle_aux_hidden_state_layer_ids": ids,
         "norm_before_residual": False,
         "norm_before_fc": False,
-        "fc_norm": False,
-        "norm_output": False,
+        # EAGLE 3.1 (heads/eagle.py): top-level keys, which vLLM's update_eagle3 copies onto the draft config
+        "fc_norm": bool(ex.get("fc_norm", False)),
+        "norm_output": bool(ex.get("norm_output", False)),
         "speculators_config": {
             "algorithm": "eagle3",
             "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": steps}],

@@ -13,6 +13,22 @@ norm and its own LM head over a reduced draft vocabulary (the N most frequent tr
 mapped back to target ids by tensors stored with the weights). Deeper drafts feed the layer's own
 output back, and training unrolls those steps (training-time test, `train.eagle_loss`).
 
+EAGLE 3.1 options of EAGLE-3 heads (``extra.fc_norm``, ``extra.norm_output``; off by default and
+absent from heads saved before they existed), computed as vLLM's EAGLE-3 draft computes the config
+keys of the same names (vllm/model_executor/models/llama_eagle3.py since vLLM PR #42764; the
+speculators config reaches it through vllm/transformers_utils/configs/speculators/algos.py
+``update_eagle3``, PR #46488):
+- ``fc_norm``: before ``fc``, each target layer's feature (one [H] chunk of the fused input) goes
+  through its own RMSNorm: ``fc(cat(norm_0(h_a), norm_1(h_b), ...))``. Weights ``fc_norm.{i}.weight``
+  [H], epsilon ``rms_norm_eps``; engine chunk i is the i-th captured layer in layer order (vLLM's
+  ``combine_hidden_states``). Only where the draft reads target features: a deeper step reads the
+  draft's own state, which never passes through ``fc``.
+- ``norm_output``: the state a step hands on is the final ``norm``'s OUTPUT (vLLM returns it as the
+  auxiliary hidden state it feeds to the next draft step instead of the pre-norm sum), and the LM
+  head reads that state directly (no second norm: logits are ``lm_head(norm(out))`` either way).
+  No new tensor: it reuses ``norm.weight`` and its epsilon. The speculators trainer's EAGLE-3 model
+  (vllm-project/speculators, ``--fc-norm`` / ``--norm-output``) computes the same.
+
 The draft decoder layer itself is in draft_layer.py.
 """
 from __future__ import annotations
@@ -202,7 +218,7 @@ class Eagle3Head(EagleHead):
     are refused when drafting, never silently treated as an identity."""
 
     head_type = "eagle3"
-    spec_options = ("feature_layers", "draft_vocab_size", "loss")
+    spec_options = ("feature_layers", "draft_vocab_size", "loss", "fc_norm", "norm_output")
     required_extra = EagleHead.required_extra + ("feature_layers", "draft_vocab_size")
     fuses_layers = True
 
@@ -221,6 +237,9 @@ class Eagle3Head(EagleHead):
         self.embed_norm = nn.RMSNorm(d, eps=eps)
         self.hidden_norm = nn.RMSNorm(d, eps=eps)
         self.norm = nn.RMSNorm(d, eps=eps)
+        fc_norm, self.norm_output = (_flag(ex, key) for key in ("fc_norm", "norm_output"))
+        # EAGLE 3.1 (module docstring): one RMSNorm per fused target layer, in feature_layers order.
+        self.fc_norm = nn.ModuleList([nn.RMSNorm(d, eps=eps) for _ in self.feature_layers]) if fc_norm else None
         self.lm_head = nn.Linear(d, n_vocab, bias=False)
         nn.init.normal_(self.lm_head.weight, std=0.02)
         self.register_buffer("draft_to_target", torch.full((n_vocab,), -1, dtype=torch.long))
@@ -276,20 +295,45 @@ class Eagle3Head(EagleHead):
         if not bool((t2d[d2t] == torch.arange(d2t.numel())).all()) or int((t2d >= 0).sum()) != d2t.numel():
             raise ValueError("eagle3 target_to_draft is not the inverse of draft_to_target (corrupt mapping)")
 
+    def fuse(self, features: torch.Tensor) -> torch.Tensor:
+        """[.., n*H] target features -> [.., H] fused state; with ``fc_norm`` each layer's [H]
+        chunk is normalised by its own norm first (EAGLE 3.1)."""
+        features = features.to(self.fc.weight.dtype)
+        if self.fc_norm is not None:
+            chunks = features.chunk(len(self.fc_norm), dim=-1)
+            features = torch.cat([norm(c) for norm, c in zip(self.fc_norm, chunks)], dim=-1)
+        return self.fc(features)
+
     def first_input(self, features, tokens):
-        g = self.fc(features.to(self.fc.weight.dtype))
+        g = self.fuse(features)
         return g, torch.cat([self.embed_norm(self.embed(tokens)), self.hidden_norm(g)], dim=-1)
 
     def next_input(self, state, tokens):
         """EAGLE-3 feeds back its own output (not a target-feature prediction)."""
         return state, torch.cat([self.embed_norm(self.embed(tokens)), self.hidden_norm(state)], dim=-1)
 
+    def run_layers(self, *args, **kwargs):
+        """The decoder layers; with ``norm_output`` the state handed on (to `logits` and to the next
+        step's `next_input`, in training's unrolled steps and in every proposer alike) is the final
+        norm's output, as vLLM feeds it (EAGLE 3.1)."""
+        state, kv = super().run_layers(*args, **kwargs)
+        return (self.norm(state) if self.norm_output else state), kv
+
     def logits(self, state):
-        return self.lm_head(self.norm(state))
+        """Draft-vocabulary logits of a state from `run_layers` (already normed with ``norm_output``)."""
+        return self.lm_head(state if self.norm_output else self.norm(state))
 
     def vocab_ids(self):
         return self.draft_to_target
 
+
+
+def _flag(extra: dict, key: str) -> bool:
+    """A boolean head option; absent (heads saved before it existed) means off."""
+    value = extra.get(key, False)
+    if not isinstance(value, bool):
+        raise ValueError(f"eagle3 {key} must be true or false, got {value!r}")
+    return value
 
 
 def check_feature_layers(layers: list[int], num_layers: int) -> None:

@@ -73,7 +73,10 @@ class PEagleHead(Eagle3Head):
     head_type = "peagle"
     dynamic_tree = False  # a static tree (rank paths) over the per-depth top-k of one forward
     training_objective = "parallel_depths"
-    spec_options = Eagle3Head.spec_options + ("mask_token_id", "cod_ratio", "cod_min_ratio", "greedy_path")
+    # Not EAGLE 3.1's fc_norm / norm_output: vLLM's speculators P-EAGLE mapping does not forward
+    # them (export/speculators.py), so a P-EAGLE draft using them could not be served as trained.
+    spec_options = tuple(o for o in Eagle3Head.spec_options if o not in ("fc_norm", "norm_output")) + (
+        "mask_token_id", "cod_ratio", "cod_min_ratio", "greedy_path")
     required_extra = Eagle3Head.required_extra + ("mask_token_id",)
 
     def __init__(self, config: HeadsConfig) -> None:
@@ -90,6 +93,10 @@ class PEagleHead(Eagle3Head):
                 "transformers returns AFTER the final norm and vLLM captures before it: an exported draft would read "
                 f"other features than it was trained on; pick ids 0..{config.target.num_hidden_layers - 1}"
             )
+        on = [key for key in ("fc_norm", "norm_output") if ex.get(key)]
+        if on:
+            raise ValueError(f"peagle heads do not take {', '.join(on)} (EAGLE 3.1 options of eagle3 heads): vLLM's "
+                             "P-EAGLE loader does not forward them, so the served draft would differ")
         super().__init__(config)
         self.mask_token_id = int(mask)
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
