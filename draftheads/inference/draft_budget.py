@@ -134,7 +134,7 @@ class OnlineDraftBudget(DraftBudget):
     def __init__(
         self,
         warmup: int = 4,
-        decay: float = 0.8,
+        decay: float = 0.9,
         window: int = 9,
         margin: float = 0.10,
         probe_every: int = 16,
