@@ -127,6 +127,13 @@ def identity_plus_noise(target, head_type: str, noise: float, seed: int = 0, dra
         noisy(heads.lm_head.weight, 0.5 * noise * float(heads.lm_head.weight.detach().std()), gen)
         for norm in (heads.embed_norm, heads.hidden_norm, heads.norm, *(heads.fc_norm or [])):
             noisy(norm.weight, 0.2 * noise, gen)
+        if head_type == "eagle31":
+            # Norms of weight ~1 make both options near no-ops: fc picks one fused chunk and
+            # hidden_norm rescales it anyway, and hidden_norm(norm(x)) ~ hidden_norm(x). Weights of
+            # 0.25-1.75 per channel make each option change the drafts (so dropping one is seen).
+            with torch.no_grad():
+                for norm in (heads.norm, *heads.fc_norm):
+                    norm.weight.mul_(1.5 * torch.rand(norm.weight.shape, generator=gen) + 0.25)
     noisy(heads.fc.weight, noise / (heads.fc.weight.shape[1]) ** 0.5, gen)
     layer = heads.layers[0]
     for lin in (layer.o_proj, layer.down_proj):  # zero at init: the layer was the identity
