@@ -1,8 +1,8 @@
 """Where one speculative step's time goes, per heads folder: draft, verify, host, and what it accepts.
 
 For each ``--heads`` folder (any head type, with its saved tree unless ``--chain``) this decodes
-the demo's held-out prompts with the draft budget OFF (every step drafts in full, so acceptance
-is the heads' own, not the budget's), interleaved with plain ``generate`` on the same prompts,
+the demo's held-out prompts with the draft budget and the heads' plan OFF (every step drafts in
+full, so acceptance is the heads' own, not the budget's), interleaved with plain ``generate`` on the same prompts,
 and prints per step:
 
 - accepted tokens (drafts accepted + the bonus) and P(depth d accepted) for d = 1..max depth;
@@ -52,7 +52,8 @@ def profile(target, tokenizer, heads_dir: str, prompts, max_new: int, temperatur
     if chain and not getattr(heads, "dynamic_tree", False):  # EAGLE's dynamic trees keep their saved settings
         depth = heads.config.num_heads
         tree = [[0] * d for d in range(1, depth + 1)]
-    decoder = SpeculativeDecoder(target, heads, tree=tree, draft_budget=None)
+    # batch_plan=None: the drafter is profiled even where the heads' plan would decode plain.
+    decoder = SpeculativeDecoder(target, heads, tree=tree, draft_budget=None, batch_plan=None)
     box = {"draft": 0.0}
     cls = type(decoder.proposer.rows(decoder.compaction))  # the loop drafts through the batch form
     original = _timed_propose(cls, box)
