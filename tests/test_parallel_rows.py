@@ -1,0 +1,276 @@
+"""A batch drafts every row in ONE draft forward for the parallel drafters (DFlash, P-EAGLE).
+
+`DFlashRows` / `PEagleRows` (what `Proposer.rows` gives the decode loop) must give each row the
+tree its own per-sequence proposer gives, step after step: rows of different prompt lengths (the
+shared draft cache is ragged from the first step), different accepted counts, a row drafting
+shallower near its budget, a row drafting nothing for a step (its context stays pending), and a
+row leaving the batch. The proposers are driven directly with random features and accepted paths,
+on heads with randomised weights (a fresh head's small weights would make the masks barely
+matter), in float64 so that reduction-order differences stay far from top-k ties.
+
+Then through the decode loop: greedy batches equal `generate` row by row (EOS at different steps,
+chain and tree, two architectures) with one draft-layer forward per step for the whole batch, and
+sampled batches with drawn drafts keep the target's law in every row (chi-square per row).
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import draftheads as dh
+import draftheads.inference.loop as loop
+from draftheads.heads.dflash import DFlashHeads
+from draftheads.inference.proposers.dflash import DFlashRows
+from draftheads.inference.proposers.peagle import PEagleRows
+from draftheads.inference.sampling import SamplingParams
+
+from inference_utils import greedy_reference, tiny_target
+from stats import law_pvalue
+from test_batch import check_rows_exact, eos_for_different_stops, left_padded, reference
+from test_sampling import exact_distribution
+
+PROMPT_LENGTHS = (3, 11, 6, 17)
+STEPS = 7
+LEAVES_AFTER = 3  # row 1 leaves the batch after this step
+DEPTH = 4
+TREES = {"chain": None, "tree": [[0], [1], [0, 0], [1, 0], [0, 1], [0, 0, 0], [0, 0, 0, 0]]}
+
+
+# -- the rows form against the per-sequence proposer, row by row -----------------------------------
+def random_heads(kind: str, target, dtype: torch.dtype = torch.float64) -> torch.nn.Module:
+    torch.manual_seed(7)
+    vocab = target.config.vocab_size
+    if kind == "dflash":
+        heads = DFlashHeads.for_target(target, num_layers=2, block_size=DEPTH + 1, mask_token_id=vocab - 1)
+    else:
+        heads = dh.PEagleHead.for_target(target, num_heads=DEPTH, num_layers=2, draft_vocab_size=48,
+                                         mask_token_id=vocab - 1)
+        heads.set_draft_vocab(torch.arange(vocab).flip(0))  # the mask token (count 0) is never drafted
+    with torch.no_grad():
+        for p in heads.parameters():
+            p.add_(torch.randn_like(p) * 0.2)
+    return heads.to(dtype).eval()
+
+
+def accepted_path(tree, gen: torch.Generator) -> torch.Tensor:
+    """The path from the root to a random node of ``tree`` (what the verifier may accept)."""
+    node = int(torch.randint(tree.shape.size, (1,), generator=gen))
+    path = [node]
+    while tree.shape.parents[path[-1]] != -1:
+        path.append(tree.shape.parents[path[-1]])
+    return torch.tensor(path[::-1])
+
+
+def recording_scores(rows) -> list[torch.Tensor]:
+    """Every `scores` result of ``rows`` ([rows, D, V'] per draft forward), recorded."""
+    seen, scores = [], rows.scores
+
+    def recorded(roots, depths):
+        out = scores(roots, depths)
+        seen.append(out.clone())
+        return out
+
+    rows.scores = recorded
+    return seen
+
+
+@pytest.fixture(scope="module")
+def double_target():
+    return tiny_target("llama", layers=3).double()  # DFlash reads layers 1 and 2: below the last
+
+
+@pytest.mark.parametrize("tree", list(TREES))
+@pytest.mark.parametrize("kind", ["dflash", "peagle"])
+def test_batched_trees_equal_each_rows_own_proposer(double_target, kind, tree, one_torch_thread):
+    target = double_target
+    heads = random_heads(kind, target)
+    proposer = heads.proposer(tree=TREES[tree])
+    feat = heads.fc.weight.shape[1]
+    gen = torch.Generator().manual_seed(3)
+    vocab = target.config.vocab_size
+    prompts = [torch.randint(3, vocab - 1, (n,), generator=gen) for n in PROMPT_LENGTHS]
+    hidden = [torch.randn(n, feat, generator=gen, dtype=torch.float64) for n in PROMPT_LENGTHS]
+    params = SamplingParams()
+
+    batched = proposer.rows()
+    assert isinstance(batched, DFlashRows if kind == "dflash" else PEagleRows)
+    batched.start(prompts, hidden, params, None)
+    batch_scores = recording_scores(batched)
+    forked = [proposer.fork() for _ in prompts]
+    alone_scores = []
+    for row, ids, h in zip(forked, prompts, hidden):
+        row.start(ids, h, params, None)
+        alone_scores.append(recording_scores(row._one))
+    alive = list(range(len(prompts)))  # original row of each batch position
+    roots = [int(t) for t in torch.randint(3, vocab - 1, (len(prompts),), generator=gen)]
+    compared = shallow = 0
+    for step in range(STEPS):
+        # Row 2 drafts shallower at step 2 (near its budget) and not at all at step 4.
+        max_depths = [{(2, 2): 2, (4, 2): 0}.get((step, r), 64) for r in alive]
+        trees = batched.propose(roots, max_depths)
+        assert len(batch_scores) == step + 1, "not one draft forward for the whole batch"
+        for pos, r in enumerate(alive):
+            before = len(alone_scores[r])
+            alone = forked[r].propose(roots[pos], max_depths[pos])
+            assert trees[pos].shape.parents == alone.shape.parents and torch.equal(trees[pos].tokens, alone.tokens), (
+                f"step {step}, row {r}: batched tree {trees[pos].tokens.tolist()} differs from the row's own "
+                f"proposer's {alone.tokens.tolist()}"
+            )
+            if len(alone_scores[r]) > before:  # the row drafted: its scores, position by position
+                mine = alone_scores[r][-1][0]
+                theirs = batch_scores[-1][pos, : mine.shape[0]]
+                assert torch.allclose(theirs, mine, rtol=1e-9, atol=1e-9), f"step {step}, row {r}: scores differ"
+                compared += 1
+            shallow += 1 < alone.shape.size and alone.shape.max_depth < DEPTH
+        paths = [accepted_path(t, gen) for t in trees]
+        toks = [t.tokens[p] for t, p in zip(trees, paths)]
+        feats = [torch.randn(p.numel(), feat, generator=gen, dtype=torch.float64) for p in paths]
+        batched.accepted(toks, feats)
+        for r, t, f in zip(alive, toks, feats):
+            forked[r].accepted(t, f)
+        roots = [int(t) for t in torch.randint(3, vocab - 1, (len(alive),), generator=gen)]
+        if step == LEAVES_AFTER:
+            keep = [pos for pos, r in enumerate(alive) if r != 1]
+            batched.keep(keep)
+            alive = [alive[pos] for pos in keep]
+            roots = [roots[pos] for pos in keep]
+    assert compared >= STEPS * 3 and shallow >= 1, "too few trees compared: the test would be vacuous"
+    assert not batched.cache.uniform, "the rows kept equal lengths: the ragged cache was not exercised"
+    key = "dflash" if kind == "dflash" else "peagle"
+    assert batched.stats()[key]["draft_forwards"] == STEPS
+
+
+# -- through the decode loop: exact, and one draft forward per step ---------------------------------
+@pytest.fixture(scope="module", params=[("dflash", "llama"), ("dflash", "qwen2"), ("peagle", "llama"),
+                                        ("peagle", "qwen2")], ids=lambda p: "-".join(p))
+def trained(request):
+    from test_dflash import trained_dflash
+    from test_peagle import trained_peagle
+
+    kind, arch = request.param
+    if kind == "dflash":
+        target = tiny_target(arch, layers=3)
+        heads, prompts = trained_dflash(target, steps=40)[:2]
+    else:
+        target = tiny_target(arch)
+        heads, prompts = trained_peagle(target, steps=40)[:2]
+    return kind, target, heads, prompts
+
+
+LOOP_TREE = [[0], [1], [0, 0], [1, 0], [0, 1], [0, 0, 0]]  # within the trained heads' 3 (DFlash) and 4 depths
+
+
+class ForwardCounter:
+    """Calls of the first draft layer's forward: one per draft forward of the batch."""
+
+    def __init__(self, heads) -> None:
+        self.calls = 0
+        self.hook = heads.layers[0].register_forward_hook(self._count)
+
+    def _count(self, module, args, out) -> None:
+        self.calls += 1
+
+    def __enter__(self) -> "ForwardCounter":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.hook.remove()
+
+
+@pytest.mark.parametrize("tree", list(TREES))
+def test_greedy_rows_stop_at_their_own_eos_like_generate(trained, tree, one_torch_thread):
+    kind, target, heads, prompts = trained
+    rows = [prompts[0].tolist(), prompts[1, 2:].tolist(), prompts[2].tolist() + [7, 9, 11], [1, 20, 33, 40, 5]]
+    ids, mask = left_padded(rows)
+    eos = eos_for_different_stops(target, ids, mask)
+    shape = LOOP_TREE if tree == "tree" else [[0] * d for d in range(1, heads.config.num_heads + 1)]
+    with ForwardCounter(heads) as forwards:
+        out = check_rows_exact(target, heads.proposer(tree=shape), rows, eos=eos)
+    assert len(set(out.stats["row_new_tokens"])) >= 2, "rows ended together: EOS at different steps not exercised"
+    drafted = out.stats[kind]["draft_forwards"]
+    assert forwards.calls == drafted <= out.stats["steps"], (
+        f"{forwards.calls} draft-layer forwards for {out.stats['steps']} steps of {len(rows)} rows"
+    )
+    assert out.mean_accept_length > 1.2, f"{kind}: drafts were (almost) never accepted, the test would be vacuous"
+
+
+def test_a_batch_of_three_runs_one_draft_forward_per_step(trained, one_torch_thread):
+    """3 rows, every step drafting (no draft budget): as many draft-layer forwards as steps, not 3 per step."""
+    kind, target, heads, prompts = trained
+    rows = [prompts[0].tolist(), prompts[1, 1:].tolist(), prompts[3].tolist() + [7]]
+    ids, mask = left_padded(rows)
+    decoder = dh.SpeculativeDecoder(target, heads, draft_budget=None)
+    with ForwardCounter(heads) as forwards:
+        out = decoder.generate(ids, attention_mask=mask, max_new_tokens=20, eos_token_id=[])
+    assert torch.equal(out.sequences, reference(target, ids, mask, new=20)), f"{kind}: batch differs from generate"
+    steps = out.stats["steps"]
+    assert steps >= 4 and forwards.calls == out.stats[kind]["draft_forwards"]
+    # every step but possibly the last (one token left: a plain step) drafts, once for all rows
+    assert steps - 1 <= forwards.calls <= steps, f"{forwards.calls} draft forwards in {steps} steps of 3 rows"
+
+
+@pytest.mark.parametrize("kind", ["dflash", "peagle"])
+def test_static_cache_decodes_one_row_the_same(kind, one_torch_thread):
+    target = tiny_target("llama", layers=3)
+    heads = random_heads(kind, target, torch.float32)
+    ids = torch.tensor([[1, 5, 9, 17, 4]])
+    for cache in ("static", "dynamic"):
+        out = dh.SpeculativeDecoder(target, heads, cache=cache).generate(ids, max_new_tokens=12, eos_token_id=[])
+        assert torch.equal(out.sequences, greedy_reference(target, ids, 12)), f"{kind} {cache} cache differs"
+
+
+# -- sampling with drawn drafts: every row keeps the target's law ----------------------------------
+VOCAB = 6
+SAMPLE_NEW = 3
+RUNS = 1500
+SAMPLE_TREE = [[0], [1], [0, 0], [0, 1], [1, 0]]  # two deep: each row draws a chain two deep
+
+
+def sampling_heads(kind: str, target) -> torch.nn.Module:
+    torch.manual_seed(0)
+    if kind == "dflash":
+        return DFlashHeads.for_target(target, num_layers=1, block_size=3, mask_token_id=5)
+    heads = dh.PEagleHead.for_target(target, num_heads=2, draft_vocab_size=5, mask_token_id=0)
+    heads.set_draft_vocab(torch.tensor([0, 5, 4, 3, 2, 6]))  # the mask token is never drafted
+    return heads
+
+
+@pytest.mark.parametrize("kind", ["dflash", "peagle"])
+def test_sampled_rows_with_drawn_drafts_follow_the_target_distribution(kind, monkeypatch, one_torch_thread):
+    target = tiny_target("llama", seed=3, vocab=VOCAB, hidden=32, layers=2)
+    with torch.no_grad():  # sharper logits than the random init, so mistakes move real mass
+        target.get_output_embeddings().weight.mul_(4.0)
+    decoder = dh.SpeculativeDecoder(target, sampling_heads(kind, target), tree=SAMPLE_TREE)
+    seen = []
+    accept = loop.accept_rows
+
+    def recording(trees, *args, **kwargs):
+        if len(seen) < 200:
+            seen.extend(trees)
+        return accept(trees, *args, **kwargs)
+
+    monkeypatch.setattr(loop, "accept_rows", recording)
+    rows = [[1, 4, 3], [2, 5], [1, 1, 4, 3], [3, 2, 4]]
+    ids, mask = left_padded(rows)
+    params = SamplingParams(temperature=0.9, top_k=5)
+    gen = torch.Generator().manual_seed(1234)
+    counts = [dict() for _ in rows]
+    deep = steps = 0
+    with ForwardCounter(decoder.proposer.heads if kind == "dflash" else decoder.proposer.head) as forwards:
+        for _ in range(RUNS):
+            # 4 new tokens, the first 3 tested: the first step after the prefill drafts 2 deep
+            out = decoder.generate(ids, attention_mask=mask, max_new_tokens=SAMPLE_NEW + 1, temperature=0.9, top_k=5,
+                                   eos_token_id=[], generator=gen)
+            deep += max(out.accept_lengths) >= 3
+            steps += out.stats["steps"]
+            for r in range(len(rows)):
+                key = tuple(out.sequences[r, ids.shape[1] : ids.shape[1] + SAMPLE_NEW].tolist())
+                counts[r][key] = counts[r].get(key, 0) + 1
+    for r, row in enumerate(rows):
+        pvalue = law_pvalue(counts[r], exact_distribution(target, torch.tensor([row]), params))
+        assert pvalue > 1e-3, f"{kind} row {r}: chi-square p-value {pvalue:.2e}: not the target's distribution"
+    assert deep >= RUNS // 20, f"{kind}: a depth-2 draft was accepted in only {deep}/{RUNS} batches: vacuous"
+    assert 0 < forwards.calls <= steps, "more than one draft forward per step for the batch"
+    drafted = [t for t in seen if t.shape.size > 1]
+    assert drafted and all(t.draft_probs is not None for t in drafted), "sampling did not draw its drafts"
+    assert all(t.shape.parents == tuple(range(-1, t.shape.size - 1)) for t in drafted), "a drawn draft is a chain"
