@@ -115,7 +115,7 @@ class DFlashRows(ParallelRows):
         m, cache = feats.shape[1], self.cache
         cache.reserve(cache.width + m)
         positions = torch.tensor(cache.lengths).to(self.device, non_blocking=True)[:, None] + torch.arange(m, device=self.device)
-        cache.write(self.heads.context_kv(self.heads.context(feats), positions), counts)
+        cache.append(self.heads.context_kv(self.heads.context(feats), positions), counts)
 
     def block_states(self, roots: list[int], drafting: list[bool]) -> torch.Tensor:
         """Final-normed draft states [rows, block, H] of every row's block ``[root, mask x K]`` at

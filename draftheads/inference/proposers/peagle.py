@@ -143,10 +143,7 @@ class PEagleRows(ParallelRows):
         else:
             mask = torch.cat([visible[:, None].expand(rows, n, prefix), causal.expand(rows, n, n)], dim=2)
         state, _ = head.run_layers(g, attn_in, positions, mask, cache=cache.layers, cache_length=prefix)
-        if cache.uniform:
-            cache.advance(counts)
-        else:
-            cache.write([(k[:, :, prefix : prefix + m], v[:, :, prefix : prefix + m]) for k, v in cache.layers], counts)
+        cache.settle(m, counts)  # the layers wrote every row's entries at prefix
         if all(c == m for c in counts):
             read = state[:, m - 1 : m - 1 + depth]
         else:  # each row's root entry, then its mask slots

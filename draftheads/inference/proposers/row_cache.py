@@ -1,12 +1,13 @@
 """A draft KV cache shared by the rows of a batch, each row's entries contiguous from slot 0.
 
 Rows commit different numbers of positions per step (their prompts and accepted counts differ),
-so their lengths differ. Here a row's new entries are written at ITS OWN length (one scatter per
-layer), never at a common offset: a row's cache is always [its committed entries, then unused
-slots], the rows are right-padded to the longest, and a row attends to its first ``length``
-slots (`visible`). There are no holes to compact (EAGLE's `eagle_rows` keeps holes instead,
-because its draft layer writes all rows' new entries at one offset), and a row leaving the batch
-is one row selection. The parallel drafters (`parallel.ParallelRows`) keep their context here.
+so their lengths differ. A step's new entries are written after the longest row (at ``width``,
+for every row: a draft layer writes its inputs' keys/values there in place), then each row's
+committed ones move to its own end (`settle`: one scatter per layer). So a row's cache is always
+[its committed entries, then slots it never reads], the rows are right-padded to the longest,
+and a row attends to its first ``length`` slots (`visible`). There are no holes to compact
+(EAGLE's `eagle_rows` keeps holes instead), and a row leaving the batch is one row selection.
+The parallel drafters (`parallel.ParallelRows`) keep their context here.
 """
 from __future__ import annotations
 
@@ -55,28 +56,32 @@ class RowCache:
         lengths = torch.tensor(self.lengths).to(device, non_blocking=True)
         return torch.arange(self.width, device=device)[None] < lengths[:, None]
 
-    def write(self, kvs: list[tuple[torch.Tensor, torch.Tensor]], counts: list[int]) -> None:
-        """Append per layer keys/values [rows, kv, m, hd]: row r's first ``counts[r]`` entries
-        become its next committed slots (its other entries land past its end, never seen). The
-        caller has reserved ``width + m`` slots. ``kvs`` may be views of the buffers themselves."""
-        m = kvs[0][0].shape[2]
-        if self.uniform:
-            start = self.width
-            for (keys, values), (k, v) in zip(self.layers, kvs):
-                keys[:, :, start : start + m] = k
-                values[:, :, start : start + m] = v
-        else:
-            device = self.layers[0][0].device
-            slots = torch.tensor(self.lengths).to(device, non_blocking=True)[:, None] + torch.arange(m, device=device)
-            for (keys, values), (k, v) in zip(self.layers, kvs):
-                index = slots[:, None, :, None].expand(-1, k.shape[1], -1, k.shape[3])
-                keys.scatter_(2, index, k.clone())  # clone: k may alias the slots it moves to
-                values.scatter_(2, index, v.clone())
-        self.advance(counts)
+    def append(self, kvs: list[tuple[torch.Tensor, torch.Tensor]], counts: list[int]) -> None:
+        """Per layer keys/values [rows, kv, m, hd]: row r's first ``counts[r]`` entries become its
+        next committed slots. They are written at ``width`` for every row, then `settle` moves
+        them; the caller has reserved ``width + m`` slots."""
+        start, m = self.width, kvs[0][0].shape[2]
+        for (keys, values), (k, v) in zip(self.layers, kvs):
+            keys[:, :, start : start + m] = k
+            values[:, :, start : start + m] = v
+        self.settle(m, counts)
 
-    def advance(self, counts: list[int]) -> None:
-        """Row r's next ``counts[r]`` slots, written in place by the caller (at ``width``, with
-        every row as long), are now committed."""
+    def settle(self, m: int, counts: list[int]) -> None:
+        """The ``m`` entries every row has at slots ``width .. width + m`` (written there by the
+        caller, e.g. a draft layer writing into the buffers) become row r's next ``counts[r]``
+        committed slots: moved to the row's own end (one scatter per layer; nothing moves when
+        every row is as long). Entries past a row's count land past its end, never seen.
+
+        Writing every row at ``width`` first keeps every slot below the width written for every
+        row, never uninitialised memory: a masked key still enters attention's arithmetic, and a
+        NaN there would turn the row's output into NaN even at weight 0."""
+        if not self.uniform:
+            start, device = self.width, self.layers[0][0].device
+            slots = torch.tensor(self.lengths).to(device, non_blocking=True)[:, None] + torch.arange(m, device=device)
+            for keys, values in self.layers:
+                index = slots[:, None, :, None].expand(-1, keys.shape[1], -1, keys.shape[3])
+                keys.scatter_(2, index, keys[:, :, start : start + m].clone())  # clone: the slots may overlap
+                values.scatter_(2, index, values[:, :, start : start + m].clone())
         self.lengths = [length + c for length, c in zip(self.lengths, counts)]
 
     def keep(self, rows: list[int]) -> None:
