@@ -20,6 +20,7 @@ import torch
 import draftheads as dh
 import draftheads.inference.loop as loop
 from draftheads.heads.dflash import DFlashHeads
+from draftheads.inference.host_syncs import HostSyncCounter
 from draftheads.inference.proposers.dflash import DFlashRows
 from draftheads.inference.proposers.peagle import PEagleRows
 from draftheads.inference.sampling import SamplingParams
@@ -290,3 +291,38 @@ def test_sampled_rows_with_drawn_drafts_follow_the_target_distribution(kind, mon
     drafted = [t for t in seen if t.shape.size > 1]
     assert drafted and all(t.draft_probs is not None for t in drafted), "sampling did not draw its drafts"
     assert all(t.shape.parents == tuple(range(-1, t.shape.size - 1)) for t in drafted), "a drawn draft is a chain"
+
+
+@pytest.mark.parametrize("draws", [False, True], ids=["ranked", "drawn"])
+@pytest.mark.parametrize("kind", ["dflash", "peagle"])
+def test_batched_drafting_reads_nothing_back_from_the_device(kind, draws, one_torch_thread):
+    """The rows' layout (lengths, padding, masks) is planned from host bookkeeping and the trees
+    stay where the scores are: drafting a batch never waits on the device (the verifier reads the
+    trees once, per step, for all rows)."""
+    target = tiny_target("llama", layers=3)
+    heads = random_heads(kind, target, torch.float32)
+    batched = heads.proposer(tree=TREES["tree"]).rows()
+    feat = heads.fc.weight.shape[1]
+    gen = torch.Generator().manual_seed(4)
+    prompts = [torch.randint(3, 60, (n,), generator=gen) for n in PROMPT_LENGTHS]
+    params = SamplingParams(temperature=0.8, sample_drafts=True) if draws else SamplingParams()
+    with HostSyncCounter(target, heads) as syncs:
+        hidden = [torch.randn(n, feat, generator=gen) for n in PROMPT_LENGTHS]
+        for h in hidden:
+            syncs.taint(h)  # target features live on the accelerator
+        batched.start(prompts, hidden, params, torch.Generator().manual_seed(0))
+        rows, reads = len(prompts), 0
+        for step in range(5):
+            before = syncs.total_outside
+            trees = batched.propose([5] * rows, [64, 2, 0] if step == 2 else [64] * rows)  # shallow, plain rows
+            reads += syncs.total_outside - before
+            counts = [int(torch.randint(1, t.shape.max_depth + 2, (1,), generator=gen)) for t in trees]
+            feats = [torch.randn(c, feat, generator=gen) for c in counts]
+            for f in feats:
+                syncs.taint(f)
+            batched.accepted([torch.full((c,), 7) for c in counts], feats)  # host tokens, as the loop gives
+            if step == 1:
+                batched.keep([0, 2, 3])
+                rows = 3
+    assert reads == 0, f"{dict(syncs.outside)} host reads while drafting"
+    assert batched.forwards == 5
