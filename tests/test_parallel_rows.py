@@ -27,12 +27,10 @@ from draftheads.inference.sampling import SamplingParams
 
 from inference_utils import greedy_reference, tiny_target
 from stats import law_pvalue
+from rows_driver import PROMPT_LENGTHS, STEPS, drive_alike
 from test_batch import check_rows_exact, eos_for_different_stops, left_padded, reference
 from test_sampling import exact_distribution
 
-PROMPT_LENGTHS = (3, 11, 6, 17)
-STEPS = 7
-LEAVES_AFTER = 3  # row 1 leaves the batch after this step
 DEPTH = 4
 TREES = {"chain": None, "tree": [[0], [1], [0, 0], [1, 0], [0, 1], [0, 0, 0], [0, 0, 0, 0]]}
 
@@ -51,15 +49,6 @@ def random_heads(kind: str, target, dtype: torch.dtype = torch.float64) -> torch
         for p in heads.parameters():
             p.add_(torch.randn_like(p) * 0.2)
     return heads.to(dtype).eval()
-
-
-def accepted_path(tree, gen: torch.Generator) -> torch.Tensor:
-    """The path from the root to a random node of ``tree`` (what the verifier may accept)."""
-    node = int(torch.randint(tree.shape.size, (1,), generator=gen))
-    path = [node]
-    while tree.shape.parents[path[-1]] != -1:
-        path.append(tree.shape.parents[path[-1]])
-    return torch.tensor(path[::-1])
 
 
 def poisoned(rows):
@@ -99,58 +88,35 @@ def double_target():
 @pytest.mark.parametrize("tree", list(TREES))
 @pytest.mark.parametrize("kind", ["dflash", "peagle"])
 def test_batched_trees_equal_each_rows_own_proposer(double_target, kind, tree, one_torch_thread):
-    target = double_target
-    heads = random_heads(kind, target)
+    heads = random_heads(kind, double_target)
     proposer = heads.proposer(tree=TREES[tree])
-    feat = heads.fc.weight.shape[1]
-    gen = torch.Generator().manual_seed(3)
-    vocab = target.config.vocab_size
-    prompts = [torch.randint(3, vocab - 1, (n,), generator=gen) for n in PROMPT_LENGTHS]
-    hidden = [torch.randn(n, feat, generator=gen, dtype=torch.float64) for n in PROMPT_LENGTHS]
-    params = SamplingParams()
-
     batched = poisoned(proposer.rows())
     assert isinstance(batched, DFlashRows if kind == "dflash" else PEagleRows)
-    batched.start(prompts, hidden, params, None)
     batch_scores = recording_scores(batched)
-    forked = [proposer.fork() for _ in prompts]
-    alone_scores = []
-    for row, ids, h in zip(forked, prompts, hidden):
-        row.start(ids, h, params, None)
-        alone_scores.append(recording_scores(row._one))
-    alive = list(range(len(prompts)))  # original row of each batch position
-    roots = [int(t) for t in torch.randint(3, vocab - 1, (len(prompts),), generator=gen)]
+    alone_scores, read = {}, {}
     compared = shallow = 0
-    for step in range(STEPS):
-        # Row 2 drafts shallower at step 2 (near its budget) and not at all at step 4.
-        max_depths = [{(2, 2): 2, (4, 2): 0}.get((step, r), 64) for r in alive]
-        trees = batched.propose(roots, max_depths)
+
+    def started(forks):
+        for r, fork in enumerate(forks):
+            alone_scores[r], read[r] = recording_scores(fork._one), 0
+
+    def check(step, r, pos, mine, alone):
+        nonlocal compared, shallow
         assert len(batch_scores) == step + 1, "not one draft forward for the whole batch"
-        for pos, r in enumerate(alive):
-            before = len(alone_scores[r])
-            alone = forked[r].propose(roots[pos], max_depths[pos])
-            assert trees[pos].shape.parents == alone.shape.parents and torch.equal(trees[pos].tokens, alone.tokens), (
-                f"step {step}, row {r}: batched tree {trees[pos].tokens.tolist()} differs from the row's own "
-                f"proposer's {alone.tokens.tolist()}"
-            )
-            if len(alone_scores[r]) > before:  # the row drafted: its scores, position by position
-                mine = alone_scores[r][-1][0]
-                theirs = batch_scores[-1][pos, : mine.shape[0]]
-                assert torch.allclose(theirs, mine, rtol=1e-9, atol=1e-9), f"step {step}, row {r}: scores differ"
-                compared += 1
-            shallow += 1 < alone.shape.size and alone.shape.max_depth < DEPTH
-        paths = [accepted_path(t, gen) for t in trees]
-        toks = [t.tokens[p] for t, p in zip(trees, paths)]
-        feats = [torch.randn(p.numel(), feat, generator=gen, dtype=torch.float64) for p in paths]
-        batched.accepted(toks, feats)
-        for r, t, f in zip(alive, toks, feats):
-            forked[r].accepted(t, f)
-        roots = [int(t) for t in torch.randint(3, vocab - 1, (len(alive),), generator=gen)]
-        if step == LEAVES_AFTER:
-            keep = [pos for pos, r in enumerate(alive) if r != 1]
-            batched.keep(keep)
-            alive = [alive[pos] for pos in keep]
-            roots = [roots[pos] for pos in keep]
+        assert mine.shape.parents == alone.shape.parents and torch.equal(mine.tokens, alone.tokens), (
+            f"step {step}, row {r}: batched tree {mine.tokens.tolist()} differs from the row's own proposer's "
+            f"{alone.tokens.tolist()}"
+        )
+        if len(alone_scores[r]) > read[r]:  # the row drafted: its scores, position by position
+            read[r] = len(alone_scores[r])
+            own = alone_scores[r][-1][0]
+            assert torch.allclose(batch_scores[-1][pos, : own.shape[0]], own, rtol=1e-9, atol=1e-9), (
+                f"step {step}, row {r}: scores differ")
+            compared += 1
+        shallow += 1 < alone.shape.size and alone.shape.max_depth < DEPTH
+
+    # vocab - 1 is the mask token: never a prompt token or a root
+    drive_alike(batched, proposer, heads.fc.weight.shape[1], double_target.config.vocab_size - 1, check, started)
     assert compared >= STEPS * 3 and shallow >= 1, "too few trees compared: the test would be vacuous"
     assert not batched.cache.uniform, "the rows kept equal lengths: the ragged cache was not exercised"
     key = "dflash" if kind == "dflash" else "peagle"

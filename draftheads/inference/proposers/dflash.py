@@ -109,7 +109,7 @@ class DFlashRows(ParallelRows):
     def _catch_up(self, drafting: list[bool]) -> None:
         """The context keys/values of the drafting rows' newly committed positions, each at its own
         positions (a context entry reads only its own feature: no attention, no mask)."""
-        feats, counts = self.take_pending(drafting)
+        feats, counts = self.take_pending(drafting, self.device)
         if feats is None:  # nothing committed since the last block (a second look at one root)
             return
         m, cache = feats.shape[1], self.cache

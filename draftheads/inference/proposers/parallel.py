@@ -26,7 +26,7 @@ import torch
 from ..sampling import SamplingParams
 from ..tree import Tree, TreeShape
 from .base import Proposer
-from .row_base import RowProposer
+from .feed import FeedRows
 from .row_cache import RowCache
 from .sampled import drawn_blocks
 
@@ -96,16 +96,14 @@ class ParallelProposer(Proposer):
         raise NotImplementedError
 
 
-class ParallelRows(RowProposer):
-    """The batch form: ids and pending target features per row, the shared draft cache, the step."""
+class ParallelRows(FeedRows):
+    """The batch form: the rows' feed (`feed.FeedRows`), the shared draft cache, the step."""
 
     def __init__(self, proposer: ParallelProposer, cache: RowCache) -> None:
         self.proposer = proposer
         self.feature_layers = proposer.feature_layers
         self.cache = cache
         self.forwards = 0  # draft forwards so far (one per step that drafts, whatever the rows)
-        self._ids: list[list[int]] = []
-        self._pending: list[list[torch.Tensor]] = []
 
     #: Slots a step writes past the committed context besides the newly committed positions.
     step_slots: int = 0
@@ -117,48 +115,19 @@ class ParallelRows(RowProposer):
         return self.proposer.device
 
     def start(self, prompts, hidden, params, generator) -> None:
-        self._ids = [p.tolist() for p in prompts]
-        self._pending = [[h] for h in hidden]  # per row: target features not yet in the draft cache
+        self.start_feed(prompts, hidden)
         self.cache.start(len(prompts), max(len(ids) for ids in self._ids) + 256 + self.step_slots)
         self.forwards = 0
         self._params, self._generator = params, generator
 
-    def accepted(self, tokens, hidden) -> None:
-        for ids, pending, t, h in zip(self._ids, self._pending, tokens, hidden):
-            ids.extend(t.tolist())
-            pending.append(h)
-
     def keep(self, rows: list[int]) -> None:
-        self._ids = [self._ids[r] for r in rows]
-        self._pending = [self._pending[r] for r in rows]
+        self.keep_feed(rows)
         self.cache.keep(rows)
 
     def stats(self) -> dict:
         return self.proposer.describe(self.forwards)
 
     # -- one step ---------------------------------------------------------------------------------
-    def take_pending(self, drafting: list[bool]) -> tuple[torch.Tensor | None, list[int]]:
-        """The drafting rows' pending features, padded with zeros to the longest [rows, m, F]
-        (None when there are none), and each row's count (rows not drafting feed none and keep
-        theirs pending, as one row would)."""
-        fed = [torch.cat(p).to(self.device) if d and p else None for p, d in zip(self._pending, drafting)]
-        counts = [0 if f is None else f.shape[0] for f in fed]
-        m = max(counts)
-        if m == 0:
-            return None, counts
-        if all(c == m for c in counts):  # always for one row: no padding
-            feats = torch.stack(fed)
-        else:
-            some = next(f for f in fed if f is not None)
-            feats = some.new_zeros(len(fed), m, some.shape[1])
-            for r, f in enumerate(fed):
-                if f is not None:
-                    feats[r, : f.shape[0]] = f
-        for r, d in enumerate(drafting):
-            if d:
-                self._pending[r] = []
-        return feats, counts
-
     def scores(self, roots: list[int], depths: list[int]) -> torch.Tensor:
         """ONE draft forward for every row: [rows, max(depths), V'] scores of draft positions
         1..D after each row's root (V' = the draft vocabulary, `vocab_ids` maps it). A row with

@@ -105,7 +105,7 @@ class PEagleRows(ParallelRows):
         slots right after them, then padding to the longest row (padding never precedes a real
         entry, so a causal mask keeps it unseen); and each row's count of committed entries."""
         head, dev = self.head, self.device
-        feats, counts = self.take_pending(drafting)
+        feats, counts = self.take_pending(drafting, self.device)
         m = 0 if feats is None else feats.shape[1]
         nxt = []
         for r, c in enumerate(counts):
