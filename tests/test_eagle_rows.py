@@ -19,10 +19,8 @@ from draftheads.inference.proposers.eagle_rows import EagleRows
 from draftheads.inference.sampling import SamplingParams
 
 from inference_utils import tiny_target
+from rows_driver import PROMPT_LENGTHS, STEPS, accepted_path, drive_alike
 
-PROMPT_LENGTHS = (3, 11, 6, 17)
-STEPS = 7
-LEAVES_AFTER = 3  # row 1 leaves the batch after this step
 TREE = {"total_tokens": 10, "depth": 4, "top_k": 3}
 
 
@@ -37,15 +35,6 @@ def random_heads(head_type: str, target) -> torch.nn.Module:
         for p in heads.parameters():
             p.add_(torch.randn_like(p) * 0.2)
     return heads.double().eval()
-
-
-def accepted_path(tree, gen: torch.Generator) -> torch.Tensor:
-    """The path from the root to a random node of ``tree`` (what the verifier may accept)."""
-    node = int(torch.randint(tree.shape.size, (1,), generator=gen))
-    path = [node]
-    while tree.shape.parents[path[-1]] != -1:
-        path.append(tree.shape.parents[path[-1]])
-    return torch.tensor(path[::-1])
 
 
 def same_tree(a, b) -> bool:
@@ -63,44 +52,19 @@ def test_batched_trees_equal_forked_trees(target, head_type, compaction, one_tor
     heads = random_heads(head_type, target)
     proposer = dh.EagleProposer(heads, **TREE)
     feat = heads.fc.weight.shape[1] - (0 if heads.fuses_layers else heads.config.hidden_size)
-    gen = torch.Generator().manual_seed(3)
-    vocab = target.config.vocab_size
-    prompts = [torch.randint(3, vocab, (n,), generator=gen) for n in PROMPT_LENGTHS]
-    hidden = [torch.randn(n, feat, generator=gen, dtype=torch.float64) for n in PROMPT_LENGTHS]
-    params = SamplingParams()
-
     batched = EagleRows(proposer, compaction=compaction)
-    batched.start(prompts, hidden, params, None)
-    forked = [proposer.fork() for _ in prompts]
-    for row, ids, h in zip(forked, prompts, hidden):
-        row.start(ids, h, params, None)
-    alive = list(range(len(prompts)))  # original row of each batch position
-    roots = [int(t) for t in torch.randint(3, vocab, (len(prompts),), generator=gen)]
     compared = shallow = 0
-    for step in range(STEPS):
-        # Row 2 drafts shallower at step 2 (near its budget) and not at all at step 4.
-        max_depths = [{(2, 2): 2, (4, 2): 0}.get((step, r), 64) for r in alive]
-        trees = batched.propose(roots, max_depths)
-        for pos, r in enumerate(alive):
-            alone = forked[r].propose(roots[pos], max_depths[pos])
-            assert same_tree(trees[pos], alone), (
-                f"step {step}, row {r}: batched tree {trees[pos].shape.parents} {trees[pos].tokens.tolist()} differs "
-                f"from the row's own proposer's {alone.shape.parents} {alone.tokens.tolist()}"
-            )
-            compared += alone.shape.size > 1
-            shallow += 1 < alone.shape.size and alone.shape.max_depth < TREE["depth"]
-        paths = [accepted_path(t, gen) for t in trees]
-        toks = [t.tokens[p] for t, p in zip(trees, paths)]
-        feats = [torch.randn(p.numel(), feat, generator=gen, dtype=torch.float64) for p in paths]
-        batched.accepted(toks, feats)
-        for r, t, f in zip(alive, toks, feats):
-            forked[r].accepted(t, f)
-        roots = [int(t) for t in torch.randint(3, vocab, (len(alive),), generator=gen)]
-        if step == LEAVES_AFTER:
-            keep = [pos for pos, r in enumerate(alive) if r != 1]
-            batched.keep(keep)
-            alive = [alive[pos] for pos in keep]
-            roots = [roots[pos] for pos in keep]
+
+    def check(step, r, pos, mine, alone):
+        nonlocal compared, shallow
+        assert same_tree(mine, alone), (
+            f"step {step}, row {r}: batched tree {mine.shape.parents} {mine.tokens.tolist()} differs "
+            f"from the row's own proposer's {alone.shape.parents} {alone.tokens.tolist()}"
+        )
+        compared += alone.shape.size > 1
+        shallow += 1 < alone.shape.size and alone.shape.max_depth < TREE["depth"]
+
+    drive_alike(batched, proposer, feat, target.config.vocab_size, check)
     assert compared >= STEPS * 3 and shallow >= 1, "too few trees compared: the test would be vacuous"
     stats = batched.stats()["draft_cache"]
     if compaction == "never":

@@ -76,6 +76,6 @@ class Proposer(ABC):
 
     def rows(self, compaction: str = "auto") -> RowProposer:
         """The batch form the decode loop drafts through (batch 1 is a batch of one row): one
-        forked proposer per row here; drafters that batch their rows (heads, EAGLE) return their own.
+        forked proposer per row here; drafters that batch their rows (heads, EAGLE, DFlash, P-EAGLE) return their own.
         ``compaction`` is the decoder's policy for caches with holes (`inference.compaction`)."""
         return ForkedRows(self)

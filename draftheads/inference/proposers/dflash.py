@@ -15,6 +15,10 @@ Each step:
 The block is always run whole, even when fewer tokens are wanted near ``max_new_tokens``: with
 bidirectional attention a shorter block would change every slot's output. Drafts are
 deterministic picks (point masses), so sampling stays exact.
+
+A batch runs every row's block in that ONE forward (`DFlashRows`): the rows' contexts share one
+cache, each row's entries from slot 0 (`row_cache`), and a row's block is masked off the slots
+past its own context; catch-up projects every row's new positions in one call too.
 """
 from __future__ import annotations
 
@@ -24,13 +28,10 @@ import time
 import torch
 
 from ..sampling import SamplingParams
-from ..tree import Tree, TreeShape
-from .base import Proposer
-from .draft_cache import grown
+from ..tree import TreeShape
+from .parallel import ParallelProposer, ParallelRows
 from .rank_table import rank_hit_table
-from .sampled import drawn_block
-
-INITIAL_CAPACITY = 256  # context rows beyond the prompt before the cache grows (doubling)
+from .row_cache import RowCache
 
 
 def chain_choices(length: int) -> list[list[int]]:
@@ -38,7 +39,9 @@ def chain_choices(length: int) -> list[list[int]]:
     return [[0] * d for d in range(1, length + 1)]
 
 
-class DFlashProposer(Proposer):
+class DFlashProposer(ParallelProposer):
+    """Per-sequence face (calibration tables, benchmarks); the decode loop drafts through `rows`."""
+
     def __init__(self, heads: torch.nn.Module, tree: list[list[int]] | TreeShape | None = None) -> None:
         self.heads = heads.eval()
         slots = heads.config.num_heads
@@ -60,107 +63,85 @@ class DFlashProposer(Proposer):
             raise ValueError(f"the tree takes rank {rank}, but the vocabulary has {heads.config.vocab_size} tokens")
         heads.mask_token_id  # noqa: B018 - refuses heads without a mask token now, not in the first step
         self.feature_layers = tuple(heads.feature_layers)
-        self._layouts: dict[int, tuple[TreeShape, torch.Tensor, torch.Tensor, int]] = {}
-        self._cache: list[tuple[torch.Tensor, torch.Tensor]] | None = None
-        self._cached = 0
-        self._drafts = 0
+        self.vocab_size = heads.config.vocab_size
+        self._layouts = {}
 
     @property
     def device(self) -> torch.device:
         return self.heads.fc.weight.device
 
-    def fork(self) -> "DFlashProposer":
-        """Its own context cache (`start` reuses buffers large enough)."""
-        clone = super().fork()
-        clone._cache, clone._cached = None, 0
-        return clone
+    def rows(self, compaction: str = "auto") -> "DFlashRows":
+        return DFlashRows(self)
 
-    def start(self, input_ids, hidden, params: SamplingParams, generator) -> None:
-        self._length = int(input_ids.numel())
-        self._pending = [hidden]
-        self._cached = 0
-        self._drafts = 0
-        self._ensure_capacity(self._length + INITIAL_CAPACITY)
-        self._params, self._generator = params, generator
+    def describe(self, forwards: int) -> dict:
+        return {"dflash": {"block_size": self.heads.block_size, "tree_nodes": self.shape.size, "draft_forwards": forwards}}
 
-    def accepted(self, tokens, hidden) -> None:
-        self._length += int(tokens.numel())
-        self._pending.append(hidden)
-
-    def stats(self) -> dict:
-        return {"dflash": {"block_size": self.heads.block_size, "tree_nodes": self.shape.size, "draft_forwards": self._drafts}}
-
-    # -- the context cache -------------------------------------------------------------------------
-    def _ensure_capacity(self, rows: int) -> None:
-        ex = self.heads.config.extra
-        w = self.heads.fc.weight
-
-        def empty(capacity: int):
-            shape = (1, ex["num_key_value_heads"], capacity, ex["head_dim"])
-            return [(w.new_empty(shape), w.new_empty(shape)) for _ in self.heads.layers]
-
-        self._cache = grown(self._cache, self._cached, rows, empty)
-
-    def _catch_up(self) -> None:
-        """Append the context keys/values of the positions committed since the last step."""
-        if not self._pending:
-            return
-        feats = torch.cat(self._pending).to(self.device)
-        self._pending = []
-        m, start = feats.shape[0], self._cached
-        self._ensure_capacity(start + m)
-        positions = torch.arange(start, start + m, device=self.device)[None]
-        for (keys, values), (k, v) in zip(self._cache, self.heads.context_kv(self.heads.context(feats[None]), positions)):
-            keys[:, :, start : start + m] = k
-            values[:, :, start : start + m] = v
-        self._cached = start + m
-
-    def _layout(self, max_depth: int) -> tuple[TreeShape, torch.Tensor, torch.Tensor, int]:
-        """For the shape cut at ``max_depth``: the slot and rank of every drafted node, and the top-k needed."""
-        if max_depth not in self._layouts:
-            shape = self.shape.truncated(max_depth)
-            slot = shape.depth[1:].to(self.device)  # depth d reads block slot d
-            rank = torch.tensor(shape.ranks[1:], dtype=torch.long, device=self.device)
-            self._layouts[max_depth] = (shape, slot, rank, max(shape.ranks[1:], default=0) + 1)
-        return self._layouts[max_depth]
-
-    # -- one step ---------------------------------------------------------------------------------
     @torch.inference_mode()
     def block_logits(self, root: int) -> torch.Tensor:
         """[block_size, V] logits of one block rooted at ``root`` after the committed context
         (row 0, the root's slot, is not a draft)."""
-        return self.heads.logits(self._block_states(root))[0]
+        self._one.forwards += 1
+        return self.heads.logits(self._one.block_states([root], [True])[0])
 
     @torch.inference_mode()
     def slot_logits(self, root: int, depth: int) -> torch.Tensor:
         """[depth, V] logits of slots 1..depth only: the whole block still runs (its attention is
         bidirectional), but the vocabulary-sized LM head, most of a small draft's cost, scores only
         the slots a tree of that depth reads."""
-        return self.heads.logits(self._block_states(root)[0, 1 : depth + 1])
+        self._one.forwards += 1
+        return self._one.scores([root], [depth])[0]
 
-    def _block_states(self, root: int) -> torch.Tensor:
-        self._catch_up()
-        if self._cached != self._length:
-            raise RuntimeError(f"dflash context holds {self._cached} positions, {self._length} are committed")
-        heads = self.heads
+
+class DFlashRows(ParallelRows):
+    """Every row's block in one forward, over a shared context cache (`row_cache.RowCache`)."""
+
+    def __init__(self, proposer: DFlashProposer) -> None:
+        heads = proposer.heads
+        ex, w = heads.config.extra, heads.fc.weight
+
+        def empty(capacity: int, rows: int):
+            shape = (rows, ex["num_key_value_heads"], capacity, ex["head_dim"])
+            return [(w.new_empty(shape), w.new_empty(shape)) for _ in heads.layers]
+
+        super().__init__(proposer, RowCache(empty))
+        self.heads = heads
+
+    def _catch_up(self, drafting: list[bool]) -> None:
+        """The context keys/values of the drafting rows' newly committed positions, each at its own
+        positions (a context entry reads only its own feature: no attention, no mask)."""
+        feats, counts = self.take_pending(drafting, self.device)
+        if feats is None:  # nothing committed since the last block (a second look at one root)
+            return
+        m, cache = feats.shape[1], self.cache
+        cache.reserve(cache.width + m)
+        positions = torch.tensor(cache.lengths).to(self.device, non_blocking=True)[:, None] + torch.arange(m, device=self.device)
+        cache.append(self.heads.context_kv(self.heads.context(feats), positions), counts)
+
+    def block_states(self, roots: list[int], drafting: list[bool]) -> torch.Tensor:
+        """Final-normed draft states [rows, block, H] of every row's block ``[root, mask x K]`` at
+        positions n..n+K (n = the row's committed tokens), each row attending to its own context."""
+        self._catch_up(drafting)
+        lengths = self.cache.lengths
+        for r, d in enumerate(drafting):
+            if d and lengths[r] != len(self._ids[r]):
+                raise RuntimeError(f"dflash context of row {r} holds {lengths[r]} positions, {len(self._ids[r])} are committed")
+        heads, dev = self.heads, self.device
         block = heads.block_size
-        tokens = heads.block_inputs(torch.tensor([root], device=self.device))
-        positions = torch.arange(self._cached, self._cached + block, device=self.device)[None]
-        context = [(k[:, :, : self._cached], v[:, :, : self._cached]) for k, v in self._cache]
-        self._drafts += 1
-        return heads.block_states(tokens, positions, context, None)
+        tokens = heads.block_inputs(torch.tensor(roots, device=dev))
+        positions = torch.tensor(lengths).to(dev, non_blocking=True)[:, None] + torch.arange(block, device=dev)
+        visible = self.cache.visible(dev)
+        mask = None
+        if visible is not None:  # a row sees its own context and its whole block
+            rows = len(roots)
+            mask = torch.cat([visible[:, None].expand(rows, block, -1),
+                              torch.ones(rows, block, block, dtype=torch.bool, device=dev)], dim=2)
+        return heads.block_states(tokens, positions, self.cache.prefix(), mask)
 
-    def propose(self, root: int, max_depth: int) -> Tree:
-        shape, slot, rank, top = self._layout(max_depth)
-        if shape.size == 1:
-            return Tree(shape, torch.tensor([root]))
-        logits = self.slot_logits(root, shape.max_depth)
-        if self._params.draws_drafts:
-            return drawn_block(root, logits, self._params, self._generator, None, self.heads.config.vocab_size)
-        candidates = logits.topk(top, dim=-1).indices  # [depth, top]: row d-1 ranks slot d
-        drafted = candidates[slot - 1, rank]
-        root_t = torch.tensor([root]).to(drafted.device, non_blocking=True)
-        return Tree(shape, torch.cat([root_t, drafted]))
+    def scores(self, roots: list[int], depths: list[int]) -> torch.Tensor:
+        """The whole block runs (its attention is bidirectional: fewer mask slots would change every
+        slot), the LM head scores only slots 1..D."""
+        states = self.block_states(roots, [d > 0 for d in depths])
+        return self.heads.logits(states[:, 1 : max(depths) + 1])
 
 
 def dflash_proposer(heads: torch.nn.Module, tree: list[list[int]] | TreeShape | None = None) -> DFlashProposer:

@@ -20,11 +20,11 @@ from ..compaction import check_compaction, wants_compaction
 from ..tree import Tree, chain_shape
 from .eagle_tree import draw_chain, grow, nodes_up_to, select
 from .sampled import chains
-from .row_base import RowProposer
+from .feed import FeedRows
 from .draft_cache import grown
 
 
-class EagleRows(RowProposer):
+class EagleRows(FeedRows):
     """Batched form of an `EagleProposer`: per row, the same tree as that row's own forked proposer."""
 
     def __init__(self, proposer, compaction: str = "auto") -> None:  # an `eagle.EagleProposer` (eagle imports this module)
@@ -40,8 +40,7 @@ class EagleRows(RowProposer):
         return self.proposer.device
 
     def start(self, prompts, hidden, params, generator) -> None:
-        self._ids = [p.tolist() for p in prompts]
-        self._pending = [[h] for h in hidden]  # per row: target features not yet fed to the draft
+        self.start_feed(prompts, hidden)
         # Committed draft-cache positions per row: host ints, also each row's visible slots (holes excluded).
         self._lengths = [0] * len(prompts)
         # [rows, slots] on the host: the layout is host bookkeeping (no device reads to plan a step)
@@ -50,15 +49,9 @@ class EagleRows(RowProposer):
         self._reserve(max(len(ids) for ids in self._ids) + 256)
         self._params, self._generator = params, generator
 
-    def accepted(self, tokens, hidden) -> None:
-        for ids, pending, t, h in zip(self._ids, self._pending, tokens, hidden):
-            ids.extend(t.tolist())
-            pending.append(h)
-
     def keep(self, rows: list[int]) -> None:
         """Drop the rows that left; the same copy of the draft cache removes the holes."""
-        self._ids = [self._ids[r] for r in rows]
-        self._pending = [self._pending[r] for r in rows]
+        self.keep_feed(rows)
         self._lengths = [self._lengths[r] for r in rows]
         self._gather(torch.tensor(rows, dtype=torch.long))
 
@@ -103,25 +96,15 @@ class EagleRows(RowProposer):
         """Feed each drafting row's newly committed positions (rows not drafting feed none and keep
         theirs pending, as their own proposer would); return the draft state at each row's root [rows, d]."""
         dev, rows = self.device, len(roots)
-        fed = [torch.cat(p).to(dev) if d else None for p, d in zip(self._pending, drafting)]
-        counts = [0 if f is None else f.shape[0] for f in fed]
+        feats, counts = self.take_pending(drafting, dev)  # padded to the longest (a row's padding: holes)
+        if any(d and not c for d, c in zip(drafting, counts)):
+            raise RuntimeError("EAGLE drafting again before `accepted`: a row has no new position to feed")
         m, prefix = max(counts), self._visible.shape[1]
         self._reserve(prefix + m + self.proposer.top_k * self.proposer.depth + 1)
-        if all(c == m for c in counts):  # every row feeds as many positions (always for one row): no padding
-            feats = torch.stack(fed)
-        else:
-            some = next(f for f in fed if f is not None)
-            feats = some.new_zeros(rows, m, some.shape[1])
-            for r, f in enumerate(fed):
-                if f is not None:
-                    feats[r, : f.shape[0]] = f
         # Per row the token after each fed position (the root after the last), and each position's
         # number, built on the host as lists: one tensor each, not a tensor op per row.
-        nxt = [[] if f is None else self._ids[r][self._lengths[r] + 1 :] + [roots[r]] for r, f in enumerate(fed)]
+        nxt = [self._ids[r][self._lengths[r] + 1 :] + [roots[r]] if c else [] for r, c in enumerate(counts)]
         nxt = torch.tensor([row + [0] * (m - len(row)) for row in nxt])
-        for r, f in enumerate(fed):
-            if f is not None:
-                self._pending[r] = []
         g, attn_in = self.head.first_input(feats, nxt.to(dev))
         positions = torch.tensor([list(range(length, length + m)) for length in self._lengths]).to(dev)
         causal = torch.ones(m, m, dtype=torch.bool, device=dev).tril()  # padding never precedes a real position

@@ -12,6 +12,11 @@ what engines draft; ``[[0], [1], [0, 0]]`` adds position 1's second guess). A no
 rank r takes position d's r-th best token. Mask slots never see the tokens drafted before them,
 so siblings' subtrees hold the same tokens: the tree only adds guesses, never a forward. Drafts
 are deterministic picks (point masses for the verifier), so sampling stays exact.
+
+A batch runs every row's step in that ONE forward (`PEagleRows`): rows feed different numbers of
+committed positions, so each row's entries are padded to the longest, written after the longest
+row's context, and the committed ones then move to the row's own end of the shared cache
+(`row_cache`); a row attends to its own context only.
 """
 from __future__ import annotations
 
@@ -21,13 +26,10 @@ import time
 import torch
 
 from ..sampling import SamplingParams
-from ..tree import Tree, TreeShape
-from .base import Proposer
-from .draft_cache import grown
+from ..tree import TreeShape
+from .parallel import ParallelProposer, ParallelRows
 from .rank_table import rank_hit_table
-from .sampled import drawn_block
-
-CACHE_HEADROOM = 256  # committed rows reserved beyond the prompt before the buffers grow
+from .row_cache import RowCache
 
 
 def peagle_proposer(head: torch.nn.Module, tree=None, draft_vocab_size: int | None = None) -> "PEagleProposer":
@@ -39,9 +41,10 @@ def peagle_proposer(head: torch.nn.Module, tree=None, draft_vocab_size: int | No
     return PEagleProposer(head, tree=tree)
 
 
-class PEagleProposer(Proposer):
+class PEagleProposer(ParallelProposer):
     """``tree``: rank paths or a TreeShape; None = the tree saved with the heads, else the chain
-    of all trained depths."""
+    of all trained depths. The per-sequence face (calibration tables, benchmarks); the decode
+    loop drafts through `rows`."""
 
     def __init__(self, head: torch.nn.Module, tree: list[list[int]] | TreeShape | None = None) -> None:
         self.head = head.eval()
@@ -65,88 +68,89 @@ class PEagleProposer(Proposer):
         if rank >= self.vocab_ids.numel():
             raise ValueError(f"the tree takes rank {rank}, but the heads draft from {self.vocab_ids.numel()} tokens")
         self.feature_layers = tuple(head.feature_layers)
-        self._layouts: dict[int, tuple[TreeShape, torch.Tensor, torch.Tensor, int]] = {}
-        self._cache: list[tuple[torch.Tensor, torch.Tensor]] | None = None
-        self._cached = 0  # draft-cache rows: committed positions whose (feature, next token) were fed
-        self._steps = 0
+        self.vocab_size = head.config.vocab_size
+        self._layouts = {}
 
     @property
     def device(self) -> torch.device:
         return self.head.fc.weight.device
 
-    # -- the per-sequence interface ------------------------------------------------------------------
-    def start(self, input_ids, hidden, params: SamplingParams, generator) -> None:
-        self._ids = input_ids.tolist()
-        self._pending = [hidden]  # target features of committed positions not yet fed to the draft
-        self._cached = 0
-        self._steps = 0
-        self._reserve(input_ids.numel() + CACHE_HEADROOM)
-        self._params, self._generator = params, generator
+    def rows(self, compaction: str = "auto") -> "PEagleRows":
+        return PEagleRows(self)
 
-    def accepted(self, tokens, hidden) -> None:
-        self._ids.extend(tokens.tolist())
-        self._pending.append(hidden)
+    def describe(self, forwards: int) -> dict:
+        return {"peagle": {"tree_nodes": self.shape.size, "depth": self.shape.max_depth, "draft_forwards": forwards}}
 
-    def fork(self) -> "PEagleProposer":
-        """Its own draft KV buffers (`start` reuses them when large enough)."""
-        clone = super().fork()
-        clone._cache, clone._cached = None, 0
-        return clone
-
-    def stats(self) -> dict:
-        return {"peagle": {"tree_nodes": self.shape.size, "depth": self.shape.max_depth, "draft_forwards": self._steps}}
-
-    @torch.inference_mode()
-    def propose(self, root: int, max_depth: int) -> Tree:
-        shape, depth_of, rank_of, top = self._layout(max_depth)
-        if shape.size == 1:
-            return Tree(shape, torch.tensor([root]))
-        scores = self.draft_scores(root, shape.max_depth)  # [depth, draft vocab]
-        if self._params.draws_drafts:
-            return drawn_block(root, scores, self._params, self._generator, self.vocab_ids, self.head.config.vocab_size)
-        candidates = self.vocab_ids[scores.topk(top, dim=-1).indices]  # [depth, top] target ids
-        drafted = candidates[depth_of, rank_of]
-        root_t = torch.tensor([root]).to(drafted.device, non_blocking=True)
-        return Tree(shape, torch.cat([root_t, drafted]))
-
-    # -- one draft forward ---------------------------------------------------------------------------
     @torch.inference_mode()
     def draft_scores(self, root: int, depth: int) -> torch.Tensor:
         """Logits [depth, draft vocab] of draft positions 1..depth, from one forward over the newly
         committed positions (root last) and ``depth - 1`` mask slots."""
-        head = self.head
-        feats = torch.cat(self._pending).to(self.device)
-        self._pending = []
-        m, start = feats.shape[0], self._cached
-        self._reserve(start + m)
-        nxt = torch.tensor(self._ids[start + 1 :] + [root], device=self.device)
-        g, attn_in = head.first_input(feats[None], nxt[None])
+        self._one.forwards += 1
+        return self._one.scores([root], [depth])[0]
+
+
+class PEagleRows(ParallelRows):
+    """Every row's catch-up and mask slots in one causal forward over a shared draft cache."""
+
+    def __init__(self, proposer: PEagleProposer) -> None:
+        head, w = proposer.head, proposer.head.fc.weight
+        super().__init__(proposer, RowCache(lambda capacity, rows: head.new_cache(capacity, w.device, w.dtype, rows=rows)))
+        self.head = head
+        self.vocab_ids = proposer.vocab_ids
+        self.step_slots = proposer.shape.max_depth
+
+    def _inputs(self, roots: list[int], drafting: list[bool], depth: int) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+        """(residual stream, attention input) [rows, m + depth - 1, ..] of every row's step: its
+        newly committed positions (feature t, token t+1; the root last), its ``depth - 1`` mask
+        slots right after them, then padding to the longest row (padding never precedes a real
+        entry, so a causal mask keeps it unseen); and each row's count of committed entries."""
+        head, dev = self.head, self.device
+        feats, counts = self.take_pending(drafting, self.device)
+        m = 0 if feats is None else feats.shape[1]
+        nxt = []
+        for r, c in enumerate(counts):
+            row = self._ids[r][self.cache.lengths[r] + 1 :] + [roots[r]] if drafting[r] else []
+            if len(row) != c:
+                raise RuntimeError(f"peagle draft cache of row {r} is out of step: {c} features for {len(row)} tokens")
+            nxt.append(row + [0] * (m - c))
+        g, attn_in = head.first_input(feats, torch.tensor(nxt).to(dev, non_blocking=True))
         if depth > 1:
-            gm, attn_m = head.mask_input((1, depth - 1))
+            gm, attn_m = head.mask_input((len(roots), depth - 1))
             g, attn_in = torch.cat([g, gm.to(g.dtype)], 1), torch.cat([attn_in, attn_m.to(attn_in.dtype)], 1)
-        n = m + depth - 1
-        positions = torch.arange(start, start + n, device=self.device)[None]
-        mask = torch.ones(n, start + n, dtype=torch.bool, device=self.device)
-        mask[:, start:] = torch.ones(n, n, dtype=torch.bool, device=self.device).tril()
-        state, _ = head.run_layers(g, attn_in, positions, mask[None], cache=self._cache, cache_length=start)
-        self._cached = start + m  # the mask slots' rows are scratch
-        self._steps += 1
-        return head.logits(state[0, m - 1 :]).float()
+        if any(c != m for c in counts):  # each row's mask slots right after its own entries
+            n = m + depth - 1
+            order = torch.tensor([[*range(c), *range(m, n), *range(c, m)] for c in counts]).to(dev, non_blocking=True)
+            g = g.gather(1, order[..., None].expand(-1, -1, g.shape[-1]))
+            attn_in = attn_in.gather(1, order[..., None].expand(-1, -1, attn_in.shape[-1]))
+        return g, attn_in, counts
 
-    def _layout(self, max_depth: int) -> tuple[TreeShape, torch.Tensor, torch.Tensor, int]:
-        """The (depth-truncated) shape, each drafted node's position and rank, the top-k needed."""
-        if max_depth not in self._layouts:
-            shape = self.shape.truncated(max_depth)
-            depth_of = (shape.depth[1:] - 1).to(self.device)
-            rank_of = torch.tensor(shape.ranks[1:], dtype=torch.long, device=self.device)
-            self._layouts[max_depth] = (shape, depth_of, rank_of, max(shape.ranks[1:], default=0) + 1)
-        return self._layouts[max_depth]
-
-    def _reserve(self, rows: int) -> None:
-        """Room for ``rows`` committed rows plus one step's mask slots, in preallocated buffers."""
-        w = self.head.fc.weight
-        self._cache = grown(self._cache, self._cached, rows + self.shape.max_depth,
-                            lambda capacity: self.head.new_cache(capacity, w.device, w.dtype))
+    def scores(self, roots: list[int], depths: list[int]) -> torch.Tensor:
+        """Every row's entries are written after the longest row's context (at ``prefix``), each
+        row masked to its own context, then its committed entries move to its own end (the mask
+        slots' entries are scratch)."""
+        head, dev, cache = self.head, self.device, self.cache
+        depth = max(depths)
+        g, attn_in, counts = self._inputs(roots, [d > 0 for d in depths], depth)
+        rows, n = g.shape[:2]
+        m, prefix = n - depth + 1, cache.width
+        cache.reserve(prefix + n)
+        positions = torch.tensor(cache.lengths).to(dev, non_blocking=True)[:, None] + torch.arange(n, device=dev)
+        causal = torch.ones(n, n, dtype=torch.bool, device=dev).tril()
+        visible = cache.visible(dev)
+        if visible is None:
+            mask = torch.ones(rows, n, prefix + n, dtype=torch.bool, device=dev)
+            mask[:, :, prefix:] = causal
+        else:
+            mask = torch.cat([visible[:, None].expand(rows, n, prefix), causal.expand(rows, n, n)], dim=2)
+        state, _ = head.run_layers(g, attn_in, positions, mask, cache=cache.layers, cache_length=prefix)
+        cache.settle(m, counts)  # the layers wrote every row's entries at prefix
+        if all(c == m for c in counts):
+            read = state[:, m - 1 : m - 1 + depth]
+        else:  # each row's root entry, then its mask slots
+            first = torch.tensor([max(c, 1) - 1 for c in counts]).to(dev, non_blocking=True)
+            index = first[:, None] + torch.arange(depth, device=dev)
+            read = state.gather(1, index[..., None].expand(-1, -1, state.shape[-1]))
+        return head.logits(read).float()
 
 
 def measure_draft_seconds(head: torch.nn.Module, context: int = 64, repeats: int = 10) -> dict[int, float]:

@@ -1,8 +1,9 @@
 """THE interface the decode loop drafts through: one call per step for every active row.
 
 Batch 1 is a batch of one row. Drafters that can draft many rows in one call implement
-`RowProposer` directly (Medusa/Hydra heads: `medusa.MedusaRows`; EAGLE: `eagle_rows.EagleRows`),
-and their per-sequence proposer's `Proposer.rows` returns that form. Every other drafter is
+`RowProposer` directly (Medusa/Hydra heads: `medusa.MedusaRows`; EAGLE: `eagle_rows.EagleRows`;
+DFlash and P-EAGLE: `dflash.DFlashRows`, `peagle.PEagleRows`), and their per-sequence proposer's
+`Proposer.rows` returns that form. Every other drafter is
 written per sequence (`base.Proposer`: a draft model, prompt lookup) and wrapped here, once, by
 `ForkedRows`: one forked proposer per row.
 """

@@ -56,9 +56,13 @@ def chains(roots: list[int], drafts: list[torch.Tensor], laws: list[torch.Tensor
     return [chain_tree(root, tokens[r, :d], law[r, :d]) for r, (root, d) in enumerate(zip(roots, depths))]
 
 
-def drawn_block(root: int, logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None,
-                vocab_ids: torch.Tensor | None, vocab_size: int) -> Tree:
-    """A parallel drafter's chain (DFlash, P-EAGLE): ``logits`` [depth, V'] score every draft
-    position from ONE forward, so each depth is drawn from its own slot's law, none conditioned
-    on the draws before it (a valid draft law all the same: the verifier only needs to know it)."""
-    return chain_tree(root, *draw(logits, params, generator, vocab_ids, vocab_size))
+def drawn_blocks(roots: list[int], scores: torch.Tensor, depths: list[int], params: SamplingParams,
+                 generator: torch.Generator | None, vocab_ids: torch.Tensor | None, vocab_size: int) -> list[Tree]:
+    """A parallel drafter's chains (DFlash, P-EAGLE), one per row: ``scores`` [rows, D, V'] score
+    every draft position from ONE forward, so each depth is drawn from its own position's law, none
+    conditioned on the draws before it (a valid draft law all the same: the verifier only needs to
+    know it). All rows and positions are drawn at once; row r keeps its first ``depths[r]``."""
+    rows, positions = scores.shape[:2]
+    tokens, laws = draw(scores.reshape(rows * positions, -1), params, generator, vocab_ids, vocab_size)
+    tokens, laws = tokens.view(rows, positions), laws.view(rows, positions, -1)
+    return [chain_tree(root, tokens[r, :d], laws[r, :d]) for r, (root, d) in enumerate(zip(roots, depths))]

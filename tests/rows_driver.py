@@ -1,0 +1,63 @@
+"""Drives a batch form (`RowProposer`) and one per-sequence proposer per row through the same
+steps, for the tests that hold the batch to each row's own proposer (EAGLE, DFlash, P-EAGLE).
+
+Rows of different prompt lengths (a ragged draft cache from the first step), random accepted
+paths (different counts per row), row 2 drafting shallower at step 2 (near its budget) and not at
+all at step 4 (its context stays pending), and row 1 leaving the batch after step 3. Features are
+random float64, so reduction-order differences stay far from top-k ties.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from draftheads.inference.sampling import SamplingParams
+
+PROMPT_LENGTHS = (3, 11, 6, 17)
+STEPS = 7
+LEAVES_AFTER = 3  # row 1 leaves the batch after this step
+
+
+def accepted_path(tree, gen: torch.Generator) -> torch.Tensor:
+    """The path from the root to a random node of ``tree`` (what the verifier may accept)."""
+    node = int(torch.randint(tree.shape.size, (1,), generator=gen))
+    path = [node]
+    while tree.shape.parents[path[-1]] != -1:
+        path.append(tree.shape.parents[path[-1]])
+    return torch.tensor(path[::-1])
+
+
+def drive_alike(batched, proposer, feat: int, high: int, check: Callable, started: Callable | None = None) -> None:
+    """Step ``batched`` and a fork of ``proposer`` per row alike; after each step's trees,
+    ``check(step, row, pos, batched_tree, own_tree)`` for every active row (``row``: its original
+    index, ``pos``: its place in the batch now). Token ids are drawn in 3..high-1; ``started(forks)`` runs once the forks have started."""
+    gen = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(3, high, (n,), generator=gen) for n in PROMPT_LENGTHS]
+    hidden = [torch.randn(n, feat, generator=gen, dtype=torch.float64) for n in PROMPT_LENGTHS]
+    params = SamplingParams()
+    batched.start(prompts, hidden, params, None)
+    forked = [proposer.fork() for _ in prompts]
+    for row, ids, h in zip(forked, prompts, hidden):
+        row.start(ids, h, params, None)
+    if started is not None:
+        started(forked)
+    alive = list(range(len(prompts)))  # original row of each batch position
+    roots = [int(t) for t in torch.randint(3, high, (len(prompts),), generator=gen)]
+    for step in range(STEPS):
+        max_depths = [{(2, 2): 2, (4, 2): 0}.get((step, r), 64) for r in alive]
+        trees = batched.propose(roots, max_depths)
+        for pos, r in enumerate(alive):
+            check(step, r, pos, trees[pos], forked[r].propose(roots[pos], max_depths[pos]))
+        paths = [accepted_path(t, gen) for t in trees]
+        toks = [t.tokens[p] for t, p in zip(trees, paths)]
+        feats = [torch.randn(p.numel(), feat, generator=gen, dtype=torch.float64) for p in paths]
+        batched.accepted(toks, feats)
+        for r, t, f in zip(alive, toks, feats):
+            forked[r].accepted(t, f)
+        roots = [int(t) for t in torch.randint(3, high, (len(alive),), generator=gen)]
+        if step == LEAVES_AFTER:
+            keep = [pos for pos, r in enumerate(alive) if r != 1]
+            batched.keep(keep)
+            alive = [alive[pos] for pos in keep]
+            roots = [roots[pos] for pos in keep]
