@@ -147,7 +147,7 @@ def test_each_temperature_goes_plain_where_its_tree_loses_to_generate(setup, mon
     asked = fixed_trees(monkeypatch, {0.0: TREE, 0.7: TREE, 1.0: [[0]]})
     monkeypatch.setattr(training, "VS_GENERATE_NEW_TOKENS", 4)
     calls: list = []
-    ratios = {0.0: [1.5, 1.4, 1.6, 1.5], 0.7: [0.8, 0.9, 1.2, 0.7], 1.0: [1.03, 1.04, 1.0, 1.06]}
+    ratios = {0.0: [1.5, 1.4, 1.6, 1.5], 0.7: [0.8, 0.9, 1.2, 0.7], 1.0: [0.97, 0.98, 1.0, 1.03]}
     plans, chosen = training.choose_export_plans(target, heads, rows, measure=scripted_measure(target, monkeypatch,
                                                                                                ratios, calls))
     assert asked == [0.0, 0.7, 1.0]  # greedy, 0.7 and 1.0 by default
