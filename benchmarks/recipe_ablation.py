@@ -62,6 +62,9 @@ ARMS: dict[str, tuple[str, ...]] = {
     # A second training seed (initialisation and batch order; the same files) for the two that differed most
     "init@seed1": INIT + OWN_OPTIM + OWN_TTT + LOSS + ("train.seed=1",),
     "loss=ce@seed1": INIT + OWN_OPTIM + OWN_TTT + ("heads.loss=ce", "train.loss_decay=0.8", "train.seed=1"),
+    # EAGLE 3.1 (`heads.fc_norm`, `heads.norm_output`), one change from the shipped recipe, two seeds
+    "eagle3.1": INIT + OWN_OPTIM + OWN_TTT + LOSS + ("heads.fc_norm=true", "heads.norm_output=true"),
+    "eagle3.1@seed1": INIT + OWN_OPTIM + OWN_TTT + LOSS + ("heads.fc_norm=true", "heads.norm_output=true", "train.seed=1"),
 }
 CHAIN = {"total_tokens": 6, "depth": 5, "top_k": 1}
 TREE = {"total_tokens": 16, "depth": 6, "top_k": 4}
