@@ -83,7 +83,10 @@ def eagle1_forward(cfg: dict, t: dict, embeds: torch.Tensor, hidden: torch.Tenso
 # -- EAGLE-3 (vLLM via speculators, SGLang midlayer) ---------------------------------------------------
 def eagle3_fuse(cfg: dict, t: dict, aux: torch.Tensor) -> torch.Tensor:
     """vLLM's ``combine_hidden_states``: the captured states [n, k*H] (layer order) through ``fc``;
-    with ``fc_norm`` (EAGLE 3.1) chunk j first goes through RMSNorm ``fc_norm.{j}.weight``."""
+    with ``fc_norm`` (EAGLE 3.1) chunk j first goes through RMSNorm ``fc_norm.{j}.weight``; with
+    ``norm_before_fc`` the whole [n, k*H] input goes through RMSNorm ``input_norm.weight`` before that."""
+    if cfg.get("norm_before_fc", False):
+        aux = rms(aux, t["input_norm.weight"], cfg["rms_norm_eps"])
     if cfg.get("fc_norm", False):
         chunks = aux.chunk(sum(1 for k in t if k.startswith("fc_norm.")), dim=-1)
         aux = torch.cat([rms(c, t[f"fc_norm.{j}.weight"], cfg["rms_norm_eps"]) for j, c in enumerate(chunks)], -1)

@@ -9,7 +9,8 @@ Checked here, with each option on alone and both together:
   written from vLLM's layout, not from draftheads), and that comparison FAILS when the decoder
   skips either norm;
 - greedy decoding equals ``generate``; export -> import is bit-exact; hand-written checkpoints import;
-- what is still not computed (norm_before_fc, P-EAGLE or SGLang with these options) is refused by name.
+- what is still not computed (use_aux_norm, P-EAGLE or SGLang with these options) is refused by name.
+``norm_before_fc`` (the third option) is checked the same way in tests/test_norm_before_fc.py.
 """
 from __future__ import annotations
 
@@ -199,7 +200,7 @@ def test_export_writes_the_keys_vllm_reads_and_import_is_bit_exact(tmp_path, fmt
     cfg, t = read_folder(out)
     # Top-level keys: vLLM's speculators update_eagle3 copies fc_norm / norm_output onto the draft config.
     assert cfg["fc_norm"] is OPTIONS[options]["fc_norm"] and cfg["norm_output"] is OPTIONS[options]["norm_output"]
-    assert cfg["norm_before_fc"] is False and cfg["norm_before_residual"] is False
+    assert cfg["norm_before_fc"] is False and cfg["norm_before_residual"] is False and "input_norm.weight" not in t
     norms = sorted(k for k in t if k.startswith("fc_norm."))
     assert norms == ([f"fc_norm.{j}.weight" for j in range(3)] if cfg["fc_norm"] else [])
     for j in range(3 if cfg["fc_norm"] else 0):
@@ -287,7 +288,7 @@ def test_hand_written_eagle31_checkpoints_import_and_compute_vllms_draft(tmp_pat
     [
         (lambda raw, cfg: raw.pop("fc_norm.1.weight"), r"fc_norm set but fc_norm\.1\.weight missing"),
         (lambda raw, cfg: cfg.__setitem__("fc_norm", False), r"no place in draftheads' EAGLE-3 head: fc_norm\.0\.weight"),
-        (lambda raw, cfg: cfg.__setitem__("norm_before_fc", True), "norm_before_fc set"),
+        (lambda raw, cfg: cfg.__setitem__("use_aux_norm", True), "use_aux_norm set"),
         (lambda raw, cfg: cfg.__setitem__("norm_before_residual", True), "norm_before_residual set"),
     ],
 )

@@ -2,7 +2,8 @@
 
 For every head type with a vLLM layout (Medusa with its own and with the shared LM head, EAGLE-1,
 EAGLE-3 through the speculators format, also as ``method: eagle3`` and as ``LLM(model=SPEC_DIR)``,
-EAGLE-3 with both EAGLE 3.1 options (``fc_norm``, ``norm_output``) through the same format,
+EAGLE-3 with both EAGLE 3.1 options (``fc_norm``, ``norm_output``) through the same format, and
+with the speculators trainer's defaults (``norm_before_fc`` + ``norm_output``, case ``eagle31_nbf``),
 P-EAGLE through the speculators ``peagle`` format, as ``method: eagle3`` + ``parallel_drafting`` and
 as ``LLM(model=SPEC_DIR)``; DFlash in the z-lab layout, ``method: dflash``) heads are built on a tiny random Llama (the target's own next-token guess plus noise in every tensor,
 see `identity_plus_noise`; P-EAGLE and DFlash heads are trained for a few seconds instead, as their mask slots
@@ -115,7 +116,8 @@ def identity_plus_noise(target, head_type: str, noise: float, seed: int = 0, dra
     if head_type == "eagle":
         heads = dh.EagleHead.for_target(target, num_heads=1, num_layers=1)  # fc = [0 | I]: f_t passed through
     else:
-        options = {"fc_norm": True, "norm_output": True} if head_type == "eagle31" else {}
+        options = {"eagle31": {"fc_norm": True, "norm_output": True},
+                   "eagle31_nbf": {"norm_before_fc": True, "norm_output": True}}.get(head_type, {})
         heads = dh.Eagle3Head.for_target(target, num_heads=K, num_layers=1, draft_vocab_size=160, **options)
         heads.set_draft_vocab(draft_counts)
         with torch.no_grad():  # fc picks the deepest fused feature; norm + LM head are the target's
@@ -134,6 +136,16 @@ def identity_plus_noise(target, head_type: str, noise: float, seed: int = 0, dra
             with torch.no_grad():
                 for norm in (heads.norm, *heads.fc_norm):
                     norm.weight.mul_(1.5 * torch.rand(norm.weight.shape, generator=gen) + 0.25)
+        if head_type == "eagle31_nbf":
+            # input_norm's weights of 0.25-1.75 per channel, and fc's picked columns divided by them: the
+            # draft still passes the deepest feature on (scaled by 1/rms of the whole input), so it
+            # drafts right often, but only when the engine applies input_norm, with its entries in fc's
+            # column order; without it the passed feature is distorted per channel.
+            with torch.no_grad():
+                w = heads.input_norm.weight
+                w.mul_(1.5 * torch.rand(w.shape, generator=gen) + 0.25)
+                cols = slice(deepest * d, (deepest + 1) * d)
+                heads.fc.weight[:, cols] /= w[cols][None, :]
     noisy(heads.fc.weight, noise / (heads.fc.weight.shape[1]) ** 0.5, gen)
     layer = heads.layers[0]
     for lin in (layer.o_proj, layer.down_proj):  # zero at init: the layer was the identity
@@ -184,7 +196,7 @@ class Case:
 
 # Noise per head type: the drafts stay right often enough at every position (EAGLE-3 feeds its own
 # output back at depth, so noise compounds there and it gets less).
-NOISE = {"medusa": 0.2, "medusa_shared": 0.2, "eagle": 0.2, "eagle3": 0.03, "eagle31": 0.03}
+NOISE = {"medusa": 0.2, "medusa_shared": 0.2, "eagle": 0.2, "eagle3": 0.03, "eagle31": 0.03, "eagle31_nbf": 0.03}
 
 
 def build_heads(target, root: Path, draft_counts: torch.Tensor) -> dict[str, tuple[Path, object]]:
@@ -364,7 +376,7 @@ def test_vllm_counting_replays_the_schedulers_rule():
         vllm_counts([1, 1], max_tokens=10, k=3)
 
 
-CASES = ["medusa", "medusa_shared", "eagle", "eagle3", "eagle3_method", "eagle3_as_model", "eagle31", "peagle",
+CASES = ["medusa", "medusa_shared", "eagle", "eagle3", "eagle3_method", "eagle3_as_model", "eagle31", "eagle31_nbf", "peagle",
          "peagle_as_model", "dflash"]
 
 

@@ -12,7 +12,11 @@ with the target's table, so that is what the imported heads get).
 EAGLE 3.1 (config ``fc_norm`` with ``fc_norm.{j}.weight`` per captured layer, ``norm_output``) imports
 into an EAGLE-3 head with the same options (heads/eagle.py says what vLLM computes for them); a
 P-EAGLE checkpoint setting them is refused (vLLM's P-EAGLE mapping does not forward them).
-Variants draftheads' heads cannot compute (norm_before_residual, norm_before_fc, RoPE scaling, ...)
+``norm_before_fc`` (with ``input_norm.weight`` [n*H], one RMSNorm over the whole fc input) imports
+the same way; vLLM's P-EAGLE mapping forwards that one, but draftheads' P-EAGLE head does not compute
+it, so a P-EAGLE checkpoint setting it is refused too. The speculators trainer's defaults set
+``norm_before_fc`` and ``norm_output``.
+Variants draftheads' heads cannot compute (norm_before_residual, use_aux_norm, RoPE scaling, ...)
 are refused by name, never approximated.
 """
 from __future__ import annotations
@@ -27,8 +31,10 @@ from .import_medusa import load_strict
 from .layouts import d2t_absolute, default_engine_feature_layers, feature_layers_from_sglang, feature_layers_from_vllm
 from .sources import Source
 
-UNSUPPORTED_FLAGS = ("norm_before_residual", "norm_before_fc", "use_aux_norm")
-EAGLE31_FLAGS = ("fc_norm", "norm_output")  # computed by Eagle3Head (not by P-EAGLE: vLLM does not forward them)
+UNSUPPORTED_FLAGS = ("norm_before_residual", "use_aux_norm")
+# computed by Eagle3Head (not by P-EAGLE: vLLM does not forward fc_norm / norm_output, and draftheads'
+# P-EAGLE head does not compute norm_before_fc)
+EAGLE31_FLAGS = ("norm_before_fc", "fc_norm", "norm_output")
 
 
 def _strip_model_prefix(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -134,21 +140,26 @@ def read_eagle3(source: Source, target: torch.nn.Module, layout: str) -> Eagle3H
         # vLLM's default for this format (its P-EAGLE mapping defaults to false)
         flags = {"norm_before_residual": cfg.get("norm_before_residual", not peagle)}
         flags.update({k: cfg.get(k, False) for k in UNSUPPORTED_FLAGS + EAGLE31_FLAGS if k != "norm_before_residual"})
-        ids = cfg.get("eagle_aux_hidden_state_layer_ids") or (layer_cfg.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+        inner = layer_cfg.get("eagle_config") or {}
+        if "norm_before_fc" in inner:  # vLLM's llama_eagle3 reads eagle_config's before the top-level key
+            flags["norm_before_fc"] = inner["norm_before_fc"]
+        ids = cfg.get("eagle_aux_hidden_state_layer_ids") or inner.get("eagle_aux_hidden_state_layer_ids")
         feature_layers = feature_layers_from_vllm(ids) if ids else default_engine_feature_layers(n_target)
         prefix0 = "layers.0"
     else:
         layer_cfg = cfg
         eagle_cfg = cfg.get("eagle_config") or {}
         flags = {k: cfg.get(k, eagle_cfg.get(k, False)) for k in UNSUPPORTED_FLAGS + EAGLE31_FLAGS}
+        if "norm_before_fc" in eagle_cfg:  # vLLM's llama_eagle3 reads eagle_config's before the top-level key
+            flags["norm_before_fc"] = eagle_cfg["norm_before_fc"]
         ids = eagle_cfg.get("eagle_aux_hidden_state_layer_ids") or cfg.get("eagle_aux_hidden_state_layer_ids")
         feature_layers = feature_layers_from_sglang(ids) if ids else default_engine_feature_layers(n_target)
         prefix0 = "midlayer" if any(k.startswith("midlayer.") for k in tensors) else "layers.0"
     eagle31 = {k: bool(flags.pop(k)) for k in EAGLE31_FLAGS}
     if peagle and any(eagle31.values()):
         raise ValueError(f"{where}: {', '.join(k for k, v in eagle31.items() if v)} set on a P-EAGLE checkpoint: vLLM's "
-                         "P-EAGLE mapping does not forward it (it serves the draft without), and draftheads' P-EAGLE "
-                         "head does not compute it")
+                         "P-EAGLE mapping does not forward fc_norm / norm_output (it serves the draft without), and "
+                         "draftheads' P-EAGLE head computes none of these")
     on = sorted(k for k, v in flags.items() if v)
     if on:
         raise ValueError(f"{where}: {', '.join(on)} set: draftheads' EAGLE-3 head computes none of these variants "
@@ -213,6 +224,11 @@ def read_eagle3(source: Source, target: torch.nn.Module, layout: str) -> Eagle3H
             raise ValueError(f"{where}: fc_norm set but {', '.join(missing)} missing (one norm per captured layer)")
         for j in range(len(feature_layers)):
             state[f"fc_norm.{j}.weight"] = tensors.pop(f"fc_norm.{j}.weight")
+    if eagle31["norm_before_fc"]:  # its entries follow the engine's fc input = draftheads' order here (sorted layers)
+        if "input_norm.weight" not in tensors:
+            raise ValueError(f"{where}: norm_before_fc set but input_norm.weight missing (vLLM's RMSNorm over the "
+                             "whole fc input)")
+        state["input_norm.weight"] = tensors.pop("input_norm.weight")
     bias = tensors.pop("fc.bias", None)
     if bias is not None and bool((bias != 0).any()):
         raise ValueError(f"{where}: fc.bias: draftheads' EAGLE-3 fc has no bias")

@@ -16,7 +16,8 @@ installed vLLM (0.32) and SGLang (0.5.23):
   ``midlayer.*`` (read as ``layers.0.*``), ``hidden_norm``, ``norm``, ``lm_head`` over the draft
   vocabulary, ``d2t`` as offsets, ``t2d`` a bool mask (ignored by both engines); EAGLE 3.1 in vLLM:
   ``fc_norm.{j}.weight`` [H] per captured layer (config ``fc_norm: true``) and ``norm_output: true``
-  (no tensor).
+  (no tensor); ``norm_before_fc: true``: ``input_norm.weight`` [n*H], one norm over the whole fc input
+  (its entries in fc's column order).
 """
 from __future__ import annotations
 
@@ -101,6 +102,8 @@ def eagle3_shapes(config, *, layer0_prefix: str, later_norm: str = "input_layern
             shapes[f"{prefix}.hidden_norm.weight"] = (d,)
     if ex.get("fc_norm"):  # EAGLE 3.1: vLLM's per-layer norms before fc (vllm/model_executor/models/llama_eagle3.py)
         shapes.update({f"fc_norm.{j}.weight": (d,) for j in range(n_aux)})
+    if ex.get("norm_before_fc"):  # vLLM's input_norm over the whole fc input (same file)
+        shapes["input_norm.weight"] = (n_aux * d,)
     shapes["d2t"] = (n,)
     shapes["t2d"] = (vocab,)
     return shapes

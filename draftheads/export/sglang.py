@@ -38,11 +38,12 @@ def export_eagle(heads, *, verifier, verifier_cfg, num_speculative_tokens) -> En
 def export_eagle3(heads, *, verifier, verifier_cfg, num_speculative_tokens) -> EngineFolder:
     check_eagle3(heads, FORMAT)
     cfg, ex = heads.config, heads.config.extra
-    on = [key for key in ("fc_norm", "norm_output") if ex.get(key)]
+    on = [key for key in ("norm_before_fc", "fc_norm", "norm_output") if ex.get(key)]
     if on:  # not seen in sglang/srt/models/llama_eagle3.py, which skips unknown tensors without a word
         raise ExportError(
             f"{', '.join(on)} (EAGLE 3.1): SGLang's LlamaForCausalLMEagle3 is not known to compute it, and it would "
-            "drop fc_norm weights silently and serve another draft; export with --format vllm (or speculators)"
+            "drop input_norm / fc_norm weights silently and serve another draft; export with --format vllm (or "
+            "speculators)"
         )
     n_target = cfg.target.num_hidden_layers if cfg.target else int(verifier_cfg.get("num_hidden_layers", 0))
     ids = sglang_aux_ids(ex["feature_layers"], n_target)

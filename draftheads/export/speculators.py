@@ -31,7 +31,10 @@ def eagle3_tensors(heads, layer0_prefix: str, later_norm: str) -> dict[str, torc
     out = engine_layer_tensors(state, cfg.num_layers, prefixes, later_norm)
     out[f"{layer0_prefix}.input_layernorm.weight"] = state["embed_norm.weight"]  # the norm on the embedding
     out[f"{layer0_prefix}.hidden_norm.weight"] = state["hidden_norm.weight"]
-    out["fc.weight"] = state["fc.weight"][:, fc_column_order(ex["feature_layers"], cfg.hidden_size)]
+    columns = fc_column_order(ex["feature_layers"], cfg.hidden_size)
+    out["fc.weight"] = state["fc.weight"][:, columns]
+    if ex.get("norm_before_fc"):  # one weight per fc input column: it follows fc's columns into layer order
+        out["input_norm.weight"] = state["input_norm.weight"][columns].contiguous()
     if ex.get("fc_norm"):  # EAGLE 3.1: engine chunk j = the j-th fused layer in layer order, as fc's columns
         for j, i in enumerate(sorted(range(len(ex["feature_layers"])), key=lambda i: ex["feature_layers"][i])):
             out[f"fc_norm.{j}.weight"] = state[f"fc_norm.{i}.weight"]
@@ -99,8 +102,9 @@ def _eagle3_folder(heads, *, verifier: str | None, verifier_cfg: dict, num_specu
         "target_hidden_size": cfg.hidden_size,
         "eagle_aux_hidden_state_layer_ids": ids,
         "norm_before_residual": False,
-        "norm_before_fc": False,
         # EAGLE 3.1 (heads/eagle.py): top-level keys, which vLLM's update_eagle3 copies onto the draft config
+        # (norm_before_fc: vLLM's llama_eagle3 reads eagle_config's first, which this export leaves unset)
+        "norm_before_fc": bool(ex.get("norm_before_fc", False)),
         "fc_norm": bool(ex.get("fc_norm", False)),
         "norm_output": bool(ex.get("norm_output", False)),
         "speculators_config": {

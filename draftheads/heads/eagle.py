@@ -28,6 +28,13 @@ speculators config reaches it through vllm/transformers_utils/configs/speculator
   head reads that state directly (no second norm: logits are ``lm_head(norm(out))`` either way).
   No new tensor: it reuses ``norm.weight`` and its epsilon. The speculators trainer's EAGLE-3 model
   (vllm-project/speculators, ``--fc-norm`` / ``--norm-output``) computes the same.
+- ``norm_before_fc`` (``extra.norm_before_fc``): ONE RMSNorm over the whole fused input
+  [n*H] (weight ``input_norm.weight``, epsilon ``rms_norm_eps``) before ``fc``, and before
+  ``fc_norm`` when both are set: ``fc(fc_norms(input_norm(cat(h_a, h_b, ...))))``, as vLLM's
+  ``combine_hidden_states`` orders them. Its weight is in draftheads' feature order, like fc's
+  columns; exports permute it with them. The speculators trainer turns it on by default with
+  ``norm_output``, so speculators-trained EAGLE-3 checkpoints need it to import. Only where the
+  draft reads target features, like ``fc_norm``.
 
 The draft decoder layer itself is in draft_layer.py.
 """
@@ -218,7 +225,7 @@ class Eagle3Head(EagleHead):
     are refused when drafting, never silently treated as an identity."""
 
     head_type = "eagle3"
-    spec_options = ("feature_layers", "draft_vocab_size", "loss", "fc_norm", "norm_output")
+    spec_options = ("feature_layers", "draft_vocab_size", "loss", "fc_norm", "norm_output", "norm_before_fc")
     required_extra = EagleHead.required_extra + ("feature_layers", "draft_vocab_size")
     fuses_layers = True
 
@@ -240,6 +247,8 @@ class Eagle3Head(EagleHead):
         fc_norm, self.norm_output = (_flag(ex, key) for key in ("fc_norm", "norm_output"))
         # EAGLE 3.1 (module docstring): one RMSNorm per fused target layer, in feature_layers order.
         self.fc_norm = nn.ModuleList([nn.RMSNorm(d, eps=eps) for _ in self.feature_layers]) if fc_norm else None
+        # norm_before_fc (module docstring): one RMSNorm over the whole fused input, in feature_layers order.
+        self.input_norm = nn.RMSNorm(self.fc.weight.shape[1], eps=eps) if _flag(ex, "norm_before_fc") else None
         self.lm_head = nn.Linear(d, n_vocab, bias=False)
         nn.init.normal_(self.lm_head.weight, std=0.02)
         self.register_buffer("draft_to_target", torch.full((n_vocab,), -1, dtype=torch.long))
@@ -296,9 +305,13 @@ class Eagle3Head(EagleHead):
             raise ValueError("eagle3 target_to_draft is not the inverse of draft_to_target (corrupt mapping)")
 
     def fuse(self, features: torch.Tensor) -> torch.Tensor:
-        """[.., n*H] target features -> [.., H] fused state; with ``fc_norm`` each layer's [H]
-        chunk is normalised by its own norm first (EAGLE 3.1)."""
+        """[.., n*H] target features -> [.., H] fused state; with ``norm_before_fc`` the whole input
+        is normalised first, then with ``fc_norm`` each layer's [H] chunk by its own norm (EAGLE 3.1),
+        the order vLLM's ``combine_hidden_states`` applies them in. Training's unrolled steps and
+        every proposer reach the features only through here."""
         features = features.to(self.fc.weight.dtype)
+        if self.input_norm is not None:
+            features = self.input_norm(features)
         if self.fc_norm is not None:
             chunks = features.chunk(len(self.fc_norm), dim=-1)
             features = torch.cat([norm(c) for norm, c in zip(self.fc_norm, chunks)], dim=-1)

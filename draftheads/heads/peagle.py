@@ -75,7 +75,9 @@ class PEagleHead(Eagle3Head):
     training_objective = "parallel_depths"
     # Not EAGLE 3.1's fc_norm / norm_output: vLLM's speculators P-EAGLE mapping does not forward
     # them (export/speculators.py), so a P-EAGLE draft using them could not be served as trained.
-    spec_options = tuple(o for o in Eagle3Head.spec_options if o not in ("fc_norm", "norm_output")) + (
+    # Nor norm_before_fc: vLLM's P-EAGLE mapping forwards that one, but this head feeds mask_hidden
+    # straight to fc and how vLLM's parallel drafting normalises it is not checked here.
+    spec_options = tuple(o for o in Eagle3Head.spec_options if o not in ("fc_norm", "norm_output", "norm_before_fc")) + (
         "mask_token_id", "cod_ratio", "cod_min_ratio", "greedy_path")
     required_extra = Eagle3Head.required_extra + ("mask_token_id",)
 
@@ -97,6 +99,10 @@ class PEagleHead(Eagle3Head):
         if on:
             raise ValueError(f"peagle heads do not take {', '.join(on)} (EAGLE 3.1 options of eagle3 heads): vLLM's "
                              "P-EAGLE loader does not forward them, so the served draft would differ")
+        if ex.get("norm_before_fc"):
+            raise ValueError("peagle heads do not take norm_before_fc (an option of eagle3 heads): draftheads' P-EAGLE "
+                             "head does not compute it (its mask_hidden goes straight to fc; how vLLM's parallel "
+                             "drafting would normalise it is not checked), so the served draft could differ")
         super().__init__(config)
         self.mask_token_id = int(mask)
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)

@@ -75,9 +75,10 @@ def _init_from_differences(mine, theirs, path: str) -> list[str]:
     ]
     if mine.head_type in ("medusa", "hydra") and mine.num_heads != theirs.num_heads:
         problems.append(f"num_heads: config has {mine.num_heads}, {path} has {theirs.num_heads}")
-    for key in ("feature_layers", "draft_vocab_size", "fc_bias", "block_size", "mask_token_id", "fc_norm", "norm_output"):
+    for key in ("feature_layers", "draft_vocab_size", "fc_bias", "block_size", "mask_token_id", "fc_norm", "norm_output",
+                "norm_before_fc"):
         # EAGLE heads saved before the option had an fc bias; EAGLE-3 heads saved before EAGLE 3.1 compute neither
-        default = True if key == "fc_bias" else False if key in ("fc_norm", "norm_output") else None
+        default = True if key == "fc_bias" else False if key in ("fc_norm", "norm_output", "norm_before_fc") else None
         # (an unset dflash mask token takes the folder's)
         if key in mine.extra and mine.extra[key] is not None and mine.extra[key] != theirs.extra.get(key, default):
             problems.append(f"heads.{key}: config has {mine.extra[key]!r}, {path} has {theirs.extra.get(key)!r}")
