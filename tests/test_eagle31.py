@@ -213,9 +213,15 @@ def test_export_writes_the_keys_vllm_reads_and_import_is_bit_exact(tmp_path, fmt
 
     back = dh.load_heads(import_heads(out, tmp_path / "back", target), target=target)
     assert {k: back.config.extra.get(k, False) for k in ("fc_norm", "norm_output")} == OPTIONS[options]
+    assert_same_heads_and_decoding(heads, back, target)
+
+
+def assert_same_heads_and_decoding(heads, back, target) -> None:
+    """``back`` (exported and imported again) holds ``heads``' tensors bit for bit (layer order =
+    draftheads' order: nothing is permuted) and decodes what they decode, which is `generate`'s output."""
     mine, theirs = heads.state_dict(), back.state_dict()
     assert mine.keys() == theirs.keys()
-    for name in mine:  # layer order = draftheads' order here: nothing is permuted, everything equal
+    for name in mine:
         assert torch.equal(mine[name], theirs[name]), name
     prompt = hidden_states(target)[0][None, :8]
     a = dh.SpeculativeDecoder(target, heads).generate(prompt, max_new_tokens=16, temperature=0.0)

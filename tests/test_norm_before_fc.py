@@ -31,7 +31,9 @@ from draftheads.inference.sampling import SamplingParams
 from draftheads.train.eagle_loss import eagle_loss
 from engine_reference import eagle3_forward, eagle3_fuse, read_folder
 from inference_utils import greedy_reference, tiny_target
-from test_eagle31 import KW, _decode_two_depths, decoder_logits, heads31, speculators_config, training_logits
+from test_eagle31 import (
+    KW, _decode_two_depths, assert_same_heads_and_decoding, decoder_logits, heads31, speculators_config, training_logits,
+)
 from test_export import eagle3_two_steps, hidden_states, target4
 from test_import import LLAMA_CONFIG, eagle3_checkpoint, write
 
@@ -143,15 +145,8 @@ def test_export_writes_the_key_and_tensor_vllm_reads_and_import_is_bit_exact(tmp
 
     back = dh.load_heads(import_heads(out, tmp_path / "back", target), target=target)
     assert flags_of(back) == OPTIONS[options]
-    mine, theirs = heads.state_dict(), back.state_dict()
-    assert mine.keys() == theirs.keys() and "input_norm.weight" in mine
-    for name in mine:
-        assert torch.equal(mine[name], theirs[name]), name
-    prompt = hidden_states(target)[0][None, :8]
-    a = dh.SpeculativeDecoder(target, heads).generate(prompt, max_new_tokens=16, temperature=0.0)
-    b = dh.SpeculativeDecoder(target, back).generate(prompt, max_new_tokens=16, temperature=0.0)
-    assert torch.equal(b.sequences, greedy_reference(target, prompt, 16))
-    assert torch.equal(a.sequences, b.sequences) and a.accept_lengths == b.accept_lengths
+    assert "input_norm.weight" in heads.state_dict()
+    assert_same_heads_and_decoding(heads, back, target)
 
 
 def test_the_norm_weight_follows_fcs_columns_into_layer_order(tmp_path):
