@@ -219,7 +219,7 @@ def sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:
         return index if index < probs.shape[-1] else int(probs.nonzero()[-1])
     if not on_host and (generator is None or generator.device == probs.device):
         return int(torch.multinomial(probs, 1, generator=generator))
-    return int(sample_rows(probs[None], generator)[0])
+    return sample_inverse_cdf(probs, generator)
 
 
 def sample_inverse_cdf(probs: torch.Tensor, generator: torch.Generator | None) -> int:
