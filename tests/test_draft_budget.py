@@ -209,6 +209,10 @@ def test_helpers():
     # ties and near-ties go to the deeper draft; a clearly faster shallower one wins
     assert pick_depth([1.0, 1.02, 1.0], margin=0.03) == 2
     assert pick_depth([1.2, 1.0, 1.0], margin=0.03) == 0
+    # but never a draft expected slower than a plain step, however near (prompt lookup at batch 4,
+    # T=0.7: drafts of one token at 0.95x of plain's rate ran every step under margin 0.10)
+    assert pick_depth([1.0, 0.95, 0.9], margin=0.10) == 0
+    assert pick_depth([1.0, 1.0, 0.95], margin=0.10) == 1
 
 
 @pytest.mark.parametrize("bad", ["always", 3, 0.5])

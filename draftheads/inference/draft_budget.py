@@ -84,11 +84,14 @@ def expected_tokens(reach: Sequence[float], depth: int) -> float:
 
 
 def pick_depth(rates: Sequence[float], margin: float) -> int:
-    """The deepest depth whose rate is within ``margin`` of the best: a shallower draft (or a
-    plain step) must be clearly faster to be taken, not a timing wobble ahead."""
+    """The deepest depth whose rate is within ``margin`` of the best and not below a plain
+    step's (``rates[0]``): among drafts, a shallower one must be clearly faster to be taken, not a
+    timing wobble ahead; but a draft expected to commit fewer tokens per second than plain steps
+    is never taken, however near (the margin would otherwise let a budget whose drafts barely
+    pay, prompt lookup on text that does not repeat, run up to ``margin`` slower than plain)."""
     best = max(rates)
-    for depth in range(len(rates) - 1, -1, -1):
-        if rates[depth] * (1.0 + margin) >= best:
+    for depth in range(len(rates) - 1, 0, -1):
+        if rates[depth] * (1.0 + margin) >= best and rates[depth] >= rates[0]:
             return depth
     return 0
 
@@ -117,7 +120,8 @@ class OnlineDraftBudget(DraftBudget):
       Then, until ``min_samples`` plain steps have been measured at this batch size, every other
       step is a plain one (interleaved with full ones); a plain step is measured again when the
       last one is ``remeasure_every`` steps old.
-    - the cap taken is the deepest one within ``margin`` of the best rate (ties go to drafting).
+    - the cap taken is the deepest one within ``margin`` of the best rate and no slower than a
+      plain step's (ties with plain go to drafting, near-ties to plain).
     - capped steps whose every row accepted all they drafted let the next step draft one level
       deeper (levels below a cap are otherwise measured only by probes: a text that starts to
       repeat, where prompt lookup accepts all it drafts, stayed capped at the one or two levels its
