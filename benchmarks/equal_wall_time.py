@@ -1,0 +1,129 @@
+"""EAGLE vs EAGLE-3 at equal training wall time, decoded with the same chain and tree.
+
+    python benchmarks/equal_wall_time.py [--eagle3-steps 200] [--probe-steps 40] \\
+        [--workdir /tmp/draftheads-walltime] [--out benchmarks/measurements/equal-wall-time]
+
+Every paper orders them EAGLE-3 > EAGLE; on the demo EAGLE-3 accepts more at the same step
+count, but one EAGLE-3 step (three unrolled draft steps over fused features of three layers)
+costs more than one EAGLE step. This benchmark gives both the same seconds:
+
+1. seconds per step of each shipped recipe (configs/demo-eagle.yaml, configs/demo-eagle3.yaml),
+   measured by ``--probe-steps`` steps of each, interleaved over two rounds, one thread each;
+2. EAGLE-3 trains ``--eagle3-steps`` steps, EAGLE as many steps as take the same seconds
+   (``--eagle3-steps`` x the measured ratio), each with its config unchanged otherwise;
+3. both are decoded by draftheads' own decoder with the SAME shapes as benchmarks/recipe_ablation.py
+   (a chain of 5 drafts and a 16-token dynamic tree), greedy, on the 12 held-out demo prompts,
+   every output checked equal to ``target.generate(do_sample=False)``.
+
+No decode timing (acceptance counts do not depend on the machine's load); the training seconds of
+each run are reported beside them. Results: OUT/results.json and OUT/results.md.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from recipe_ablation import CHAIN, TREE, decode_stats, prompts  # noqa: E402
+
+CONFIGS = {"eagle": ROOT / "configs" / "demo-eagle.yaml", "eagle3": ROOT / "configs" / "demo-eagle3.yaml"}
+
+
+def train(config: Path, out: Path, steps: int) -> float:
+    """Train ``config`` for ``steps`` steps into ``out`` (skipped when its heads exist); returns the
+    seconds spent in training steps (evaluation, checkpoints and the tree choice are off)."""
+    from draftheads.config import load_config
+    from draftheads.train import loop, trainer
+
+    info = out / "train-info.json"
+    if (out / "heads" / "config.json").is_file() and info.is_file():
+        return json.loads(info.read_text())["train_seconds"]
+    overrides = [f"train.output_dir={out}", f"train.max_steps={steps}", "train.eval_every=0", "train.save_every=0"]
+    choose_tree = trainer.write_export_tree
+    trainer.write_export_tree = lambda *a, **k: choose_tree(*a, **{**k, "skip_reason": "equal_wall_time decodes fixed shapes"})
+    try:
+        result = loop.run(load_config(config, overrides), overwrite=True)
+    finally:
+        trainer.write_export_tree = choose_tree
+    seconds = result.metrics["stage_seconds"]["train"]
+    info.write_text(json.dumps({"config": str(config), "steps": steps, "train_seconds": seconds}, indent=2))
+    return seconds
+
+
+def seconds_per_step(workdir: Path, probe_steps: int) -> dict[str, list[float]]:
+    """Both recipes' seconds per training step, measured in interleaved short runs (two rounds)."""
+    per_step: dict[str, list[float]] = {name: [] for name in CONFIGS}
+    for round_ in range(2):
+        for name, config in CONFIGS.items():
+            out = workdir / "probe" / f"{name}-{round_}"
+            per_step[name].append(train(config, out, probe_steps) / probe_steps)
+            print(f"probe {name} round {round_}: {per_step[name][-1]:.3f} s/step", flush=True)
+    return per_step
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--workdir", default="/tmp/draftheads-walltime")
+    ap.add_argument("--eagle3-steps", type=int, default=200)
+    ap.add_argument("--probe-steps", type=int, default=40)
+    ap.add_argument("--ratio", type=float, default=None,
+                    help="EAGLE-3 seconds per step over EAGLE's, when already measured (skips the probes)")
+    ap.add_argument("--num-prompts", type=int, default=12)
+    ap.add_argument("--new-tokens", type=int, default=128)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    os.environ.setdefault("DRAFTHEADS_NUM_THREADS", str(args.threads))
+    workdir = Path(args.workdir)
+
+    probes = None
+    ratio = args.ratio
+    if ratio is None:
+        probes = seconds_per_step(workdir, args.probe_steps)
+        ratio = (sum(probes["eagle3"]) / len(probes["eagle3"])) / (sum(probes["eagle"]) / len(probes["eagle"]))
+    eagle_steps = round(args.eagle3_steps * ratio)
+    print(f"EAGLE-3 {args.eagle3_steps} steps ~ EAGLE {eagle_steps} steps (ratio {ratio:.2f})", flush=True)
+    runs = {"eagle3": (args.eagle3_steps, workdir / "runs" / f"eagle3-{args.eagle3_steps}"),
+            "eagle": (eagle_steps, workdir / "runs" / f"eagle-{eagle_steps}")}
+    seconds = {name: train(CONFIGS[name], out, steps) for name, (steps, out) in runs.items()}
+
+    from draftheads.target import load_target
+
+    target, tokenizer = load_target("demo")
+    prompt_ids = prompts(tokenizer, args.num_prompts)
+    references = [target.generate(p, attention_mask=torch.ones_like(p), do_sample=False, max_new_tokens=args.new_tokens)
+                  for p in prompt_ids]
+    results = {}
+    for name, (steps, out) in runs.items():
+        results[name] = {"steps": steps, "train_seconds": seconds[name],
+                         **decode_stats(target, out / "heads", prompt_ids, references, args.new_tokens)}
+        print(name, json.dumps(results[name]), flush=True)
+    lines = ["| heads | training steps | training seconds | 5-draft chain: mean accepted | chain reaches depth 1..5 "
+             "| 16-token tree: mean accepted |", "|---|---:|---:|---:|---|---:|"]
+    for name, r in results.items():
+        reach = " ".join(f"{x:.2f}" for x in r["chain"]["reach"])
+        lines.append(f"| {name} | {r['steps']} | {r['train_seconds']:.0f} | {r['chain']['mean_accepted']:.2f} | {reach} "
+                     f"| {r['tree']['mean_accepted']:.2f} |")
+    md = "\n".join(lines)
+    print(md)
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        meta = {"ratio": ratio, "probes": probes, "chain": CHAIN, "tree": TREE, "prompts": len(prompt_ids),
+                "new_tokens": args.new_tokens, "command": " ".join(sys.argv)}
+        (out / "results.json").write_text(json.dumps({**meta, "runs": results}, indent=2))
+        (out / "results.md").write_text(f"`{meta['command']}`\n\nEAGLE-3 / EAGLE seconds per step: {ratio:.2f}\n\n" + md + "\n")
+
+
+if __name__ == "__main__":
+    main()
