@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import copy
+import statistics
 import json
 from pathlib import Path
 
@@ -256,3 +257,163 @@ def test_bad_batch_sizes_are_refused(tiny_target_dir, sizes, tmp_path, capsys):
     with pytest.raises(SystemExit):
         _bench(tiny_target_dir, "--prompt-lookup", "--batch-size", sizes, "--out", tmp_path / "x")
     assert "batch sizes" in capsys.readouterr().err
+
+
+# --- --rounds N: every prompt (and batch) timed N times per method ----------------------------
+
+def _per_question_by_hand(samples, method):
+    """Total tokens / total seconds over a turn's rounds, against plain's on the same rounds."""
+    out = {}
+    for key in dict.fromkeys((s["question_id"], s["turn"]) for s in samples):
+        mine = [s for s in samples if (s["question_id"], s["turn"]) == key and s["method"] == method]
+        plain = [s for s in samples if (s["question_id"], s["turn"]) == key and s["method"] == "plain"]
+        rate = sum(s["new_tokens"] for s in mine) / sum(s["seconds"] for s in mine)
+        out[key] = rate / (sum(s["new_tokens"] for s in plain) / sum(s["seconds"] for s in plain))
+    return out
+
+
+def test_bench_rounds_time_every_turn_n_times(tiny_target_dir, heads_dir, questions_file, tmp_path):
+    out = tmp_path / "r"
+    assert _bench(tiny_target_dir, "--heads", heads_dir, "--prompt-lookup", "--questions", questions_file,
+                  "--out", out, "--warmup", "0", "--rounds", "2", "--seed", "5") == 0
+    report = json.loads((out / "report.json").read_text())
+    assert report["settings"]["rounds"] == 2 and report["args"]["rounds"] == 2
+    samples = report["samples"]
+    assert len(samples) == 3 * 2 * 3  # 3 turns x 2 rounds x (plain + 2 methods)
+    for name in ("plain", "medusa", "prompt-lookup"):
+        for key in {(s["question_id"], s["turn"]) for s in samples}:
+            mine = [s for s in samples if (s["question_id"], s["turn"]) == key and s["method"] == name]
+            assert sorted(s["round"] for s in mine) == [0, 1]
+    # round r of the k-th timed prompt: seed + 2k + r, shared by plain and the methods of that round
+    by_turn = list(dict.fromkeys((s["question_id"], s["turn"]) for s in samples))
+    for s in samples:
+        assert s["seed"] == 5 + 2 * by_turn.index((s["question_id"], s["turn"])) + s["round"]
+    # exactness is checked on every round
+    assert report["all_exact"] is True
+    assert all(s["exact"] is True for s in samples if s["method"] != "plain")
+    assert report["results"]["medusa"]["by_category"]["overall"]["exact_of"] == 6
+    assert report["questions"]["samples"] == 3 and report["questions"]["truncated"] == 0
+
+    for name in ("medusa", "prompt-lookup"):
+        res = report["results"][name]
+        hand = _per_question_by_hand(samples, name)
+        per_q = res["per_question"]
+        assert [(q["question_id"], q["turn"]) for q in per_q] == list(hand)
+        for q in per_q:
+            assert q["rounds"] == 2 and q["speedup"] == pytest.approx(hand[(q["question_id"], q["turn"])])
+            rounds = [s for s in samples if (s["question_id"], s["turn"]) == (q["question_id"], q["turn"])]
+            ratios = [m["tokens_per_second"] / p["tokens_per_second"]
+                      for r in (0, 1)
+                      for m in rounds if m["method"] == name and m["round"] == r
+                      for p in rounds if p["method"] == "plain" and p["round"] == r]
+            assert q["round_speedups"] == pytest.approx(ratios)
+            assert q["round_min"] == pytest.approx(min(ratios)) and q["round_max"] == pytest.approx(max(ratios))
+        overall = res["by_category"]["overall"]["per_question_speedup"]
+        assert overall["median"] == pytest.approx(statistics.median(hand.values()))
+        assert overall["min"] == pytest.approx(min(hand.values())) and overall["max"] == pytest.approx(max(hand.values()))
+        code = res["by_category"]["code"]["per_question_speedup"]  # one question in category code
+        assert code["median"] == pytest.approx(hand[("161", 0)])
+        assert res["by_category"]["overall"]["per_sample_speedup"] is not None  # still every timed sample's ratio
+    md = (out / "report.md").read_text()
+    assert "2 timed rounds per prompt" in md and "## Per question, over 2 rounds" in md
+
+
+def test_bench_rounds_draw_a_new_seed_each_round_when_sampling(tiny_target_dir, tmp_path, monkeypatch):
+    """At T > 0 each round samples with its own seed, the same one for plain and every method."""
+    from draftheads.bench.runner import Runner
+
+    seen = []
+    plain, speculative = Runner.plain, Runner.speculative
+    monkeypatch.setattr(Runner, "plain", lambda self, ids, seed: seen.append(("plain", seed)) or plain(self, ids, seed))
+    monkeypatch.setattr(Runner, "speculative", lambda self, m, ids, seed: (
+        seen.append((m.name, seed)) or speculative(self, m, ids, seed)))
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("def f(self, x):\nfor x in y:\n")
+    out = tmp_path / "r"
+    assert _bench(tiny_target_dir, "--prompt-lookup", "--questions", prompts, "--temperature", "0.8", "--warmup", "0",
+                  "--rounds", "3", "--seed", "10", "--out", out) == 0
+    assert sorted(seen) == sorted((name, 10 + k) for k in range(6) for name in ("plain", "prompt-lookup"))
+    report = json.loads((out / "report.json").read_text())
+    for s in report["samples"]:
+        assert s["exact"] is None
+    seeds = {(s["question_id"], s["round"]): s["seed"] for s in report["samples"]}
+    assert len(set(seeds.values())) == 6  # a new seed for every round of every prompt
+    assert report["results"]["prompt-lookup"]["per_question"][0]["rounds"] == 3
+
+
+def test_bench_one_round_keeps_the_old_report(tiny_target_dir, questions_file, tmp_path):
+    """--rounds 1 (the default) keeps every key of the reports written before --rounds; the
+    per-question speedup over one round is that sample's speedup."""
+    out = tmp_path / "r"
+    assert _bench(tiny_target_dir, "--prompt-lookup", "--questions", questions_file, "--out", out, "--warmup", "0") == 0
+    report = json.loads((out / "report.json").read_text())
+    old_top = {"format_version", "created", "command", "args", "environment", "settings", "questions", "methods",
+               "results", "all_exact", "samples", "plots"}
+    assert old_top <= set(report) and set(report) - old_top <= {"plots_missing"}
+    assert report["format_version"] == 1 and report["settings"]["rounds"] == 1
+    old_group = {"samples", "new_tokens", "steps", "mean_accepted_tokens", "tokens_per_second", "speedup",
+                 "per_sample_speedup", "exact", "exact_of"}
+    old_sample = {"question_id", "category", "turn", "method", "prompt_tokens", "new_tokens", "seconds",
+                  "accept_lengths", "exact", "truncated", "stats", "tokens_per_second"}
+    assert len(report["samples"]) == 3 * 2 and all(old_sample <= set(s) and s["round"] == 0 for s in report["samples"])
+    res = report["results"]["prompt-lookup"]
+    assert {"by_category", "accept_length_histogram", "acceptance_by_depth"} <= set(res)
+    for g in res["by_category"].values():
+        assert old_group <= set(g)
+        assert g["per_question_speedup"] == pytest.approx(g["per_sample_speedup"])
+    md = (out / "report.md").read_text()
+    assert "1 timed round per prompt." in md and "## Per question" not in md
+
+
+@pytest.mark.parametrize("rounds", ["0", "-2", "1.5", "two"])
+def test_bad_rounds_are_refused(tiny_target_dir, questions_file, rounds, tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        _bench(tiny_target_dir, "--prompt-lookup", "--questions", questions_file, "--rounds", rounds,
+               "--out", tmp_path / "x")
+    err = capsys.readouterr().err
+    assert "--rounds" in err and "whole number" in err and not (tmp_path / "x").exists()
+
+
+def test_metrics_per_question_speedup_is_total_over_total():
+    """Two rounds of one prompt: plain 10 tokens in 1 s then 1 s; the method 10 tokens in 0.5 s,
+    then 2 s (a stall). Total over total: 20/2.5 vs 20/2 = 0.8x; the mean of per-round ratios would
+    say 1.25x, and the round spread is 0.5x-2x."""
+    def sample(method, rnd, seconds):
+        return Sample(question_id="a", category="c", turn=0, method=method, prompt_tokens=4, new_tokens=10,
+                      seconds=seconds, round=rnd)
+
+    samples = [sample("plain", 0, 1.0), sample("m", 0, 0.5), sample("plain", 1, 1.0), sample("m", 1, 2.0)]
+    results = summarize(samples, ["m"], ["c"])
+    (q,) = results["m"]["per_question"]
+    assert q["speedup"] == pytest.approx(0.8) and q["rounds"] == 2
+    assert q["round_speedups"] == pytest.approx([2.0, 0.5])
+    assert (q["round_min"], q["round_max"]) == (pytest.approx(0.5), pytest.approx(2.0))
+    assert results["m"]["by_category"]["overall"]["per_question_speedup"]["median"] == pytest.approx(0.8)
+    assert results["plain"]["per_question"][0]["speedup"] == pytest.approx(1.0)
+
+
+def test_bench_batch_rounds_repeat_each_batch(tiny_target_dir, questions_file, tmp_path):
+    out = tmp_path / "batched"
+    assert _bench(tiny_target_dir, "--prompt-lookup", "--questions", questions_file, "--batch-size", "1,2",
+                  "--batches", "2", "--rounds", "2", "--out", out, "--warmup", "0", "--seed", "7") == 0
+    report = json.loads((out / "report.json").read_text())
+    seeds = []
+    for size in ("1", "2"):
+        res = report["batch"][size]
+        assert res["batches"] == 2 and res["rounds"] == 2 and len(res["runs"]) == 4
+        runs = res["runs"]
+        assert [r["prompt-lookup"]["round"] for r in runs] == [0, 1, 0, 1]
+        assert all(r["plain"]["seed"] == r["prompt-lookup"]["seed"] for r in runs)
+        seeds += [r["plain"]["seed"] for r in runs]
+        pl = res["prompt-lookup"]
+        assert pl["all_exact"] is True and all(r["prompt-lookup"]["exact"] for r in runs)
+        by_hand = []
+        for b in (runs[:2], runs[2:]):
+            rate = lambda side: sum(r[side]["new_tokens"] for r in b) / sum(r[side]["seconds"] for r in b)
+            by_hand.append(rate("prompt-lookup") / rate("plain"))
+        assert [x["speedup"] for x in pl["per_batch"]] == pytest.approx(by_hand)
+        assert pl["speedup_median"] == pytest.approx(statistics.median(by_hand))
+        assert (pl["speedup_min"], pl["speedup_max"]) == (pytest.approx(min(by_hand)), pytest.approx(max(by_hand)))
+        assert all(len(x["round_speedups"]) == 2 for x in pl["per_batch"])
+    assert seeds == list(range(7, 15))  # a new seed for every round of every batch, sizes counted on
+    assert "2 timed rounds per batch" in (out / "report.md").read_text()

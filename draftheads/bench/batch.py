@@ -5,6 +5,13 @@ Prompts are grouped into left-padded batches of each size. Every batch runs plai
 and each method back to back, in an order that rotates from batch to batch (as the per-question
 runner does), so a slow minute on a shared machine slows all of them alike. The figure per batch
 is the ratio of tokens/s to plain's on that batch; the report gives its median and spread.
+
+With ``rounds`` = N every batch is timed N times the same way (the rotation continues from round
+to round; round r of the k-th batch, counted over all sizes, uses seed ``seed + k * N + r`` for plain
+and every method, ``seed + k`` at N = 1), and a batch's figure is the methods' total new tokens over
+total seconds across its rounds, against plain's: what N repeats of that batch cost, each round
+weighed by its time (see metrics.py). At temperature 0 every round is checked against that
+round's plain output.
 """
 from __future__ import annotations
 
@@ -57,9 +64,11 @@ class BatchBench:
         return [fit_context(encode_turn(self.tokenizer, q, 0, [], self.use_chat_template), self.max_new_tokens, limit)[0][0]
                 for q in questions]
 
-    def _plain(self, ids, mask):
+    def _plain(self, ids, mask, seed: int | None = None):
         sampling = {"do_sample": False} if self.temperature == 0 else {
             "do_sample": True, "temperature": self.temperature, "top_k": 0, "top_p": 1.0}
+        if self.temperature > 0 and seed is not None:
+            torch.manual_seed(seed)
         return self.target.generate(ids.to(self.target.device), attention_mask=mask.to(self.target.device),
                                     max_new_tokens=self.max_new_tokens, pad_token_id=self.pad_id, **sampling).cpu()
 
@@ -75,8 +84,38 @@ class BatchBench:
         _sync(self.target.device)
         return result, time.perf_counter() - t0
 
+    def _round(self, ids, mask, index: int, rnd: int) -> dict[str, Any]:
+        """One timed round of one batch: plain and every method back to back, in the order ``index``
+        (the count of rounds timed so far) rotates to, all with seed ``self.seed + index``."""
+        seed = self.seed + index
+        order = [PLAIN] + [m.name for m in self.methods]
+        shift = index % len(order)
+        order = order[shift:] + order[:shift]
+        results = {}
+        for name in order:
+            if name == PLAIN:
+                results[name] = self._timed(self._plain, ids, mask, seed)
+            else:
+                method = next(m for m in self.methods if m.name == name)
+                results[name] = self._timed(self._method, method, ids, mask, seed)
+        reference, seconds = results[PLAIN]
+        run = {PLAIN: {"seconds": seconds, "new_tokens": new_token_count(reference, ids.shape[1], self.eos, self.pad_id),
+                       "round": rnd, "seed": seed}}
+        for m in self.methods:
+            out, seconds = results[m.name]
+            run[m.name] = {
+                "seconds": seconds, "new_tokens": out.num_new_tokens,
+                "mean_accept_length": out.mean_accept_length,
+                "mode": out.stats.get("mode"),  # "plain" where the method's batch plan says so
+                "exact": bool(torch.equal(out.sequences, reference)) if self.temperature == 0 else None,
+                "round": rnd, "seed": seed,
+            }
+        return run
+
     def run(self, questions, batch_sizes: list[int], max_batches: int | None, warmup: int,
-            progress: bool = True) -> dict[str, Any]:
+            progress: bool = True, rounds: int = 1) -> dict[str, Any]:
+        if not isinstance(rounds, int) or isinstance(rounds, bool) or rounds < 1:
+            raise ValueError(f"rounds must be a whole number >= 1, got {rounds!r}")
         prompts = self.prompts(questions)
         table: dict[str, Any] = {}
         index = 0
@@ -91,33 +130,13 @@ class BatchBench:
                 runs: list[dict[str, Any]] = []
                 for group in groups:
                     ids, mask = left_pad(group, self.pad_id)
-                    order = [PLAIN] + [m.name for m in self.methods]
-                    shift = index % len(order)
-                    order = order[shift:] + order[:shift]
-                    results = {}
-                    for name in order:
-                        if name == PLAIN:
-                            results[name] = self._timed(self._plain, ids, mask)
-                        else:
-                            method = next(m for m in self.methods if m.name == name)
-                            results[name] = self._timed(self._method, method, ids, mask, self.seed + index)
-                    reference, seconds = results[PLAIN]
-                    run = {PLAIN: {"seconds": seconds,
-                                   "new_tokens": new_token_count(reference, ids.shape[1], self.eos, self.pad_id)}}
-                    for m in self.methods:
-                        out, seconds = results[m.name]
-                        run[m.name] = {
-                            "seconds": seconds, "new_tokens": out.num_new_tokens,
-                            "mean_accept_length": out.mean_accept_length,
-                            "mode": out.stats.get("mode"),  # "plain" where the method's batch plan says so
-                            "exact": bool(torch.equal(out.sequences, reference)) if self.temperature == 0 else None,
-                        }
-                    runs.append(run)
-                    index += 1
-                    if progress:
-                        print(f"batch {size}: {len(runs)}/{len(groups)} " + _ratios_line(runs, self.methods),
-                              file=sys.stderr)
-                table[str(size)] = summarize_batch(runs, [m.name for m in self.methods])
+                    for rnd in range(rounds):
+                        runs.append(self._round(ids, mask, index, rnd))
+                        index += 1
+                        if progress:
+                            print(f"batch {size}: {len(runs)}/{len(groups) * rounds} " + _ratios_line(runs, self.methods),
+                                  file=sys.stderr)
+                table[str(size)] = summarize_batch(runs, [m.name for m in self.methods], rounds)
         return table
 
 
@@ -131,12 +150,34 @@ def _ratios_line(runs, methods) -> str:
     )
 
 
-def summarize_batch(runs: list[dict[str, Any]], names: list[str]) -> dict[str, Any]:
-    """Per method at one batch size: tokens/s (median over batches), the per-batch ratio to plain
-    (median, min, max), mean accepted tokens per row-step, and whether every batch was exact."""
-    out: dict[str, Any] = {"batches": len(runs), PLAIN: {"tokens_per_second": statistics.median(_tps(r[PLAIN]) for r in runs)}}
+def _total_tps(entries: list[dict[str, Any]]) -> float:
+    seconds = sum(e["seconds"] for e in entries)
+    return sum(e["new_tokens"] for e in entries) / seconds if seconds > 0 else 0.0
+
+
+def summarize_batch(runs: list[dict[str, Any]], names: list[str], rounds: int = 1) -> dict[str, Any]:
+    """Per method at one batch size: tokens/s (median over timed runs), the per-batch ratio to plain
+    (median, min, max over batches; a batch's ratio is total tokens / total seconds over its
+    ``rounds`` consecutive runs, against plain's), each batch's ratio with its per-round ratios
+    and their min and max (``per_batch``), mean accepted tokens per row-step, and whether every
+    run was exact."""
+    if len(runs) % rounds:
+        raise ValueError(f"{len(runs)} runs are not whole batches of {rounds} rounds")
+    batches = [runs[b:b + rounds] for b in range(0, len(runs), rounds)]
+    out: dict[str, Any] = {"batches": len(batches), "rounds": rounds,
+                           PLAIN: {"tokens_per_second": statistics.median(_tps(r[PLAIN]) for r in runs)}}
     for name in names:
-        ratios = [_tps(r[name]) / _tps(r[PLAIN]) for r in runs if _tps(r[PLAIN]) > 0]
+        per_batch = []
+        for b in batches:
+            base = _total_tps([r[PLAIN] for r in b])
+            round_ratios = [_tps(r[name]) / _tps(r[PLAIN]) for r in b if _tps(r[PLAIN]) > 0]
+            per_batch.append({
+                "speedup": _total_tps([r[name] for r in b]) / base if base > 0 else None,
+                "round_speedups": round_ratios,
+                "round_min": min(round_ratios) if round_ratios else None,
+                "round_max": max(round_ratios) if round_ratios else None,
+            })
+        ratios = [x["speedup"] for x in per_batch if x["speedup"] is not None]
         exact = [r[name]["exact"] for r in runs if r[name]["exact"] is not None]
         out[name] = {
             "tokens_per_second": statistics.median(_tps(r[name]) for r in runs),
@@ -146,6 +187,7 @@ def summarize_batch(runs: list[dict[str, Any]], names: list[str]) -> dict[str, A
             "mean_accept_length": statistics.fmean(r[name]["mean_accept_length"] for r in runs),
             "all_exact": all(exact) if exact else None,
             "modes": sorted({r[name].get("mode") for r in runs if r[name].get("mode")}),
+            "per_batch": per_batch,
         }
     out["runs"] = runs
     return out

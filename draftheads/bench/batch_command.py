@@ -18,7 +18,9 @@ def run_batch_sizes(args, target, tokenizer, methods, questions, source: str) ->
 
     bench = BatchBench(target, tokenizer, methods, args.max_new_tokens, args.temperature, args.seed,
                        use_chat_template=not args.no_chat_template)
-    table = bench.run(questions, args.batch_size, args.batches, args.warmup, progress=not args.no_progress)
+    rounds = getattr(args, "rounds", 1)
+    table = bench.run(questions, args.batch_size, args.batches, args.warmup, progress=not args.no_progress,
+                      rounds=rounds)
     names = [m.name for m in methods]
     planned = [m.name for m in methods if getattr(m.decoder, "batch_plan", None)]  # heads calibrated with --batch-sizes
     report = {
@@ -38,7 +40,9 @@ def run_batch_sizes(args, target, tokenizer, methods, questions, source: str) ->
     out.mkdir(parents=True, exist_ok=args.overwrite)
     md = (f"# draftheads bench, batched\n\n{source}; {args.max_new_tokens} new tokens, temperature {args.temperature}.\n"
           "Speedups are per-batch ratios of tokens/s to plain batched `generate` on the same batch "
-          "(median [min-max] over batches), methods and plain interleaved."
+          "(median [min-max] over batches), methods and plain interleaved, "
+          + (f"{rounds} timed rounds per batch (a batch's ratio: total tokens / total seconds over its rounds)."
+             if rounds > 1 else "1 timed round per batch.")
           + (" A method with a batch plan shows the mode it ran in parentheses: (plain) is the target's own `generate`."
              if planned else "") + "\n\n" + batch_markdown(table, names, planned) + "\n")
     write_text_atomically(out / REPORT_JSON, json.dumps(report, indent=1, default=str) + "\n")

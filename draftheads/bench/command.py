@@ -31,6 +31,16 @@ def _batch_sizes(value: str) -> list[int]:
     return sizes
 
 
+def _rounds(value: str) -> int:
+    try:
+        rounds = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number of rounds >= 1, got {value!r}") from None
+    if rounds < 1:
+        raise argparse.ArgumentTypeError(f"rounds must be a whole number >= 1, got {value!r}")
+    return rounds
+
+
 def add_parser(sub, add_target_args: Callable[[argparse.ArgumentParser], None]) -> argparse.ArgumentParser:
     p = sub.add_parser(
         "bench",
@@ -57,6 +67,10 @@ def add_parser(sub, add_target_args: Callable[[argparse.ArgumentParser], None]) 
                    help="at temperature > 0, heads draft their top-k trees instead of drawing chains from their own "
                         "distribution (the default)")
     p.add_argument("--warmup", type=int, default=1, metavar="N", help="untimed runs of every method before timing")
+    p.add_argument("--rounds", type=_rounds, default=1, metavar="N",
+                   help="time every prompt (or batch) N times per method, each round interleaved with plain and, "
+                        "at temperature > 0, with its own seed; a prompt's speedup is total tokens over total "
+                        "seconds across its rounds, against plain's (report.json per_question: per-round spread)")
     p.add_argument("--out", default="results", help="output folder for report.json, report.md and plots")
     p.add_argument("--overwrite", action="store_true", help="write into --out even if it exists")
     p.add_argument("--threads", type=int, default=None, metavar="N",
@@ -139,6 +153,7 @@ def _run(args, load_model) -> int:
     settings = Settings(
         max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed, warmup=args.warmup,
         use_chat_template=not args.no_chat_template, progress=not args.no_progress,
+        rounds=getattr(args, "rounds", 1),
     )
     samples = Runner(target, tokenizer, methods, settings).run(questions)
 
@@ -159,7 +174,7 @@ def _run(args, load_model) -> int:
             "samples": sum(len(q.turns) for q in questions),
             "categories": cats,
             "raw": all(q.raw for q in questions),
-            "truncated": sum(1 for s in samples if s.method == "plain" and s.truncated),
+            "truncated": sum(1 for s in samples if s.method == "plain" and s.round == 0 and s.truncated),
         },
         "methods": [m.describe() for m in methods],
         "results": results,

@@ -7,7 +7,16 @@
   (Spec-Bench averages rates, then divides);
 - per-sample speedups (same prompt, measured back to back): median and spread, which say how
   much one prompt's experience can differ from the mean;
-- exactness: how many outputs equal plain greedy `generate`.
+- exactness: how many outputs equal plain greedy `generate`;
+- per-question speedup (``bench --rounds N``: each turn timed N times per method, interleaved
+  with plain): per question (each turn of it), the method's total new tokens over its total
+  seconds across the rounds, divided by the same for plain on that turn's rounds. Total over
+  total is what a user who asks that prompt N times experiences, and it weighs each round by the
+  time it took, so a round whose tokens differ in number (sampling) or that one slow moment
+  stretched counts for its share of the time rather than as one full vote as a ratio per round
+  would; at N = 1 it is the per-sample speedup. Reported per method as the median, min, q1, q3
+  and max over questions (``per_question_speedup``), and per question with its per-round ratios
+  and their min and max (``per_question``), which show how much of a question's spread is noise.
 """
 from __future__ import annotations
 
@@ -33,9 +42,40 @@ def _mean(values: list[float]) -> float:
     return sum(values) / len(values) if values else 0.0
 
 
+def _key(s: Sample) -> tuple:
+    return (s.question_id, s.turn, s.round)
+
+
+def _rate(tokens: int, seconds: float) -> float:
+    return tokens / seconds if seconds > 0 else 0.0
+
+
+def per_question(samples: list[Sample], plain_by_key: dict[tuple, Sample]) -> list[dict[str, Any]]:
+    """One entry per (question, turn) of ``samples`` (one method's), in first-seen order: its
+    speedup over the rounds (total tokens / total seconds, against plain's on the same rounds)
+    and each round's own ratio of tokens/s; speedups are None where plain's rate is 0."""
+    turns: dict[tuple, list[Sample]] = {}
+    for s in samples:
+        turns.setdefault((s.question_id, s.turn), []).append(s)
+    out = []
+    for (qid, turn), mine in turns.items():
+        plain = [plain_by_key[_key(s)] for s in mine]
+        base = _rate(sum(p.new_tokens for p in plain), sum(p.seconds for p in plain))
+        rate = _rate(sum(s.new_tokens for s in mine), sum(s.seconds for s in mine))
+        rounds = [s.tokens_per_second / p.tokens_per_second for s, p in zip(mine, plain) if p.tokens_per_second > 0]
+        out.append({
+            "question_id": qid, "category": mine[0].category, "turn": turn, "rounds": len(mine),
+            "speedup": rate / base if base > 0 else None,
+            "round_speedups": rounds,
+            "round_min": min(rounds) if rounds else None,
+            "round_max": max(rounds) if rounds else None,
+        })
+    return out
+
+
 def _group(samples: list[Sample], plain_by_key: dict[tuple, Sample]) -> dict[str, Any]:
     rates = [s.tokens_per_second for s in samples]
-    plain_rates = [plain_by_key[(s.question_id, s.turn)].tokens_per_second for s in samples]
+    plain_rates = [plain_by_key[_key(s)].tokens_per_second for s in samples]
     steps = [a for s in samples for a in s.accept_lengths]
     is_plain = bool(samples) and samples[0].method == PLAIN
     per_sample = [r / p for r, p in zip(rates, plain_rates) if p > 0]
@@ -49,6 +89,8 @@ def _group(samples: list[Sample], plain_by_key: dict[tuple, Sample]) -> dict[str
         "tokens_per_second": _mean(rates),
         "speedup": _mean(rates) / base if base > 0 else None,
         "per_sample_speedup": spread(per_sample),
+        "per_question_speedup": spread([q["speedup"] for q in per_question(samples, plain_by_key)
+                                        if q["speedup"] is not None]),
         "exact": None if is_plain or not exact else sum(exact),
         "exact_of": None if is_plain or not exact else len(exact),
     }
@@ -70,9 +112,10 @@ def acceptance_by_depth(histogram: dict[int, int]) -> dict[int, float]:
 
 
 def summarize(samples: list[Sample], methods: list[str], categories: list[str]) -> dict[str, Any]:
-    """Per method: overall and per-category figures, the accepted-length histogram and the
-    acceptance rate by depth. Plain `generate` is included as the 1.00x reference row."""
-    plain_by_key = {(s.question_id, s.turn): s for s in samples if s.method == PLAIN}
+    """Per method: overall and per-category figures, the accepted-length histogram, the
+    acceptance rate by depth and the per-question speedups over rounds. Plain `generate` is
+    included as the 1.00x reference row."""
+    plain_by_key = {_key(s): s for s in samples if s.method == PLAIN}
     out: dict[str, Any] = {}
     for name in [PLAIN, *methods]:
         mine = [s for s in samples if s.method == name]
@@ -86,5 +129,6 @@ def summarize(samples: list[Sample], methods: list[str], categories: list[str]) 
             "by_category": groups,
             "accept_length_histogram": {str(k): v for k, v in hist.items()},
             "acceptance_by_depth": {str(k): v for k, v in acceptance_by_depth(hist).items()},
+            "per_question": per_question(mine, plain_by_key),
         }
     return out

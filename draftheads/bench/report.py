@@ -31,6 +31,7 @@ def markdown(report: dict[str, Any]) -> str:
     results, methods = report["results"], [m["name"] for m in report["methods"]]
     env, settings, q = report["environment"], report["settings"], report["questions"]
     truncated = f", {q['truncated']} prompts cut to fit the context" if q["truncated"] else ""
+    rounds = settings.get("rounds", 1)  # reports written before --rounds have none: one round
     template = ("code prompts as raw text" if q.get("raw") else
                 f"chat template {'on' if settings['use_chat_template'] else 'off'}")
     lines = [
@@ -44,7 +45,8 @@ def markdown(report: dict[str, Any]) -> str:
         f"{', '.join(q['categories'])}. Up to {settings['max_new_tokens']} new tokens, temperature "
         f"{settings['temperature']}, seed {settings['seed']}, {settings['warmup']} untimed warm-up run(s) per method, "
         f"{template}. Plain `generate` and every method ran "
-        "interleaved on each prompt.",
+        f"interleaved on each prompt, {rounds} timed round{'s' if rounds != 1 else ''} per prompt"
+        + (" (a prompt's speedup: total tokens / total seconds over its rounds, against plain's)." if rounds > 1 else "."),
         "",
         "## Overall",
         "",
@@ -58,6 +60,21 @@ def markdown(report: dict[str, Any]) -> str:
             f"{_fmt(g['speedup'], '.2f', 'x')} | {_fmt((g['per_sample_speedup'] or {}).get('median'), '.2f', 'x')} | "
             f"{_spread(g['per_sample_speedup'])} | {_exact(g)} |"
         )
+    if rounds > 1:
+        lines += ["", f"## Per question, over {rounds} rounds", "",
+                  "| method | per-question speedup, median | min-max over questions | widest min-max over rounds |",
+                  "|---|---|---|---|"]
+        for name in methods:
+            g = results[name]["by_category"][OVERALL].get("per_question_speedup")
+            per_q = [x for x in results[name].get("per_question", []) if x["round_min"] is not None]
+            widest = max(per_q, key=lambda x: x["round_max"] - x["round_min"], default=None)
+            lines.append(
+                f"| {name} | {_fmt((g or {}).get('median'), '.2f', 'x')} | "
+                + ("-" if not g else f"{g['min']:.2f}-{g['max']:.2f}x") + " | "
+                + ("-" if widest is None else
+                   f"{widest['round_min']:.2f}-{widest['round_max']:.2f}x ({widest['question_id']}, turn {widest['turn']})")
+                + " |"
+            )
     cats = q["categories"]
     if len(cats) > 1:
         lines += ["", "## By category: speedup (mean accepted tokens)", "",

@@ -3,6 +3,14 @@
 Interleaving (every prompt runs plain and each method back to back, in an order that rotates
 from prompt to prompt) makes the ratios fair on a machine whose speed drifts: a slow minute
 slows every method alike instead of whichever happened to run then. Warm-up runs are not timed.
+
+With ``Settings.rounds`` = N every prompt (each turn) is timed N times per method, each round
+interleaved with plain as above (the rotation continues from round to round). Each round has its
+own seed, the same for plain and every method: round r of the k-th timed prompt uses
+``seed + k * N + r`` (``seed + k`` at N = 1, as before), so at temperature > 0 rounds sample
+different continuations. At temperature 0 every round's output is compared with that round's plain
+output. A multi-turn question continues with round 0's plain answer, so every round of a turn sees
+the same prompt.
 """
 from __future__ import annotations
 
@@ -25,6 +33,8 @@ class Settings:
     warmup: int = 1
     use_chat_template: bool = True
     progress: bool = True
+    #: timed runs of every method (and plain) per prompt; see the module docstring.
+    rounds: int = 1
 
 
 @dataclass
@@ -45,6 +55,9 @@ class Sample:
     exact: bool | None = None
     truncated: bool = False
     stats: dict[str, Any] = field(default_factory=dict)
+    #: which timed round of this turn (0 .. rounds - 1), and the seed plain and the methods used in it.
+    round: int = 0
+    seed: int | None = None
 
     @property
     def tokens_per_second(self) -> float:
@@ -156,10 +169,44 @@ class Runner:
             for m in self.methods:
                 self.speculative(m, ids, self.settings.seed)
 
+    def _round(self, q: Question, turn: int, ids: torch.Tensor, truncated: bool, index: int,
+               rnd: int) -> tuple[list[Sample], torch.Tensor]:
+        """One timed round of one turn: plain and every method back to back, in the order that
+        ``index`` (the count of rounds timed so far) rotates to, all with seed ``settings.seed + index``.
+        Returns the samples and plain's output."""
+        s = self.settings
+        seed = s.seed + index
+        # Rotate who goes first so no method always runs right after another's.
+        order = [PLAIN] + [m.name for m in self.methods]
+        shift = index % len(order)
+        order = order[shift:] + order[:shift]
+        results: dict[str, Any] = {}
+        for name in order:
+            if name == PLAIN:
+                results[name] = self._timed(self.plain, ids, seed)
+            else:
+                method = next(m for m in self.methods if m.name == name)
+                results[name] = self._timed(self.speculative, method, ids, seed)
+        reference, seconds = results[PLAIN]
+        base = dict(question_id=q.question_id, category=q.category, turn=turn,
+                    prompt_tokens=ids.shape[1], truncated=truncated, round=rnd, seed=seed)
+        samples = [Sample(method=PLAIN, new_tokens=reference.shape[1] - ids.shape[1], seconds=seconds, **base)]
+        for m in self.methods:
+            out, seconds = results[m.name]
+            exact = bool(torch.equal(out.sequences, reference)) if s.temperature == 0 else None
+            samples.append(Sample(
+                method=m.name, new_tokens=out.num_new_tokens, seconds=seconds,
+                accept_lengths=list(out.accept_lengths), exact=exact,
+                stats=_json_stats(out.stats), **base,
+            ))
+        return samples, reference
+
     def run(self, questions: list[Question]) -> list[Sample]:
         from tqdm.auto import tqdm
 
         s = self.settings
+        if not isinstance(s.rounds, int) or isinstance(s.rounds, bool) or s.rounds < 1:
+            raise ValueError(f"rounds must be a whole number >= 1, got {s.rounds!r}")
         samples: list[Sample] = []
         torch.manual_seed(s.seed)
         with torch.inference_mode():
@@ -172,34 +219,15 @@ class Runner:
                     ids, truncated = fit_context(
                         encode_turn(self.tokenizer, q, turn, answers, s.use_chat_template), s.max_new_tokens, self.limit
                     )
-                    seed = s.seed + index
-                    # Rotate who goes first so no method always runs right after another's.
-                    order = [PLAIN] + [m.name for m in self.methods]
-                    shift = index % len(order)
-                    order = order[shift:] + order[:shift]
-                    results: dict[str, Any] = {}
-                    for name in order:
-                        if name == PLAIN:
-                            results[name] = self._timed(self.plain, ids, seed)
-                        else:
-                            method = next(m for m in self.methods if m.name == name)
-                            results[name] = self._timed(self.speculative, method, ids, seed)
-                    reference, seconds = results[PLAIN]
-                    base = dict(question_id=q.question_id, category=q.category, turn=turn,
-                                prompt_tokens=ids.shape[1], truncated=truncated)
-                    samples.append(Sample(method=PLAIN, new_tokens=reference.shape[1] - ids.shape[1], seconds=seconds, **base))
-                    for m in self.methods:
-                        out, seconds = results[m.name]
-                        exact = bool(torch.equal(out.sequences, reference)) if s.temperature == 0 else None
-                        samples.append(Sample(
-                            method=m.name, new_tokens=out.num_new_tokens, seconds=seconds,
-                            accept_lengths=list(out.accept_lengths), exact=exact,
-                            stats=_json_stats(out.stats), **base,
-                        ))
-                    # The next turn continues the conversation with the baseline's answer, so
-                    # every method sees the same prompt even if one of them were not exact.
+                    for rnd in range(s.rounds):
+                        timed, plain_out = self._round(q, turn, ids, truncated, index, rnd)
+                        samples += timed
+                        if rnd == 0:
+                            reference = plain_out
+                        index += 1
+                    # The next turn continues the conversation with the baseline's answer (round 0's),
+                    # so every method and round sees the same prompt even if one of them were not exact.
                     answers.append(self.tokenizer.decode(reference[0, ids.shape[1]:], skip_special_tokens=True))
-                    index += 1
                 bar.set_postfix_str(_running_speedups(samples, [m.name for m in self.methods]))
         return samples
 
