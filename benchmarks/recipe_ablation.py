@@ -66,6 +66,10 @@ ARMS: dict[str, tuple[str, ...]] = {
     "eagle3.1": INIT + OWN_OPTIM + OWN_TTT + LOSS + ("heads.fc_norm=true", "heads.norm_output=true"),
     "eagle3.1@seed1": INIT + OWN_OPTIM + OWN_TTT + LOSS + ("heads.fc_norm=true", "heads.norm_output=true", "train.seed=1"),
 }
+# Two more seeds of the shipped recipe and of EAGLE 3.1 (their first two seeds disagreed: chain 1.38 vs 3.41)
+for _seed in (2, 3):
+    ARMS[f"init@seed{_seed}"] = INIT + OWN_OPTIM + OWN_TTT + LOSS + (f"train.seed={_seed}",)
+    ARMS[f"eagle3.1@seed{_seed}"] = ARMS["eagle3.1"] + (f"train.seed={_seed}",)
 CHAIN = {"total_tokens": 6, "depth": 5, "top_k": 1}
 TREE = {"total_tokens": 16, "depth": 6, "top_k": 4}
 EVAL_STEPS = 7
