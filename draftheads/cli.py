@@ -19,6 +19,8 @@ import sys
 import time
 from pathlib import Path
 
+from .arguments import batch_sizes, positive_int
+
 
 def _pick_device(requested: str | None):
     import torch
@@ -140,16 +142,6 @@ def _check_writable(folder: Path) -> None:
         ) from None
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
-
-
 def _calibration_prompts(args, tokenizer) -> list:
     """Prompts from a text/jsonl file (one prompt per line or `turns`/`prompt`/`text` fields), or
     the demo corpus' held-out files (the default: code-completion prompts)."""
@@ -243,16 +235,6 @@ def _temperatures(text: str) -> list[float]:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
-def _batch_sizes(text: str) -> list[int]:
-    try:
-        sizes = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated batch sizes like 1,4,8, got {text!r}") from None
-    if not sizes or any(s < 1 for s in sizes):
-        raise argparse.ArgumentTypeError(f"batch sizes must be whole numbers >= 1, got {text!r}")
-    return sizes
-
-
 def cmd_calibrate(args) -> int:
     """Measure the best tree per temperature (and batch size) on this device and save them in the
     heads' tree.json, replacing what was measured on this device type before and keeping the
@@ -339,7 +321,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--draft-model", help="a small LM with the same tokenizer (classic speculative sampling)")
     p.add_argument("--prompt-lookup", action="store_true", help="draft by n-gram lookup in the prompt")
     p.add_argument("--prompt", required=True)
-    p.add_argument("--max-new-tokens", type=_positive_int, default=256)
+    p.add_argument("--max-new-tokens", type=positive_int, default=256)
     p.add_argument("--temperature", type=float, help="0 = greedy; default: the model's generation config, as generate()")
     p.add_argument("--top-k", type=int, help="0 = off; default: the model's generation config (else 50), as generate()")
     p.add_argument("--top-p", type=float, help="default: the model's generation config (else 1.0), as generate()")
@@ -354,12 +336,12 @@ def build_parser() -> argparse.ArgumentParser:
     _add_target_args(p)
     p.add_argument("--heads", required=True)
     p.add_argument("--prompts", help="text file (one prompt per line) or Spec-Bench jsonl; default: demo held-out code")
-    p.add_argument("--num-prompts", type=_positive_int, default=12)
-    p.add_argument("--prompt-tokens", type=_positive_int, default=128, help="keep the last N tokens of each prompt")
-    p.add_argument("--new-tokens", type=_positive_int, default=64)
-    p.add_argument("--max-nodes", type=_positive_int, default=64)
+    p.add_argument("--num-prompts", type=positive_int, default=12)
+    p.add_argument("--prompt-tokens", type=positive_int, default=128, help="keep the last N tokens of each prompt")
+    p.add_argument("--new-tokens", type=positive_int, default=64)
+    p.add_argument("--max-nodes", type=positive_int, default=64)
     p.add_argument("--dry-run", action="store_true", help="print the chosen tree without saving it")
-    p.add_argument("--batch-sizes", type=_batch_sizes, default=None, metavar="1,4,8",
+    p.add_argument("--batch-sizes", type=batch_sizes, default=None, metavar="1,4,8",
                    help="also time the chosen tree against plain decoding at these batch sizes and save a per-size "
                         "plan (tree.json entries per batch size): SpeculativeDecoder decodes plainly where speculation "
                         "loses")

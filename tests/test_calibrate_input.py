@@ -54,7 +54,7 @@ def test_non_positive_counts_are_refused(tiny_target_dir, heads_dir, flag, capsy
     with pytest.raises(SystemExit) as exc:
         main(args)
     assert exc.value.code == 2
-    assert f"argument {flag}: must be >= 1, got 0" in capsys.readouterr().err
+    assert f"argument {flag}: must be a whole number >= 1, got 0" in capsys.readouterr().err
 
 
 def test_unwritable_heads_folder_is_refused_before_calibrating(tiny_target_dir, heads_dir, monkeypatch):

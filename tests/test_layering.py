@@ -19,7 +19,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "draftheads"
 #: (calibration, batch plans, training's tree choice), so it sits above inference; train uses
 #: tune for the trees heads leave training with; inference never imports tune or train.
 LAYERS: list[set[str]] = [
-    {"atomic", "device", "schema", "lazy"},  # shared helpers: atomic writes, devices and the dtype rule, strict config types, lazy package attributes
+    {"atomic", "arguments", "device", "schema", "lazy"},  # shared helpers: atomic writes, command-line argument types, devices and the dtype rule, strict config types, lazy package attributes
     {"plans"},  # tree.json: what to run where (device type x batch size x temperature -> tree or plain)
     {"demo"},  # the demo target (resolving the name "demo")
     {"target"},  # loading the frozen target (one dtype rule)

@@ -11,6 +11,8 @@ import sys
 from pathlib import Path
 from typing import Callable
 
+from ..arguments import batch_sizes, positive_int
+
 DEFAULT_DEMO_QUESTIONS = 12
 
 
@@ -19,26 +21,6 @@ def _csv(value: str) -> list[str]:
     if not items:
         raise argparse.ArgumentTypeError("expected a comma-separated list of names")
     return items
-
-
-def _batch_sizes(value: str) -> list[int]:
-    try:
-        sizes = [int(v) for v in value.split(",") if v.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated batch sizes like 1,4,8, got {value!r}") from None
-    if not sizes or any(s < 1 for s in sizes):
-        raise argparse.ArgumentTypeError(f"batch sizes must be whole numbers >= 1, got {value!r}")
-    return sizes
-
-
-def _rounds(value: str) -> int:
-    try:
-        rounds = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number of rounds >= 1, got {value!r}") from None
-    if rounds < 1:
-        raise argparse.ArgumentTypeError(f"rounds must be a whole number >= 1, got {value!r}")
-    return rounds
 
 
 def add_parser(sub, add_target_args: Callable[[argparse.ArgumentParser], None]) -> argparse.ArgumentParser:
@@ -67,7 +49,7 @@ def add_parser(sub, add_target_args: Callable[[argparse.ArgumentParser], None]) 
                    help="at temperature > 0, heads draft their top-k trees instead of drawing chains from their own "
                         "distribution (the default)")
     p.add_argument("--warmup", type=int, default=1, metavar="N", help="untimed runs of every method before timing")
-    p.add_argument("--rounds", type=_rounds, default=1, metavar="N",
+    p.add_argument("--rounds", type=positive_int, default=1, metavar="N",
                    help="time every prompt (or batch) N times per method, each round interleaved with plain and, "
                         "at temperature > 0, with its own seed; a prompt's speedup is total tokens over total "
                         "seconds across its rounds, against plain's (report.json per_question: per-round spread)")
@@ -76,7 +58,7 @@ def add_parser(sub, add_target_args: Callable[[argparse.ArgumentParser], None]) 
     p.add_argument("--threads", type=int, default=None, metavar="N",
                    help="torch CPU threads (default: torch's choice; fewer than cores is steadier on a shared machine)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.add_argument("--batch-size", type=_batch_sizes, default=None, metavar="1,4,8",
+    p.add_argument("--batch-size", type=batch_sizes, default=None, metavar="1,4,8",
                    help="decode left-padded batches of these sizes: tokens/s of every method vs plain batched "
                         "generate at the same batch size (report.json 'batch', report.md table)")
     p.add_argument("--batches", type=int, default=None, metavar="N",
