@@ -12,6 +12,7 @@ Methods (greedy, one prompt at a time, same prompts for every method):
     dh-draft-gK        SpeculativeDecoder(target, DraftModelProposer(draft, gamma=K)) for K in --gammas
                        (K = 0: plain decoding through our loop, the draft never runs)
     dh-draft-auto      ... gamma="auto"
+    dh-draft-budget    ... up to 8 drafts, capped each step by the decoder's online draft budget
     dh-prompt-lookup   SpeculativeDecoder(target, PromptLookupProposer(max_ngram=3, num_tokens=10))
 
 Prompt sets (--prompt-set): ``code`` = the first --prompt-tokens tokens of the demo corpus'
@@ -164,8 +165,8 @@ def main() -> None:
 
     decoders: dict[str, dh.SpeculativeDecoder] = {}
 
-    def ours(name, proposer):
-        decoders[name] = decoder = dh.SpeculativeDecoder(target, proposer)
+    def ours(name, proposer, draft_budget="auto"):
+        decoders[name] = decoder = dh.SpeculativeDecoder(target, proposer, draft_budget=draft_budget)
 
         def run(ids):
             out = decoder.generate(ids, max_new_tokens=n, temperature=0.0, eos_token_id=[])
@@ -178,8 +179,13 @@ def main() -> None:
         "hf-prompt-lookup": hf(prompt_lookup_num_tokens=10),
     }
     for k in (int(g) for g in args.gammas.split(",") if g.strip()):
-        methods[f"dh-draft-g{k}"] = ours(f"dh-draft-g{k}", dh.DraftModelProposer(draft, gamma=k))
+        # draft_budget=None: a fixed length every step (the decoder's budget would cap it)
+        methods[f"dh-draft-g{k}"] = ours(f"dh-draft-g{k}", dh.DraftModelProposer(draft, gamma=k), draft_budget=None)
     methods["dh-draft-auto"] = ours("dh-draft-auto", dh.DraftModelProposer(draft, gamma="auto"))
+    # Up to 8 drafts, capped each step by the decoder's online draft budget (the rule every other proposer has)
+    budgeted = dh.DraftModelProposer(draft, gamma=8)
+    budgeted.budgets_own_draft = False
+    methods["dh-draft-budget"] = ours("dh-draft-budget", budgeted)
     methods["dh-prompt-lookup"] = ours("dh-prompt-lookup", dh.PromptLookupProposer(max_ngram=3, num_tokens=10))
     if args.methods:
         keep = ["hf-greedy", *[m for m in args.methods.split(",") if m != "hf-greedy"]]
