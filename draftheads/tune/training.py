@@ -61,7 +61,12 @@ from .calibrate import (
     measure_draft_seconds,
     measure_verify_times,
 )
-from ..inference.one_forward_tree import drafts_in_one_forward, one_forward_accuracy, one_forward_draft_seconds, one_forward_vocab_sizes
+from ..inference.one_forward_tree import (
+    drafts_in_one_forward,
+    one_forward_accuracy,
+    one_forward_draft_seconds,
+    one_forward_vocab_sizes,
+)
 from .tables import drafts_nothing, entries_for
 
 VOCAB_SIZES = (4096, 2048, 1024, 512)  # draft vocabularies tried besides the whole one (static trees, DFlash)
