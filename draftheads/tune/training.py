@@ -16,9 +16,9 @@ entries with its measurements).
   tokens per second.
 - DFlash, P-EAGLE: the final evaluation's per-depth, per-rank table and the verify cost by size,
   with one draft forward as the drafting cost of every tree (all of a step's candidates come from it).
-  DFlash heads also try draft vocabularies as static trees do (its LM head over the block's slots
-  is most of its draft cost): the share of hits each keeps, measured on held-out rows, and the
-  draft forward timed with it.
+  DFlash heads also try draft vocabularies as static trees do, because their LM head over the
+  block's slots is a large share of the draft's cost. Each vocabulary is measured two ways: the
+  share of hits it keeps on held-out rows, and the draft forward timed with it.
 - Dynamic trees (EAGLE, EAGLE-3): acceptance depends on the draft's confidence at each step,
   which no table from training captures, so a small grid of settings (a subset of calibrate's)
   is timed by greedy decoding of a few held-out rows, plain decoding included.

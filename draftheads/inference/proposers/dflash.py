@@ -18,9 +18,11 @@ deterministic picks (point masses), so sampling stays exact.
 
 ``draft_vocab_size`` (as for Medusa): the slots are scored by the target LM head's rows of the N
 most frequent training tokens only (`DraftHeads.draft_vocab`), and draft indices map back to
-target ids (``vocab_ids``). On a small target that LM head over K slots is most of the draft's
-cost; the restriction only changes which tokens can be drafted, never the output (the target
-verifies every token; drawn drafts carry their law over the target vocabulary, zero outside).
+target ids (``vocab_ids``). A vocabulary-sized LM head over K slots is a large share of a small
+draft's cost: about a quarter on the demo target, which N = 1024 saves
+(benchmarks/measurements/dflash-vocab/README.md). The restriction only changes which tokens can be
+drafted, never the output. The target verifies every token, and drawn drafts carry their law over
+the target vocabulary, zero outside the draft vocabulary.
 
 A batch runs every row's block in that ONE forward (`DFlashRows`): the rows' contexts share one
 cache, each row's entries from slot 0 (`row_cache`), and a row's block is masked off the slots
