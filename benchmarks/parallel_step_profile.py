@@ -13,7 +13,10 @@ and prints per step:
 - the speedup over plain ``generate`` (time per new token, summed over the prompts).
 
     python benchmarks/parallel_step_profile.py --heads runs/demo-dflash/heads --heads runs/demo-peagle/heads \
-        [--chain] [--temperature 0.7] [--prompts 12] [--out DIR]
+        [--chain] [--temperature 0.7] [--prompts 12] [--out DIR] [--draft-vocab-size none --draft-vocab-size 1024]
+
+``--draft-vocab-size N`` (repeatable; ``none`` = the whole vocabulary): profile static-tree heads
+(DFlash, Medusa) drafting from the N most frequent training tokens, each size in turn.
 
 Greedy outputs are checked against ``generate`` (a mismatch raises: a profile of wrong output
 means nothing).
@@ -43,7 +46,9 @@ def _timed_propose(cls, box: dict):
     return original
 
 
-def profile(target, tokenizer, heads_dir: str, prompts, max_new: int, temperature: float, chain: bool, seed: int):
+def profile(target, tokenizer, heads_dir: str, prompts, max_new: int, temperature: float, chain: bool, seed: int,
+            vocab: str | None = None):
+    """``vocab``: None = the heads as saved; "none" = the whole vocabulary; a number = that draft vocabulary."""
     import draftheads as dh
     from draftheads.inference.decoder import SpeculativeDecoder
 
@@ -52,8 +57,12 @@ def profile(target, tokenizer, heads_dir: str, prompts, max_new: int, temperatur
     if chain and not getattr(heads, "dynamic_tree", False):  # EAGLE's dynamic trees keep their saved settings
         depth = heads.config.num_heads
         tree = [[0] * d for d in range(1, depth + 1)]
+    source = heads
+    if vocab is not None:  # one proposer drafting from that vocabulary, with the saved tree unless --chain
+        size = heads.config.vocab_size if vocab == "none" else int(vocab)
+        source = heads.proposer(tree=tree if tree is not None else heads.tree, draft_vocab_size=size)
     # batch_plan=None: the drafter is profiled even where the heads' plan would decode plain.
-    decoder = SpeculativeDecoder(target, heads, tree=tree, draft_budget=None, batch_plan=None)
+    decoder = SpeculativeDecoder(target, source, tree=tree if vocab is None else None, draft_budget=None, batch_plan=None)
     box = {"draft": 0.0}
     cls = type(decoder.proposer.rows(decoder.compaction))  # the loop drafts through the batch form
     original = _timed_propose(cls, box)
@@ -93,7 +102,8 @@ def profile(target, tokenizer, heads_dir: str, prompts, max_new: int, temperatur
     deepest = max(accepts) - 1 if accepts else 0
     host = totals["decode"] - totals["draft"] - totals["verify"]
     return {
-        "heads": heads_dir, "head_type": heads.head_type,
+        "heads": heads_dir, "head_type": heads.head_type, "draft_vocab_size": vocab,
+        "loadavg": Path("/proc/loadavg").read_text().split()[:3] if Path("/proc/loadavg").exists() else None,
         "tree_nodes": decoder.proposer.shape.size if hasattr(decoder.proposer, "shape") else None,
         "temperature": temperature, "steps": totals["steps"], "new_tokens": totals["new"],
         "accepted_per_step": totals["new"] / steps,
@@ -118,6 +128,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default=None, help="folder for profile.json")
+    parser.add_argument("--draft-vocab-size", action="append", default=None,
+                        help="repeatable: 'none' (whole vocabulary) or N (the N most frequent training tokens)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
@@ -131,13 +143,16 @@ def main() -> None:
         target.generate(prompts[0], max_new_tokens=8, do_sample=False, attention_mask=torch.ones_like(prompts[0]))
     results = []
     for heads_dir in args.heads:
-        r = profile(target, tokenizer, heads_dir, prompts, args.max_new_tokens, args.temperature, args.chain, args.seed)
-        results.append(r)
-        print(json.dumps({k: (round(v, 3) if isinstance(v, float) else [round(x, 3) for x in v] if isinstance(v, list) else v)
-                          for k, v in r.items()}), flush=True)
+        for vocab in args.draft_vocab_size or [None]:
+            r = profile(target, tokenizer, heads_dir, prompts, args.max_new_tokens, args.temperature, args.chain,
+                        args.seed, vocab)
+            results.append(r)
+            print(json.dumps({k: (round(v, 3) if isinstance(v, float) else [round(x, 3) if isinstance(x, float) else x for x in v]
+                                  if isinstance(v, list) else v) for k, v in r.items()}), flush=True)
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)
-        name = f"profile-t{args.temperature:g}{'-chain' if args.chain else ''}.json"
+        vocabs = "-v" + "-".join(args.draft_vocab_size) if args.draft_vocab_size else ""
+        name = f"profile-t{args.temperature:g}{'-chain' if args.chain else ''}{vocabs}.json"
         (Path(args.out) / name).write_text(json.dumps(results, indent=2) + "\n")
 
 

@@ -19,7 +19,11 @@ draft nothing useful untrained, see `trained_peagle`, `trained_dflash_heads`), e
   ``medusa_fc_bias``, EAGLE-1 fc halves in the wrong order, EAGLE-3 ``d2t`` all zeros, EAGLE 3.1 with
   ``norm_output`` or ``fc_norm`` (and its weights) dropped, P-EAGLE without
   its own embedding, so that vLLM shares the target's, a DFlash block made causal or its layer ids
-  left in draftheads' numbering) decode the same text in vLLM but accept differently.
+  left in draftheads' numbering, a DFlash draft vocabulary's ``d2t`` all zeros) decode the same text
+  in vLLM but accept differently.
+
+DFlash also runs with a calibrated draft vocabulary (case ``dflash_vocab``: the 64 most frequent
+tokens, exported as ``lm_head.weight`` rows + ``d2t``).
 
 How vLLM counts steps (no shorter drafts near ``max_tokens``; accepted tokens past it still
 counted) and how draftheads' decoding is replayed to count the same steps: tests/engines/vllm_counting.py.
@@ -222,6 +226,20 @@ def trained_dflash_heads(target, root: Path, prompts: torch.Tensor) -> Path:
     return root / "heads-dflash"
 
 
+DFLASH_VOCAB = 64  # of VOCAB: small enough that some of the target's greedy tokens cannot be drafted
+
+
+def dflash_vocab_heads(dflash_dir: Path, root: Path, target, draft_counts: torch.Tensor) -> Path:
+    """The trained DFlash heads drafting from the DFLASH_VOCAB most frequent tokens of the target's
+    greedy continuations (saved with the chain, as a calibrated draft_vocab_size): the export
+    carries it as lm_head rows + d2t, and acceptance is equal only if vLLM drafts from that set."""
+    heads = dh.load_heads(dflash_dir, target=target)
+    heads.token_counts.copy_(draft_counts)
+    heads.draft_vocab_size, heads.tree = DFLASH_VOCAB, [[0] * d for d in range(1, K + 1)]
+    heads.save_pretrained(root / "heads-dflash-vocab")
+    return root / "heads-dflash-vocab"
+
+
 def perturb(src: Path, dst: Path, how: str) -> None:
     """A copy of an exported folder with one classic conversion bug (see the module docstring)."""
     import shutil
@@ -236,7 +254,7 @@ def perturb(src: Path, dst: Path, how: str) -> None:
         w = tensors["fc.weight"]
         d = w.shape[0]
         tensors["fc.weight"] = torch.cat([w[:, d:], w[:, :d]], dim=1).contiguous()
-    elif how == "eagle3_d2t_zero":  # a d2t of zeros (a known bug): draft index i read as target id i
+    elif how in ("eagle3_d2t_zero", "dflash_vocab_d2t_zero"):  # a d2t of zeros (a known bug): draft index i read as target id i
         tensors["d2t"] = torch.zeros_like(tensors["d2t"])
     elif how == "eagle31_norm_output_dropped":  # vLLM then feeds the pre-norm state to the next step
         config["norm_output"] = False
@@ -279,7 +297,9 @@ def _draftheads_acceptance(target, case: Case, prompts: torch.Tensor) -> tuple[i
 @pytest.fixture(scope="module")
 def engine_run(tmp_path_factory):
     python = vllm_python()
-    return prepare_and_run(python, tmp_path_factory.mktemp("vllm-engine"))
+    # DRAFTHEADS_VLLM_ENGINES=a,b: run only these engines besides plain (with -k on their tests: minutes less)
+    only = os.environ.get("DRAFTHEADS_VLLM_ENGINES")
+    return prepare_and_run(python, tmp_path_factory.mktemp("vllm-engine"), only=set(only.split(",")) if only else None)
 
 
 def prepare_and_run(python: Path, root: Path, reuse: bool = False, only: set[str] | None = None) -> dict:
@@ -305,6 +325,10 @@ def prepare_and_run(python: Path, root: Path, reuse: bool = False, only: set[str
     out = export_heads(dflash_dir, root / "vllm-dflash", "vllm", verifier=str(target_dir), num_speculative_tokens=K)
     cases["dflash"] = Case("dflash", dflash_dir, out, {"method": "dflash", "model": str(out), "num_speculative_tokens": K},
                            None)  # None: the dflash heads' default tree, the chain of their block (K)
+    vocab_dir = dflash_vocab_heads(dflash_dir, root, target, draft_counts)
+    out = export_heads(vocab_dir, root / "vllm-dflash-vocab", "vllm", verifier=str(target_dir), num_speculative_tokens=K)
+    cases["dflash_vocab"] = Case("dflash_vocab", vocab_dir, out,
+                                 {"method": "dflash", "model": str(out), "num_speculative_tokens": K}, None)
     eagle3 = cases["eagle3"]
     cases["eagle3_method"] = Case(
         "eagle3_method", eagle3.heads_dir, eagle3.export_dir,
@@ -323,7 +347,7 @@ def prepare_and_run(python: Path, root: Path, reuse: bool = False, only: set[str
     negatives = [("medusa", "medusa_bias_flag_dropped"), ("eagle", "eagle_fc_halves_swapped"), ("eagle3", "eagle3_d2t_zero"),
                  ("eagle31", "eagle31_norm_output_dropped"), ("eagle31", "eagle31_fc_norm_dropped"),
                  ("peagle", "peagle_embedding_dropped"), ("dflash", "dflash_causal_flag"),
-                 ("dflash", "dflash_layer_ids_unshifted")]
+                 ("dflash", "dflash_layer_ids_unshifted"), ("dflash_vocab", "dflash_vocab_d2t_zero")]
     broken: dict[str, Case] = {}
     for name, how in negatives:
         good = cases[name]
@@ -377,7 +401,7 @@ def test_vllm_counting_replays_the_schedulers_rule():
 
 
 CASES = ["medusa", "medusa_shared", "eagle", "eagle3", "eagle3_method", "eagle3_as_model", "eagle31", "eagle31_nbf", "peagle",
-         "peagle_as_model", "dflash"]
+         "peagle_as_model", "dflash", "dflash_vocab"]
 
 
 def test_vllm_plain_greedy_equals_transformers_generate(engine_run):
@@ -408,7 +432,8 @@ def test_vllm_accepts_per_position_what_draftheads_accepts(engine_run, name):
 
 @pytest.mark.parametrize("how", ["medusa_bias_flag_dropped", "eagle_fc_halves_swapped", "eagle3_d2t_zero",
                                  "eagle31_norm_output_dropped", "eagle31_fc_norm_dropped",
-                                 "peagle_embedding_dropped", "dflash_causal_flag", "dflash_layer_ids_unshifted"])
+                                 "peagle_embedding_dropped", "dflash_causal_flag", "dflash_layer_ids_unshifted",
+                                 "dflash_vocab_d2t_zero"])
 def test_a_conversion_bug_changes_vllm_acceptance_not_its_output(engine_run, how):
     """The acceptance comparison can fail: an export with one classic bug still decodes exactly
     (verification is lossless) but no longer accepts what draftheads accepts."""

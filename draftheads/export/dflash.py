@@ -16,11 +16,24 @@ What vLLM would silently change, and how this export pins it:
 - layer numbering: z-lab's ``target_layer_ids`` are layer OUTPUTS, draftheads' feature f the
   INPUT of layer f, so the ids are f-1 (vLLM adds the 1 back for its aux layers);
 - the draft length: vLLM queries 1 + K tokens, so a block of B serves exactly K = B-1 (a
-  shorter block changes every slot's output under bidirectional attention): other K are refused.
+  shorter block changes every slot's output under bidirectional attention): other K are refused;
+- a calibrated draft vocabulary (``draft_vocab_size`` of the heads' greedy batch-1 plan entry): vLLM
+  has the slot for it. ``config.draft_vocab_size`` Vd sizes the drafter's own ``lm_head`` [Vd, H],
+  loaded from ``lm_head.weight``, and ``d2t`` (target id = i + d2t[i]) becomes its
+  ``draft_id_to_target_id``; ``compute_logits`` scatters the Vd logits to those target ids, -inf
+  elsewhere (vllm/model_executor/models/qwen3_dflash.py:803-810, 836-851, 896-900). A loaded
+  ``lm_head`` makes the model "own" one and, being [Vd, H], it is never equal to the target's, so
+  it is kept, not replaced by the target's (vllm/v1/spec_decode/llm_base_proposer.py:1508-1556;
+  vllm/v1/worker/gpu/spec_decode/dflash/utils.py:62-72). The rows written are the target LM head's
+  rows of the draft ids, in increasing id order as draftheads ranks them, so the argmax (ties to
+  the lower id in both) drafts what draftheads drafts. vLLM has one draft vocabulary per
+  drafter: plan entries of other batch sizes or temperatures with another size are not carried.
 """
 from __future__ import annotations
 
-from .common import EngineFolder, ExportError, check_tensors, dtype_name
+import torch
+
+from .common import EngineFolder, ExportError, check_tensors, dtype_name, verifier_lm_head
 
 FORMAT = "vllm"
 ARCHITECTURE = "DFlashDraftModel"
@@ -101,12 +114,39 @@ def export(heads, *, verifier: str | None, verifier_cfg: dict, num_speculative_t
     state = {k: v.detach().cpu() for k, v in heads.state_dict().items() if k != "token_counts"}
     config = draft_config(heads, verifier_cfg)
     config["torch_dtype"] = dtype_name(state)
-    folder = EngineFolder(config, dict(state), [
+    notes = [
         f"load with speculative_config={{'method': 'dflash', 'model': DIR, 'num_speculative_tokens': {slots}}}",
         f"target_layer_ids {config['dflash_config']['target_layer_ids']} (z-lab: output of layer j) from draftheads "
         f"feature_layers {ex['feature_layers']} (input of layer f)",
         f"mask token {heads.mask_token_id}: the target's own embedding row (no embedding is shipped: vLLM shares the target's)",
-    ])
-    check_tensors(folder, dflash_shapes(heads), "vLLM DFlash")
+    ]
+    shapes = dflash_shapes(heads)
+    vocab = draft_vocab_tensors(heads, verifier, state["fc.weight"].dtype)
+    if vocab is not None:
+        state.update(vocab)
+        size = int(vocab["d2t"].numel())
+        config["draft_vocab_size"] = size
+        shapes.update({"lm_head.weight": (size, cfg.hidden_size), "d2t": (size,)})
+        notes.append(f"draft vocabulary: the {size} most frequent training tokens (the heads' calibrated "
+                     f"draft_vocab_size): lm_head.weight = the target LM head's rows of those ids, d2t their offsets")
+    folder = EngineFolder(config, dict(state), notes)
+    check_tensors(folder, shapes, "vLLM DFlash")
     return folder
+
+
+def draft_vocab_tensors(heads, verifier: str | None, dtype: torch.dtype) -> dict[str, torch.Tensor] | None:
+    """``lm_head.weight`` (the target LM head's rows of the heads' draft vocabulary, increasing
+    ids) and ``d2t`` (int64, target id = i + d2t[i]) for heads with a calibrated draft vocabulary;
+    None when they draft over the whole vocabulary (vLLM then shares the target's LM head)."""
+    ids = heads.draft_vocab(heads.draft_vocab_size)
+    if ids is None:
+        return None
+    ids = ids.cpu()
+    try:
+        weight = verifier_lm_head(verifier, heads.config)
+    except ExportError as e:
+        raise ExportError(f"these dflash heads draft from a {ids.numel()}-token draft vocabulary (draft_vocab_size in "
+                          f"tree.json), which vLLM holds as the LM head's rows: {e}") from None
+    return {"lm_head.weight": weight[ids].to(dtype).contiguous(),
+            "d2t": (ids - torch.arange(ids.numel())).to(torch.int64)}
 

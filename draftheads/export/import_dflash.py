@@ -9,8 +9,13 @@ outputs, feature f-1) and ``block_size`` at the top; speculators write ``aux_hid
 
 What draftheads cannot decode exactly is refused by name: sliding-window or causal draft layers
 (draftheads drafts with full bidirectional attention in the block), a separate mask embedding
-(``mask_embedding.pt``: draftheads embeds the mask with the target's row), a reduced draft
-vocabulary (``d2t``), biases, and an embedding or LM head other than the target's.
+(``mask_embedding.pt``: draftheads embeds the mask with the target's row), biases, and an
+embedding or LM head other than the target's.
+
+A reduced draft vocabulary (``lm_head.weight`` [Vd, H] + ``d2t``, what draftheads' vLLM export
+writes for a calibrated ``draft_vocab_size``) imports when the LM head is the target's rows at
+the d2t ids: the heads then draft from exactly those ids (token counts of 1 on them, 0 elsewhere,
+so `DraftHeads.draft_vocab` gives them back) by default, through a chain tree saved with it.
 """
 from __future__ import annotations
 
@@ -86,9 +91,8 @@ def read_dflash(source: Source, target: torch.nn.Module, layout: str) -> DFlashH
         raise ValueError(f"{where}: mask_embedding.pt (a separately trained mask vector): draftheads embeds the mask slots "
                          "with the target's row of the mask token; refused rather than decoded differently")
     tensors = {k[len("model."):] if k.startswith("model.") else k: v for k, v in source.tensors.items()}
-    if "d2t" in tensors:
-        raise ValueError(f"{where}: d2t (a reduced draft vocabulary): draftheads' DFlash heads score the whole vocabulary")
     tensors.pop("t2d", None)
+    vocab_ids = _draft_vocab_ids(tensors, target, where) if "d2t" in tensors else None
     if any(k.endswith(".bias") for k in tensors):
         raise ValueError(f"{where}: biases ({next(k for k in tensors if k.endswith('.bias'))}): draftheads' DFlash layers have none")
     _check_frozen_copies(tensors, target, where)
@@ -138,5 +142,29 @@ def read_dflash(source: Source, target: torch.nn.Module, layout: str) -> DFlashH
     if wrong:
         raise ValueError(f"{where}: wrong shapes: " + ", ".join(f"{k} {tuple(tensors[k].shape)} != {tuple(state[k].shape)}" for k in wrong[:6]))
     dtype = heads.fc.weight.dtype
-    heads.load_state_dict({**{k: tensors[k].to(dtype) for k in expected}, "token_counts": state["token_counts"]})
+    counts = state["token_counts"]
+    if vocab_ids is not None and vocab_ids.numel() < info.vocab_size:
+        counts[vocab_ids] = 1
+        heads.draft_vocab_size = int(vocab_ids.numel())
+        heads.tree = [[0] * d for d in range(1, block)]  # the chain vLLM drafts: saves the draft vocabulary with it
+    heads.load_state_dict({**{k: tensors[k].to(dtype) for k in expected}, "token_counts": counts})
     return heads
+
+
+def _draft_vocab_ids(tensors: dict[str, torch.Tensor], target: torch.nn.Module, where: str) -> torch.Tensor:
+    """The target ids of a reduced draft vocabulary (``d2t`` offsets: target id = i + d2t[i]),
+    sorted; ``d2t`` and ``lm_head.weight`` leave ``tensors``. Refused unless the LM head is the
+    target's own rows at those ids (draftheads scores with the target's LM head)."""
+    d2t = tensors.pop("d2t")
+    head = tensors.pop("lm_head.weight", None)
+    ids = torch.arange(d2t.numel()) + d2t.long()
+    vocab = target.get_output_embeddings().weight
+    if head is None or head.shape[0] != ids.numel():
+        raise ValueError(f"{where}: d2t without an lm_head.weight of {ids.numel()} rows (the draft vocabulary's scores)")
+    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= vocab.shape[0] or ids.unique().numel() != ids.numel()):
+        raise ValueError(f"{where}: d2t maps draft ids outside the target's {vocab.shape[0]} tokens or twice to one token")
+    ref = vocab.detach().float().cpu()[ids]
+    if tuple(head.shape) != tuple(ref.shape) or not torch.allclose(head.float(), ref, rtol=1e-2, atol=1e-3):
+        raise ValueError(f"{where}: lm_head.weight is not the target's LM head rows at the d2t ids: draftheads' DFlash heads "
+                         "score with the target's own LM head (a trained draft LM head cannot be decoded the same)")
+    return ids.sort().values

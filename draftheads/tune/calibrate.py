@@ -27,7 +27,12 @@ from transformers import DynamicCache
 from ..heads.acceptance import expected_tokens_per_step, grow_tree  # noqa: F401 (re-exported)
 from ..heads.hydra import token_context
 from ..inference.decoder import SpeculativeDecoder
-from ..inference.one_forward_tree import drafts_in_one_forward, one_forward_accuracy, one_forward_draft_seconds
+from ..inference.one_forward_tree import (
+    drafts_in_one_forward,
+    one_forward_accuracy,
+    one_forward_draft_seconds,
+    one_forward_vocab_sizes,
+)
 from ..inference.sampling import SamplingParams
 from ..inference.tree import Tree, TreeShape
 from ..inference.verify import TreeVerifier
@@ -250,10 +255,17 @@ def calibrate(
         if temperature > 0:
             raise ValueError(f"{heads.head_type} heads: trees are measured for greedy decoding only (their table "
                              f"holds greedy hit rates, not the chance of acceptance at temperature {temperature:g})")
-        acc = one_forward_accuracy(target, heads, sequences, max_rank, skip_prompt=skip)  # greedy hit rates
-        result = choose_tree(acc, verify, one_forward_draft_seconds(heads), max_nodes=max_nodes, device=device)
-        result.temperature = temperature
-        return result
+        best = None
+        for vocab_size in one_forward_vocab_sizes(heads, (4096, 2048, 1024, 512)):  # DFlash: as Medusa's below
+            acc = one_forward_accuracy(target, heads, sequences, max_rank, skip_prompt=skip,
+                                       draft_vocab_size=vocab_size)  # greedy hit rates
+            draft = one_forward_draft_seconds(heads, draft_vocab_size=vocab_size)
+            result = choose_tree(acc, verify, draft, max_nodes=max_nodes, device=device)
+            result.draft_vocab_size = vocab_size
+            result.temperature = temperature
+            if best is None or result.expected_speedup > best.expected_speedup:
+                best = result
+        return best
     vocab_sizes: list[int | None] = [None]
     if int(getattr(heads, "token_counts", torch.zeros(1)).sum()) > 0:
         vocab_sizes += [n for n in (4096, 2048, 1024, 512) if n < heads.config.vocab_size // 2]

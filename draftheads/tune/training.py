@@ -16,6 +16,9 @@ entries with its measurements).
   tokens per second.
 - DFlash, P-EAGLE: the final evaluation's per-depth, per-rank table and the verify cost by size,
   with one draft forward as the drafting cost of every tree (all of a step's candidates come from it).
+  DFlash heads also try draft vocabularies as static trees do, because their LM head over the
+  block's slots is a large share of the draft's cost. Each vocabulary is measured two ways: the
+  share of hits it keeps on held-out rows, and the draft forward timed with it.
 - Dynamic trees (EAGLE, EAGLE-3): acceptance depends on the draft's confidence at each step,
   which no table from training captures, so a small grid of settings (a subset of calibrate's)
   is timed by greedy decoding of a few held-out rows, plain decoding included.
@@ -58,10 +61,16 @@ from .calibrate import (
     measure_draft_seconds,
     measure_verify_times,
 )
-from ..inference.one_forward_tree import drafts_in_one_forward, one_forward_draft_seconds
+from ..inference.one_forward_tree import (
+    drafts_in_one_forward,
+    one_forward_accuracy,
+    one_forward_draft_seconds,
+    one_forward_vocab_sizes,
+)
 from .tables import drafts_nothing, entries_for
 
-VOCAB_SIZES = (4096, 2048, 1024, 512)  # draft vocabularies tried besides the whole one (static trees)
+VOCAB_SIZES = (4096, 2048, 1024, 512)  # draft vocabularies tried besides the whole one (static trees, DFlash)
+BLOCK_VOCAB_ROW_TOKENS = 96  # tokens per held-out row measuring the hits a DFlash draft vocabulary keeps
 VERIFY_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 SAMPLE_ROWS = 8  # held-out rows for the vocabulary ratio / dynamic-tree timing
 DYNAMIC_PROMPTS = 3
@@ -140,13 +149,35 @@ def choose_static(
 
 
 @torch.no_grad()
-def choose_block_tree(target: torch.nn.Module, heads: torch.nn.Module, rank_accuracy: torch.Tensor) -> dict[str, Any]:
+def choose_block_tree(target: torch.nn.Module, heads: torch.nn.Module, rank_accuracy: torch.Tensor,
+                      rows: list[torch.Tensor] | None = None) -> dict[str, Any]:
     """Tree for DFlash and P-EAGLE heads: the final evaluation's per-depth, per-rank acceptance
     table, the verify cost by tree size, and ONE draft forward as the drafting cost of every tree
-    (a tree is read off the same forward's per-depth top-k, whatever its width)."""
+    (a tree is read off the same forward's per-depth top-k, whatever its width).
+
+    DFlash heads with training token counts also try each draft vocabulary of ``VOCAB_SIZES``, as
+    `choose_static` does for Medusa: the table scaled per slot by the share of its hits that the
+    restriction keeps on the held-out ``rows`` (each cut to ``BLOCK_VOCAB_ROW_TOKENS``), and the
+    draft forward timed over that vocabulary; the best expected speedup wins."""
     verify = measure_verify_times(target, list(VERIFY_SIZES), context=_verify_context(target))
-    draft = one_forward_draft_seconds(heads)
-    return choose_tree(rank_accuracy, verify, draft, max_nodes=64, device=_device_label(target)).to_json()
+    sizes = one_forward_vocab_sizes(heads, VOCAB_SIZES) if rows else [None]
+    ranks = rank_accuracy.shape[1]
+    if len(sizes) > 1:
+        rows = [r[:BLOCK_VOCAB_ROW_TOKENS] for r in rows]
+        full = one_forward_accuracy(target, heads, rows, ranks)
+    best = None
+    for size in sizes:
+        acc = rank_accuracy
+        if size is not None:
+            restricted = one_forward_accuracy(target, heads, rows, ranks, draft_vocab_size=size)
+            kept = restricted.sum(1) / full.sum(1).clamp(min=1e-9)  # share of top-R hits left per slot
+            acc = (rank_accuracy * kept.clamp(max=1.0)[:, None]).clamp(max=1.0)
+        draft = one_forward_draft_seconds(heads, draft_vocab_size=size)
+        result = choose_tree(acc, verify, draft, max_nodes=64, device=_device_label(target))
+        result.draft_vocab_size = size
+        if best is None or result.expected_speedup > best.expected_speedup:
+            best = result
+    return best.to_json()
 
 
 @torch.no_grad()
@@ -205,7 +236,7 @@ def choose_export_tree(
             if temperature > 0:
                 raise ValueError(f"{heads.head_type} heads choose their tree for greedy decoding only (their table "
                                  "holds greedy hit rates)")
-            data = choose_block_tree(target, heads, table)
+            data = choose_block_tree(target, heads, table, rows)
         else:
             table = None if rank_accuracy is None else torch.tensor(rank_accuracy, dtype=torch.float32)
             if table is not None and (table.dim() != 2 or table.shape[0] != heads.config.num_heads or not math.isfinite(float(table.sum()))):

@@ -16,6 +16,14 @@ The block is always run whole, even when fewer tokens are wanted near ``max_new_
 bidirectional attention a shorter block would change every slot's output. Drafts are
 deterministic picks (point masses), so sampling stays exact.
 
+``draft_vocab_size`` (as for Medusa): the slots are scored by the target LM head's rows of the N
+most frequent training tokens only (`DraftHeads.draft_vocab`), and draft indices map back to
+target ids (``vocab_ids``). A vocabulary-sized LM head over K slots is a large share of a small
+draft's cost: about a quarter on the demo target, which N = 1024 saves
+(benchmarks/measurements/dflash-vocab/README.md). The restriction only changes which tokens can be
+drafted, never the output. The target verifies every token, and drawn drafts carry their law over
+the target vocabulary, zero outside the draft vocabulary.
+
 A batch runs every row's block in that ONE forward (`DFlashRows`): the rows' contexts share one
 cache, each row's entries from slot 0 (`row_cache`), and a row's block is masked off the slots
 past its own context; catch-up projects every row's new positions in one call too.
@@ -42,7 +50,10 @@ def chain_choices(length: int) -> list[list[int]]:
 class DFlashProposer(ParallelProposer):
     """Per-sequence face (calibration tables, benchmarks); the decode loop drafts through `rows`."""
 
-    def __init__(self, heads: torch.nn.Module, tree: list[list[int]] | TreeShape | None = None) -> None:
+    def __init__(self, heads: torch.nn.Module, tree: list[list[int]] | TreeShape | None = None,
+                 draft_vocab_size: int | None = None) -> None:
+        """``draft_vocab_size``: None = the heads' calibrated one (``heads.draft_vocab_size``),
+        else the whole vocabulary; >= the vocabulary: the whole of it."""
         self.heads = heads.eval()
         slots = heads.config.num_heads
         if isinstance(tree, dict):
@@ -58,9 +69,26 @@ class DFlashProposer(ParallelProposer):
                 f"the tree is {self.shape.max_depth} deep but these dflash heads draft {slots} tokens per block "
                 f"(block_size {heads.block_size}): use a tree at most {slots} deep"
             )
+        if draft_vocab_size is None:
+            draft_vocab_size = getattr(heads, "draft_vocab_size", None)
+        elif isinstance(draft_vocab_size, bool) or not isinstance(draft_vocab_size, int) or draft_vocab_size < 1:
+            raise ValueError(f"draft_vocab_size must be a positive integer (None: the heads' own), got {draft_vocab_size!r}")
+        self.draft_vocab_size = draft_vocab_size
+        ids = heads.draft_vocab(draft_vocab_size)
+        self.vocab_ids = None if ids is None else ids.to(self.device)  # draft index -> target id
+        drafted = heads.config.vocab_size if ids is None else ids.numel()
         rank = max(self.shape.ranks[1:], default=-1)
-        if rank >= heads.config.vocab_size:
-            raise ValueError(f"the tree takes rank {rank}, but the vocabulary has {heads.config.vocab_size} tokens")
+        if rank >= drafted:  # topk would fail in the first decode step
+            raise ValueError(
+                f"the tree takes rank {rank}, but these heads draft from {drafted} tokens "
+                f"({'the whole vocabulary' if ids is None else f'draft_vocab_size {drafted}'}): ranks are 0..{drafted - 1}"
+            )
+        self._rows = None  # the LM head's rows of the draft vocabulary, taken once (as Medusa's projections)
+        if ids is not None:
+            head = heads.target_lm_head()
+            rows = ids.to(head.weight.device)
+            self._rows = (head.weight.detach()[rows].contiguous(),
+                          None if head.bias is None else head.bias.detach()[rows].contiguous())
         heads.mask_token_id  # noqa: B018 - refuses heads without a mask token now, not in the first step
         self.feature_layers = tuple(heads.feature_layers)
         self.vocab_size = heads.config.vocab_size
@@ -74,18 +102,31 @@ class DFlashProposer(ParallelProposer):
         return DFlashRows(self)
 
     def describe(self, forwards: int) -> dict:
-        return {"dflash": {"block_size": self.heads.block_size, "tree_nodes": self.shape.size, "draft_forwards": forwards}}
+        return {"dflash": {"block_size": self.heads.block_size, "tree_nodes": self.shape.size, "draft_forwards": forwards,
+                           "draft_vocab_size": None if self.vocab_ids is None else int(self.vocab_ids.numel())}}
+
+    def logits(self, states: torch.Tensor) -> torch.Tensor:
+        """Scores of ``states`` [.., H] over the draft vocabulary [.., V'] (the target's LM head,
+        restricted to ``vocab_ids``' rows when there is a draft vocabulary)."""
+        if self._rows is None:
+            return self.heads.logits(states)
+        weight, bias = self._rows
+        return torch.nn.functional.linear(states.to(weight.dtype), weight, bias)
+
+    def target_ids(self, indices: torch.Tensor) -> torch.Tensor:
+        """Target token ids of draft-vocabulary ``indices``."""
+        return indices if self.vocab_ids is None else self.vocab_ids.to(indices.device)[indices]
 
     @torch.inference_mode()
     def block_logits(self, root: int) -> torch.Tensor:
-        """[block_size, V] logits of one block rooted at ``root`` after the committed context
-        (row 0, the root's slot, is not a draft)."""
+        """[block_size, V'] logits (V' = the draft vocabulary, `target_ids` maps it) of one block
+        rooted at ``root`` after the committed context (row 0, the root's slot, is not a draft)."""
         self._one.forwards += 1
-        return self.heads.logits(self._one.block_states([root], [True])[0])
+        return self.logits(self._one.block_states([root], [True])[0])
 
     @torch.inference_mode()
     def slot_logits(self, root: int, depth: int) -> torch.Tensor:
-        """[depth, V] logits of slots 1..depth only: the whole block still runs (its attention is
+        """[depth, V'] logits of slots 1..depth only: the whole block still runs (its attention is
         bidirectional), but the vocabulary-sized LM head, most of a small draft's cost, scores only
         the slots a tree of that depth reads."""
         self._one.forwards += 1
@@ -105,6 +146,7 @@ class DFlashRows(ParallelRows):
 
         super().__init__(proposer, RowCache(empty))
         self.heads = heads
+        self.vocab_ids = proposer.vocab_ids
 
     def _catch_up(self, drafting: list[bool]) -> None:
         """The context keys/values of the drafting rows' newly committed positions, each at its own
@@ -141,18 +183,28 @@ class DFlashRows(ParallelRows):
         """The whole block runs (its attention is bidirectional: fewer mask slots would change every
         slot), the LM head scores only slots 1..D."""
         states = self.block_states(roots, [d > 0 for d in depths])
-        return self.heads.logits(states[:, 1 : max(depths) + 1])
+        return self.proposer.logits(states[:, 1 : max(depths) + 1])
 
 
-def dflash_proposer(heads: torch.nn.Module, tree: list[list[int]] | TreeShape | None = None) -> DFlashProposer:
-    """The proposer for dflash heads: ``tree`` (rank paths) if given, else the chain of block_size - 1."""
-    return DFlashProposer(heads, tree=tree)
+def dflash_proposer(heads: torch.nn.Module, tree: list[list[int]] | TreeShape | None = None,
+                    draft_vocab_size: int | None = None) -> DFlashProposer:
+    """The proposer for dflash heads: ``tree`` (rank paths) if given, else the chain of block_size - 1;
+    ``draft_vocab_size`` None: the heads' calibrated one."""
+    return DFlashProposer(heads, tree=tree, draft_vocab_size=draft_vocab_size)
 
 
-def measure_block_seconds(heads: torch.nn.Module, context: int = 64, repeats: int = 10) -> float:
-    """Median seconds of one drafting step (the block forward and its drafted slots' logits) after
-    ``context`` committed positions: the cost of every tree these heads draft, whatever its shape."""
-    proposer = DFlashProposer(heads)
+def whole_or(heads: torch.nn.Module, draft_vocab_size: int | None) -> int:
+    """``draft_vocab_size`` as the proposer takes it where None must mean the WHOLE vocabulary
+    (measurements of a given size), not the heads' calibrated default."""
+    return int(heads.config.vocab_size) if draft_vocab_size is None else int(draft_vocab_size)
+
+
+def measure_block_seconds(heads: torch.nn.Module, context: int = 64, repeats: int = 10,
+                          draft_vocab_size: int | None = None) -> float:
+    """Median seconds of one drafting step (the block forward and its drafted slots' logits over
+    the draft vocabulary, None: the whole one) after ``context`` committed positions: the cost of
+    every tree these heads draft, whatever its shape."""
+    proposer = DFlashProposer(heads, draft_vocab_size=whole_or(heads, draft_vocab_size))
     param = heads.fc.weight
     features = torch.randn(context, heads.fc.in_features, device=param.device, dtype=param.dtype)
     proposer.start(torch.zeros(context, dtype=torch.long), features, SamplingParams(), None)
@@ -169,13 +221,16 @@ def measure_block_seconds(heads: torch.nn.Module, context: int = 64, repeats: in
 
 def block_accuracy_table(
     target: torch.nn.Module, heads: torch.nn.Module, sequences: list[torch.Tensor], max_rank: int = 10,
-    skip_prompt: list[int] | None = None,
+    skip_prompt: list[int] | None = None, draft_vocab_size: int | None = None,
 ) -> torch.Tensor:
     """acc[k, r] = P(slot k+1's rank-r token == the token k+1 after the root) over the roots of
     ``sequences`` (the target's own greedy continuations: "correct" = what verification accepts),
-    each block drafted exactly as decoding drafts it (the committed context before the root)."""
+    each block drafted exactly as decoding drafts it (the committed context before the root),
+    ranking the draft vocabulary of ``draft_vocab_size`` tokens (None: the whole vocabulary)."""
     def ranked(proposer, token: int, ranks: int) -> torch.Tensor:
         logits = proposer.block_logits(token)[1:]
-        return logits.topk(min(ranks, logits.shape[-1]), dim=-1).indices
+        return proposer.target_ids(logits.topk(min(ranks, logits.shape[-1]), dim=-1).indices)
 
-    return rank_hit_table(target, heads, sequences, lambda: DFlashProposer(heads), ranked, max_rank, skip_prompt)
+    size = whole_or(heads, draft_vocab_size)
+    return rank_hit_table(target, heads, sequences, lambda: DFlashProposer(heads, draft_vocab_size=size), ranked,
+                          max_rank, skip_prompt)
