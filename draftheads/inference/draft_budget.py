@@ -25,6 +25,7 @@ from typing import Any, Sequence
 
 FULL, CAPPED, PLAIN = "full", "capped", "plain"
 MAX_GROW_AFTER = 16  # the most saturated capped steps a one-level growth waits for (see OnlineDraftBudget)
+PROBE_FROM_PLAIN = 2  # how deep a probe drafts while plain steps win (see OnlineDraftBudget)
 
 
 class DraftBudget:
@@ -128,7 +129,9 @@ class OnlineDraftBudget(DraftBudget):
       first success reached until the next probe). A deeper step that fails doubles the run of
       such steps the next growth waits for (up to ``MAX_GROW_AFTER``); one that succeeds resets it.
     - while a shallower cap wins, every ``probe_interval`` steps a probe takes the full draft to
-      refresh what deep drafts earn; a probe that beats the current cap's expected rate probes
+      refresh what deep drafts earn; while plain steps win, a ``PROBE_FROM_PLAIN``-deep draft (a
+      useless draft model's full 8-token probes cost 3-4 plain steps each: 9% of plain speed on
+      the demo), and only once one of those pays, the full draft; a probe that beats the current cap's expected rate probes
       again at once (a good stretch of text is picked up within a few steps), a probe whose rate
       is below ``marginal`` x the winner's doubles the interval (up to ``max_probe_every``).
     """
@@ -170,6 +173,7 @@ class OnlineDraftBudget(DraftBudget):
         self.warmup, self.decay, self.window, self.margin = warmup, decay, window, margin
         self.probe_every, self.max_probe_every, self.marginal = probe_every, max_probe_every, marginal
         self.remeasure_every, self.min_samples = remeasure_every, min_samples
+        self.probe_interval = probe_every  # backs off while probes fail; carried across generations
         self.depth = 0  # deepest tree a full step has drafted (the proposer's full draft)
         self._seconds: dict[int, dict[int, deque[float]]] = {}  # rows -> cap -> last seconds
         self._costs: dict[int, dict[int, float]] = {}
@@ -182,9 +186,9 @@ class OnlineDraftBudget(DraftBudget):
     def start(self) -> None:
         super().start()
         self._generation_steps = 0
-        self.probe_interval = self.probe_every
         self._since_probe = 0
         self._probing = False
+        self._escalate = False  # the last probe paid: the next one drafts in full
         self._rows = 1
         self.probes = self.measurements = 0
         self._expected_rate: float | None = None  # what the current (non-full) choice promises
@@ -238,11 +242,13 @@ class OnlineDraftBudget(DraftBudget):
         if self._since_probe >= self.probe_interval:
             self._since_probe, self._probing = 0, True
             self.probes += 1
-            if rates[-1] < self.marginal * rates[depth]:
+            probe = self.depth if depth > 0 or self._escalate else min(PROBE_FROM_PLAIN, self.depth)
+            self._escalate = False
+            if rates[probe] < self.marginal * rates[depth]:
                 self.probe_interval = min(2 * self.probe_interval, self.max_probe_every)
             else:
                 self.probe_interval = self.probe_every
-            return None
+            return None if probe == self.depth else probe
         return depth
 
     def record(self, drafted: int, accepted: Sequence[int], seconds: float) -> None:
@@ -258,7 +264,7 @@ class OnlineDraftBudget(DraftBudget):
         if self._growing:
             self._grow_after = 1 if full_accept else min(2 * self._grow_after, MAX_GROW_AFTER)
             self._growing = False
-        if choice is not None and cap > 0:
+        if choice is not None and cap > 0 and not self._probing:  # a shallow probe's success escalates instead
             self._saturated_run, self._last_cap = (self._saturated_run + 1 if full_accept else 0), cap
         elif choice is None:
             self._saturated_run = 0  # a full step measured every level itself (a plain one measures none)
@@ -279,7 +285,7 @@ class OnlineDraftBudget(DraftBudget):
         if self._probing and self._expected_rate is not None and accepted:
             earned = (1.0 + sum(accepted) / len(accepted)) / max(seconds, 1e-12)
             if earned >= self._expected_rate:
-                self._since_probe = self.probe_interval  # the next step probes again
+                self._since_probe, self._escalate = self.probe_interval, True  # the next step probes again, in full
 
     def stats(self) -> dict[str, Any]:
         out = super().stats()
