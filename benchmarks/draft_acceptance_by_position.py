@@ -9,7 +9,8 @@ position t is the target's token. Greedy chain speculation with draft length g i
 a: a step starts after the target's own token, accepts drafts while a is 1 (at most g), and the
 target's token at the first 0 (or its bonus token after g hits) starts the next step. Counting,
 per position k of a step, how often it is reached and accepted gives the conditional acceptance
-rates that adaptive gamma estimates online (`AdaptiveGamma.acceptance_rates`).
+rates; their running products are what the decoder's draft budget estimates online
+(`OnlineDraftBudget.reach`: the share of steps reaching each depth).
 
 Why this exists: on the demo pair these rates are far from one constant. The draft is right on
 its first token ~88% of the time, on its second 44-65%, on later ones 85-99% (code prompts), and

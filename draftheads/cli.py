@@ -93,15 +93,11 @@ def cmd_generate(args) -> int:
         f"{out.mean_accept_length:.2f} tokens per target forward over {len(out.accept_lengths)} steps]",
         file=sys.stderr,
     )
-    if "gamma_histogram" in out.stats:  # a draft model: what adaptive draft length chose, and why
-        st = out.stats
-        rates = " ".join(f"{r:.2f}" for r in st.get("acceptance_by_position", [])[:4])
-        print(
-            f"[draft length: mean {st['gamma_mean']:.2f}, steps by length {st['gamma_histogram']}; "
-            f"plain (fallback) steps {st['fallback_steps']}, probes {st['probe_steps']}; "
-            f"acceptance by draft position {rates}]",
-            file=sys.stderr,
-        )
+    budget = out.stats.get("draft_budget")
+    if budget:  # what the draft budget chose: full drafts, shorter ones, plain steps
+        steps = budget["steps"]
+        print(f"[draft budget: {steps['full']} full, {steps['capped']} shortened, {steps['plain']} plain steps]",
+              file=sys.stderr)
     return 0
 
 

@@ -290,13 +290,15 @@ def test_stats_say_which_budget_ran_and_what_it_measured():
     assert off.stats["draft_budget"] == {"policy": "off", "steps": {FULL: off.stats["steps"], CAPPED: 0, PLAIN: 0}}
 
 
-def test_the_default_is_the_online_budget_and_a_draft_model_keeps_its_own():
+@pytest.mark.online_draft_budget
+def test_the_default_is_the_online_budget_for_every_proposer_a_draft_model_too():
     target = tiny_target("llama")
     heads = dh.MedusaHeads.for_target(target, num_heads=2)
     assert isinstance(dh.SpeculativeDecoder(target, heads).draft_budget, OnlineDraftBudget)
     draft = dh.DraftModelProposer(tiny_target("llama", seed=1), gamma="auto")
     out = dh.SpeculativeDecoder(target, draft).generate(torch.tensor([[1, 5, 9]]), max_new_tokens=20, eos_token_id=[])
-    assert out.stats["draft_budget"]["policy"] == "proposer" and "gamma_histogram" in out.stats
+    assert out.stats["draft_budget"]["policy"] == "online" and "gamma_histogram" in out.stats
+    assert sum(out.stats["draft_budget"]["steps"].values()) == out.stats["steps"]
     with pytest.raises(ValueError, match="draft_budget must be 'auto'"):
         dh.SpeculativeDecoder(target, heads, draft_budget="sometimes")
 

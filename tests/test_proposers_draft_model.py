@@ -9,6 +9,7 @@ import draftheads as dh
 from draftheads.inference.sampling import SamplingParams
 from draftheads.inference.tree import Tree, TreeShape
 from draftheads.inference import accept
+from draftheads.inference.draft_budget import DraftBudget
 
 from proposer_utils import ARCHS, VOCAB, check_greedy_exact, prompts, reference, tiny_lm
 from stats import biased_accept_sampling, chi_square_pvalue
@@ -90,7 +91,7 @@ def test_draft_probs_are_the_drafts_distribution(gamma, sampling):
     gets the q each draft was really sampled from."""
     target = tiny_lm("qwen2")
     draft = tiny_lm("qwen2", seed=1, hidden=16, layers=1)
-    proposer = CheckedDraftProposer(draft, gamma=gamma, max_gamma=4, probe_every=2, max_probe_every=2)
+    proposer = CheckedDraftProposer(draft, gamma=gamma, max_gamma=4)
     ids = prompts()[0]
     out = dh.SpeculativeDecoder(target, proposer).generate(ids, max_new_tokens=25, seed=3, eos_token_id=[], **sampling)
     assert out.sequences.shape[1] == ids.shape[1] + 25
@@ -360,13 +361,39 @@ def test_vocab_size_policy():
     assert checked >= 5
 
 
-def test_draft_model_measures_the_loop_overhead():
+class ScriptedBudget(DraftBudget):
+    """A draft budget that caps the steps in a fixed cycle (plain steps included)."""
+
+    name = "scripted"
+
+    def __init__(self, cycle):
+        super().__init__()
+        self.cycle, self.asked = cycle, []
+
+    def choose(self, rows):
+        cap = self.cycle[len(self.asked) % len(self.cycle)]
+        self.asked.append(cap)
+        return cap
+
+
+@pytest.mark.parametrize("sampling", [dict(temperature=0.0), dict(temperature=0.8, top_k=0)])
+def test_the_decoders_budget_sizes_the_draft_models_chain(sampling):
+    """The draft length is the decoder's draft budget's (the rule every proposer has): each step
+    drafts the cap it is given, plain steps included, the draft's cache stays exactly the committed
+    tokens through them, and greedy output still equals generate."""
     target = tiny_lm("llama")
     draft = tiny_lm("llama", seed=1, hidden=16, layers=1)
-    out = dh.SpeculativeDecoder(target, dh.DraftModelProposer(draft, gamma="auto")).generate(
-        prompts()[0], max_new_tokens=12, eos_token_id=[]
-    )
-    assert out.stats["t_overhead"] is not None and 0.0 <= out.stats["t_overhead"] < out.decode_seconds
+    budget = ScriptedBudget([0, 3, 0, 0, 1, 5, 2])
+    proposer = CheckedDraftProposer(draft, gamma="auto", max_gamma=4)
+    ids = prompts()[0]
+    out = dh.SpeculativeDecoder(target, proposer, draft_budget=budget).generate(
+        ids, max_new_tokens=30, eos_token_id=[], seed=0, **sampling)
+    drafted = [tree.shape.size - 1 for _, tree in proposer.records]
+    limits = [min(cap, 4) for cap in budget.asked]
+    assert all(d <= cap for d, cap in zip(drafted, limits)) and drafted[:4] == limits[:4]
+    assert out.stats["gamma_histogram"].get(0, 0) >= 3 and out.stats["draft_budget"]["steps"]["plain"] >= 3
+    if not sampling["temperature"]:
+        assert torch.equal(out.sequences, reference(target, ids, 30))
 
 
 def test_draft_model_stats():
@@ -378,8 +405,7 @@ def test_draft_model_stats():
     stats = out.stats
     assert stats["proposer"] == "draft_model" and stats["gamma_mode"] == "auto"
     assert sum(stats["gamma_histogram"].values()) == stats["steps"]
-    assert 0.0 <= stats["alpha"] <= 1.0 and 0.0 <= stats["gamma_mean"] <= 5
-    assert {"fallback_steps", "probe_steps", "t_draft", "t_verify"} <= stats.keys()
+    assert max(stats["gamma_histogram"]) == 5 and 0.0 < stats["gamma_mean"] <= 5  # the full draft: "auto" = max_gamma
 
 
 def test_draft_model_argument_errors():
@@ -388,5 +414,7 @@ def test_draft_model_argument_errors():
         dh.DraftModelProposer(draft, gamma="fast")
     with pytest.raises(ValueError, match="gamma"):
         dh.DraftModelProposer(draft, gamma=-1)
+    with pytest.raises(ValueError, match="max_gamma"):
+        dh.DraftModelProposer(draft, max_gamma=0)
     with pytest.raises(ValueError, match="both"):
         dh.DraftModelProposer(draft, target_tokenizer=word_tokenizer(WORDS))

@@ -237,19 +237,13 @@ class SpeculativeDecoder:
         """This call's draft budget, started for a new generation: one per proposer (the plan's tree
         for the request) and sampling settings, since both what a step costs (a 16-node tree or a
         drawn chain of the same depth) and what it earns (the temperature) depend on them; a budget
-        given explicitly serves every request. A proposer that sizes its own draft (a draft model:
-        adaptive gamma, or the user's fixed gamma) is left to it under the default "auto" (two rules
-        capping one draft would fight); a budget given explicitly applies."""
-        own = getattr(proposer, "budgets_own_draft", False) and not self._budget_given
+        given explicitly serves every request."""
         budget = self.draft_budget
         if not self._budget_given:
             key = (id(proposer), params.temperature, params.top_k, params.top_p, params.draws_drafts)
             if key not in self._budgets:
                 self._budgets[key] = budget if not self._budgets else resolve_budget(self._draft_budget_arg)
             budget = self._budgets[key]
-        if own:
-            budget = DraftBudget()
-            budget.name = "proposer"  # the proposer's own rule: see its stats (e.g. gamma_histogram)
         budget.start()
         return budget
 

@@ -102,15 +102,13 @@ def path_tokens(trees: list[Tree], accs: list[Acceptance]) -> list[list[int]]:
     return [acc.tokens if acc.tokens is not None else tree.tokens[acc.path].tolist() for tree, acc in zip(trees, accs)]
 
 
-def inform(proposer, trees: list[Tree], accs: list[Acceptance], tokens: list[list[int]], verified: Verified,
-           verify_seconds: float) -> None:
-    """Tell the proposer what was accepted (tokens and the target's features there) and how it went."""
+def inform(proposer, accs: list[Acceptance], tokens: list[list[int]], verified: Verified) -> None:
+    """Tell the proposer what was accepted: the tokens and the target's features there."""
     feats = verified.features
     proposer.accepted(
         [torch.tensor(t, dtype=torch.long) for t in tokens],
         [None if feats is None else feats[r, acc.index(feats.device)] for r, acc in enumerate(accs)],
     )
-    proposer.observe([t.shape.size - 1 for t in trees], [len(t) - 1 for t in tokens], verify_seconds)
 
 
 def emit(rows: Rows, accs: list[Acceptance], tokens: list[list[int]], settings: Settings) -> list[bool]:
@@ -153,7 +151,7 @@ def step(store, proposer, rows: Rows, settings: Settings) -> None:
     rows.verify_tokens += verified.tokens.numel()
     rows.target_seconds += verify_seconds
     store.commit(accs)
-    inform(proposer, trees, accs, tokens, verified, verify_seconds)
+    inform(proposer, accs, tokens, verified)
     drop_finished(store, proposer, rows, emit(rows, accs, tokens, settings))
     if rows.active:
         store.tidy()

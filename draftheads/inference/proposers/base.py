@@ -25,10 +25,6 @@ class Proposer(ABC):
     #: never all L+1 hidden states.
     feature_layers: tuple[int, ...] = (-1,)
 
-    #: True for a proposer that already sizes its draft each step from measured costs (a draft
-    #: model's adaptive gamma): the decoder's draft budget (`inference.draft_budget`) then stays off.
-    budgets_own_draft: bool = False
-
     # The request's settings, which `start` records (a proposer used before `start`: greedy).
     _params: SamplingParams = SamplingParams()
     _generator: torch.Generator | None = None
@@ -58,11 +54,6 @@ class Proposer(ABC):
         """After verification: ``tokens`` [m] are the root and the accepted drafts (now in the
         target's cache), ``hidden`` [m, F] the target's `feature_layers` at those positions (None
         when it reads none)."""
-
-    def observe(self, num_drafted: int, accepted_drafts: int, verify_seconds: float) -> None:
-        """Feedback after each step (optional): how many drafted tokens the tree had (the root
-        excluded), how many were accepted, and how long the verify forward took. Adaptive proposers
-        (draft length, tree size, fallback to plain decoding) tune themselves from it."""
 
     def stats(self) -> dict:
         """Proposer-specific figures for the output's ``stats`` (e.g. the chosen draft length)."""

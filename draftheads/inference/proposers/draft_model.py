@@ -13,9 +13,10 @@ are SAMPLED from the draft's processed distribution q (the same temperature/top-
 as the target) and ``Tree.draft_probs`` carries q, so the verifier applies min(1, p/q) with the
 residual norm(max(p - q, 0)): the output is exactly the target's distribution whatever the draft.
 
-``gamma="auto"`` picks the draft length each step to maximise expected tokens per second from the
-measured acceptance rate of each draft position, draft step time and verify time per tree size
-(see `AdaptiveGamma`); gamma 0 falls back to plain decoding and the draft is probed again now and then.
+How long a chain to draft is the decoder's draft budget's decision (`inference.draft_budget`),
+the one rule every proposer has: the proposer drafts up to its ``gamma`` (``"auto"``:
+``max_gamma``) and the budget caps each step, down to a plain step, from what earlier steps
+accepted and cost. A capped chain is the full chain's prefix, which is all the budget needs.
 """
 from __future__ import annotations
 
@@ -30,7 +31,6 @@ from ..sampling import SamplingParams, sample
 from ..tokenizer_check import check_same_tokenizer, tokenizer_size
 from ..tree import Tree, chain_shape
 from ..verify import cache_kwarg
-from .adaptive_gamma import AdaptiveGamma, best_gamma, choose_gamma, expected_tokens, predicted_rates  # noqa: F401 (re-exported)
 from .base import Proposer
 
 
@@ -47,8 +47,10 @@ def _logits_rows(model: torch.nn.Module) -> int:
 class DraftModelProposer(Proposer):
     """Drafts with ``draft_model`` (any HF causal LM sharing the target's tokenizer).
 
-    ``gamma``: an int (fixed draft length; 0 = plain decoding) or ``"auto"`` (adaptive, at most
-    ``max_gamma``). Pass ``tokenizers=(target_tok, draft_tok)`` (or ``target_tokenizer=`` and
+    ``gamma``: the longest chain a step drafts, an int (0 = plain decoding) or ``"auto"``
+    (``max_gamma``); the decoder's draft budget (default "auto") caps it step by step, down to plain
+    steps where drafting does not pay. ``SpeculativeDecoder(..., draft_budget=None)`` drafts exactly
+    ``gamma`` every step. Pass ``tokenizers=(target_tok, draft_tok)`` (or ``target_tokenizer=`` and
     ``draft_tokenizer=``) to check that both tokenizers map every token to the same id.
 
     Vocabulary sizes: the draft's logits must have as many rows as the target's. Models that pad
@@ -57,16 +59,9 @@ class DraftModelProposer(Proposer):
     cut or padded (with -inf) to the target's size, so q is a distribution over the target's ids
     and the draft never proposes an id the target does not have. Still lossless: q is exactly what
     the drafts are sampled from. Without tokenizers, differing sizes are refused.
-
-    With ``gamma="auto"`` the draft length depends on measured timings, so sampled outputs with a
-    fixed seed are not reproducible run to run (each run is still an exact sample of the target).
-    Learned estimates persist across ``generate`` calls; the statistics are per call.
     """
 
     feature_layers = ()  # tokens only: the verifier captures no hidden state
-    # The draft length is chosen here: gamma="auto" by `AdaptiveGamma` (from the draft's own
-    # per-forward time), an int by the user; the decoder's default draft budget stands aside.
-    budgets_own_draft = True
 
     def __init__(
         self,
@@ -77,26 +72,19 @@ class DraftModelProposer(Proposer):
         tokenizers: tuple[Any, Any] | None = None,
         target_tokenizer: Any = None,
         draft_tokenizer: Any = None,
-        initial_gamma: int | None = None,
-        probe_every: int = 16,
-        max_probe_every: int | None = None,
-        ema_decay: float = 0.9,
     ) -> None:
+        if isinstance(max_gamma, bool) or not isinstance(max_gamma, int) or max_gamma < 1:
+            raise ValueError(f"max_gamma must be an int >= 1, got {max_gamma!r}")
         if isinstance(gamma, str):
             if gamma != "auto":
                 raise ValueError(f"gamma must be an int >= 0 or 'auto', got {gamma!r}")
-            self.adaptive = AdaptiveGamma(
-                max_gamma, initial_gamma, decay=ema_decay, probe_every=probe_every, max_probe_every=max_probe_every
-            )
-            self.gamma: int | None = None
+            self.gamma = max_gamma
         else:
             if isinstance(gamma, bool) or int(gamma) != gamma or gamma < 0:
                 raise ValueError(f"gamma must be an int >= 0 or 'auto', got {gamma!r}")
             self.gamma = int(gamma)
-            # Estimates are still tracked (and reported), they just do not steer.
-            self.adaptive = AdaptiveGamma(
-                max(self.gamma, 1), decay=ema_decay, probe_every=probe_every, max_probe_every=max_probe_every
-            )
+        self.gamma_mode: int | str = gamma if isinstance(gamma, str) else self.gamma
+        self.histogram: dict[int, int] = {}  # drafted chain length -> steps, this generation
         if tokenizers is not None:
             if target_tokenizer is not None or draft_tokenizer is not None:
                 raise ValueError(
@@ -131,9 +119,6 @@ class DraftModelProposer(Proposer):
         self._params = SamplingParams()
         self._generator: torch.Generator | None = None
         self._draft_seconds = 0.0
-        self._step_start: float | None = None
-        self._step_draft = 0.0
-        self._step_verify: float | None = None
 
     # -- set-up ----------------------------------------------------------------------------------
     def bind_target(self, target: torch.nn.Module) -> None:
@@ -166,10 +151,7 @@ class DraftModelProposer(Proposer):
         self._params = params
         self._generator = generator
         self._draft_seconds = 0.0
-        self._step_start = None  # when the previous propose() began
-        self._step_draft = 0.0  # draft forward seconds of the previous step
-        self._step_verify = None  # its verify seconds (from observe)
-        self.adaptive.reset_counts()
+        self.histogram = {}
 
     # -- drafting ----------------------------------------------------------------------------------
     def _forward(self, tokens: list[int]) -> torch.Tensor:
@@ -200,15 +182,8 @@ class DraftModelProposer(Proposer):
             raise RuntimeError("propose() called twice without accepted(): the decode loop is out of step")
         if self._cache is None:
             raise RuntimeError("call start() before propose()")
-        now = time.perf_counter()
-        if self._step_start is not None and self._step_verify is not None:
-            # Wall time of the previous step minus its forwards: the loop's per-step overhead.
-            self.adaptive.record_overhead(now - self._step_start - self._step_draft - self._step_verify)
-        self._step_start, self._step_draft, self._step_verify = now, 0.0, None
-        limit = min(max_depth, self.gamma if self.gamma is not None else self.adaptive.max_gamma)
-        gamma = self.adaptive.choose(limit) if self.gamma is None else max(limit, 0)
-        if self.gamma is not None:
-            self.adaptive.histogram[gamma] = self.adaptive.histogram.get(gamma, 0) + 1
+        gamma = max(min(max_depth, self.gamma), 0)
+        self.histogram[gamma] = self.histogram.get(gamma, 0) + 1
         self._in_flight = True
         if gamma == 0:
             # Plain decoding step: the draft sees the root later, with the next drafted step.
@@ -221,16 +196,12 @@ class DraftModelProposer(Proposer):
         rows: list[torch.Tensor] = []
         start = time.perf_counter()
         for _ in range(gamma):
-            t0 = time.perf_counter()
             token, q = self._pick(self._forward(feed))
-            if len(feed) <= 2:  # a catch-up forward over many pending tokens is not a draft step
-                self.adaptive.record_draft_time(time.perf_counter() - t0)
             drafts.append(token)
             if q is not None:
                 rows.append(q)
             feed = [token]
-        self._step_draft = time.perf_counter() - start
-        self._draft_seconds += self._step_draft
+        self._draft_seconds += time.perf_counter() - start
         # The cache now holds the old prefix + pending + root + drafts[:-1].
         self._pending = []
         self._drafts = drafts
@@ -258,15 +229,15 @@ class DraftModelProposer(Proposer):
         if k == gamma:
             self._pending = [self._drafts[-1]]  # accepted but never fed to the draft
 
-    def observe(self, num_drafted: int, accepted_drafts: int, verify_seconds: float) -> None:
-        self._step_verify = verify_seconds
-        self.adaptive.record_step(num_drafted, accepted_drafts, verify_seconds)
-
     def stats(self) -> dict:
-        stats = {"proposer": "draft_model", "gamma_mode": "auto" if self.gamma is None else self.gamma}
-        stats.update(self.adaptive.stats())
-        stats["draft_seconds"] = self._draft_seconds
-        return stats
+        steps = sum(self.histogram.values())
+        return {
+            "proposer": "draft_model",
+            "gamma_mode": self.gamma_mode,
+            "gamma_mean": sum(g * c for g, c in self.histogram.items()) / max(steps, 1),
+            "gamma_histogram": dict(sorted(self.histogram.items())),  # chain length drafted -> steps
+            "draft_seconds": self._draft_seconds,
+        }
 
     # -- introspection (tests, debugging) ---------------------------------------------------------
     @property

@@ -46,9 +46,6 @@ class RowProposer:
         """Per row the root and accepted drafts [m] (now in the target's cache) and their features."""
         raise NotImplementedError
 
-    def observe(self, drafted: list[int], accepted: list[int], verify_seconds: float) -> None:
-        """Per-row feedback, as `Proposer.observe` (optional)."""
-
     def keep(self, rows: list[int]) -> None:
         """Only ``rows`` (positions in the current batch, in order) go on decoding."""
         raise NotImplementedError
@@ -80,10 +77,6 @@ class ForkedRows(RowProposer):
     def accepted(self, tokens, hidden) -> None:
         for row, t, h in zip(self.forks, tokens, hidden):
             row.accepted(t, h)
-
-    def observe(self, drafted, accepted, verify_seconds) -> None:
-        for row, d, a in zip(self.forks, drafted, accepted):
-            row.observe(d, a, verify_seconds)
 
     def keep(self, rows: list[int]) -> None:
         self.forks = [self.forks[r] for r in rows]
