@@ -96,8 +96,9 @@ def cmd_generate(args) -> int:
     budget = out.stats.get("draft_budget")
     if budget:  # what the draft budget chose: full drafts, shorter ones, plain steps
         steps = budget["steps"]
-        print(f"[draft budget: {steps['full']} full, {steps['capped']} shortened, {steps['plain']} plain steps]",
-              file=sys.stderr)
+        lengths = out.stats.get("gamma_histogram")  # a draft model: steps by drafted chain length
+        print(f"[draft budget: {steps['full']} full, {steps['capped']} shortened, {steps['plain']} plain steps"
+              + (f"; steps by draft length {lengths}" if lengths else "") + "]", file=sys.stderr)
     return 0
 
 
