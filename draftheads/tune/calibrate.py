@@ -336,8 +336,11 @@ def calibrate_dynamic_tree(
         grid = [{**g, "draft_vocab_size": v} for g in DYNAMIC_GRID for v in vocabs]
     # First: plain decoding through the same loop (total_tokens=1 drafts nothing at all).
     settings = [{"total_tokens": 1, "depth": 1, "top_k": 1}] + list(grid)
-    # batch_plan=None: a plan saved by an earlier calibration must not turn these timings into plain decoding.
-    decoders = [SpeculativeDecoder(target, heads, tree=s, check_model=(i == 0), batch_plan=None)
+    # batch_plan=None: a plan saved by an earlier calibration must not turn these timings into plain
+    # decoding; draft_budget=None: each setting is timed in full (the online budget, learning from a
+    # fresh start on a few short decodes, sent whole candidates plain: an EAGLE 3-deep drawn chain
+    # measured 1.04 accepted tokens per step at T = 0.7, 2.39 at T = 1.0).
+    decoders = [SpeculativeDecoder(target, heads, tree=s, check_model=(i == 0), batch_plan=None, draft_budget=None)
                 for i, s in enumerate(settings)]
     for p in prompts[:1]:  # warm-up
         for d in decoders:

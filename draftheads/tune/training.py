@@ -26,8 +26,9 @@ entries with its measurements).
 At a sampling temperature the measurements that do not depend on it are reused (verify and
 drafting times): static trees search again on a table of the target's tempered probability of
 each candidate on the held-out rows (`calibrate.head_accuracy_table`); dynamic trees time only
-plain decoding, the greedy choice and the smallest grid setting (a tree that did not pay
-greedily does not pay under sampling, which accepts less: then plain without timing); DFlash's
+plain decoding, the greedy choice, the shallowest grid setting and the chain of 5 (drawn drafts
+are chains as deep as the tree; a tree that did not pay greedily does not pay under sampling,
+which accepts less: then plain without timing); DFlash's
 block tree is chosen for greedy decoding only (at a sampling temperature its greedy tree is the
 candidate, timed as below).
 
@@ -73,7 +74,7 @@ VOCAB_SIZES = (4096, 2048, 1024, 512)  # draft vocabularies tried besides the wh
 BLOCK_VOCAB_ROW_TOKENS = 96  # tokens per held-out row measuring the hits a DFlash draft vocabulary keeps
 VERIFY_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 SAMPLE_ROWS = 8  # held-out rows for the vocabulary ratio / dynamic-tree timing
-DYNAMIC_PROMPTS = 3
+DYNAMIC_PROMPTS = 6  # chain or tree depends on the text: 3 rows picked a tree that 12 prompts found 20% slower
 DYNAMIC_VOCAB_SIZE = 1024  # EAGLE (scored by the target's LM head) also tries ranking only these tokens
 DEFAULT_TEMPERATURES = (0.0, 0.7, 1.0)  # greedy, what most chat models ship, and the target's own law
 # The chosen tree against the target's generate (module docstring): prompts x rounds pairs of
@@ -202,9 +203,12 @@ def choose_dynamic(target: torch.nn.Module, heads: torch.nn.Module, rows: list[t
         if greedy_choice.get("total_tokens") == 1:  # plain won greedily: sampling accepts less
             return {"tree": dict(greedy_choice), "calibration": {"skipped": "plain decoding won at temperature 0"},
                     "temperature": temperature}
-        smallest = min(grid, key=lambda g: (g["total_tokens"], g["depth"]))
-        smallest = {**smallest, "draft_vocab_size": greedy_choice.get("draft_vocab_size")}
-        grid = [dict(greedy_choice)] + ([smallest] if smallest != greedy_choice else [])
+        # Drawn drafts (the default when sampling) are chains as deep as the tree: the greedy choice,
+        # the shallowest setting and the chain of 5, each with the greedy choice's vocabulary.
+        vocab = {"draft_vocab_size": greedy_choice.get("draft_vocab_size")}
+        shallowest = {**min(grid, key=lambda g: (g["depth"], g["total_tokens"])), **vocab}
+        candidates = [dict(greedy_choice), shallowest, {**CHAINS[0], **vocab}]
+        grid = [g for i, g in enumerate(candidates) if g not in candidates[:i]]
     result = calibrate_dynamic_tree(target, heads, prompts, new_tokens=new_tokens, grid=grid, rounds=1,
                                     temperature=temperature)
     return {"tree": result.tree, "calibration": result.to_json(), "temperature": temperature}
