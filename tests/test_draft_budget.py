@@ -6,6 +6,8 @@ Steps are simulated: a step drafted ``d`` deep accepts what ``accept(step, d)`` 
 """
 from __future__ import annotations
 
+from collections import deque
+
 import pytest
 
 from draftheads.inference.draft_budget import (
@@ -236,3 +238,14 @@ def test_resolve_budget_accepts_the_documented_values():
     assert type(resolve_budget(None)) is DraftBudget
     custom = OnlineDraftBudget(warmup=2)
     assert resolve_budget(custom) is custom
+
+
+def test_caps_are_compared_on_as_many_samples_as_plain_steps_have():
+    """The cap taken every step has many samples and plain only a few: the minimum of many sits
+    lower, so each cap's cost is the least of its last n samples, n = plain's sample count."""
+    budget = OnlineDraftBudget(window=9, min_samples=3)
+    budget._seconds = {1: {0: deque([1.0, 1.0, 1.0]), 3: deque([3.0, 3.0, 3.0, 3.0, 3.0, 1.5, 3.0, 3.0, 3.0])}}
+    budget.depth = 3
+    assert budget.step_costs(1) == {0: 1.0, 3: 3.0}  # the old 1.5 sample is not among the last three
+    budget._seconds[1][0].extend([1.0] * 6)  # nine plain samples: nine of each
+    assert budget.step_costs(1) == {0: 1.0, 3: 1.5}
