@@ -1,6 +1,7 @@
 """Training's trees meet the target's own `generate`: per temperature (greedy, 0.7, 1.0 by
-default) the chosen tree is timed against `generate` through `measure_batch_plan` at batch size
-1, and the entry is plain unless the median per-prompt ratio beats `generate` by a margin. The
+default) the chosen tree is timed against `generate` through `measure_batch_plan` at batch sizes
+1, 4 and 8 (the scripted tests at 1), and an entry is plain unless the median ratio beats
+`generate` by a margin. The
 timings are scripted (a fake clock that knows which mode ran), so every verdict here is
 deterministic and follows from the rule, not from this machine's speed. Tiny random models only."""
 from __future__ import annotations
@@ -22,6 +23,12 @@ from inference_utils import greedy_reference, self_distilled_heads, tiny_target
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 TREE = [[0], [0, 0]]
+
+
+@pytest.fixture(autouse=True)
+def _batch_size_one(monkeypatch):
+    """The scripted timings below are batch-1 ones; the batch sizes have their own test."""
+    monkeypatch.setattr(training, "VS_GENERATE_BATCH_SIZES", (1,))
 
 
 @pytest.fixture(scope="module")
@@ -292,3 +299,29 @@ def test_a_training_file_from_before_loads_and_is_followed(setup, tmp_path):
     text = training.describe({"tree": TREE, "temperature": 0.7, "draft_vocab_size": None,
                               "expected_tokens_per_step": 1.5, "expected_speedup": 1.2})
     assert text["mode"] == SPECULATIVE and "vs_generate" not in text
+
+
+def test_training_times_batch_sizes_and_writes_an_entry_for_each(setup, monkeypatch, tmp_path):
+    """Batch sizes 1, 4 and 8 are timed against generate (a tree that pays for one sequence can
+    lose at 8), and each gets its own entry, which the decoder follows."""
+    from draftheads.tune.batch_plan import BatchPlanResult
+
+    target, heads, rows = setup
+    fixed_trees(monkeypatch, {0.0: TREE})
+    monkeypatch.setattr(training, "VS_GENERATE_BATCH_SIZES", (1, 4, 8))
+    verdicts = {1: SPECULATIVE, 4: SPECULATIVE, 8: PLAIN}
+    asked = []
+
+    def measure(target, heads, tree, prompts, sizes, **kwargs):
+        asked.append(sizes)
+        figures = {"speedup_median": 1.2, "speedup_min": 1.1, "speedup_max": 1.3, "timed_batches": 4, "min_speedup": 1.0}
+        return BatchPlanResult(plan={s: verdicts[s] for s in sizes}, measured={s: dict(figures) for s in sizes})
+
+    plans, chosen = training.choose_export_plans(target, heads, rows, temperatures=(0.0,), measure=measure)
+    assert asked == [[1, 4, 8]]
+    assert [(e.batch_size, e.mode) for e in plans.entries] == [(1, SPECULATIVE), (4, SPECULATIVE), (8, PLAIN)]
+    assert chosen[0]["mode"] == SPECULATIVE and "expected_speedup" in plans.entries[0].measured
+    heads.save_pretrained(tmp_path / "h")
+    write_plans(tmp_path / "h", plans)
+    decoder = dh.SpeculativeDecoder(target, dh.load_heads(tmp_path / "h", target=target))
+    assert decoder.drafts.run_for(8, 0.0).mode == PLAIN and decoder.drafts.run_for(4, 0.0).mode == SPECULATIVE

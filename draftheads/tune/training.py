@@ -35,12 +35,13 @@ candidate, timed as below).
 Then every temperature's tree meets the decoder's real baseline: the cost models above compare a
 tree with the decode loop's own one-token steps, not with the target's ``generate``, which is
 what a plain entry runs and what a user would otherwise call. So, per temperature, speculative
-decoding with the chosen tree (through `SpeculativeDecoder`, default draft budget: the way a user
-decodes) is timed against ``generate`` on a few held-out rows (`batch_plan.measure_batch_plan` at
-batch size 1: interleaved, order alternated, same seed for both modes), and the entry is PLAIN
-unless the median of the per-prompt ratios exceeds ``PLAIN_MARGIN``. The figures are kept in the
-entry's ``measured["batch"]`` (as `draftheads calibrate --batch-sizes` keeps them) and in
-metrics.json (`describe`). Its cost is bounded per temperature: at most prompts x rounds pairs of
+decoding with the chosen tree (through `SpeculativeDecoder`, the tree in full) is timed against
+``generate`` on a few held-out rows (`batch_plan.measure_batch_plan` at batch sizes
+``VS_GENERATE_BATCH_SIZES``, 1, 4 and 8: interleaved, order alternated, same seed for both modes),
+and each batch size's entry is PLAIN unless the median of its per-batch ratios exceeds
+``PLAIN_MARGIN``. The figures are kept in the entries' ``measured["batch"]`` (as `draftheads
+calibrate --batch-sizes` keeps them) and, for batch size 1, in metrics.json (`describe`). Its cost
+is bounded per temperature and batch size: at most prompts x rounds pairs of
 short decodes, and no new pair once ``VS_GENERATE_MAX_SECONDS`` of decoding are spent (a loaded
 machine stretches every decode; the verdict then rests on fewer prompts, and says how many).
 """
@@ -85,7 +86,11 @@ VS_GENERATE_PROMPTS = 4
 VS_GENERATE_ROUNDS = 2
 VS_GENERATE_NEW_TOKENS = 48
 VS_GENERATE_PROMPT_LEN = 64
-VS_GENERATE_MAX_SECONDS = 20.0  # per temperature, warm-up excluded (at least batch_plan.MIN_PAIRS pairs)
+VS_GENERATE_MAX_SECONDS = 20.0  # per temperature and batch size, warm-up excluded (at least batch_plan.MIN_PAIRS pairs)
+# Batch sizes timed against generate: a tree that pays for one sequence can lose at 8, where every
+# drafted token is verified 8 times (demo: Medusa's greedy tree 0.86x at batch 8, EAGLE's 0.99x), and
+# a user who never runs calibrate decodes batches with training's plan.
+VS_GENERATE_BATCH_SIZES = (1, 4, 8)
 
 
 CHAINS = [{"total_tokens": d + 1, "depth": d, "top_k": 1} for d in (5, 7)]  # top_k 1: one path
@@ -293,8 +298,8 @@ def time_against_generate(
     measure: Callable[..., BatchPlanResult] = measure_batch_plan,
 ) -> BatchPlanResult | None:
     """``data``'s tree (a `choose_export_tree` result) against the target's ``generate`` at its
-    temperature, one sequence at a time (module docstring); its plan at batch size 1 says
-    speculative or plain. None for a tree that drafts nothing: already plain, nothing to time.
+    temperature, at each of ``VS_GENERATE_BATCH_SIZES`` (module docstring); its plan says
+    speculative or plain per batch size. None for a tree that drafts nothing: already plain, nothing to time.
     ``measure``: `measure_batch_plan`, replaceable so a test can give the timings."""
     if drafts_nothing(data["tree"]):
         return None
@@ -303,7 +308,7 @@ def time_against_generate(
         raise ValueError("no held-out rows of at least 8 tokens to time the tree against generate on")
     started = time.perf_counter()
     with _drafting_as(heads, data):
-        result = measure(target, heads, data["tree"], prompts, [1], new_tokens=VS_GENERATE_NEW_TOKENS,
+        result = measure(target, heads, data["tree"], prompts, list(VS_GENERATE_BATCH_SIZES), new_tokens=VS_GENERATE_NEW_TOKENS,
                          rounds=VS_GENERATE_ROUNDS, temperature=data["temperature"], min_speedup=PLAIN_MARGIN,
                          max_seconds=VS_GENERATE_MAX_SECONDS)
     result.measured[1]["seconds"] = time.perf_counter() - started  # warm-up included: what it cost the training
@@ -338,7 +343,7 @@ def choose_export_plans(
     temperatures: tuple[float, ...] = DEFAULT_TEMPERATURES,
     measure: Callable[..., BatchPlanResult] = measure_batch_plan,
 ) -> tuple[TreePlans, list[dict[str, Any]]]:
-    """The whole tree.json training writes: one batch-1 entry per temperature, greedy first
+    """The whole tree.json training writes: per temperature one entry per timed batch size, greedy first
     (which must succeed, and is chosen whether or not ``temperatures`` names 0), each timed
     against ``generate`` and plain where it loses (module docstring). A sampling temperature
     where no tree can be chosen (DFlash, P-EAGLE) times the greedy tree there instead.
