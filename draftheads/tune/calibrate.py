@@ -255,26 +255,28 @@ def calibrate(
         if temperature > 0:
             raise ValueError(f"{heads.head_type} heads: trees are measured for greedy decoding only (their table "
                              f"holds greedy hit rates, not the chance of acceptance at temperature {temperature:g})")
-        best = None
-        for vocab_size in one_forward_vocab_sizes(heads, (4096, 2048, 1024, 512)):  # DFlash: as Medusa's below
-            acc = one_forward_accuracy(target, heads, sequences, max_rank, skip_prompt=skip,
-                                       draft_vocab_size=vocab_size)  # greedy hit rates
-            draft = one_forward_draft_seconds(heads, draft_vocab_size=vocab_size)
-            result = choose_tree(acc, verify, draft, max_nodes=max_nodes, device=device)
-            result.draft_vocab_size = vocab_size
-            result.temperature = temperature
-            if best is None or result.expected_speedup > best.expected_speedup:
-                best = result
-        return best
+        candidates = (  # DFlash: draft vocabularies as Medusa's below; greedy hit rates
+            (size, one_forward_accuracy(target, heads, sequences, max_rank, skip_prompt=skip, draft_vocab_size=size),
+             one_forward_draft_seconds(heads, draft_vocab_size=size))
+            for size in one_forward_vocab_sizes(heads, (4096, 2048, 1024, 512)))
+        return _best_tree(candidates, verify, max_nodes, device, temperature)
     vocab_sizes: list[int | None] = [None]
     if int(getattr(heads, "token_counts", torch.zeros(1)).sum()) > 0:
         vocab_sizes += [n for n in (4096, 2048, 1024, 512) if n < heads.config.vocab_size // 2]
+    candidates = (
+        (size, head_accuracy_table(target, heads, sequences, max_rank, skip_prompt=skip,
+                                   vocab_ids=heads.draft_vocab(size), temperature=temperature),
+         measure_draft_seconds(heads, draft_vocab_size=size))
+        for size in vocab_sizes)
+    return _best_tree(candidates, verify, max_nodes, device, temperature)
+
+
+def _best_tree(candidates, verify: dict[int, float], max_nodes: int, device: str,
+               temperature: float) -> CalibratedTree:
+    """The tree with the best expected speedup over ``candidates``: (draft vocabulary size, its
+    accuracy table, its draft seconds) each."""
     best = None
-    for vocab_size in vocab_sizes:
-        vocab_ids = heads.draft_vocab(vocab_size)
-        acc = head_accuracy_table(target, heads, sequences, max_rank, skip_prompt=skip, vocab_ids=vocab_ids,
-                                  temperature=temperature)
-        draft = measure_draft_seconds(heads, draft_vocab_size=vocab_size)
+    for vocab_size, acc, draft in candidates:
         result = choose_tree(acc, verify, draft, max_nodes=max_nodes, device=device)
         result.draft_vocab_size = vocab_size
         result.temperature = temperature

@@ -1,4 +1,5 @@
-"""Prompt lookup at batch 4, T=0.7: where the budget spends steps (modes per generation)."""
+"""Where the draft budget spends a batch's steps (modes per generation): `diag.py T BATCH [HEADS]`,
+prompt lookup unless a heads folder is given; against plain steps through our loop and full drafts."""
 import json, sys, time, statistics
 import torch
 import draftheads as dh
@@ -19,9 +20,12 @@ class Plain(DraftBudget):
     name = "forced-plain"
     def choose(self, rows): return 0
 
-methods = [Method("pl-auto", dh.SpeculativeDecoder(target, dh.PromptLookupProposer())),
-           Method("pl-plainsteps", dh.SpeculativeDecoder(target, dh.PromptLookupProposer(), draft_budget=Plain())),
-           Method("pl-full", dh.SpeculativeDecoder(target, dh.PromptLookupProposer(), draft_budget=None))]
+def drafter():
+    return dh.load_heads(sys.argv[3], target=target) if len(sys.argv) > 3 else dh.PromptLookupProposer()
+
+methods = [Method("pl-auto", dh.SpeculativeDecoder(target, drafter())),
+           Method("pl-plainsteps", dh.SpeculativeDecoder(target, drafter(), draft_budget=Plain())),
+           Method("pl-full", dh.SpeculativeDecoder(target, drafter(), draft_budget=None))]
 bench = BatchBench(target, tok, methods, 64, T, 0, use_chat_template=False)
 prompts = bench.prompts(qs)
 groups = batches_of(prompts, size, None)
@@ -30,7 +34,7 @@ with torch.inference_mode():
     ids, mask = left_pad(groups[0], bench.pad_id)
     bench._plain(ids, mask)
     for m in methods: bench._method(m, ids, mask, 0)
-    for rnd in range(3):
+    for rnd in range(int(sys.argv[4]) if len(sys.argv) > 4 else 3):
         for gi, g in enumerate(groups):
             ids, mask = left_pad(g, bench.pad_id)
             _, tp = bench._timed(bench._plain, ids, mask)
