@@ -73,6 +73,13 @@ def test_bench_end_to_end_writes_report_and_plots(tiny_target_dir, heads_dir, qu
     assert set(results) == {"plain", "medusa", "draft-model", "prompt-lookup"}
     plain = results["plain"]["by_category"]["overall"]
     assert plain["mean_accepted_tokens"] == 1.0 and plain["speedup"] == pytest.approx(1.0)
+    # the draft budget's steps by mode, per sample and summed per method (plain generate has none)
+    assert plain["budget_steps"] is None
+    for name in ("medusa", "draft-model", "prompt-lookup"):
+        steps = results[name]["by_category"]["overall"]["budget_steps"]
+        mine = [x for x in report["samples"] if x["method"] == name]
+        assert steps == {m: sum(x["stats"][f"budget_{m}"] for x in mine) for m in ("full", "capped", "plain")}
+        assert sum(steps.values()) == sum(len(x["accept_lengths"]) for x in mine)
     for name in ("medusa", "draft-model", "prompt-lookup"):
         per = results[name]
         assert set(per["by_category"]) == {"overall", "writing", "code"}

@@ -93,7 +93,17 @@ def _group(samples: list[Sample], plain_by_key: dict[tuple, Sample]) -> dict[str
                                         if q["speedup"] is not None]),
         "exact": None if is_plain or not exact else sum(exact),
         "exact_of": None if is_plain or not exact else len(exact),
+        "budget_steps": budget_steps(samples),
     }
+
+
+def budget_steps(samples: list[Sample]) -> dict[str, int] | None:
+    """The draft budget's steps by mode over ``samples`` (full, capped, plain; None where no sample
+    decoded speculatively): the share of plain steps says how often speculation stood aside."""
+    counted = [s.stats for s in samples if "budget_plain" in (s.stats or {})]
+    if not counted:
+        return None
+    return {mode: sum(st.get(f"budget_{mode}", 0) for st in counted) for mode in ("full", "capped", "plain")}
 
 
 def accept_length_histogram(samples: list[Sample]) -> dict[int, int]:

@@ -233,7 +233,12 @@ class Runner:
 
 
 def _json_stats(stats: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in stats.items() if isinstance(v, (int, float, str, bool)) and k not in ("new_tokens", "steps")}
+    """The sample's scalar stats, plus the draft budget's steps by mode (``budget_full``,
+    ``budget_capped``, ``budget_plain``): how often speculation drafted in full, less, or not at all."""
+    out = {k: v for k, v in stats.items() if isinstance(v, (int, float, str, bool)) and k not in ("new_tokens", "steps")}
+    for mode, count in (stats.get("draft_budget") or {}).get("steps", {}).items():
+        out[f"budget_{mode}"] = count
+    return out
 
 
 def _running_speedups(samples: list[Sample], names: list[str]) -> str:
