@@ -181,7 +181,6 @@ class OnlineDraftBudget(DraftBudget):
         self.probe_interval = probe_every  # backs off while probes fail; carried across generations
         self.depth = 0  # deepest tree a full step has drafted (the proposer's full draft)
         self._seconds: dict[int, dict[int, deque[float]]] = {}  # rows -> cap -> last seconds
-        self._costs: dict[int, dict[int, float]] = {}
         self._measured_at: dict[int, dict[int, int]] = {}  # rows -> cap -> step count of its last sample
         self._steps = 0  # every step this budget has seen, all generations
         self.reach: list[float] = []  # carried across generations (see the class docstring)
@@ -222,10 +221,10 @@ class OnlineDraftBudget(DraftBudget):
     def choose(self, rows: int) -> int | None:
         self._rows, self._probing = rows, False
         self._generation_steps += 1
-        measured = self._costs.get(rows, {})
+        measured = self._seconds.get(rows, {})  # the caps measured at this row count
         if self._drafting_steps < self.warmup or self.depth == 0 or self.depth not in measured:
             return None
-        plain_samples = len(self._seconds[rows].get(0, ()))
+        plain_samples = len(measured.get(0, ()))
         if plain_samples < self.min_samples:
             # Plain steps measured between full ones, not back to back: a burst of load then
             # weighs on both sides of the comparison instead of on one.
@@ -281,7 +280,6 @@ class OnlineDraftBudget(DraftBudget):
         self._steps += 1
         samples = self._seconds.setdefault(rows, {}).setdefault(cap, deque(maxlen=self.window))
         samples.append(max(float(seconds), 0.0))
-        self._costs.setdefault(rows, {})[cap] = min(samples)
         self._measured_at.setdefault(rows, {})[cap] = self._steps
         if cap > 0 and accepted:
             self._drafting_steps += 1
@@ -301,7 +299,7 @@ class OnlineDraftBudget(DraftBudget):
         out["draft_budget"].update(
             {"probes": self.probes, "plain_measurements": self.measurements, "full_depth": self.depth,
              "reach": [round(r, 4) for r in self.reach],
-             "step_seconds": {rows: dict(sorted(m.items())) for rows, m in self._costs.items()}}
+             "step_seconds": {rows: dict(sorted(self.step_costs(rows).items())) for rows in self._seconds}}
         )
         return out
 

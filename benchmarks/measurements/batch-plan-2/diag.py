@@ -48,4 +48,4 @@ for k, v in ratios.items():
     print(k, "median", round(statistics.median(v), 3), "min", round(min(v), 3), "max", round(max(v), 3))
 dec = methods[0].decoder
 for key, bud in dec._budgets.items():
-    print(key[1:], {r: {c: round(s * 1000, 1) for c, s in m.items()} for r, m in bud._costs.items()})
+    print(key[1:], {r: {c: round(s * 1000, 1) for c, s in bud.step_costs(r).items()} for r in bud._seconds})
