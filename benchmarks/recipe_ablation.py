@@ -70,6 +70,16 @@ ARMS: dict[str, tuple[str, ...]] = {
 for _seed in (2, 3):
     ARMS[f"init@seed{_seed}"] = INIT + OWN_OPTIM + OWN_TTT + LOSS + (f"train.seed={_seed}",)
     ARMS[f"eagle3.1@seed{_seed}"] = ARMS["eagle3.1"] + (f"train.seed={_seed}",)
+# EAGLE 3.1 with its own LM head started from the target's rows (`heads.lm_head_init=target`), four seeds
+LM_HEAD = ("heads.lm_head_init=target",)
+ARMS["eagle3.1+lm_head"] = ARMS["eagle3.1"] + LM_HEAD
+for _seed in (1, 2, 3):
+    ARMS[f"eagle3.1+lm_head@seed{_seed}"] = ARMS["eagle3.1"] + LM_HEAD + (f"train.seed={_seed}",)
+# P-EAGLE (`--config configs/demo-peagle.yaml`): its shipped recipe with and without the same start
+for _seed in (0, 1):
+    _at = f"@seed{_seed}" if _seed else ""
+    ARMS[f"peagle{_at}"] = (f"train.seed={_seed}",)
+    ARMS[f"peagle+lm_head{_at}"] = LM_HEAD + (f"train.seed={_seed}",)
 CHAIN = {"total_tokens": 6, "depth": 5, "top_k": 1}
 TREE = {"total_tokens": 16, "depth": 6, "top_k": 4}
 EVAL_STEPS = 7
@@ -119,8 +129,13 @@ def decode_stats(target, heads_dir: Path, prompt_ids: list[torch.Tensor], refere
     from draftheads.inference import SpeculativeDecoder
 
     heads = load_heads(heads_dir, target=target)
+    shapes = (("chain", CHAIN), ("tree", TREE))
+    if heads.head_type in ("peagle", "dflash"):  # one draft forward: rank paths of its per-depth top-k
+        depth = CHAIN["depth"]
+        shapes = (("chain", [[0] * d for d in range(1, depth + 1)]),
+                  ("tree", [[0] * (d - 1) + [r] for d in range(1, depth + 1) for r in (0, 1)]))  # fmt: skip
     result = {}
-    for name, shape in (("chain", CHAIN), ("tree", TREE)):
+    for name, shape in shapes:
         # draft_budget=None: the online budget caps drafts by measured seconds, which would make an
         # acceptance figure follow the machine's load instead of the heads.
         decoder = SpeculativeDecoder(target, heads, tree=shape, draft_budget=None)

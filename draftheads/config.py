@@ -104,6 +104,11 @@ class HeadsSpec:
     # type's own (blocks start as the identity: zero output projections), "torch" = PyTorch's
     # default init of every linear (the EAGLE-3 authors' trainer). Not used with init_from.
     init: Literal["identity", "torch"] = "identity"
+    # eagle3, peagle: how their own draft-vocabulary LM head starts. "random": drawn as `init` says (the
+    # EAGLE-3 authors' trainer); "target": the target's LM head rows of the draft vocabulary, and the
+    # draft's final norm the target's, so a fresh head scores a state as the target would (measured on
+    # the demo: benchmarks/README.md "Training recipe"). Not used with init_from.
+    lm_head_init: Literal["random", "target"] = "random"
 
 
 @dataclass(config=CHECKED)
@@ -265,6 +270,11 @@ ADDED_KEYS: dict[str, Any] = {
     "heads.loss": "soft_ce",
     "heads.num_anchors": None,
     "heads.greedy_path": False,
+    # EAGLE 3.1 / speculators' norms, and where EAGLE-3's own LM head starts
+    "heads.fc_norm": False,
+    "heads.norm_output": False,
+    "heads.norm_before_fc": False,
+    "heads.lm_head_init": "random",
 }
 
 
@@ -441,16 +451,25 @@ def validate(cfg: ExperimentConfig) -> None:
         value = getattr(spec, f.name)
         if f.name in ("head_type", "num_heads", "num_layers", "init_from", "init") or f.name in takes or value == getattr(defaults, f.name):
             continue
+        if f.name == "lm_head_init":
+            users = sorted(name for name, cls in types_.items() if hasattr(cls, "start_lm_head_from_target"))
+            if spec.head_type in users:
+                continue
+            raise ConfigError(
+                f"heads.lm_head_init={value!r}: {spec.head_type} heads have no draft-vocabulary LM head of their own to "
+                f"start from the target's; it applies to {', '.join(users)} heads only"
+            )
         users = sorted(name for name, cls in types_.items() if f.name in cls.spec_options)
         raise ConfigError(
             f"heads.{f.name} is set ({value!r}) but {spec.head_type} heads do not use it: it applies to "
             f"{', '.join(users)} heads only; remove it or change heads.head_type"
         )
-    if spec.init_from is not None and spec.init != defaults.init:
-        raise ConfigError(
-            f"heads.init={spec.init!r} has no effect with heads.init_from ({spec.init_from}): the heads start from "
-            "that folder's weights; remove one of the two"
-        )
+    for name in ("init", "lm_head_init"):
+        if spec.init_from is not None and getattr(spec, name) != getattr(defaults, name):
+            raise ConfigError(
+                f"heads.{name}={getattr(spec, name)!r} has no effect with heads.init_from ({spec.init_from}): the heads "
+                "start from that folder's weights; remove one of the two"
+            )
     if spec.feature_layers is not None and (not spec.feature_layers or min(spec.feature_layers) < 0):
         raise ConfigError(
             f"heads.feature_layers must be a non-empty list of target layer ids >= 0 (i = the hidden state entering "

@@ -4,6 +4,7 @@ configures (every test here fails when its option is ignored)."""
 from __future__ import annotations
 
 import math
+import shutil
 import typing
 from pathlib import Path
 
@@ -243,3 +244,58 @@ def test_the_loop_initialises_heads_as_configured(tmp_path, tiny_target_dir, tin
     assert outs["torch"].layers[0].o_proj.weight.any()
     bound = 1 / math.sqrt(outs["torch"].lm_head.in_features)
     assert float(outs["torch"].lm_head.weight.std()) == pytest.approx(bound / math.sqrt(3), rel=0.1)
+
+
+# ---------------------------------------------------------------------------------------------
+# Where EAGLE-3's own LM head starts (heads.lm_head_init)
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("head_type", ["medusa", "hydra", "eagle", "dflash"])
+def test_lm_head_init_is_refused_by_name_for_heads_without_their_own_draft_lm_head(head_type):
+    with pytest.raises(ConfigError, match=rf"heads\.lm_head_init='target': {head_type} heads .* eagle3, peagle heads only"):
+        config_from_dict({"heads": {"head_type": head_type, "lm_head_init": "target"}})
+
+
+def test_lm_head_init_with_init_from_is_refused():
+    with pytest.raises(ConfigError, match=r"heads\.lm_head_init='target' has no effect with heads\.init_from"):
+        config_from_dict({"heads": {"head_type": "eagle3", "init_from": "some/heads", "lm_head_init": "target"}})
+
+
+def test_an_unknown_lm_head_init_lists_the_valid_ones():
+    with pytest.raises(ConfigError) as e:
+        config_from_dict({"heads": {"head_type": "eagle3"}}, ["heads.lm_head_init=copy"])
+    assert "heads.lm_head_init" in str(e.value) and "'random'" in str(e.value) and "'target'" in str(e.value)
+
+
+def test_a_run_before_lm_head_init_reads_as_a_random_lm_head():
+    old = config_from_dict({"heads": {"head_type": "eagle3"}}).to_dict()
+    del old["heads"]["lm_head_init"]
+    assert with_added_keys(old)["heads"]["lm_head_init"] == "random"
+
+
+@pytest.mark.parametrize("head_type", ["eagle3", "peagle"])
+def test_the_loop_starts_the_lm_head_from_the_targets_rows(tmp_path, tiny_target_dir, tiny_text_jsonl, head_type):
+    """Zero steps of learning (lr 0 throughout): with `target` the exported LM head holds the
+    target's LM head rows of the draft vocabulary and the final norm the target's gain; with
+    `random` neither (the same seed otherwise)."""
+    from draftheads.target import load_target
+    from draftheads.train.loop import run
+
+    target_dir = tmp_path / "target"  # a copy: the session's tiny target stays as other tests expect it
+    shutil.copytree(tiny_target_dir, target_dir)
+    target, _ = load_target(target_dir)
+    with torch.no_grad():  # a gain that is not the RMSNorm's default of ones, so a copy shows
+        target.model.norm.weight.copy_(torch.linspace(0.5, 1.5, target.model.norm.weight.numel()))
+    target.save_pretrained(target_dir)
+    outs = {}
+    for init in ("random", "target"):
+        cfg = _cfg(tmp_path / init, target_dir, tiny_text_jsonl, *HEAD_TYPE_OVERRIDES[head_type],
+                   f"heads.lm_head_init={init}", "train.lr_schedule=constant", max_steps=1, eval_every=0,
+                   warmup_steps=1)  # fmt: skip
+        outs[init] = run(cfg).heads
+    rows = target.get_output_embeddings().weight[outs["target"].draft_to_target]
+    assert torch.equal(outs["target"].lm_head.weight, rows.to(outs["target"].lm_head.weight))
+    assert torch.equal(outs["target"].norm.weight, target.model.norm.weight)
+    assert not torch.equal(outs["random"].lm_head.weight, rows.to(outs["random"].lm_head.weight))
+    assert torch.equal(outs["random"].norm.weight, torch.ones_like(outs["random"].norm.weight))

@@ -288,6 +288,23 @@ class Eagle3Head(EagleHead):
         self.target_to_draft.fill_(-1)
         self.target_to_draft[ids] = torch.arange(n, device=ids.device)
 
+    @torch.no_grad()
+    def start_lm_head_from_target(self, target: nn.Module) -> bool:
+        """Start the own LM head as the target's rows for the draft vocabulary (set it first) and the
+        final norm as the target's (`heads.lm_head_init: target`): a fresh head then scores a state
+        as the target scores its last hidden state, and training adapts the draft layer to that
+        head instead of learning both from a random draw. Returns whether the norm gain was copied
+        (a target without a final norm of [hidden] gains keeps the draft's own)."""
+        self.check_vocab_mapping()
+        weight = target.get_output_embeddings().weight
+        ids = self.draft_to_target.to(weight.device)
+        self.lm_head.weight.copy_(weight[ids].to(self.lm_head.weight))
+        gain = getattr(target_final_norm(target), "weight", None)
+        if not isinstance(gain, torch.Tensor) or tuple(gain.shape) != tuple(self.norm.weight.shape):
+            return False
+        self.norm.weight.copy_(gain.to(self.norm.weight))
+        return True
+
     def validate_loaded(self) -> None:
         self.check_vocab_mapping()
 
@@ -339,6 +356,19 @@ class Eagle3Head(EagleHead):
     def vocab_ids(self):
         return self.draft_to_target
 
+
+
+def target_final_norm(target: nn.Module) -> nn.Module | None:
+    """The final norm of an HF causal LM's decoder (``norm``, or GPT-2's ``ln_f``), or None."""
+    try:
+        decoder = target.get_decoder()
+    except Exception:  # noqa: BLE001 - a model without a plain decoder has no norm to copy
+        return None
+    for name in ("norm", "final_layernorm", "ln_f"):
+        module = getattr(decoder, name, None)
+        if isinstance(module, nn.Module):
+            return module
+    return None
 
 
 def _flag(extra: dict, key: str) -> bool:

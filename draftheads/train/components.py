@@ -34,18 +34,33 @@ def build_heads(spec: HeadsSpec, target: torch.nn.Module, zero3: bool = False, t
     """Fresh heads of ``spec``'s type for ``target``; ``tokenizer`` settles options chosen from it
     (P-EAGLE's mask token)."""
     cls = head_types()[spec.head_type]
-    ctx = contextlib.nullcontext()
-    if zero3:  # the target was loaded sharded: gather its LM head to size and initialise the heads
-        import deepspeed  # optional: only a ZeRO-3 launch has it
-
-        ctx = deepspeed.zero.GatheredParameters([target.get_output_embeddings().weight], modifier_rank=None)
     options = {name: getattr(spec, name) for name in cls.spec_options}  # what this head type takes
     resolve = getattr(cls, "resolve_options", None)
     if resolve is not None:
         options = resolve(options, target, tokenizer)
-    with ctx:
+    with target_lm_head_gathered(target, zero3):  # it sizes the heads and seeds some of them
         heads = cls.for_target(target, num_heads=spec.num_heads, num_layers=spec.num_layers, **options)
         return apply_init(heads, spec.init, target)  # heads.init (draftheads/heads/init.py)
+
+
+def target_lm_head_gathered(target: torch.nn.Module, zero3: bool):
+    """A context in which the target's LM head weight is whole: a target loaded sharded (ZeRO-3)
+    gathers it, any other already is."""
+    if not zero3:
+        return contextlib.nullcontext()
+    import deepspeed  # optional: only a ZeRO-3 launch has it
+
+    return deepspeed.zero.GatheredParameters([target.get_output_embeddings().weight], modifier_rank=None)
+
+
+def start_lm_head_from_target(heads: torch.nn.Module, target: torch.nn.Module, zero3: bool = False) -> str:
+    """`heads.lm_head_init: target` on fresh heads whose draft vocabulary is set; returns what was
+    copied, for the run's log."""
+    with target_lm_head_gathered(target, zero3):
+        norm = heads.start_lm_head_from_target(target)
+    rows = heads.draft_to_target.numel()
+    return f"LM head: the target's {rows} rows of the draft vocabulary" + (", final norm: the target's" if norm else
+                                                                          " (the target has no final norm gain to copy)")
 
 
 def init_heads_from(heads: torch.nn.Module, path: str, target: torch.nn.Module) -> torch.nn.Module:

@@ -51,7 +51,7 @@ from .checkpoint import (
     resume_candidates,
     save_checkpoint,
 )
-from .components import build_heads, init_heads_from, load_target, training_token_counts
+from .components import build_heads, init_heads_from, load_target, start_lm_head_from_target, training_token_counts
 from .distributed import Parallelism
 from .evaluation import BestHeads, EvalShard, evaluate_and_log
 from ..tune.training import SAMPLE_ROWS, write_export_tree
@@ -190,6 +190,8 @@ class Trainer:
         elif hasattr(heads, "set_draft_vocab"):  # EAGLE-3: its own LM head covers the most frequent training tokens
             heads.set_draft_vocab(training_token_counts(self.train_ds, heads.config.vocab_size))
             say(f"draft vocabulary: the {heads.draft_to_target.numel()} most frequent training tokens")
+            if cfg.heads.lm_head_init == "target":
+                say(start_lm_head_from_target(heads, target, zero3=self.parallel.zero3))
         if hasattr(heads, "choose_mask_token"):  # DFlash: its mask token, checked against the tokenizer
             say(f"mask token: id {heads.choose_mask_token(self.tokenizer)}")
         self.heads = heads
