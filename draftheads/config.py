@@ -70,8 +70,9 @@ class HeadsSpec:
     # output (to the LM head and the next step) instead of the pre-norm state. Off: plain EAGLE-3.
     fc_norm: Bool = False
     norm_output: Bool = False
-    # eagle3 (vLLM's config key of the same name; heads/eagle.py): one RMSNorm over the whole fused target
-    # input before fc (and before fc_norm). On in the speculators trainer's defaults. Off: as before.
+    # eagle3, peagle (vLLM's config key of the same name; heads/eagle.py): one RMSNorm over the whole fused
+    # target input before fc (and before fc_norm); peagle's mask_hidden goes through it too, as in vLLM
+    # (heads/peagle.py). On in the speculators trainer's defaults. Off: as before.
     norm_before_fc: Bool = False
     # peagle, dflash: the placeholder token of the mask slots, an id the tokenizer never produces from
     # text. None: peagle takes the tokenizer's mask token, else an unused embedding row past the

@@ -118,3 +118,24 @@ def eagle3_forward(cfg: dict, t: dict, embeds: torch.Tensor, hidden: torch.Tenso
         full[:, torch.arange(t["d2t"].numel()) + t["d2t"]] = logits  # target id = i + d2t[i]
         logits = full
     return logits, (normed if cfg.get("norm_output", False) else x)
+
+
+# -- P-EAGLE (vLLM: EAGLE-3 + parallel_drafting, a speculators "peagle" folder) ------------------------
+def peagle_draft_logits(cfg: dict, t: dict, aux: torch.Tensor, next_ids: torch.Tensor, depth: int,
+                        mask_hidden_normed: bool = True, **kw) -> torch.Tensor:
+    """vLLM's one parallel-drafting forward after a root: the committed positions (captured states
+    ``aux`` [m, k*H] in layer order through `eagle3_fuse`, tokens ``next_ids`` [m] = token t+1 of
+    each, the root last) then ``depth - 1`` mask slots (token ``cfg["mask_token_id"]``, hidden state
+    ``combine_hidden_states(mask_hidden)``, which vLLM computes once at load and writes over those
+    slots' fused states: with ``norm_before_fc`` mask_hidden goes through ``input_norm`` too). Token
+    embeddings are the draft's own ``embed_tokens.weight``. Returns the logits [depth, V] of the
+    root's slot and the mask slots. ``mask_hidden_normed=False``: the mask state skips input_norm
+    (what vLLM does NOT do; tests show the difference is visible)."""
+    fused = eagle3_fuse(cfg, t, aux)
+    mask_cfg = cfg if mask_hidden_normed else {**cfg, "norm_before_fc": False}
+    mask_state = eagle3_fuse(mask_cfg, t, t["mask_hidden"].reshape(1, -1))
+    m = next_ids.numel()
+    ids = torch.cat([next_ids, torch.full((depth - 1,), int(cfg["mask_token_id"]), dtype=next_ids.dtype)])
+    hidden = torch.cat([fused, mask_state.expand(depth - 1, -1)])
+    logits, _ = eagle3_forward(cfg, t, t["embed_tokens.weight"][ids], hidden, torch.arange(m + depth - 1), **kw)
+    return logits[m - 1 :]

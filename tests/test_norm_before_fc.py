@@ -16,6 +16,8 @@ skipped it could still pass. Checked, with the option alone and with ``fc_norm``
   fc's columns into layer order when feature layers are listed out of order;
 - a hand-written speculators checkpoint (norm_before_fc + norm_output) and a midlayer one import
   and compute the engine's draft; what is not computed is refused by name.
+P-EAGLE heads take the option too (vLLM normalises their mask_hidden with the same norm): see
+tests/test_peagle_norm_before_fc.py.
 """
 from __future__ import annotations
 
@@ -222,26 +224,17 @@ def test_what_is_still_not_computed_is_refused_by_name(tmp_path, change, match):
         read_heads(write(tmp_path / "ckpt", raw, cfg), target4())
 
 
-def test_a_peagle_checkpoint_with_norm_before_fc_is_refused(tmp_path):
-    raw = nbf_checkpoint("layers.0")
-    raw["mask_hidden"] = torch.randn(1, 1, 3 * 64)
-    cfg = {**speculators_config(norm_before_fc=True), "speculators_model_type": "peagle", "mask_token_id": 5}
-    with pytest.raises(ValueError, match="norm_before_fc set on a P-EAGLE checkpoint"):
-        read_heads(write(tmp_path / "ckpt", raw, cfg), target4())
-
-
-def test_peagle_heads_and_sglang_export_refuse_it_by_name(tmp_path):
-    with pytest.raises(ValueError, match="peagle heads do not take norm_before_fc"):
-        dh.PEagleHead.for_target(tiny_target("llama"), mask_token_id=63, norm_before_fc=True)
+def test_sglang_export_refuses_it_by_name(tmp_path):
+    """(P-EAGLE heads take norm_before_fc since vLLM normalises mask_hidden with it too: tests/test_peagle_norm_before_fc.py)"""
     heads_nbf(target4(), OPTIONS["norm_before_fc"], feature_layers=[1, 2, 3], vocab=100).save_pretrained(tmp_path / "h")
     with pytest.raises(ExportError, match=r"norm_before_fc \(EAGLE 3.1\): SGLang"):
         export_heads(tmp_path / "h", tmp_path / "out", "sglang", verifier="x")
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize("head_type", ["medusa", "eagle", "peagle", "dflash"])
+@pytest.mark.parametrize("head_type", ["medusa", "eagle", "dflash"])
 def test_other_head_types_refuse_it_by_name(head_type):
-    with pytest.raises(ConfigError, match=rf"heads.norm_before_fc is set .* {head_type} heads do not use it: it applies to eagle3 heads only"):
+    with pytest.raises(ConfigError, match=rf"heads.norm_before_fc is set .* {head_type} heads do not use it: it applies to eagle3, peagle heads only"):
         config_from_dict({"heads": {"head_type": head_type, "norm_before_fc": True}})
 
 

@@ -35,8 +35,9 @@ def peagle_for(target, **kwargs):
     return dh.PEagleHead.for_target(target, **options)
 
 
-def trained_peagle(target, steps: int = 40, seed: int = 0):
-    """(heads, prompts, first loss, last loss): heads trained on the target's greedy continuations."""
+def trained_peagle(target, steps: int = 40, seed: int = 0, prepare=None, **options):
+    """(heads, prompts, first loss, last loss): heads trained on the target's greedy continuations;
+    ``options`` go to the heads (e.g. norm_before_fc), ``prepare(heads)`` runs before training."""
     vocab = target.config.vocab_size
     prompts = torch.randint(3, vocab, (32, 6), generator=torch.Generator().manual_seed(seed))
     with torch.no_grad():
@@ -47,7 +48,9 @@ def trained_peagle(target, steps: int = 40, seed: int = 0):
     keep = ~(seqs == mask).any(1)
     seqs, prompts = seqs[keep], prompts[keep]
     assert seqs.shape[0] >= 20, "too few rows left"
-    heads = peagle_for(target, mask_token_id=mask)
+    heads = peagle_for(target, mask_token_id=mask, **options)
+    if prepare is not None:
+        prepare(heads)
     heads.set_draft_vocab(torch.bincount(seqs.flatten(), minlength=vocab))
     model = TargetWithHeads(target, heads)
     opt = torch.optim.Adam(heads.parameters(), lr=3e-3)

@@ -5,7 +5,8 @@ EAGLE-3 through the speculators format, also as ``method: eagle3`` and as ``LLM(
 EAGLE-3 with both EAGLE 3.1 options (``fc_norm``, ``norm_output``) through the same format, and
 with the speculators trainer's defaults (``norm_before_fc`` + ``norm_output``, case ``eagle31_nbf``),
 P-EAGLE through the speculators ``peagle`` format, as ``method: eagle3`` + ``parallel_drafting`` and
-as ``LLM(model=SPEC_DIR)``; DFlash in the z-lab layout, ``method: dflash``) heads are built on a tiny random Llama (the target's own next-token guess plus noise in every tensor,
+as ``LLM(model=SPEC_DIR)``, and with ``norm_before_fc`` (case ``peagle_nbf``: vLLM puts mask_hidden
+through input_norm before fc, as draftheads does, so its mask slots' acceptance per position checks that); DFlash in the z-lab layout, ``method: dflash``) heads are built on a tiny random Llama (the target's own next-token guess plus noise in every tensor,
 see `identity_plus_noise`; P-EAGLE and DFlash heads are trained for a few seconds instead, as their mask slots
 draft nothing useful untrained, see `trained_peagle`, `trained_dflash_heads`), exported with ``export_heads(..., "vllm")`` and run by vLLM greedily in fp32 on the same prompts as draftheads' own CHAIN decoding of the same heads
 (vLLM drafts a chain: each step takes the argmax of every draft position). Checked:
@@ -18,7 +19,8 @@ draft nothing useful untrained, see `trained_peagle`, `trained_dflash_heads`), e
 - the comparison can fail: exports with a classic conversion bug (Medusa block biases without
   ``medusa_fc_bias``, EAGLE-1 fc halves in the wrong order, EAGLE-3 ``d2t`` all zeros, EAGLE 3.1 with
   ``norm_output`` or ``fc_norm`` (and its weights) dropped, P-EAGLE without
-  its own embedding, so that vLLM shares the target's, a DFlash block made causal or its layer ids
+  its own embedding, so that vLLM shares the target's, P-EAGLE with ``norm_before_fc`` and its
+  ``input_norm`` dropped, a DFlash block made causal or its layer ids
   left in draftheads' numbering, a DFlash draft vocabulary's ``d2t`` all zeros) decode the same text
   in vLLM but accept differently.
 
@@ -158,10 +160,12 @@ def identity_plus_noise(target, head_type: str, noise: float, seed: int = 0, dra
     return heads.eval()
 
 
-def trained_peagle(target, prompts: torch.Tensor, steps: int = 60):
+def trained_peagle(target, prompts: torch.Tensor, steps: int = 60, norm_before_fc: bool = False):
     """P-EAGLE heads (K depths, one layer) trained with train.py's loss on the target's greedy
     continuations of ``prompts`` and of more random prompts: their mask slots draft something the
-    target accepts, at every position. The mask token is an id none of those rows holds."""
+    target accepts, at every position. The mask token is an id none of those rows holds.
+    ``norm_before_fc`` (case ``peagle_nbf``): with input_norm, its weights drawn in 0.25..1.75 before
+    training (weights near 1 would hide a dropped norm); vLLM then normalises mask_hidden with it too."""
     from draftheads.train.model import TargetWithHeads
 
     more = torch.randint(3, VOCAB, (26, PROMPT_LEN), generator=torch.Generator().manual_seed(11))
@@ -171,7 +175,12 @@ def trained_peagle(target, prompts: torch.Tensor, steps: int = 60):
     mask_token = int((~present).nonzero()[0]) if bool((~present).any()) else None
     assert mask_token is not None, "every id occurs in the training rows: no mask token to pick"
     torch.manual_seed(0)
-    heads = dh.PEagleHead.for_target(target, num_heads=K, num_layers=1, draft_vocab_size=160, mask_token_id=mask_token)
+    heads = dh.PEagleHead.for_target(target, num_heads=K, num_layers=1, draft_vocab_size=160, mask_token_id=mask_token,
+                                     norm_before_fc=norm_before_fc)
+    if norm_before_fc:
+        with torch.no_grad():
+            w = heads.input_norm.weight
+            w.copy_(1.5 * torch.rand(w.shape, generator=torch.Generator().manual_seed(12)) + 0.25)
     heads.set_draft_vocab(torch.bincount(seqs.flatten(), minlength=VOCAB))
     model = TargetWithHeads(target, heads)
     opt = torch.optim.Adam(heads.parameters(), lr=3e-3)
@@ -263,6 +272,9 @@ def perturb(src: Path, dst: Path, how: str) -> None:
         tensors = {k: v for k, v in tensors.items() if not k.startswith("fc_norm.")}
     elif how == "peagle_embedding_dropped":  # vLLM then embeds with the target's table (mask row included)
         del tensors["embed_tokens.weight"]
+    elif how == "peagle_nbf_input_norm_dropped":  # vLLM then fuses target features and mask_hidden without the norm
+        config["norm_before_fc"] = False
+        del tensors["input_norm.weight"]
     elif how == "dflash_causal_flag":  # vLLM then makes the block causal: slots no longer see later masks
         config["dflash_config"]["causal"] = True
     elif how == "dflash_layer_ids_unshifted":  # draftheads' feature ids written as z-lab ids (off by one layer)
@@ -344,9 +356,15 @@ def prepare_and_run(python: Path, root: Path, reuse: bool = False, only: set[str
     peagle_method = {"method": "eagle3", "model": str(out), "num_speculative_tokens": K, "parallel_drafting": True}
     cases["peagle"] = Case("peagle", peagle_dir, out, peagle_method, dh.TreeShape.chain(K))
     cases["peagle_as_model"] = Case("peagle_as_model", peagle_dir, out, None, dh.TreeShape.chain(K), {"model": str(out)})
+    # The speculators trainer's P-EAGLE default: norm_before_fc (vLLM fuses mask_hidden through input_norm too).
+    nbf_dir = root / "heads-peagle-nbf"
+    trained_peagle(target, prompts, norm_before_fc=True).save_pretrained(nbf_dir)
+    out = export_heads(nbf_dir, root / "vllm-peagle-nbf", "vllm", verifier=str(target_dir), num_speculative_tokens=K)
+    cases["peagle_nbf"] = Case("peagle_nbf", nbf_dir, out, {**peagle_method, "model": str(out)}, dh.TreeShape.chain(K))
     negatives = [("medusa", "medusa_bias_flag_dropped"), ("eagle", "eagle_fc_halves_swapped"), ("eagle3", "eagle3_d2t_zero"),
                  ("eagle31", "eagle31_norm_output_dropped"), ("eagle31", "eagle31_fc_norm_dropped"),
-                 ("peagle", "peagle_embedding_dropped"), ("dflash", "dflash_causal_flag"),
+                 ("peagle", "peagle_embedding_dropped"), ("peagle_nbf", "peagle_nbf_input_norm_dropped"),
+                 ("dflash", "dflash_causal_flag"),
                  ("dflash", "dflash_layer_ids_unshifted"), ("dflash_vocab", "dflash_vocab_d2t_zero")]
     broken: dict[str, Case] = {}
     for name, how in negatives:
@@ -401,7 +419,7 @@ def test_vllm_counting_replays_the_schedulers_rule():
 
 
 CASES = ["medusa", "medusa_shared", "eagle", "eagle3", "eagle3_method", "eagle3_as_model", "eagle31", "eagle31_nbf", "peagle",
-         "peagle_as_model", "dflash", "dflash_vocab"]
+         "peagle_as_model", "peagle_nbf", "dflash", "dflash_vocab"]
 
 
 def test_vllm_plain_greedy_equals_transformers_generate(engine_run):
@@ -432,7 +450,8 @@ def test_vllm_accepts_per_position_what_draftheads_accepts(engine_run, name):
 
 @pytest.mark.parametrize("how", ["medusa_bias_flag_dropped", "eagle_fc_halves_swapped", "eagle3_d2t_zero",
                                  "eagle31_norm_output_dropped", "eagle31_fc_norm_dropped",
-                                 "peagle_embedding_dropped", "dflash_causal_flag", "dflash_layer_ids_unshifted",
+                                 "peagle_embedding_dropped", "peagle_nbf_input_norm_dropped", "dflash_causal_flag",
+                                 "dflash_layer_ids_unshifted",
                                  "dflash_vocab_d2t_zero"])
 def test_a_conversion_bug_changes_vllm_acceptance_not_its_output(engine_run, how):
     """The acceptance comparison can fail: an export with one classic bug still decodes exactly

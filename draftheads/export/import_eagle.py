@@ -13,9 +13,10 @@ EAGLE 3.1 (config ``fc_norm`` with ``fc_norm.{j}.weight`` per captured layer, ``
 into an EAGLE-3 head with the same options (heads/eagle.py says what vLLM computes for them); a
 P-EAGLE checkpoint setting them is refused (vLLM's P-EAGLE mapping does not forward them).
 ``norm_before_fc`` (with ``input_norm.weight`` [n*H], one RMSNorm over the whole fc input) imports
-the same way; vLLM's P-EAGLE mapping forwards that one, but draftheads' P-EAGLE head does not compute
-it, so a P-EAGLE checkpoint setting it is refused too. The speculators trainer's defaults set
-``norm_before_fc`` and ``norm_output``.
+the same way, into EAGLE-3 and P-EAGLE heads alike: vLLM's P-EAGLE mapping forwards it, and vLLM
+puts ``mask_hidden`` through the same norm before fc, as draftheads' P-EAGLE head does (heads/peagle.py,
+``mask_input``). The speculators trainer's defaults set ``norm_before_fc`` and ``norm_output`` (a
+P-EAGLE checkpoint with ``norm_output`` stays refused).
 Variants draftheads' heads cannot compute (norm_before_residual, use_aux_norm, RoPE scaling, ...)
 are refused by name, never approximated.
 """
@@ -32,9 +33,9 @@ from .layouts import d2t_absolute, default_engine_feature_layers, feature_layers
 from .sources import Source
 
 UNSUPPORTED_FLAGS = ("norm_before_residual", "use_aux_norm")
-# computed by Eagle3Head (not by P-EAGLE: vLLM does not forward fc_norm / norm_output, and draftheads'
-# P-EAGLE head does not compute norm_before_fc)
+# computed by Eagle3Head; P-EAGLE computes norm_before_fc only (vLLM does not forward fc_norm / norm_output for it)
 EAGLE31_FLAGS = ("norm_before_fc", "fc_norm", "norm_output")
+PEAGLE_REFUSED = ("fc_norm", "norm_output")
 
 
 def _strip_model_prefix(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -156,10 +157,10 @@ def read_eagle3(source: Source, target: torch.nn.Module, layout: str) -> Eagle3H
         feature_layers = feature_layers_from_sglang(ids) if ids else default_engine_feature_layers(n_target)
         prefix0 = "midlayer" if any(k.startswith("midlayer.") for k in tensors) else "layers.0"
     eagle31 = {k: bool(flags.pop(k)) for k in EAGLE31_FLAGS}
-    if peagle and any(eagle31.values()):
-        raise ValueError(f"{where}: {', '.join(k for k, v in eagle31.items() if v)} set on a P-EAGLE checkpoint: vLLM's "
-                         "P-EAGLE mapping does not forward fc_norm / norm_output (it serves the draft without), and "
-                         "draftheads' P-EAGLE head computes none of these")
+    if peagle and any(eagle31[k] for k in PEAGLE_REFUSED):
+        raise ValueError(f"{where}: {', '.join(k for k in PEAGLE_REFUSED if eagle31[k])} set on a P-EAGLE checkpoint: "
+                         "vLLM's P-EAGLE mapping does not forward fc_norm / norm_output (it serves the draft without), "
+                         "and draftheads' P-EAGLE head computes neither")
     on = sorted(k for k, v in flags.items() if v)
     if on:
         raise ValueError(f"{where}: {', '.join(on)} set: draftheads' EAGLE-3 head computes none of these variants "
@@ -199,7 +200,7 @@ def read_eagle3(source: Source, target: torch.nn.Module, layout: str) -> Eagle3H
     num_layers = 1 + len({k.split(".")[1] for k in tensors if k.startswith("layers.") and k.split(".")[1] != "0"})
     extra = {**_geometry(layer_cfg, d, where), "feature_layers": feature_layers, "draft_vocab_size": int(n_vocab)}
     if any(eagle31.values()):  # only when set: plain EAGLE-3 imports stay as they were
-        extra.update(eagle31)
+        extra.update({k: v for k, v in eagle31.items() if not (peagle and k in PEAGLE_REFUSED)})
     num_heads, cls = 1, Eagle3Head
     if peagle:
         num_heads, cls = peagle_state.pop("num_heads"), PEagleHead

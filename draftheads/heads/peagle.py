@@ -4,12 +4,14 @@ The draft is EAGLE-3's (fused target layers through ``fc``, layer 0 reading
 [norm(embedding), norm(state)], its own norm and LM head over a reduced vocabulary, see eagle.py).
 P-EAGLE adds two learned inputs that stand for what a sequential draft would have fed back:
 
-- ``mask_hidden`` [1, 1, m*Ht]: a placeholder target feature; its state is ``fc(mask_hidden)``;
+- ``mask_hidden`` [1, 1, m*Ht]: a placeholder target feature; its state is ``fuse(mask_hidden)``:
+  ``fc(mask_hidden)``, or with ``norm_before_fc`` ``fc(input_norm(mask_hidden))``, exactly what a
+  real feature goes through (see `PEagleHead.mask_input` for where vLLM and speculators do this);
 - the mask token: an id whose row of the draft's own embedding (``embed_tokens``, trained here,
   initialised from the target's) is the placeholder token.
 
 Drafting after the root: the usual EAGLE input for the committed positions (feature t, token
-t+1) ending with the root, then K-1 slots holding (mask token, fc(mask_hidden)) at the next
+t+1) ending with the root, then K-1 slots holding (mask token, fuse(mask_hidden)) at the next
 positions, under causal attention. The root's slot predicts draft 1, mask slot j draft j+1: K
 tokens from one forward, none of them fed back. Training (train/peagle_loss.py) samples which
 depths each position learns (COD) and shows each element exactly what drafting shows it.
@@ -75,9 +77,9 @@ class PEagleHead(Eagle3Head):
     training_objective = "parallel_depths"
     # Not EAGLE 3.1's fc_norm / norm_output: vLLM's speculators P-EAGLE mapping does not forward
     # them (export/speculators.py), so a P-EAGLE draft using them could not be served as trained.
-    # Nor norm_before_fc: vLLM's P-EAGLE mapping forwards that one, but this head feeds mask_hidden
-    # straight to fc and how vLLM's parallel drafting normalises it is not checked here.
-    spec_options = tuple(o for o in Eagle3Head.spec_options if o not in ("fc_norm", "norm_output", "norm_before_fc")) + (
+    # norm_before_fc is taken: vLLM's mapping forwards it and normalises mask_hidden with the same
+    # input_norm before fc, as this head does (see mask_input).
+    spec_options = tuple(o for o in Eagle3Head.spec_options if o not in ("fc_norm", "norm_output")) + (
         "mask_token_id", "cod_ratio", "cod_min_ratio", "greedy_path")
     required_extra = Eagle3Head.required_extra + ("mask_token_id",)
 
@@ -99,10 +101,6 @@ class PEagleHead(Eagle3Head):
         if on:
             raise ValueError(f"peagle heads do not take {', '.join(on)} (EAGLE 3.1 options of eagle3 heads): vLLM's "
                              "P-EAGLE loader does not forward them, so the served draft would differ")
-        if ex.get("norm_before_fc"):
-            raise ValueError("peagle heads do not take norm_before_fc (an option of eagle3 heads): draftheads' P-EAGLE "
-                             "head does not compute it (its mask_hidden goes straight to fc; how vLLM's parallel "
-                             "drafting would normalise it is not checked), so the served draft could differ")
         super().__init__(config)
         self.mask_token_id = int(mask)
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
@@ -158,8 +156,17 @@ class PEagleHead(Eagle3Head):
         return self.embed_tokens(tokens)
 
     def mask_input(self, shape: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
-        """(residual stream, attention input) of mask slots, broadcast to ``shape`` = (B, n)."""
-        g = self.fc(self.mask_hidden.to(self.fc.weight.dtype)).reshape(1, 1, -1)
+        """(residual stream, attention input) of mask slots, broadcast to ``shape`` = (B, n).
+
+        The state is ``fuse(mask_hidden)``: with ``norm_before_fc`` mask_hidden goes through the
+        same ``input_norm`` as the target features, then ``fc``. vLLM 0.32 computes exactly that:
+        at load it stores ``combine_hidden_states(mask_hidden)`` (= fc(input_norm(x)),
+        model_executor/models/llama_eagle3.py:397-418, qwen3_eagle3.py:376-396) as the mask slots'
+        hidden state (v1/spec_decode/llm_base_proposer.py:1401-1414) and writes it over the
+        already fused target states of those slots (same file, 920-930; the real slots are fused
+        at 549-552). The speculators trainer's P-EAGLE forward substitutes mask_hidden before its
+        input_norm and fc (speculators src/speculators/models/peagle/core.py, forward)."""
+        g = self.fuse(self.mask_hidden).reshape(1, 1, -1)
         tok = torch.full((1, 1), self.mask_token_id, dtype=torch.long, device=g.device)
         attn = torch.cat([self.embed_norm(self.embed(tok)), self.hidden_norm(g)], dim=-1)
         return g.expand(*shape, -1), attn.expand(*shape, -1)
