@@ -195,7 +195,7 @@ def training_batches(cfg, tokenizer, train_ds, steps: int):
     """The batches draftheads' loop trains on, in its order (one epoch's seeded permutation,
     then the next's)."""
     from draftheads.data import Collator
-    from draftheads.train.loop import EpochShuffleSampler
+    from draftheads.train.step import EpochShuffleSampler
 
     collate, size = Collator.from_tokenizer(tokenizer), cfg.train.batch_size
     sampler, epoch, done = EpochShuffleSampler(len(train_ds), seed=cfg.train.seed), 0, 0
