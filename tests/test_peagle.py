@@ -137,6 +137,12 @@ def test_training_elements_compute_what_drafting_computes():
     with torch.no_grad():  # a fresh draft layer is the identity: make attention and MLP matter
         for p in heads.parameters():
             p.add_(torch.randn_like(p) * 0.05)
+    check_training_elements_equal_drafting(heads, target)
+
+
+def check_training_elements_equal_drafting(heads, target) -> None:
+    """Every element (anchor t, depth d) of one training forward over a random sequence equals
+    drafting's slot d after root t + 1, for three anchors."""
     seq = torch.randint(3, 64, (1, 14), generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
         out = target(seq, output_hidden_states=True)

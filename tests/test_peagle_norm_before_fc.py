@@ -27,7 +27,6 @@ import draftheads as dh
 from draftheads.config import ConfigError, HeadsSpec, config_from_dict
 from draftheads.export import export_heads, import_heads, read_heads
 from draftheads.inference.sampling import SamplingParams
-from draftheads.train.peagle_loss import element_states
 from engine_reference import peagle_draft_logits, read_folder, rms
 from inference_utils import greedy_reference, tiny_target
 from test_batch import check_rows_exact
@@ -35,7 +34,7 @@ from test_eagle31 import KW, speculators_config
 from test_export import hidden_states, randomize, target4
 from test_import import write
 from test_norm_before_fc import far_from_one, nbf_checkpoint
-from test_peagle import DEPTHS, MASK, TREE, trained_peagle
+from test_peagle import DEPTHS, MASK, TREE, check_training_elements_equal_drafting, trained_peagle
 
 
 def far_norm(heads, seed: int = 100) -> None:
@@ -92,22 +91,7 @@ def test_training_elements_compute_what_drafting_computes():
     """test_peagle's element-by-element check, with the norm over real and mask features alike."""
     target = tiny_target("llama", seed=1)
     heads = nbf_peagle(target, num_layers=2, seed=3)
-    seq = torch.randint(3, 64, (1, 14), generator=torch.Generator().manual_seed(3))
-    with torch.no_grad():
-        out = target(seq, output_hidden_states=True)
-    features = torch.cat([out.hidden_states[i] for i in heads.feature_layers], -1)
-    n = seq.shape[1] - 1
-    everything = [(torch.arange(n)[None], torch.ones(1, n, dtype=torch.bool)) for _ in range(DEPTHS - 1)]
-    with torch.no_grad():
-        state, anchor, depth, _ = element_states(heads, features, seq, torch.ones_like(seq), everything)
-        train_logits = heads.logits(state[0])
-    for t in (0, 4, 9):
-        proposer = heads.proposer()
-        proposer.start(seq[0, : t + 1], features[0, : t + 1], SamplingParams(), None)
-        draft_logits = proposer.draft_scores(int(seq[0, t + 1]), DEPTHS)
-        for d in range(DEPTHS):
-            col = int(((anchor[0] == t) & (depth == d)).nonzero())
-            assert torch.allclose(train_logits[col], draft_logits[d], atol=1e-4), f"anchor {t}, depth {d}"
+    check_training_elements_equal_drafting(heads, target)
 
 
 def _vllm_and_draftheads(heads, target, cfg, t, m, **ref_kw):
