@@ -12,6 +12,7 @@ import torch
 
 from ..config import HeadsSpec, TargetConfig
 from ..heads import head_types, load_heads
+from ..heads.eagle import target_final_norm
 from ..heads.init import apply_init
 from ..target import load_target as load_target_model
 
@@ -38,29 +39,31 @@ def build_heads(spec: HeadsSpec, target: torch.nn.Module, zero3: bool = False, t
     resolve = getattr(cls, "resolve_options", None)
     if resolve is not None:
         options = resolve(options, target, tokenizer)
-    with target_lm_head_gathered(target, zero3):  # it sizes the heads and seeds some of them
+    with gathered([target.get_output_embeddings().weight], zero3):  # it sizes the heads and seeds some of them
         heads = cls.for_target(target, num_heads=spec.num_heads, num_layers=spec.num_layers, **options)
         return apply_init(heads, spec.init, target)  # heads.init (draftheads/heads/init.py)
 
 
-def target_lm_head_gathered(target: torch.nn.Module, zero3: bool):
-    """A context in which the target's LM head weight is whole: a target loaded sharded (ZeRO-3)
-    gathers it, any other already is."""
+def gathered(params: list[torch.nn.Parameter], zero3: bool):
+    """A context in which ``params`` of the target are whole: a target loaded sharded (ZeRO-3)
+    gathers them, any other already is."""
     if not zero3:
         return contextlib.nullcontext()
     import deepspeed  # optional: only a ZeRO-3 launch has it
 
-    return deepspeed.zero.GatheredParameters([target.get_output_embeddings().weight], modifier_rank=None)
+    return deepspeed.zero.GatheredParameters(params, modifier_rank=None)
 
 
 def start_lm_head_from_target(heads: torch.nn.Module, target: torch.nn.Module, zero3: bool = False) -> str:
     """`heads.lm_head_init: target` on fresh heads whose draft vocabulary is set; returns what was
     copied, for the run's log."""
-    with target_lm_head_gathered(target, zero3):
-        norm = heads.start_lm_head_from_target(target)
+    norm = getattr(target_final_norm(target), "weight", None)
+    params = [target.get_output_embeddings().weight] + ([norm] if isinstance(norm, torch.nn.Parameter) else [])
+    with gathered(params, zero3):
+        copied_norm = heads.start_lm_head_from_target(target)
     rows = heads.draft_to_target.numel()
-    return f"LM head: the target's {rows} rows of the draft vocabulary" + (", final norm: the target's" if norm else
-                                                                          " (the target has no final norm gain to copy)")
+    return f"LM head: the target's {rows} rows of the draft vocabulary" + (
+        ", final norm: the target's" if copied_norm else " (the target has no final norm gain of that size to copy)")
 
 
 def init_heads_from(heads: torch.nn.Module, path: str, target: torch.nn.Module) -> torch.nn.Module:
