@@ -13,7 +13,9 @@ lossless sampling instead, seeded per prompt, unchecked here):
 
 - chain: EAGLE's dynamic tree cut to a chain of 5 drafts (total_tokens 6, depth 5, top_k 1):
   mean accepted tokens per step (bonus included) and how often a step reaches depth 1..5;
-- tree: a 16-token dynamic tree (total_tokens 16, depth 6, top_k 4): mean accepted tokens per step;
+- tree: a 16-token dynamic tree (total_tokens 16, depth 6, top_k 4): mean accepted tokens per step
+  (P-EAGLE / DFlash heads, `--config configs/demo-peagle.yaml`: the chain of 5 depths from one draft
+  forward, and as the tree that chain plus each depth's second-ranked token);
 - held-out top-1 per draft step: the heads unrolled 7 steps (training-time test, as drafting
   does) over the first ``--eval-batches`` x 8 held-out windows, agreement of each step's argmax with
   the target's greedy token there (what verification accepts).
