@@ -42,11 +42,11 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _config(tmp_path: Path, target_dir: Path, data: Path, **train) -> dict:
+def _config(tmp_path: Path, target_dir: Path, data: Path, heads: dict | None = None, **train) -> dict:
     # 10 eval rows: not a multiple of batch 4 x 2 processes, so the eval shards are uneven
     return {
         "target": {"name_or_path": str(target_dir), "dtype": "float32"},
-        "heads": {"num_heads": 3, "num_layers": 1, "lm_head": "own"},
+        "heads": heads or {"num_heads": 3, "num_layers": 1, "lm_head": "own"},
         "data": {"path": str(data), "format": "text", "max_length": 48, "eval_fraction": 0.125,
                  "cache_dir": str(tmp_path / "hf-cache")},
         "train": {"output_dir": str(tmp_path / "run"), "max_steps": 6, "batch_size": 4, "grad_accum": 2, "lr": 1e-2,
@@ -54,8 +54,9 @@ def _config(tmp_path: Path, target_dir: Path, data: Path, **train) -> dict:
     }
 
 
-def _launch(tmp_path: Path, accelerate_config: str, target_dir: Path, data: Path, timeout: int = 240, **train) -> Path:
-    cfg = _config(tmp_path, target_dir, data, **train)
+def _launch(tmp_path: Path, accelerate_config: str, target_dir: Path, data: Path, timeout: int = 240,
+            heads: dict | None = None, **train) -> Path:
+    cfg = _config(tmp_path, target_dir, data, heads, **train)
     out = Path(cfg["train"]["output_dir"])
     driver = tmp_path / "driver.py"
     driver.write_text(DRIVER)
@@ -145,3 +146,27 @@ def test_deepspeed_zero3_two_processes_on_cpu(tmp_path, tiny_target_dir, tiny_te
     pytest.importorskip("deepspeed")
     out = _launch(tmp_path, "cpu_zero3.yaml", tiny_target_dir, tiny_text_jsonl)
     _check_ranks_agree(out, "DEEPSPEED")
+
+
+@pytest.mark.slow
+def test_zero3_starts_eagle3s_lm_head_from_the_sharded_targets_rows(tmp_path, tiny_target_dir, tiny_text_jsonl):
+    """Under ZeRO-3 the target is loaded sharded: `heads.lm_head_init: target` must gather its LM
+    head and final norm before copying them (one step at lr 0: the export is the start)."""
+    pytest.importorskip("deepspeed")
+    import shutil
+
+    from draftheads.target import load_target
+
+    target_dir = tmp_path / "target"  # a copy whose final norm is not all ones, so a copy shows
+    shutil.copytree(tiny_target_dir, target_dir)
+    target, _ = load_target(target_dir)
+    with torch.no_grad():
+        target.model.norm.weight.copy_(torch.linspace(0.5, 1.5, target.model.norm.weight.numel()))
+    target.save_pretrained(target_dir)
+    heads = {"head_type": "eagle3", "num_heads": 2, "num_layers": 1, "draft_vocab_size": 64, "lm_head_init": "target"}
+    out = _launch(tmp_path, "cpu_zero3.yaml", target_dir, tiny_text_jsonl, heads=heads, max_steps=1,
+                  warmup_steps=1, lr_schedule="constant", eval_every=0, save_every=0)  # fmt: skip
+    exported = load_file(str(out / "heads" / "model.safetensors"))
+    rows = target.get_output_embeddings().weight.detach()[exported["draft_to_target"]]
+    assert torch.equal(exported["lm_head.weight"], rows)
+    assert torch.equal(exported["norm.weight"], target.model.norm.weight.detach())

@@ -161,11 +161,12 @@ class PEagleHead(Eagle3Head):
         The state is ``fuse(mask_hidden)``: with ``norm_before_fc`` mask_hidden goes through the
         same ``input_norm`` as the target features, then ``fc``. vLLM 0.32 computes exactly that:
         at load it stores ``combine_hidden_states(mask_hidden)`` (= fc(input_norm(x)),
-        model_executor/models/llama_eagle3.py:397-418, qwen3_eagle3.py:376-396) as the mask slots'
-        hidden state (v1/spec_decode/llm_base_proposer.py:1401-1414) and writes it over the
-        already fused target states of those slots (same file, 920-930; the real slots are fused
-        at 549-552). The speculators trainer's P-EAGLE forward substitutes mask_hidden before its
-        input_norm and fc (speculators src/speculators/models/peagle/core.py, forward)."""
+        vllm/model_executor/models/llama_eagle3.py:397-418, vllm/model_executor/models/qwen3_eagle3.py:376-396)
+        as the mask slots' hidden state (vllm/v1/spec_decode/llm_base_proposer.py:1401-1414) and
+        writes it over the already fused target states of those slots (same file, 920-930; the
+        real slots are fused at 549-552). The speculators trainer's P-EAGLE forward substitutes
+        mask_hidden before its input_norm and fc (speculators/models/peagle/core.py in vllm-project/speculators,
+        forward)."""
         g = self.fuse(self.mask_hidden).reshape(1, 1, -1)
         tok = torch.full((1, 1), self.mask_token_id, dtype=torch.long, device=g.device)
         attn = torch.cat([self.embed_norm(self.embed(tok)), self.hidden_norm(g)], dim=-1)
