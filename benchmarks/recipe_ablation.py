@@ -82,6 +82,7 @@ for _seed in (0, 1):
     _at = f"@seed{_seed}" if _seed else ""
     ARMS[f"peagle{_at}"] = (f"train.seed={_seed}",)
     ARMS[f"peagle+lm_head{_at}"] = LM_HEAD + (f"train.seed={_seed}",)
+    ARMS[f"peagle+norm_before_fc{_at}"] = ("heads.norm_before_fc=true", f"train.seed={_seed}")  # speculators' default
 CHAIN = {"total_tokens": 6, "depth": 5, "top_k": 1}
 TREE = {"total_tokens": 16, "depth": 6, "top_k": 4}
 EVAL_STEPS = 7

@@ -299,3 +299,54 @@ def test_the_loop_starts_the_lm_head_from_the_targets_rows(tmp_path, tiny_target
     assert torch.equal(outs["target"].norm.weight, target.model.norm.weight)
     assert not torch.equal(outs["random"].lm_head.weight, rows.to(outs["random"].lm_head.weight))
     assert torch.equal(outs["random"].norm.weight, torch.ones_like(outs["random"].norm.weight))
+
+
+# ---------------------------------------------------------------------------------------------
+# train.loss_checkpointing: memory vs recompute, never the gradients
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("head_type", list(HEAD_TYPE_OVERRIDES))
+def test_loss_chunks_kept_or_recomputed_give_the_same_gradients_bit_for_bit(tiny_llama, head_type, monkeypatch):
+    """Several chunks per step (chunk size 7), every head type: the loss and every gradient are
+    equal with checkpointed chunks and with kept ones, and only the first checkpoints."""
+    from draftheads.config import config_from_dict
+    from draftheads.train import dflash_loss, eagle_loss, losses, peagle_loss
+    from draftheads.train.components import build_heads
+    from draftheads.train.model import TargetWithHeads
+
+    calls = []
+    for module in (dflash_loss, eagle_loss, losses, peagle_loss):
+        original = module.checkpoint
+        monkeypatch.setattr(module, "checkpoint", lambda *a, _f=original, **k: calls.append(1) or _f(*a, **k))
+
+    mask = ("heads.mask_token_id=0",) if head_type == "peagle" else ()  # no tokenizer to choose one from
+    spec = config_from_dict({}, [*HEAD_TYPE_OVERRIDES[head_type], *mask]).heads
+    ids = torch.randint(3, 64, (2, 24), generator=torch.Generator().manual_seed(0))
+    out = {}
+    for keep in (False, True):
+        torch.manual_seed(0)  # the same fresh heads, the same DFlash anchors
+        heads = build_heads(spec, tiny_llama)
+        if hasattr(heads, "set_draft_vocab"):
+            heads.set_draft_vocab(torch.arange(heads.config.vocab_size).flip(0).index_fill(0, torch.tensor([0]), 0))
+        model = TargetWithHeads(tiny_llama, heads, loss_chunk_size=7, labels="target", checkpoint_loss_chunks=not keep)
+        calls.clear()
+        loss = model(input_ids=ids, attention_mask=torch.ones_like(ids))["loss"]
+        loss.backward()
+        out[keep] = (loss.detach(), [p.grad.clone() for p in model.trainable_parameters()])
+        assert (len(calls) == 0) if keep else (len(calls) > 1), (keep, len(calls))
+    assert torch.equal(out[False][0], out[True][0])
+    assert len(out[False][1]) == len(out[True][1]) > 0
+    assert all(torch.equal(a, b) for a, b in zip(out[False][1], out[True][1]))
+
+
+def test_the_loop_passes_loss_checkpointing_to_the_model(tmp_path, tiny_target_dir, tiny_text_jsonl):
+    from draftheads.train.loop import run
+
+    heads = {}
+    for keep in ("true", "false"):
+        cfg = _cfg(tmp_path / keep, tiny_target_dir, tiny_text_jsonl, *HEAD_TYPE_OVERRIDES["eagle3"],
+                   f"train.loss_checkpointing={keep}", max_steps=2, eval_every=0, warmup_steps=0)  # fmt: skip
+        result = run(cfg)
+        heads[keep] = result.heads.state_dict()
+    assert all(torch.equal(heads["true"][k], heads["false"][k]) for k in heads["true"])

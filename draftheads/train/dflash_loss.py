@@ -130,6 +130,7 @@ def dflash_loss(
     ranks: int = 0,
     generator: torch.Generator | None = None,
     position_ids: torch.Tensor | None = None,
+    checkpoint_chunks: bool = True,
 ) -> HeadLossOutput:
     """``features`` [B, S, m*H] the fused layers' hidden states, ``last_hidden`` [B, S, H] the target's
     final hidden states (its distribution), ``input_ids`` [B, S]. ``ranks`` > 0 (evaluation): also
@@ -170,7 +171,7 @@ def dflash_loss(
     flat_target = last_hidden.gather(1, src[:, :, None].expand(-1, -1, last_hidden.shape[-1])).reshape(-1, last_hidden.shape[-1])[idx]
     flat_slot = slot_of.reshape(-1)[idx]
 
-    rows, hit = _row_terms(heads, flat_states, flat_target, topk, ranks, kind, chunk_size)
+    rows, hit = _row_terms(heads, flat_states, flat_target, topk, ranks, kind, chunk_size, checkpoint_chunks)
 
     count = torch.bincount(flat_slot, minlength=slots)
     ce_sum = torch.zeros(slots, device=device).index_add(0, flat_slot, rows.detach())
@@ -199,11 +200,12 @@ def _counted_slots(heads, valid, lm, am, label_pos, last_hidden, input_ids, chun
     return counted
 
 
-def _row_terms(heads, flat_states, flat_target, topk: int, ranks: int, kind: str, chunk_size: int):
+def _row_terms(heads, flat_states, flat_target, topk: int, ranks: int, kind: str, chunk_size: int,
+               checkpoint_chunks: bool = True):
     """Each trained slot's loss and its rank hits, in chunks under activation checkpointing (the
     full-vocabulary logits of every slot would not fit at once)."""
     fn = partial(_chunk_terms, heads, heads.target_lm_head(), topk, ranks, kind)
-    use_ckpt = torch.is_grad_enabled()
+    use_ckpt = checkpoint_chunks and torch.is_grad_enabled()  # see TargetWithHeads: memory vs recompute
     row_losses, hits = [], []
     for start in range(0, flat_states.shape[0], chunk_size):
         args = (flat_states[start : start + chunk_size], flat_target[start : start + chunk_size])

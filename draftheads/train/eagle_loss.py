@@ -72,6 +72,7 @@ def eagle_loss(
     noise_generator: torch.Generator | None = None,
     denominators: torch.Tensor | None = None,
     position_ids: torch.Tensor | None = None,
+    checkpoint_chunks: bool = True,
 ) -> HeadLossOutput:
     """``features`` [B, S, F]: what the head reads (eagle: = ``last_hidden``; eagle3: fused layers);
     ``last_hidden`` [B, S, H]: the target's final hidden states (its distribution, EAGLE's feature
@@ -89,7 +90,7 @@ def eagle_loss(
     feats = _input_features(heads, features[:, : batch.n], regress, noise_generator)
     totals = _StepTotals(steps, input_ids.device)
     loss = features.new_zeros((), dtype=torch.float32)
-    use_ckpt = torch.is_grad_enabled()
+    use_ckpt = checkpoint_chunks and torch.is_grad_enabled()  # see TargetWithHeads: memory vs recompute
     past: list[tuple[torch.Tensor, torch.Tensor]] | None = None
     state = None
     for k in range(steps):

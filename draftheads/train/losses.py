@@ -98,6 +98,7 @@ def medusa_loss(
     ranks: int = 0,
     denominators: torch.Tensor | None = None,
     position_ids: torch.Tensor | None = None,
+    checkpoint_chunks: bool = True,
 ) -> HeadLossOutput:
     """Chunked Medusa loss of ``heads`` on the target's last hidden state ``hidden`` [B, S, H].
     ``ranks`` > 0 also counts, per head, hits of each rank r < ``ranks`` (``rank_hits``).
@@ -120,7 +121,7 @@ def medusa_loss(
     top1 = torch.zeros(num_heads, device=device, dtype=torch.long)
     hits = torch.zeros(num_heads, device=device, dtype=torch.long)
     rank_hits = torch.zeros(num_heads, ranks, device=device, dtype=torch.long) if ranks else None
-    use_ckpt = torch.is_grad_enabled()
+    use_ckpt = checkpoint_chunks and torch.is_grad_enabled()  # see TargetWithHeads: memory vs recompute
     loss = hidden.new_zeros((), dtype=torch.float32)
     for start in range(0, flat.shape[0], chunk_size):
         states = _head_states(heads, flat[start : start + chunk_size], None if context is None else context[start : start + chunk_size])

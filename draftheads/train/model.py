@@ -26,8 +26,14 @@ class TargetWithHeads(nn.Module):
         loss_chunk_size: int = 1024,
         topk: int = 5,
         labels: str = "data",
+        checkpoint_loss_chunks: bool = True,
     ) -> None:
+        """``checkpoint_loss_chunks``: every loss scores its rows in chunks of ``loss_chunk_size``
+        and, when on, recomputes each chunk's vocab-sized logits in backward instead of keeping
+        them (memory ~ rows x vocab x 12 bytes per unrolled step otherwise); off, backward reuses
+        them: the same gradients bit for bit, fewer operations (config ``train.loss_checkpointing``)."""
         super().__init__()
+        self.checkpoint_loss_chunks = checkpoint_loss_chunks
         if labels not in ("data", "target"):
             raise ValueError(f"labels must be 'data' or 'target', got {labels!r}")
         self.labels = labels
@@ -206,7 +212,7 @@ class TargetWithHeads(nn.Module):
             features = features.to(dtype) if layers else hidden
         common = dict(
             decay=self.loss_decay, chunk_size=self.loss_chunk_size, topk=self.topk, denominators=loss_denominators,
-            position_ids=position_ids,
+            position_ids=position_ids, checkpoint_chunks=self.checkpoint_loss_chunks,
         )  # fmt: skip
         if self.heads.training_objective == "parallel_depths":
             # P-EAGLE: every trained depth in one draft forward, depths drawn by COD sampling
@@ -215,7 +221,7 @@ class TargetWithHeads(nn.Module):
             out = peagle_loss(
                 self.heads, features, hidden, input_ids, loss_mask, attention_mask, chunk_size=self.loss_chunk_size,
                 topk=self.topk, ranks=rank_stats, generator=self.noise_generator, denominators=loss_denominators,
-                position_ids=position_ids,
+                position_ids=position_ids, checkpoint_chunks=self.checkpoint_loss_chunks,
             )
         elif self.heads.training_objective == "block":
             # DFlash: random blocks per row against the target's distribution (or greedy token).
@@ -223,7 +229,7 @@ class TargetWithHeads(nn.Module):
             out = dflash_loss(
                 self.heads, features, hidden, input_ids, loss_mask, attention_mask,
                 chunk_size=self.loss_chunk_size, topk=self.topk, ranks=rank_stats, generator=self._anchor_generator(input_ids),
-                position_ids=position_ids,
+                position_ids=position_ids, checkpoint_chunks=self.checkpoint_loss_chunks,
             )  # fmt: skip
         elif self.heads.training_objective == "draft_steps":
             # EAGLE learns the target's distribution at every position (its own soft labels) from

@@ -140,6 +140,7 @@ def peagle_loss(
     generator: torch.Generator | None = None,
     denominators: torch.Tensor | None = None,
     position_ids: torch.Tensor | None = None,
+    checkpoint_chunks: bool = True,
 ) -> HeadLossOutput:
     """``features`` [B, S, F] (fused target layers), ``last_hidden`` [B, S, H] (the target's final
     hidden states: its distribution), ``input_ids`` [B, S]. ``generator``: where COD sampling
@@ -180,7 +181,7 @@ def peagle_loss(
     hits = torch.zeros(depths, device=device, dtype=torch.long)
     rank_hits = torch.zeros(depths, ranks, device=device, dtype=torch.long) if ranks else None
     total = state.new_zeros((), dtype=torch.float32)
-    use_ckpt = torch.is_grad_enabled()
+    use_ckpt = checkpoint_chunks and torch.is_grad_enabled()  # see TargetWithHeads: memory vs recompute
     for d in range(depths):
         cols = (depth == d).nonzero().squeeze(-1)
         if cols.numel() == 0:

@@ -196,7 +196,8 @@ class Trainer:
             say(f"mask token: id {heads.choose_mask_token(self.tokenizer)}")
         self.heads = heads
         self.model = TargetWithHeads(
-            target, heads, loss_decay=t.loss_decay, loss_chunk_size=t.loss_chunk_size, topk=t.topk, labels=t.labels
+            target, heads, loss_decay=t.loss_decay, loss_chunk_size=t.loss_chunk_size, topk=t.topk, labels=t.labels,
+            checkpoint_loss_chunks=t.loss_checkpointing,
         )
         self.params = self.model.trainable_parameters()
         say(
