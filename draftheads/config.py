@@ -452,20 +452,15 @@ def validate(cfg: ExperimentConfig) -> None:
     if spec.head_type not in types_:
         raise ConfigError(f"heads.head_type: unknown head type {spec.head_type!r}; valid: {', '.join(sorted(types_))}")
     defaults = HeadsSpec()
-    takes = types_[spec.head_type].spec_options
+    def takes(cls) -> tuple[str, ...]:
+        return cls.spec_options + cls.init_options
+
     for f in dataclasses.fields(HeadsSpec):
         value = getattr(spec, f.name)
-        if f.name in ("head_type", "num_heads", "num_layers", "init_from", "init") or f.name in takes or value == getattr(defaults, f.name):
+        if (f.name in ("head_type", "num_heads", "num_layers", "init_from", "init")
+                or f.name in takes(types_[spec.head_type]) or value == getattr(defaults, f.name)):
             continue
-        if f.name == "lm_head_init":
-            users = sorted(name for name, cls in types_.items() if hasattr(cls, "start_lm_head_from_target"))
-            if spec.head_type in users:
-                continue
-            raise ConfigError(
-                f"heads.lm_head_init={value!r}: {spec.head_type} heads have no draft-vocabulary LM head of their own to "
-                f"start from the target's; it applies to {', '.join(users)} heads only"
-            )
-        users = sorted(name for name, cls in types_.items() if f.name in cls.spec_options)
+        users = sorted(name for name, cls in types_.items() if f.name in takes(cls))
         raise ConfigError(
             f"heads.{f.name} is set ({value!r}) but {spec.head_type} heads do not use it: it applies to "
             f"{', '.join(users)} heads only; remove it or change heads.head_type"

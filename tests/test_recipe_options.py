@@ -253,7 +253,8 @@ def test_the_loop_initialises_heads_as_configured(tmp_path, tiny_target_dir, tin
 
 @pytest.mark.parametrize("head_type", ["medusa", "hydra", "eagle", "dflash"])
 def test_lm_head_init_is_refused_by_name_for_heads_without_their_own_draft_lm_head(head_type):
-    with pytest.raises(ConfigError, match=rf"heads\.lm_head_init='target': {head_type} heads .* eagle3, peagle heads only"):
+    with pytest.raises(ConfigError, match=rf"heads\.lm_head_init is set \('target'\) but {head_type} heads do not use it: "
+                                          r"it applies to eagle3, peagle heads only"):
         config_from_dict({"heads": {"head_type": head_type, "lm_head_init": "target"}})
 
 

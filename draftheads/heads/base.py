@@ -40,6 +40,8 @@ class DraftHeads(nn.Module):
     training_objective = "future_tokens"
     #: The `HeadsSpec` (config ``heads:``) fields that `for_target` takes besides num_heads/num_layers.
     spec_options: tuple[str, ...] = ()
+    #: `HeadsSpec` fields training reads when it starts fresh heads of this type (not saved with them).
+    init_options: tuple[str, ...] = ()
     #: config.json "extra" keys the head is built from (checked at load).
     required_extra: tuple[str, ...] = ()
 
