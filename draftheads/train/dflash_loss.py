@@ -39,7 +39,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from .losses import HeadLossOutput
-from .target_loss import loss_of, needs_distribution, row_losses
+from .target_loss import TargetRows, loss_of, row_losses
 from .packing import document_ids, positions_or_arange, within_document
 
 
@@ -102,12 +102,9 @@ def greedy_follows(lm_head, last_hidden: torch.Tensor, input_ids: torch.Tensor, 
     return follows
 
 
-def _chunk_terms(heads, lm_head, topk: int, ranks: int, kind: str, state, target_hidden):
-    """The `heads.loss` of each ``state`` row against the target at its ``target_hidden`` row."""
-    with torch.no_grad():
-        target_logits = lm_head(target_hidden.to(lm_head.weight.dtype)).float()
-        target_top = target_logits.argmax(-1)
-        p = target_logits.softmax(-1) if needs_distribution(kind) else None
+def _chunk_terms(heads, labels: TargetRows, topk: int, ranks: int, kind: str, state, positions):
+    """The `heads.loss` of each ``state`` row against the target at its window position."""
+    target_top, _, p, _ = labels.rows(positions)
     logits = heads.logits(state).float()
     rows = row_losses(kind, logits, p, target_top)
     with torch.no_grad():
@@ -167,11 +164,12 @@ def dflash_loss(
     slot_of = torch.arange(slots, device=device).expand(bsz, n, slots)
     idx = counted.reshape(-1).nonzero().squeeze(-1)
     flat_states = states.reshape(-1, states.shape[-1])[idx]
-    src = (label_pos - 1).reshape(bsz, -1)
-    flat_target = last_hidden.gather(1, src[:, :, None].expand(-1, -1, last_hidden.shape[-1])).reshape(-1, last_hidden.shape[-1])[idx]
+    src = (label_pos - 1).reshape(bsz, -1) + torch.arange(bsz, device=device)[:, None] * seq
+    flat_target = src.reshape(-1)[idx]  # the target's position of each trained slot, flat over [B, S]
     flat_slot = slot_of.reshape(-1)[idx]
 
-    rows, hit = _row_terms(heads, flat_states, flat_target, topk, ranks, kind, chunk_size, checkpoint_chunks)
+    labels = TargetRows(heads.target_lm_head(), last_hidden, kind, chunk_size=chunk_size)
+    rows, hit = _row_terms(heads, labels, flat_states, flat_target, topk, ranks, kind, chunk_size, checkpoint_chunks)
 
     count = torch.bincount(flat_slot, minlength=slots)
     ce_sum = torch.zeros(slots, device=device).index_add(0, flat_slot, rows.detach())
@@ -200,11 +198,11 @@ def _counted_slots(heads, valid, lm, am, label_pos, last_hidden, input_ids, chun
     return counted
 
 
-def _row_terms(heads, flat_states, flat_target, topk: int, ranks: int, kind: str, chunk_size: int,
+def _row_terms(heads, labels: TargetRows, flat_states, flat_target, topk: int, ranks: int, kind: str, chunk_size: int,
                checkpoint_chunks: bool = True):
     """Each trained slot's loss and its rank hits, in chunks under activation checkpointing (the
     full-vocabulary logits of every slot would not fit at once)."""
-    fn = partial(_chunk_terms, heads, heads.target_lm_head(), topk, ranks, kind)
+    fn = partial(_chunk_terms, heads, labels, topk, ranks, kind)
     use_ckpt = checkpoint_chunks and torch.is_grad_enabled()  # see TargetWithHeads: memory vs recompute
     row_losses, hits = [], []
     for start in range(0, flat_states.shape[0], chunk_size):

@@ -24,33 +24,24 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+from ..heads.unrolled_attention import UnrolledStepMask, first_visible
 from .losses import HeadLossOutput
-from .target_loss import loss_of, needs_distribution, row_losses
+from .target_loss import TargetRows, loss_of, row_losses
 from .packing import document_ids, positions_or_arange, within_document
 
 SOFT_CE_WEIGHT = 0.1  # EAGLE-1: the classification loss is ~10x the regression loss
 
 
-def _chunk_terms(heads, lm_head, topk: int, state: torch.Tensor, target_hidden: torch.Tensor):
+def _chunk_terms(heads, labels: TargetRows, topk: int, state: torch.Tensor, positions: torch.Tensor):
     """Summed classification loss (`heads.loss`; and feature SmoothL1 for EAGLE) of draft states
-    against the target, plus top-1 / top-k hit counts of the target's argmax; rows where the
-    target's argmax is outside the draft vocabulary are left out (EAGLE-3)."""
+    against the target at window ``positions``, plus top-1 / top-k hit counts of the target's
+    argmax; rows where the target's argmax is outside the draft vocabulary are left out (EAGLE-3)."""
     kind = loss_of(heads.config.extra)
-    with torch.no_grad():
-        target_logits = lm_head(target_hidden.to(lm_head.weight.dtype)).float()
-        target_top = target_logits.argmax(-1)
-        ids = heads.vocab_ids()  # EAGLE-3: its draft vocabulary's target ids; EAGLE: None
-        if ids is not None:  # restrict to the draft vocabulary and renormalise
-            inside = heads.target_to_draft[target_top] >= 0
-            target_logits = target_logits[:, ids]
-            target_top = heads.target_to_draft[target_top].clamp(min=0)
-        else:
-            inside = torch.ones_like(target_top, dtype=torch.bool)
-        p = target_logits.softmax(-1) if needs_distribution(kind) else None
+    target_top, inside, p, target_hidden = labels.rows(positions)
     logits = heads.logits(state).float()
     ce = (row_losses(kind, logits, p, target_top) * inside).sum()
     reg = logits.new_zeros(())
-    if ids is None:
+    if heads.vocab_ids() is None:
         reg = F.smooth_l1_loss(state.float(), target_hidden.float(), reduction="none").mean(-1).sum()
     with torch.no_grad():
         top1 = ((logits.argmax(-1) == target_top) & inside).sum()
@@ -84,7 +75,9 @@ def eagle_loss(
     a row attends to the rows of its own document only, at its position in that document, and
     no step pairs a row with a token of another document."""
     steps = heads.config.num_heads
-    lm_head = heads.target_lm_head()
+    ids = heads.vocab_ids()  # EAGLE-3: its draft vocabulary's target ids; EAGLE: None (the whole vocabulary)
+    labels = TargetRows(heads.target_lm_head(), last_hidden, loss_of(heads.config.extra), ids,
+                        heads.target_to_draft if ids is not None else None, chunk_size)
     regress = not heads.fuses_layers  # EAGLE-1/2 also regress onto the next feature; EAGLE-3 has none
     batch = _UnrolledBatch(input_ids, loss_mask, attention_mask, position_ids)
     feats = _input_features(heads, features[:, : batch.n], regress, noise_generator)
@@ -98,9 +91,9 @@ def eagle_loss(
         idx = batch.trained_rows(k)
         if idx is None:
             continue
-        labels = batch.label_rows(last_hidden, k, idx)
         step_ce, step_reg, step_count = _step_sums(
-            heads, lm_head, state.reshape(-1, state.shape[-1])[idx], labels, k, totals, chunk_size, topk, use_ckpt
+            heads, labels, state.reshape(-1, state.shape[-1])[idx], batch.label_positions(k, idx), k, totals,
+            chunk_size, topk, use_ckpt,
         )
         loss = loss + decay**k * _step_loss(step_ce, step_reg, step_count, idx.numel(), regress, denominators, k)
     return HeadLossOutput(loss=loss, ce_sum=totals.ce_sum, count=totals.count, top1=totals.top1, topk=totals.hits)
@@ -125,7 +118,7 @@ class _UnrolledBatch:
             doc = document_ids(position_ids, input_ids)[:, :n]
             self.causal = self.causal & (doc[:, None, :] == doc[:, :, None])
         self.positions = positions_or_arange(position_ids, input_ids)[:, :n]  # each row's position in its document
-        self.eye = torch.eye(n, dtype=torch.bool, device=device)[None].expand(self.bsz, n, n)
+        self.starts = first_visible(self.causal)  # where each tile of queries starts reading the prefix
 
     def tokens_at(self, offset: int) -> torch.Tensor:
         """input_ids[t + offset] for every row, 0 past the end."""
@@ -134,9 +127,9 @@ class _UnrolledBatch:
             out[:, : self.seq - offset] = self.input_ids[:, offset : offset + self.n][:, : self.seq - offset]
         return out
 
-    def mask(self, k: int) -> torch.Tensor:
+    def mask(self, k: int) -> UnrolledStepMask:
         """Step k's attention: the real prefix (step-0 rows <= t) and the row's own earlier steps."""
-        return self.causal if k == 0 else torch.cat([self.causal] + [self.eye] * k, dim=-1)
+        return UnrolledStepMask(self.causal, k, self.starts)
 
     def trained_rows(self, k: int) -> torch.Tensor | None:
         """Flat indices of the rows whose step-k prediction (token t+2+k) is a training token;
@@ -149,12 +142,10 @@ class _UnrolledBatch:
         idx = valid.reshape(-1).nonzero().squeeze(-1)
         return idx if idx.numel() else None
 
-    def label_rows(self, last_hidden: torch.Tensor, k: int, idx: torch.Tensor) -> torch.Tensor:
-        """Row t at step k predicts position t+1+k's feature (token t+2+k): those target states, at ``idx``."""
-        shift, seq, width = 2 + k, self.seq, last_hidden.shape[-1]
-        label_hidden = torch.zeros(self.bsz, self.n, width, dtype=last_hidden.dtype, device=self.device)
-        label_hidden[:, : seq - shift] = last_hidden[:, shift - 1 :][:, : seq - shift]
-        return label_hidden.reshape(-1, width)[idx]
+    def label_positions(self, k: int, idx: torch.Tensor) -> torch.Tensor:
+        """Row t at step k predicts position t+1+k's feature (token t+2+k): the flat window
+        positions (over [B, S]) of the rows ``idx`` (flat over [B, n]) for `TargetRows`."""
+        return (idx // self.n) * self.seq + idx % self.n + 1 + k
 
 
 class _StepTotals:
@@ -188,15 +179,16 @@ def _unroll_step(heads, batch: _UnrolledBatch, k: int, feats: torch.Tensor, stat
     return state, past
 
 
-def _step_sums(heads, lm_head, flat_state, flat_label, k: int, totals: _StepTotals, chunk_size: int, topk: int, use_ckpt: bool):
-    """Step k's summed soft CE and feature regression over its trained rows, in checkpointed
-    chunks of ``chunk_size`` rows (vocab-sized logits never for all rows at once); the counts
-    go to ``totals``."""
+def _step_sums(heads, labels: TargetRows, flat_state, positions, k: int, totals: _StepTotals, chunk_size: int, topk: int,
+               use_ckpt: bool):
+    """Step k's summed soft CE and feature regression over its trained rows (window ``positions``),
+    in checkpointed chunks of ``chunk_size`` rows (vocab-sized logits never for all rows at once);
+    the counts go to ``totals``."""
     step_ce = step_reg = flat_state.new_zeros((), dtype=torch.float32)
     step_count = 0
-    fn = partial(_chunk_terms, heads, lm_head, topk)
+    fn = partial(_chunk_terms, heads, labels, topk)
     for start in range(0, flat_state.shape[0], chunk_size):
-        args = (flat_state[start : start + chunk_size], flat_label[start : start + chunk_size])
+        args = (flat_state[start : start + chunk_size], positions[start : start + chunk_size])
         ce, reg, c1, ck, inside = checkpoint(fn, *args, use_reentrant=False) if use_ckpt else fn(*args)
         step_ce, step_reg = step_ce + ce, step_reg + reg
         step_count += int(inside)

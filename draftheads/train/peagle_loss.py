@@ -31,7 +31,7 @@ from torch.utils.checkpoint import checkpoint
 
 from .dflash_loss import greedy_follows
 from .losses import HeadLossOutput
-from .target_loss import loss_of, needs_distribution, row_losses
+from .target_loss import TargetRows, loss_of, row_losses
 from .packing import document_ids, positions_or_arange, within_document
 
 
@@ -103,17 +103,12 @@ def element_states(
     return state, anchor, depth, real
 
 
-def _depth_terms(heads, lm_head, topk: int, ranks: int, state: torch.Tensor, target_hidden: torch.Tensor):
-    """Summed `heads.loss` (target_loss.py) against the target restricted to the draft vocabulary,
-    top-1 / top-k / per-rank hits of the target's argmax; rows whose argmax is outside the
-    vocabulary are left out."""
+def _depth_terms(heads, labels: TargetRows, topk: int, ranks: int, state: torch.Tensor, positions: torch.Tensor):
+    """Summed `heads.loss` (target_loss.py) against the target at window ``positions``, restricted
+    to the draft vocabulary, top-1 / top-k / per-rank hits of the target's argmax; rows whose
+    argmax is outside the vocabulary are left out."""
     kind = loss_of(heads.config.extra)
-    with torch.no_grad():
-        target_logits = lm_head(target_hidden.to(lm_head.weight.dtype)).float()
-        target_top = target_logits.argmax(-1)
-        inside = heads.target_to_draft[target_top] >= 0
-        p = target_logits[:, heads.vocab_ids()].softmax(-1) if needs_distribution(kind) else None
-        target_top = heads.target_to_draft[target_top].clamp(min=0)
+    target_top, inside, p, _ = labels.rows(positions)
     logits = heads.logits(state).float()
     ce = (row_losses(kind, logits, p, target_top) * inside).sum()
     with torch.no_grad():
@@ -174,7 +169,7 @@ def peagle_loss(
     state, anchor, depth, real = element_states(heads, features, input_ids, am, chains, position_ids)
 
     # -- losses per depth ---------------------------------------------------------------------------
-    lm_head = heads.target_lm_head()
+    labels = TargetRows(heads.target_lm_head(), last_hidden, loss_of(ex), heads.vocab_ids(), heads.target_to_draft, chunk_size)
     ce_sum = torch.zeros(depths, device=device)
     count = torch.zeros(depths, device=device, dtype=torch.long)
     top1 = torch.zeros(depths, device=device, dtype=torch.long)
@@ -192,8 +187,8 @@ def peagle_loss(
         if rows_b.numel() == 0:
             continue
         flat_state = state[:, cols][rows_b, rows_j]
-        flat_label = last_hidden[rows_b, a[rows_b, rows_j] + 1 + d]
-        fn = partial(_depth_terms, heads, lm_head, topk, ranks)
+        flat_label = rows_b * seq + a[rows_b, rows_j] + 1 + d  # the target's position, flat over [B, S]
+        fn = partial(_depth_terms, heads, labels, topk, ranks)
         for start in range(0, rows_b.numel(), chunk_size):
             args = (flat_state[start : start + chunk_size], flat_label[start : start + chunk_size])
             ce, c1, ck, inside, per_rank = checkpoint(fn, *args, use_reentrant=False) if use_ckpt else fn(*args)

@@ -72,3 +72,61 @@ def row_losses(kind: str, draft_logits: torch.Tensor, target_probs: torch.Tensor
         alpha = torch.minimum(target_probs, logq.exp()).sum(-1)
         return -alpha.clamp(min=torch.finfo(alpha.dtype).tiny).log()
     raise ValueError(f"heads.loss: unknown loss {kind!r}; valid: {', '.join(TARGET_LOSSES)}")
+
+
+# A window's whole label table is kept when it is at most this large (fp32 probabilities over the
+# draft's vocabulary for every position); past it, each chunk recomputes its rows' labels.
+LABEL_TABLE_BYTES = 1 << 30
+
+
+class TargetRows:
+    """The target's side of a loss at window positions: its argmax (an index into the tokens the
+    draft scores), whether that argmax lies among them, its distribution over them (None for
+    ``ce``), and the final hidden state itself (EAGLE-1's regression label).
+
+    Several draft rows score the same position: EAGLE's unrolled step k+1 scores the positions of
+    step k shifted by one, P-EAGLE's depths and DFlash's overlapping blocks likewise. The target's
+    LM head (vocabulary x hidden per row: at real sizes the largest matmul of a draft step) then
+    runs once per window position instead of once per scoring row. The table is computed in chunks
+    of ``chunk_size`` positions and kept while it fits in ``LABEL_TABLE_BYTES``; a larger window
+    (a full vocabulary of 128k over thousands of positions) falls back to computing each chunk's
+    rows on the fly, as the losses did before. Either way ``rows`` returns the same values.
+
+    ``vocab_ids``: the target ids the draft scores (EAGLE-3 / P-EAGLE's draft vocabulary, their
+    probabilities renormalised over it) or None for the whole vocabulary; ``target_to_draft``
+    maps a target id to its index there (-1 outside)."""
+
+    def __init__(self, lm_head: torch.nn.Module, last_hidden: torch.Tensor, kind: str,
+                 vocab_ids: torch.Tensor | None = None, target_to_draft: torch.Tensor | None = None,
+                 chunk_size: int = 1024) -> None:
+        self.lm_head, self.kind, self.chunk_size = lm_head, kind, chunk_size
+        self.vocab_ids, self.target_to_draft = vocab_ids, target_to_draft
+        self.hidden = last_hidden.reshape(-1, last_hidden.shape[-1])
+        width = lm_head.weight.shape[0] if vocab_ids is None else vocab_ids.numel()
+        table_bytes = self.hidden.shape[0] * width * 4 if needs_distribution(kind) else 0
+        self.table = None
+        if table_bytes <= LABEL_TABLE_BYTES:
+            parts = [self._compute(self.hidden[i : i + chunk_size]) for i in range(0, self.hidden.shape[0], chunk_size)]
+            self.table = tuple(torch.cat(col) if col[0] is not None else None for col in zip(*parts)) if parts else None
+
+    @torch.no_grad()
+    def _compute(self, hidden: torch.Tensor):
+        logits = self.lm_head(hidden.to(self.lm_head.weight.dtype)).float()
+        top = logits.argmax(-1)
+        if self.vocab_ids is None:
+            inside = torch.ones_like(top, dtype=torch.bool)
+        else:
+            inside = self.target_to_draft[top] >= 0
+            logits = logits[:, self.vocab_ids]
+            top = self.target_to_draft[top].clamp(min=0)
+        p = logits.softmax(-1) if needs_distribution(self.kind) else None
+        return top, inside, p
+
+    def rows(self, positions: torch.Tensor):
+        """(top [m], inside [m], p [m, V] or None, hidden [m, H]) at flat window positions [m]
+        (row-major over [batch, seq])."""
+        hidden = self.hidden[positions]
+        if self.table is None:
+            return (*self._compute(hidden), hidden)
+        top, inside, p = self.table
+        return top[positions], inside[positions], None if p is None else p[positions], hidden
