@@ -14,6 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .unrolled_attention import UnrolledStepMask
+
 
 def rope_settings(config) -> dict[str, Any]:
     """The target's RoPE as JSON-able settings for the heads' config ``extra``: ``rope_theta``,
@@ -167,12 +169,13 @@ class DraftLayer(nn.Module):
         x: torch.Tensor,
         attn_in: torch.Tensor,
         positions: torch.Tensor,
-        mask: torch.Tensor,
+        mask: torch.Tensor | UnrolledStepMask,
         past: tuple[torch.Tensor, torch.Tensor] | None = None,
         cache: tuple[torch.Tensor, torch.Tensor, int] | None = None,
     ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
         """``x`` [B, n, d], ``attn_in`` [B, n, a], ``positions`` [B or 1, n], ``mask`` bool
-        [B or 1, n, T + n] (True = attend; T = rows in ``past``). Returns the output [B, n, d] and
+        [B or 1, n, T + n] (True = attend; T = rows in ``past``), or training's
+        `UnrolledStepMask` (the same attention, computed tile by tile). Returns the output [B, n, d] and
         the keys/values [B, kv, n, hd] of the n new rows (the caller keeps or drops them).
 
         ``cache`` = (K, V, T): preallocated buffers [B, kv, capacity, hd] whose first T rows are
@@ -203,11 +206,15 @@ class DraftLayer(nn.Module):
             keys, values = torch.cat([past[0], k], 2), torch.cat([past[1], v], 2)
         else:
             keys, values = k, v
-        if self.sliding_window is not None:
-            mask = within_window(mask, self.sliding_window)
-        attn = F.scaled_dot_product_attention(
-            q, keys, values, attn_mask=mask[:, None], enable_gqa=self.num_heads != self.num_kv_heads
-        )
+        gqa = self.num_heads != self.num_kv_heads
+        if isinstance(mask, UnrolledStepMask) and self.sliding_window is None:
+            attn = mask.attend(q, keys, values, gqa)  # training's unrolled steps, tile by tile
+        else:
+            if isinstance(mask, UnrolledStepMask):
+                mask = mask.dense()
+            if self.sliding_window is not None:
+                mask = within_window(mask, self.sliding_window)
+            attn = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask[:, None], enable_gqa=gqa)
         h = x + self.o_proj(attn.transpose(1, 2).reshape(bsz, n, -1))
         mlp_in = self.post_attention_layernorm(h)
         if not fast:

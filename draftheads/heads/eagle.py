@@ -44,8 +44,9 @@ import torch
 from torch import nn
 
 from .base import DraftHeads
-from .draft_layer import DraftLayer, check_sliding_window, rope_settings
 from .config import HeadsConfig, TargetInfo, text_config
+from .draft_layer import DraftLayer, check_sliding_window, rope_settings
+from .unrolled_attention import UnrolledStepMask
 
 
 def default_feature_layers(num_layers: int) -> list[int]:
@@ -178,7 +179,7 @@ class EagleHead(DraftHeads):
         g: torch.Tensor,
         attn_in: torch.Tensor,
         positions: torch.Tensor,
-        mask: torch.Tensor,
+        mask: torch.Tensor | UnrolledStepMask,
         past: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
         cache: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
         cache_length: int = 0,
