@@ -1,6 +1,6 @@
 """EAGLE vs EAGLE-3 at equal training wall time, decoded with the same chain and tree.
 
-    python benchmarks/equal_wall_time.py [--eagle3-steps 200] [--probe-steps 40] \\
+    python benchmarks/equal_wall_time.py [--eagle3-steps 200] [--probe-steps 40] [--temperatures 0,1] \\
         [--workdir /tmp/draftheads-walltime] [--out benchmarks/measurements/equal-wall-time]
 
 Every paper orders them EAGLE-3 > EAGLE; on the demo EAGLE-3 accepts more at the same step
@@ -12,8 +12,9 @@ costs more than one EAGLE step. This benchmark gives both the same seconds:
 2. EAGLE-3 trains ``--eagle3-steps`` steps, EAGLE as many steps as take the same seconds
    (``--eagle3-steps`` x the measured ratio), each with its config unchanged otherwise;
 3. both are decoded by draftheads' own decoder with the SAME shapes as benchmarks/recipe_ablation.py
-   (a chain of 5 drafts and a 16-token dynamic tree), greedy, on the 12 held-out demo prompts,
-   every output checked equal to ``target.generate(do_sample=False)``.
+   (a chain of 5 drafts and a 16-token dynamic tree) on the 12 held-out demo prompts, at each of
+   ``--temperatures`` (greedy outputs checked equal to ``target.generate(do_sample=False)``;
+   T > 0 by lossless sampling, one seed per prompt).
 
 No decode timing (acceptance counts do not depend on the machine's load); the training seconds of
 each run are reported beside them. Results: OUT/results.json and OUT/results.md.
@@ -80,6 +81,8 @@ def main() -> None:
     ap.add_argument("--num-prompts", type=int, default=12)
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--temperatures", default="0",
+                    help="comma-separated; 0 is greedy (checked equal to generate), > 0 lossless sampling, one seed per prompt")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -103,23 +106,29 @@ def main() -> None:
     prompt_ids = prompts(tokenizer, args.num_prompts)
     references = [target.generate(p, attention_mask=torch.ones_like(p), do_sample=False, max_new_tokens=args.new_tokens)
                   for p in prompt_ids]
+    temperatures = [float(t) for t in args.temperatures.split(",")]
     results = {}
     for name, (steps, out) in runs.items():
-        results[name] = {"steps": steps, "train_seconds": seconds[name],
-                         **decode_stats(target, out / "heads", prompt_ids, references, args.new_tokens)}
+        results[name] = {"steps": steps, "train_seconds": seconds[name]}
+        for t in temperatures:
+            results[name][f"T={t:g}"] = decode_stats(target, out / "heads", prompt_ids, references if t == 0 else None,
+                                                     args.new_tokens, t)
         print(name, json.dumps(results[name]), flush=True)
-    lines = ["| heads | training steps | training seconds | 5-draft chain: mean accepted | chain reaches depth 1..5 "
-             "| 16-token tree: mean accepted |", "|---|---:|---:|---:|---|---:|"]
+    lines = ["| heads | training steps | training seconds | temperature | 5-draft chain: mean accepted "
+             "| chain reaches depth 1..5 | 16-token tree: mean accepted |", "|---|---:|---:|---:|---:|---|---:|"]
     for name, r in results.items():
-        reach = " ".join(f"{x:.2f}" for x in r["chain"]["reach"])
-        lines.append(f"| {name} | {r['steps']} | {r['train_seconds']:.0f} | {r['chain']['mean_accepted']:.2f} | {reach} "
-                     f"| {r['tree']['mean_accepted']:.2f} |")
+        for t in temperatures:
+            d = r[f"T={t:g}"]
+            reach = " ".join(f"{x:.2f}" for x in d["chain"]["reach"])
+            lines.append(f"| {name} | {r['steps']} | {r['train_seconds']:.0f} | {t:g} | {d['chain']['mean_accepted']:.2f} "
+                         f"| {reach} | {d['tree']['mean_accepted']:.2f} |")
     md = "\n".join(lines)
     print(md)
     if args.out:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
         meta = {"ratio": ratio, "probes": probes, "chain": CHAIN, "tree": TREE, "prompts": len(prompt_ids),
+                "temperatures": temperatures,
                 "new_tokens": args.new_tokens, "command": " ".join(sys.argv)}
         (out / "results.json").write_text(json.dumps({**meta, "runs": results}, indent=2))
         (out / "results.md").write_text(f"`{meta['command']}`\n\nEAGLE-3 / EAGLE seconds per step: {ratio:.2f}\n\n" + md + "\n")

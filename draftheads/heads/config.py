@@ -23,6 +23,16 @@ def text_config(model_or_config: Any) -> Any:
     return getter() if getter is not None else config
 
 
+def target_decoder(target: Any) -> Any:
+    """The decoder stack of an HF causal LM (``model.model`` for Llama/Qwen2), or None for a model
+    without a plain one (``get_decoder`` missing or failing)."""
+    get_decoder = getattr(target, "get_decoder", None)
+    try:
+        return get_decoder() if get_decoder is not None else None
+    except Exception:  # noqa: BLE001 - any model without a plain decoder
+        return None
+
+
 @dataclass
 class TargetInfo:
     """What a set of heads knows about its target; compared field by field at load time."""

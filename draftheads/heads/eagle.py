@@ -44,7 +44,7 @@ import torch
 from torch import nn
 
 from .base import DraftHeads
-from .config import HeadsConfig, TargetInfo, text_config
+from .config import HeadsConfig, TargetInfo, target_decoder, text_config
 from .draft_layer import DraftLayer, check_sliding_window, rope_settings
 from .unrolled_attention import UnrolledStepMask
 
@@ -362,10 +362,7 @@ class Eagle3Head(EagleHead):
 
 def target_final_norm(target: nn.Module) -> nn.Module | None:
     """The final norm of an HF causal LM's decoder (``norm``, or GPT-2's ``ln_f``), or None."""
-    try:
-        decoder = target.get_decoder()
-    except Exception:  # noqa: BLE001 - a model without a plain decoder has no norm to copy
-        return None
+    decoder = target_decoder(target)
     for name in ("norm", "final_layernorm", "ln_f"):
         module = getattr(decoder, name, None)
         if isinstance(module, nn.Module):

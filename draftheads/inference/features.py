@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from ..heads.config import text_config
+from ..heads.config import target_decoder, text_config
 
 #: The last hidden state after the final norm (what Medusa, Hydra and EAGLE read).
 FINAL = -1
@@ -26,11 +26,7 @@ FINAL = -1
 def _decoder_modules(target: torch.nn.Module) -> tuple[Sequence[torch.nn.Module], torch.nn.Module] | None:
     """The decoder layers and the final norm of a standard HF causal LM, or None if it has another
     layout (the tap then falls back to ``output_hidden_states=True``: correct, just more memory)."""
-    get_decoder = getattr(target, "get_decoder", None)
-    try:
-        decoder = get_decoder() if get_decoder is not None else None
-    except Exception:  # noqa: BLE001 - any model without a plain decoder falls back
-        decoder = None
+    decoder = target_decoder(target)
     layers = getattr(decoder, "layers", None)
     norm = getattr(decoder, "norm", None)
     if isinstance(layers, torch.nn.ModuleList) and isinstance(norm, torch.nn.Module) and len(layers) > 0:
