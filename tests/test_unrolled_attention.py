@@ -71,3 +71,14 @@ def test_eagle3_trains_the_same_through_the_tiles(monkeypatch):
     torch.testing.assert_close(loss, dense_loss, rtol=1e-6, atol=1e-6)
     for name in dense_grads:
         torch.testing.assert_close(grads[name], dense_grads[name], rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_long_windows_get_wider_tiles():
+    """Autograd keeps every tile's key slice (~n^2 / (2 x tile) rows): past MAX_TILES tiles of TILE
+    rows the tile widens, so that memory stays within a few windows' worth of keys."""
+    def tile(n):
+        return UnrolledStepMask(torch.ones(1, n, n, dtype=torch.bool).tril(), 1, starts=[0] * n).tile
+
+    assert tile(300) == unrolled_attention.TILE == 128
+    assert tile(unrolled_attention.MAX_TILES * 128) == 128
+    assert tile(2048) == 256 and tile(2049) == 257

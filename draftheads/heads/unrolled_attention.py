@@ -8,7 +8,8 @@ explicit mask computes every masked entry anyway, so step k costs (k+1) n^2 wher
 n^2 / 2 + k n, and a packed window of several documents pays the whole window^2 where it needs the
 sum of its documents' squares.
 
-Here the queries are cut into tiles of ``TILE`` rows. A tile [a, b) reads the prefix keys from
+Here the queries are cut into tiles of ``TILE`` rows (wider past ``MAX_TILES`` tiles: autograd keeps
+every tile's key and value slices, about n^2 / (2 x tile) rows in all, so the tile grows with n). A tile [a, b) reads the prefix keys from
 the earliest document start of its rows (over the batch) up to b, and only rows a..b of each
 earlier step, with the dense mask's entries for exactly those keys: every key a row may see is
 in its tile's slice, so each row's softmax runs over the same visible keys as with the dense mask
@@ -21,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 TILE = 128  # query rows per tile: small enough to skip most of a causal mask, large for the kernel
+MAX_TILES = 8  # longer windows get wider tiles: each tile's key slice is kept for backward
 
 
 def first_visible(prefix: torch.Tensor) -> list[int]:
@@ -39,8 +41,9 @@ class UnrolledStepMask:
     earliest document start over the batch), on the host."""
 
     def __init__(self, prefix: torch.Tensor, k: int, starts: list[int] | None = None, tile: int | None = None) -> None:
-        self.prefix, self.k, self.tile = prefix, k, TILE if tile is None else tile
         self.n = prefix.shape[-1]
+        self.prefix, self.k = prefix, k
+        self.tile = max(TILE, -(-self.n // MAX_TILES)) if tile is None else tile
         self.starts = first_visible(prefix) if starts is None else starts
 
     def dense(self) -> torch.Tensor:

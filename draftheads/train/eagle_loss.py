@@ -13,8 +13,10 @@ Losses per step, averaged over the rows whose predicted token is a training toke
   vocabulary, counted where the target's argmax lies in it (EAGLE-3; no feature loss).
 The classification term is `heads.loss` (target_loss.py: soft cross-entropy by default, as both
 papers; KL, CE on the target's greedy token, or LK's negative log acceptance). Step k is weighted
-``decay``^k (`train.loss_decay`, 0.8 as EAGLE-3's trainer). Vocab-sized logits are computed in checkpointed chunks, never for the
-whole batch at once (as in losses.py).
+``decay``^k (`train.loss_decay`, 0.8 as EAGLE-3's trainer). The draft's vocab-sized logits are computed in
+checkpointed chunks, never for the whole batch at once (as in losses.py); the target's side of
+every step (`TargetRows`) once per window position, since step k+1 scores step k's positions
+shifted by one. The steps attend tile by tile (`heads/unrolled_attention.py`).
 """
 from __future__ import annotations
 
