@@ -23,6 +23,10 @@ BATCH, SEQ = 2, 24
 def _heads(kind: str, target):
     torch.manual_seed(0)
     vocab = target.config.vocab_size
+    if kind.endswith("+greedy_path"):  # the greedy path reads the target's greedy tokens from the same table
+        heads = _heads(kind.removesuffix("+greedy_path"), target)
+        heads.config.extra["greedy_path"] = True
+        return heads
     if kind == "eagle":
         return dh.EagleHead.for_target(target, num_heads=3).eval()  # eval: no feature noise
     if kind == "dflash":
@@ -53,7 +57,7 @@ def _step(kind: str, table: bool, monkeypatch):
     return out["loss"].detach(), grads, sum(scored)
 
 
-@pytest.mark.parametrize("kind", ["eagle", "eagle3", "peagle", "dflash"])
+@pytest.mark.parametrize("kind", ["eagle", "eagle3", "peagle", "dflash", "peagle+greedy_path", "dflash+greedy_path"])
 def test_each_window_position_is_scored_once_and_trains_as_before(kind, monkeypatch):
     loss, grads, scored = _step(kind, True, monkeypatch)
     loss_rows, grads_rows, scored_rows = _step(kind, False, monkeypatch)
@@ -91,3 +95,6 @@ def test_the_table_and_the_rows_computed_on_the_fly_agree(kind, monkeypatch):
     assert torch.equal(top, to_draft[logits.argmax(-1)].clamp(min=0))
     if p is not None:
         torch.testing.assert_close(p, logits[:, ids].softmax(-1))
+    with torch.no_grad():
+        greedy = lm_head(hidden.reshape(-1, hidden.shape[-1])).argmax(-1)  # target ids, whole vocabulary
+    assert torch.equal(kept.greedy_ids(), greedy) and torch.equal(fly.greedy_ids(), greedy)

@@ -91,14 +91,13 @@ def block_mask(
 
 
 @torch.no_grad()
-def greedy_follows(lm_head, last_hidden: torch.Tensor, input_ids: torch.Tensor, chunk_size: int = 1024) -> torch.Tensor:
-    """[B, S] bool: token p of the data is the target's greedy token after p-1 (position 0: False)."""
-    bsz, seq, width = last_hidden.shape
-    flat = last_hidden[:, :-1].reshape(-1, width)
-    top = torch.cat([lm_head(flat[i : i + chunk_size].to(lm_head.weight.dtype)).argmax(-1)
-                     for i in range(0, flat.shape[0], chunk_size)]) if flat.shape[0] else flat.new_zeros(0, dtype=torch.long)
+def greedy_follows(labels: TargetRows, input_ids: torch.Tensor) -> torch.Tensor:
+    """[B, S] bool: token p of the data is the target's greedy token after p-1 (position 0: False).
+    The greedy tokens come from ``labels`` (the same LM-head pass that scores the losses)."""
+    bsz, seq = input_ids.shape
+    greedy = labels.greedy_ids().view(bsz, seq)
     follows = torch.zeros(bsz, seq, dtype=torch.bool, device=input_ids.device)
-    follows[:, 1:] = top.view(bsz, seq - 1) == input_ids[:, 1:]
+    follows[:, 1:] = greedy[:, :-1] == input_ids[:, 1:]
     return follows
 
 
@@ -160,7 +159,8 @@ def dflash_loss(
 
     # Slot k of block j predicts token a_j + k, against the target at a_j + k - 1.
     label_pos = positions[:, :, 1:]
-    counted = _counted_slots(heads, valid, lm, am, label_pos, last_hidden, input_ids, chunk_size)
+    labels = TargetRows(heads.target_lm_head(), last_hidden, kind, chunk_size=chunk_size)
+    counted = _counted_slots(heads, labels, valid, lm, am, label_pos, input_ids)
     slot_of = torch.arange(slots, device=device).expand(bsz, n, slots)
     idx = counted.reshape(-1).nonzero().squeeze(-1)
     flat_states = states.reshape(-1, states.shape[-1])[idx]
@@ -168,7 +168,6 @@ def dflash_loss(
     flat_target = src.reshape(-1)[idx]  # the target's position of each trained slot, flat over [B, S]
     flat_slot = slot_of.reshape(-1)[idx]
 
-    labels = TargetRows(heads.target_lm_head(), last_hidden, kind, chunk_size=chunk_size)
     rows, hit = _row_terms(heads, labels, flat_states, flat_target, topk, ranks, kind, chunk_size, checkpoint_chunks)
 
     count = torch.bincount(flat_slot, minlength=slots)
@@ -183,14 +182,14 @@ def dflash_loss(
     return HeadLossOutput(loss=loss, ce_sum=ce_sum, count=count, top1=top1, topk=topk_hits, rank_hits=rank_hits)
 
 
-def _counted_slots(heads, valid, lm, am, label_pos, last_hidden, input_ids, chunk_size) -> torch.Tensor:
+def _counted_slots(heads, labels: TargetRows, valid, lm, am, label_pos, input_ids) -> torch.Tensor:
     """[B, N, K]: which slots of which drawn blocks are trained: a valid anchor, a loss token at the
     label, and (``greedy_path``) only after k-1 data tokens the target itself would produce."""
     bsz, n, slots = label_pos.shape
     flat = label_pos.reshape(bsz, -1)
     counted = valid[:, :, None] & lm.gather(1, flat).view(bsz, n, slots) & am.gather(1, flat).view(bsz, n, slots)
     if heads.config.extra.get("greedy_path", False):
-        follows = greedy_follows(heads.target_lm_head(), last_hidden, input_ids, chunk_size)
+        follows = greedy_follows(labels, input_ids)
         on_path = follows.gather(1, flat).view(bsz, n, slots)
         before = torch.ones_like(on_path)
         before[:, :, 1:] = on_path[:, :, :-1].long().cumprod(-1).bool()

@@ -156,8 +156,9 @@ def peagle_loss(
     for d in range(depths):
         if 2 + d < seq:
             valid[:, d, : seq - 2 - d] = within_document(supervised[:, 2 + d :], position_ids, 2 + d)
+    labels = TargetRows(heads.target_lm_head(), last_hidden, loss_of(ex), heads.vocab_ids(), heads.target_to_draft, chunk_size)
     if ex.get("greedy_path", False):  # depth d only after d data tokens the target itself would produce
-        follows = greedy_follows(heads.target_lm_head(), last_hidden, input_ids, chunk_size)
+        follows = greedy_follows(labels, input_ids)
         on_path = torch.ones(bsz, n, dtype=torch.bool, device=device)
         for d in range(1, depths):  # depth d's chain runs through tokens t+2 .. t+1+d
             if 1 + d < seq:
@@ -169,7 +170,6 @@ def peagle_loss(
     state, anchor, depth, real = element_states(heads, features, input_ids, am, chains, position_ids)
 
     # -- losses per depth ---------------------------------------------------------------------------
-    labels = TargetRows(heads.target_lm_head(), last_hidden, loss_of(ex), heads.vocab_ids(), heads.target_to_draft, chunk_size)
     ce_sum = torch.zeros(depths, device=device)
     count = torch.zeros(depths, device=device, dtype=torch.long)
     top1 = torch.zeros(depths, device=device, dtype=torch.long)

@@ -112,21 +112,32 @@ class TargetRows:
     @torch.no_grad()
     def _compute(self, hidden: torch.Tensor):
         logits = self.lm_head(hidden.to(self.lm_head.weight.dtype)).float()
-        top = logits.argmax(-1)
+        greedy = logits.argmax(-1)  # a target id
         if self.vocab_ids is None:
-            inside = torch.ones_like(top, dtype=torch.bool)
+            top, inside = greedy, torch.ones_like(greedy, dtype=torch.bool)
         else:
-            inside = self.target_to_draft[top] >= 0
+            inside = self.target_to_draft[greedy] >= 0
             logits = logits[:, self.vocab_ids]
-            top = self.target_to_draft[top].clamp(min=0)
+            top = self.target_to_draft[greedy].clamp(min=0)
         p = logits.softmax(-1) if needs_distribution(self.kind) else None
-        return top, inside, p
+        return top, inside, p, greedy
+
+    @torch.no_grad()
+    def greedy_ids(self) -> torch.Tensor:
+        """[batch x seq]: the target's greedy token (a target id) after every window position, from
+        the table when it is kept (no second pass of the LM head), else argmax in chunks."""
+        if self.table is not None:
+            return self.table[3]
+        head = self.lm_head
+        parts = [head(self.hidden[i : i + self.chunk_size].to(head.weight.dtype)).argmax(-1)
+                 for i in range(0, self.hidden.shape[0], self.chunk_size)]
+        return torch.cat(parts) if parts else self.hidden.new_zeros(0, dtype=torch.long)
 
     def rows(self, positions: torch.Tensor):
         """(top [m], inside [m], p [m, V] or None, hidden [m, H]) at flat window positions [m]
         (row-major over [batch, seq])."""
         hidden = self.hidden[positions]
         if self.table is None:
-            return (*self._compute(hidden), hidden)
-        top, inside, p = self.table
+            return (*self._compute(hidden)[:3], hidden)
+        top, inside, p, _ = self.table
         return top[positions], inside[positions], None if p is None else p[positions], hidden
