@@ -3,6 +3,7 @@ tokenizer, all built offline from configs in well under a second."""
 from __future__ import annotations
 
 import json
+import os
 import random
 import sys
 from pathlib import Path
@@ -75,6 +76,16 @@ def tiny_llama():
 @pytest.fixture
 def tiny_qwen2():
     return make_tiny_model("qwen2")
+
+
+def pytest_configure(config):
+    """Under pytest-xdist (the README's ``-n 2``) each worker gets one torch thread, and so do the
+    processes it starts (CLI runs, ``run()``): two workers then fill the two cores without either
+    oversubscribing them. The tiny models here gain nothing from a second thread."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        os.environ.setdefault("DRAFTHEADS_NUM_THREADS", "1")
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
+        torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="session")
