@@ -1,7 +1,7 @@
 """EAGLE vs EAGLE-3 at equal training wall time, decoded with the same chain and tree.
 
     python benchmarks/equal_wall_time.py [--eagle3-steps 200] [--probe-steps 40] [--temperatures 0,1] \\
-        [--workdir /tmp/draftheads-walltime] [--out benchmarks/measurements/equal-wall-time]
+        [--seeds 0,1,2] [--workdir /tmp/draftheads-walltime] [--out benchmarks/measurements/equal-wall-time]
 
 Every paper orders them EAGLE-3 > EAGLE; on the demo EAGLE-3 accepts more at the same step
 count, but one EAGLE-3 step (three unrolled draft steps over fused features of three layers)
@@ -17,7 +17,9 @@ costs more than one EAGLE step. This benchmark gives both the same seconds:
    T > 0 by lossless sampling, one seed per prompt).
 
 No decode timing (acceptance counts do not depend on the machine's load); the training seconds of
-each run are reported beside them. Results: OUT/results.json and OUT/results.md.
+each run are reported beside them. ``--seeds``: each train.seed trains both recipes (initialisation
+and batch order change; the data does not), and a second table gives each recipe's mean and on how
+many seeds EAGLE-3 accepts at least EAGLE's. Results: OUT/results.json and OUT/results.md.
 """
 from __future__ import annotations
 
@@ -39,16 +41,18 @@ from recipe_ablation import CHAIN, TREE, decode_stats, prompts  # noqa: E402
 CONFIGS = {"eagle": ROOT / "configs" / "demo-eagle.yaml", "eagle3": ROOT / "configs" / "demo-eagle3.yaml"}
 
 
-def train(config: Path, out: Path, steps: int) -> float:
-    """Train ``config`` for ``steps`` steps into ``out`` (skipped when its heads exist); returns the
-    seconds spent in training steps (evaluation, checkpoints and the tree choice are off)."""
+def train(config: Path, out: Path, steps: int, seed: int = 0) -> float:
+    """Train ``config`` for ``steps`` steps with ``train.seed=seed`` into ``out`` (skipped when its
+    heads exist); returns the seconds spent in training steps (evaluation, checkpoints and the tree
+    choice are off)."""
     from draftheads.config import load_config
     from draftheads.train import loop, trainer
 
     info = out / "train-info.json"
     if (out / "heads" / "config.json").is_file() and info.is_file():
         return json.loads(info.read_text())["train_seconds"]
-    overrides = [f"train.output_dir={out}", f"train.max_steps={steps}", "train.eval_every=0", "train.save_every=0"]
+    overrides = [f"train.output_dir={out}", f"train.max_steps={steps}", "train.eval_every=0", "train.save_every=0",
+                 f"train.seed={seed}"]
     choose_tree = trainer.write_export_tree
     trainer.write_export_tree = lambda *a, **k: choose_tree(*a, **{**k, "skip_reason": "equal_wall_time decodes fixed shapes"})
     try:
@@ -83,6 +87,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--temperatures", default="0",
                     help="comma-separated; 0 is greedy (checked equal to generate), > 0 lossless sampling, one seed per prompt")
+    ap.add_argument("--seeds", default="0", help="comma-separated train.seed values: each trains both recipes once")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -96,9 +101,14 @@ def main() -> None:
         ratio = (sum(probes["eagle3"]) / len(probes["eagle3"])) / (sum(probes["eagle"]) / len(probes["eagle"]))
     eagle_steps = round(args.eagle3_steps * ratio)
     print(f"EAGLE-3 {args.eagle3_steps} steps ~ EAGLE {eagle_steps} steps (ratio {ratio:.2f})", flush=True)
-    runs = {"eagle3": (args.eagle3_steps, workdir / "runs" / f"eagle3-{args.eagle3_steps}"),
-            "eagle": (eagle_steps, workdir / "runs" / f"eagle-{eagle_steps}")}
-    seconds = {name: train(CONFIGS[name], out, steps) for name, (steps, out) in runs.items()}
+    seeds = [int(x) for x in args.seeds.split(",")]
+
+    def run_dir(name: str, steps: int, seed: int) -> Path:  # seed 0 keeps the folder name of runs before --seeds
+        return workdir / "runs" / (f"{name}-{steps}" + ("" if seed == 0 else f"-seed{seed}"))
+
+    steps_of = {"eagle3": args.eagle3_steps, "eagle": eagle_steps}
+    runs = {(name, seed): (steps, run_dir(name, steps, seed)) for seed in seeds for name, steps in steps_of.items()}
+    seconds = {key: train(CONFIGS[key[0]], out, steps, key[1]) for key, (steps, out) in runs.items()}
 
     from draftheads.target import load_target
 
@@ -108,12 +118,13 @@ def main() -> None:
                   for p in prompt_ids]
     temperatures = [float(t) for t in args.temperatures.split(",")]
     results = {}
-    for name, (steps, out) in runs.items():
-        results[name] = {"steps": steps, "train_seconds": seconds[name]}
+    for (name, seed), (steps, out) in runs.items():
+        key = name if seed == 0 and len(seeds) == 1 else f"{name} seed {seed}"
+        results[key] = {"steps": steps, "seed": seed, "train_seconds": seconds[(name, seed)]}
         for t in temperatures:
-            results[name][f"T={t:g}"] = decode_stats(target, out / "heads", prompt_ids, references if t == 0 else None,
-                                                     args.new_tokens, t)
-        print(name, json.dumps(results[name]), flush=True)
+            results[key][f"T={t:g}"] = decode_stats(target, out / "heads", prompt_ids, references if t == 0 else None,
+                                                    args.new_tokens, t)
+        print(key, json.dumps(results[key]), flush=True)
     lines = ["| heads | training steps | training seconds | temperature | 5-draft chain: mean accepted "
              "| chain reaches depth 1..5 | 16-token tree: mean accepted |", "|---|---:|---:|---:|---:|---|---:|"]
     for name, r in results.items():
@@ -122,6 +133,15 @@ def main() -> None:
             reach = " ".join(f"{x:.2f}" for x in d["chain"]["reach"])
             lines.append(f"| {name} | {r['steps']} | {r['train_seconds']:.0f} | {t:g} | {d['chain']['mean_accepted']:.2f} "
                          f"| {reach} | {d['tree']['mean_accepted']:.2f} |")
+    if len(seeds) > 1:  # each recipe's mean over the seeds, and on how many seeds EAGLE-3 >= EAGLE
+        lines += ["", "| temperature | shape | EAGLE-3 mean | EAGLE mean | seeds where EAGLE-3 >= EAGLE |", "|---:|---|---:|---:|---:|"]
+        for t in temperatures:
+            for shape in ("chain", "tree"):
+                got = {name: [results[f"{name} seed {s}"][f"T={t:g}"][shape]["mean_accepted"] for s in seeds]
+                       for name in steps_of}
+                wins = sum(a >= b for a, b in zip(got["eagle3"], got["eagle"]))
+                lines.append(f"| {t:g} | {shape} | {sum(got['eagle3']) / len(seeds):.2f} | {sum(got['eagle']) / len(seeds):.2f} "
+                             f"| {wins} of {len(seeds)} |")
     md = "\n".join(lines)
     print(md)
     if args.out:

@@ -146,6 +146,10 @@ class TrainConfig:
     # Draw each batch from rows of similar length (less padding, the same per-row losses; see
     # draftheads/data/sampling.py). Worth it for chat data with widely spread lengths.
     group_by_length: Bool = False
+    # At the end of training, choose the heads' tree per temperature by timing decoding on this
+    # machine and write heads/tree.json. false: skip it (the decoder uses its device default; run
+    # `draftheads calibrate` on the machine that will serve, whose timings are the ones that count).
+    choose_tree: Bool = True
 
     def __post_init__(self) -> None:
         betas = self.adam_betas
@@ -281,6 +285,7 @@ ADDED_KEYS: dict[str, Any] = {
     "heads.norm_before_fc": False,
     "heads.lm_head_init": "random",
     "train.loss_checkpointing": True,
+    "train.choose_tree": True,
 }
 
 

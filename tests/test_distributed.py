@@ -50,7 +50,8 @@ def _config(tmp_path: Path, target_dir: Path, data: Path, heads: dict | None = N
         "data": {"path": str(data), "format": "text", "max_length": 48, "eval_fraction": 0.125,
                  "cache_dir": str(tmp_path / "hf-cache")},
         "train": {"output_dir": str(tmp_path / "run"), "max_steps": 6, "batch_size": 4, "grad_accum": 2, "lr": 1e-2,
-                  "warmup_steps": 1, "eval_every": 3, "eval_batches": 0, "save_every": 3, "log_every": 3, **train},
+                  "warmup_steps": 1, "eval_every": 3, "eval_batches": 0, "save_every": 3, "log_every": 3,
+                  "choose_tree": False, **train},  # the tree choice under DDP: test_ddp_two_processes_on_cpu
     }
 
 
@@ -116,8 +117,9 @@ def _eval_targets(out: Path) -> int:
 def test_ddp_two_processes_on_cpu(tmp_path, tiny_target_dir, tiny_text_jsonl):
     """2 processes x 1 micro-batch must make the same updates as 1 process x grad_accum 2 (the
     same rows per step): the loss is normalised by the step's global token count."""
-    out = _launch(tmp_path, "cpu_ddp.yaml", tiny_target_dir, tiny_text_jsonl, grad_accum=1)
+    out = _launch(tmp_path, "cpu_ddp.yaml", tiny_target_dir, tiny_text_jsonl, grad_accum=1, choose_tree=True)
     _check_ranks_agree(out, "MULTI_CPU")
+    assert (out / "heads" / "tree.json").is_file(), "the main process chooses the tree while the other waits"
 
     from draftheads.config import config_from_dict
     from draftheads.train.loop import run

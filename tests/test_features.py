@@ -35,7 +35,7 @@ def _cfg_dict(tmp_path: Path, target_dir: Path, data: Path, head_type: str = "me
                  "cache_dir": str(tmp_path / "hf-cache")},
         "train": {"output_dir": str(tmp_path / "run"), "max_steps": 6, "batch_size": 4, "lr": 1e-2,
                   "eval_every": 3, "eval_batches": 2, "save_every": 0, "log_every": 2, "mixed_precision": "no",
-                  **train},
+                  "choose_tree": False, **train},  # the tree choice: test_export_tree
     }
 
 

@@ -361,7 +361,7 @@ def test_init_from_loads_imported_heads_and_refuses_other_sizes(tmp_path, tiny_t
             "data": {"path": str(tiny_text_jsonl), "format": "text", "max_length": 32, "eval_fraction": 0.1,
                      "cache_dir": str(tmp_path / "hf-cache")},
             "train": {"output_dir": str(tmp_path / out), "max_steps": 2, "batch_size": 2, "lr": 1e-12,
-                      "warmup_steps": 0, "eval_every": 0, "eval_batches": 1, "save_every": 0},
+                      "warmup_steps": 0, "eval_every": 0, "eval_batches": 1, "save_every": 0, "choose_tree": False},
         })
 
     result = run(cfg("run"))

@@ -63,6 +63,7 @@ def test_training_with_group_by_length(tmp_path, tiny_target_dir, tiny_text_json
         "data": {"path": str(tiny_text_jsonl), "format": "text", "max_length": 40, "eval_fraction": 0.1,
                  "cache_dir": str(tmp_path / "hf")},
         "train": {"output_dir": str(tmp_path / "run"), "max_steps": 3, "batch_size": 4, "eval_every": 0,
-                  "eval_batches": 1, "save_every": 0, "log_every": 1, "group_by_length": True},
+                  "eval_batches": 1, "save_every": 0, "log_every": 1, "group_by_length": True,
+                  "choose_tree": False},
     })
     assert run(cfg).step == 3 and seen

@@ -220,6 +220,7 @@ def _cfg(tmp_path: Path, target_dir: Path, data: Path, *overrides: str, **train)
             "eval_batches": 2,
             "save_every": 0,
             "log_every": 2,
+            "choose_tree": False,  # ~20 s of timed decoding per run; test_export_tree tests the choice
             **train,
         },
     }

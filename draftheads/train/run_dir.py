@@ -33,6 +33,7 @@ RESUMABLE_KEYS = (
     "train.resume",
     "train.output_dir",
     "train.log_every",
+    "train.choose_tree",  # what happens after the last step, not what is trained
     "data.cache_dir",
     "tracking.",
 )

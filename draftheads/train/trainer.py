@@ -439,9 +439,10 @@ class Trainer:
         the one call into it."""
         sample_ds = self.eval_ds if self.eval_ds is not None and len(self.eval_ds) else self.train_ds
         rows = [torch.as_tensor(sample_ds[i]["input_ids"]) for i in range(min(SAMPLE_ROWS, len(sample_ds)))]
+        skip = None if self.t.choose_tree else "train.choose_tree is false; `draftheads calibrate` chooses one later"
         return write_export_tree(
             self.accelerator, model, heads_dir, rows, final_eval.get("eval/rank_accuracy"),
-            skip_reason=self.parallel.tree_skip_reason(),
+            skip_reason=skip or self.parallel.tree_skip_reason(),
         )  # fmt: skip
 
     def metrics(self, final_eval: dict[str, Any], chosen_tree: Any) -> dict[str, Any]:
