@@ -82,7 +82,8 @@ LABEL_TABLE_BYTES = 1 << 30
 class TargetRows:
     """The target's side of a loss at window positions: its argmax (an index into the tokens the
     draft scores), whether that argmax lies among them, its distribution over them (None for
-    ``ce``), and the final hidden state itself (EAGLE-1's regression label).
+    ``ce``), and the final hidden state itself (EAGLE-1's regression label); plus its greedy token
+    as a target id (`greedy_ids`, for ``heads.greedy_path``) from the same LM-head pass.
 
     Several draft rows score the same position: EAGLE's unrolled step k+1 scores the positions of
     step k shifted by one, P-EAGLE's depths and DFlash's overlapping blocks likewise. The target's
