@@ -46,19 +46,15 @@ def train(config: Path, out: Path, steps: int, seed: int = 0) -> float:
     heads exist); returns the seconds spent in training steps (evaluation, checkpoints and the tree
     choice are off)."""
     from draftheads.config import load_config
-    from draftheads.train import loop, trainer
+    from draftheads.train import loop
 
     info = out / "train-info.json"
     if (out / "heads" / "config.json").is_file() and info.is_file():
         return json.loads(info.read_text())["train_seconds"]
+    # no tree choice: this benchmark decodes fixed shapes
     overrides = [f"train.output_dir={out}", f"train.max_steps={steps}", "train.eval_every=0", "train.save_every=0",
-                 f"train.seed={seed}"]
-    choose_tree = trainer.write_export_tree
-    trainer.write_export_tree = lambda *a, **k: choose_tree(*a, **{**k, "skip_reason": "equal_wall_time decodes fixed shapes"})
-    try:
-        result = loop.run(load_config(config, overrides), overwrite=True)
-    finally:
-        trainer.write_export_tree = choose_tree
+                 f"train.seed={seed}", "train.choose_tree=false"]
+    result = loop.run(load_config(config, overrides), overwrite=True)
     seconds = result.metrics["stage_seconds"]["train"]
     info.write_text(json.dumps({"config": str(config), "steps": steps, "train_seconds": seconds}, indent=2))
     return seconds

@@ -93,22 +93,18 @@ def train_arm(workdir: Path, arm: str, steps: int, warmup: int | None, config: P
     checkpoints and the export's tree timing are off: this benchmark decodes with fixed shapes,
     and on a loaded machine the timing grid costs more than the training."""
     from draftheads.config import load_config
-    from draftheads.train import loop, trainer
+    from draftheads.train import loop
 
     out = workdir / "runs" / arm
     info_file = out / "train-info.json"
     if (out / "heads" / "config.json").is_file() and info_file.is_file():
         return json.loads(info_file.read_text())
     overrides = [f"train.output_dir={out}", f"train.max_steps={steps}", "train.eval_every=0", "train.save_every=0",
-                 *([f"train.warmup_steps={warmup}"] if warmup is not None else []), *ARMS[arm]]  # fmt: skip
+                 "train.choose_tree=false", *([f"train.warmup_steps={warmup}"] if warmup is not None else []),
+                 *ARMS[arm]]  # fmt: skip
     print(f"+ {arm}: {config} {' '.join(overrides)}", flush=True)
-    choose_tree = trainer.write_export_tree  # the name the Trainer calls
-    trainer.write_export_tree = lambda *a, **k: choose_tree(*a, **{**k, "skip_reason": "recipe_ablation decodes fixed shapes"})
     start = time.perf_counter()
-    try:
-        result = loop.run(load_config(config, overrides), overwrite=True)
-    finally:
-        trainer.write_export_tree = choose_tree
+    result = loop.run(load_config(config, overrides), overwrite=True)
     info = {"config": str(config), "overrides": overrides, "train_seconds": time.perf_counter() - start,
             "final_eval": {k: v for k, v in result.metrics["final_eval"].items() if isinstance(v, (int, float))}}
     info_file.write_text(json.dumps(info, indent=2))

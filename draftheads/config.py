@@ -285,7 +285,6 @@ ADDED_KEYS: dict[str, Any] = {
     "heads.norm_before_fc": False,
     "heads.lm_head_init": "random",
     "train.loss_checkpointing": True,
-    "train.choose_tree": True,
 }
 
 

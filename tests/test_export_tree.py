@@ -240,17 +240,11 @@ def test_training_chooses_a_tree_per_temperature_timing_few_settings_when_sampli
 def test_training_told_not_to_choose_a_tree_writes_none(tmp_path, tiny_target_dir, tiny_text_jsonl, capsys):
     """train.choose_tree=false: the heads are exported without tree.json (the decoder's device
     default until `draftheads calibrate`), and the run says why."""
-    from draftheads.config import config_from_dict
     from draftheads.train.loop import run
+    from test_train import _cfg  # the tests' training config, choose_tree off
 
-    cfg = config_from_dict({
-        "target": {"name_or_path": str(tiny_target_dir), "dtype": "float32"},
-        "heads": {"num_heads": 2, "num_layers": 1, "lm_head": "own"},
-        "data": {"path": str(tiny_text_jsonl), "format": "text", "max_length": 48, "eval_fraction": 0.1,
-                 "cache_dir": str(tmp_path / "hf-cache")},
-        "train": {"output_dir": str(tmp_path / "run"), "max_steps": 2, "batch_size": 4, "eval_every": 0,
-                  "eval_batches": 1, "save_every": 0, "choose_tree": False},
-    }, [])
+    cfg = _cfg(tmp_path, tiny_target_dir, tiny_text_jsonl, max_steps=2, eval_every=0, eval_batches=1)
+    assert cfg.train.choose_tree is False
     result = run(cfg)
     assert (result.heads_dir / "model.safetensors").is_file() and not (result.heads_dir / "tree.json").exists()
     assert result.metrics["tree"] is None

@@ -399,17 +399,12 @@ def draftheads_arm(out: Path, steps: int, overrides: list[str]) -> dict:
     """configs/demo-eagle3.yaml (plus ``overrides``) trained by draftheads' own loop into OUT,
     mid-run evaluation, checkpoints and the export's tree timing off (as recipe_ablation)."""
     from draftheads.config import load_config
-    from draftheads.train import loop, trainer
+    from draftheads.train import loop
 
     overrides = [f"train.output_dir={out}", f"train.max_steps={steps}", "train.eval_every=0", "train.save_every=0",
-                 *overrides]  # fmt: skip
-    choose_tree = trainer.write_export_tree  # the name the Trainer calls
-    trainer.write_export_tree = lambda *a, **k: choose_tree(*a, **{**k, "skip_reason": "the benchmark decodes fixed shapes"})
+                 "train.choose_tree=false", *overrides]  # fmt: skip
     start = time.perf_counter()
-    try:
-        result = loop.run(load_config(CONFIG, overrides), overwrite=True)
-    finally:
-        trainer.write_export_tree = choose_tree
+    result = loop.run(load_config(CONFIG, overrides), overwrite=True)
     return {"config": str(CONFIG), "overrides": overrides, "train_seconds": time.perf_counter() - start,
             "final_eval": {k: v for k, v in result.metrics["final_eval"].items() if isinstance(v, (int, float))}}
 
