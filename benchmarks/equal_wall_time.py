@@ -1,23 +1,27 @@
 """EAGLE vs EAGLE-3 at equal training wall time, decoded with the same chain and tree.
 
-    python benchmarks/equal_wall_time.py [--eagle3-steps 200] [--probe-steps 40] [--temperatures 0,1] \\
-        [--seeds 0,1,2] [--workdir /tmp/draftheads-walltime] [--out benchmarks/measurements/equal-wall-time]
+    python benchmarks/equal_wall_time.py [--eagle3-steps 200 | --eagle-steps 314] [--probe-steps 40] \\
+        [--eagle3-set heads.draft_vocab_size=4096] [--temperatures 0,1] [--seeds 0,1,2] [--threads 2] \\
+        [--workdir /tmp/draftheads-walltime] [--out benchmarks/measurements/equal-wall-time]
 
 Every paper orders them EAGLE-3 > EAGLE; on the demo EAGLE-3 accepts more at the same step
 count, but one EAGLE-3 step (three unrolled draft steps over fused features of three layers)
 costs more than one EAGLE step. This benchmark gives both the same seconds:
 
-1. seconds per step of each shipped recipe (configs/demo-eagle.yaml, configs/demo-eagle3.yaml),
-   measured by ``--probe-steps`` steps of each, interleaved over two rounds, one thread each;
-2. EAGLE-3 trains ``--eagle3-steps`` steps, EAGLE as many steps as take the same seconds
-   (``--eagle3-steps`` x the measured ratio), each with its config unchanged otherwise;
+1. seconds per step of each shipped recipe (configs/demo-eagle.yaml, configs/demo-eagle3.yaml with
+   any ``--eagle3-set`` overrides), measured by ``--probe-steps`` steps of each, interleaved over two
+   rounds, at ``--threads`` (the runs' own thread count: the ratio differs between 1 and 2 threads);
+2. one recipe trains the steps given (``--eagle3-steps`` or ``--eagle-steps``), the other as many
+   steps as take the same seconds by the measured ratio, each with its config unchanged otherwise;
 3. both are decoded by draftheads' own decoder with the SAME shapes as benchmarks/recipe_ablation.py
    (a chain of 5 drafts and a 16-token dynamic tree) on the 12 held-out demo prompts, at each of
    ``--temperatures`` (greedy outputs checked equal to ``target.generate(do_sample=False)``;
    T > 0 by lossless sampling, one seed per prompt).
 
 No decode timing (acceptance counts do not depend on the machine's load); the training seconds of
-each run are reported beside them. ``--seeds``: each train.seed trains both recipes (initialisation
+each run are reported beside them. Each run's decode figures are kept beside its heads
+(``decode-*.json``, keyed by prompts, tokens and temperature), so a later invocation that shares a run
+(the same recipe, steps and seed) decodes only what is new. ``--seeds``: each train.seed trains both recipes (initialisation
 and batch order change; the data does not), and a second table gives each recipe's mean and on how
 many seeds EAGLE-3 accepts at least EAGLE's. Results: OUT/results.json and OUT/results.md.
 """
@@ -26,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -41,9 +46,9 @@ from recipe_ablation import CHAIN, TREE, decode_stats, prompts  # noqa: E402
 CONFIGS = {"eagle": ROOT / "configs" / "demo-eagle.yaml", "eagle3": ROOT / "configs" / "demo-eagle3.yaml"}
 
 
-def train(config: Path, out: Path, steps: int, seed: int = 0) -> float:
-    """Train ``config`` for ``steps`` steps with ``train.seed=seed`` into ``out`` (skipped when its
-    heads exist); returns the seconds spent in training steps (evaluation, checkpoints and the tree
+def train(config: Path, out: Path, steps: int, seed: int = 0, overrides: tuple[str, ...] = ()) -> float:
+    """Train ``config`` (plus ``overrides``) for ``steps`` steps with ``train.seed=seed`` into ``out``
+    (skipped when its heads exist); returns the seconds spent in training steps (evaluation, checkpoints and the tree
     choice are off)."""
     from draftheads.config import load_config
     from draftheads.train import loop
@@ -52,29 +57,48 @@ def train(config: Path, out: Path, steps: int, seed: int = 0) -> float:
     if (out / "heads" / "config.json").is_file() and info.is_file():
         return json.loads(info.read_text())["train_seconds"]
     # no tree choice: this benchmark decodes fixed shapes
-    overrides = [f"train.output_dir={out}", f"train.max_steps={steps}", "train.eval_every=0", "train.save_every=0",
-                 f"train.seed={seed}", "train.choose_tree=false"]
-    result = loop.run(load_config(config, overrides), overwrite=True)
+    run_overrides = [*overrides, f"train.output_dir={out}", f"train.max_steps={steps}", "train.eval_every=0",
+                     "train.save_every=0", f"train.seed={seed}", "train.choose_tree=false"]
+    result = loop.run(load_config(config, run_overrides), overwrite=True)
     seconds = result.metrics["stage_seconds"]["train"]
-    info.write_text(json.dumps({"config": str(config), "steps": steps, "train_seconds": seconds}, indent=2))
+    info.write_text(json.dumps({"config": str(config), "overrides": list(overrides), "steps": steps,
+                                "train_seconds": seconds}, indent=2))
     return seconds
 
 
-def seconds_per_step(workdir: Path, probe_steps: int) -> dict[str, list[float]]:
+def seconds_per_step(workdir: Path, probe_steps: int, overrides: dict[str, tuple[str, ...]], threads: int,
+                     tags: dict[str, str]) -> dict[str, list[float]]:
     """Both recipes' seconds per training step, measured in interleaved short runs (two rounds)."""
     per_step: dict[str, list[float]] = {name: [] for name in CONFIGS}
     for round_ in range(2):
         for name, config in CONFIGS.items():
-            out = workdir / "probe" / f"{name}-{round_}"
-            per_step[name].append(train(config, out, probe_steps) / probe_steps)
+            out = workdir / "probe" / f"{name}{tags[name]}-t{threads}-{round_}"
+            per_step[name].append(train(config, out, probe_steps, overrides=overrides[name]) / probe_steps)
             print(f"probe {name} round {round_}: {per_step[name][-1]:.3f} s/step", flush=True)
     return per_step
+
+
+def cached_decode(target, heads_dir: Path, prompt_ids, references, new_tokens: int, temperature: float) -> dict:
+    """``decode_stats`` of one run at one temperature, kept in the run's folder (the heads and the
+    prompts fix the figures: greedy exactly, T > 0 by the per-prompt seeds)."""
+    key = f"decode-p{len(prompt_ids)}-n{new_tokens}-T{temperature:g}.json"
+    cache = heads_dir.parent / key
+    if cache.is_file():
+        return json.loads(cache.read_text())
+    stats = decode_stats(target, heads_dir, prompt_ids, references if temperature == 0 else None, new_tokens,
+                         temperature)
+    cache.write_text(json.dumps(stats, indent=2))
+    return stats
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workdir", default="/tmp/draftheads-walltime")
-    ap.add_argument("--eagle3-steps", type=int, default=200)
+    steps = ap.add_mutually_exclusive_group()
+    steps.add_argument("--eagle3-steps", type=int, default=None, help="EAGLE-3's steps; EAGLE's follow (default 200)")
+    steps.add_argument("--eagle-steps", type=int, default=None, help="EAGLE's steps; EAGLE-3's follow")
+    ap.add_argument("--eagle3-set", action="append", default=[], metavar="KEY=VALUE",
+                    help="a config override for the EAGLE-3 recipe and its probes (repeatable)")
     ap.add_argument("--probe-steps", type=int, default=40)
     ap.add_argument("--ratio", type=float, default=None,
                     help="EAGLE-3 seconds per step over EAGLE's, when already measured (skips the probes)")
@@ -90,21 +114,28 @@ def main() -> None:
     os.environ.setdefault("DRAFTHEADS_NUM_THREADS", str(args.threads))
     workdir = Path(args.workdir)
 
+    overrides = {"eagle": (), "eagle3": tuple(args.eagle3_set)}
+    # folder tag of the overrides: runs of different recipes never share a folder
+    tags = {name: "".join("-" + re.sub(r"[^A-Za-z0-9_]", "", o.split(".")[-1]) for o in sets)
+            for name, sets in overrides.items()}
     probes = None
     ratio = args.ratio
     if ratio is None:
-        probes = seconds_per_step(workdir, args.probe_steps)
+        probes = seconds_per_step(workdir, args.probe_steps, overrides, args.threads, tags)
         ratio = (sum(probes["eagle3"]) / len(probes["eagle3"])) / (sum(probes["eagle"]) / len(probes["eagle"]))
-    eagle_steps = round(args.eagle3_steps * ratio)
-    print(f"EAGLE-3 {args.eagle3_steps} steps ~ EAGLE {eagle_steps} steps (ratio {ratio:.2f})", flush=True)
+    if args.eagle_steps is not None:
+        steps_of = {"eagle3": round(args.eagle_steps / ratio), "eagle": args.eagle_steps}
+    else:
+        eagle3_steps = 200 if args.eagle3_steps is None else args.eagle3_steps
+        steps_of = {"eagle3": eagle3_steps, "eagle": round(eagle3_steps * ratio)}
+    print(f"EAGLE-3 {steps_of['eagle3']} steps ~ EAGLE {steps_of['eagle']} steps (ratio {ratio:.2f})", flush=True)
     seeds = [int(x) for x in args.seeds.split(",")]
 
     def run_dir(name: str, steps: int, seed: int) -> Path:  # seed 0 keeps the folder name of runs before --seeds
-        return workdir / "runs" / (f"{name}-{steps}" + ("" if seed == 0 else f"-seed{seed}"))
+        return workdir / "runs" / (f"{name}-{steps}{tags[name]}" + ("" if seed == 0 else f"-seed{seed}"))
 
-    steps_of = {"eagle3": args.eagle3_steps, "eagle": eagle_steps}
     runs = {(name, seed): (steps, run_dir(name, steps, seed)) for seed in seeds for name, steps in steps_of.items()}
-    seconds = {key: train(CONFIGS[key[0]], out, steps, key[1]) for key, (steps, out) in runs.items()}
+    seconds = {key: train(CONFIGS[key[0]], out, steps, key[1], overrides[key[0]]) for key, (steps, out) in runs.items()}
 
     from draftheads.target import load_target
 
@@ -118,8 +149,7 @@ def main() -> None:
         key = name if seed == 0 and len(seeds) == 1 else f"{name} seed {seed}"
         results[key] = {"steps": steps, "seed": seed, "train_seconds": seconds[(name, seed)]}
         for t in temperatures:
-            results[key][f"T={t:g}"] = decode_stats(target, out / "heads", prompt_ids, references if t == 0 else None,
-                                                    args.new_tokens, t)
+            results[key][f"T={t:g}"] = cached_decode(target, out / "heads", prompt_ids, references, args.new_tokens, t)
         print(key, json.dumps(results[key]), flush=True)
     lines = ["| heads | training steps | training seconds | temperature | 5-draft chain: mean accepted "
              "| chain reaches depth 1..5 | 16-token tree: mean accepted |", "|---|---:|---:|---:|---:|---|---:|"]
@@ -143,7 +173,7 @@ def main() -> None:
     if args.out:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
-        meta = {"ratio": ratio, "probes": probes, "chain": CHAIN, "tree": TREE, "prompts": len(prompt_ids),
+        meta = {"ratio": ratio, "probes": probes, "eagle3_overrides": list(args.eagle3_set), "chain": CHAIN, "tree": TREE, "prompts": len(prompt_ids),
                 "temperatures": temperatures,
                 "new_tokens": args.new_tokens, "command": " ".join(sys.argv)}
         (out / "results.json").write_text(json.dumps({**meta, "runs": results}, indent=2))
