@@ -28,6 +28,7 @@ many seeds EAGLE-3 accepts at least EAGLE's. Results: OUT/results.json and OUT/r
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import re
@@ -48,21 +49,29 @@ CONFIGS = {"eagle": ROOT / "configs" / "demo-eagle.yaml", "eagle3": ROOT / "conf
 
 def train(config: Path, out: Path, steps: int, seed: int = 0, overrides: tuple[str, ...] = ()) -> float:
     """Train ``config`` (plus ``overrides``) for ``steps`` steps with ``train.seed=seed`` into ``out``
-    (skipped when its heads exist); returns the seconds spent in training steps (evaluation, checkpoints and the tree
-    choice are off)."""
+    (skipped when its heads were trained from the same resolved config: a folder trained before the
+    config file changed is trained again, its cached decode figures dropped); returns the seconds spent
+    in training steps (evaluation, checkpoints and the tree choice are off)."""
     from draftheads.config import load_config
     from draftheads.train import loop
 
-    info = out / "train-info.json"
-    if (out / "heads" / "config.json").is_file() and info.is_file():
-        return json.loads(info.read_text())["train_seconds"]
     # no tree choice: this benchmark decodes fixed shapes
     run_overrides = [*overrides, f"train.output_dir={out}", f"train.max_steps={steps}", "train.eval_every=0",
                      "train.save_every=0", f"train.seed={seed}", "train.choose_tree=false"]
-    result = loop.run(load_config(config, run_overrides), overwrite=True)
+    cfg = load_config(config, run_overrides)
+    fingerprint = hashlib.sha256(json.dumps(cfg.to_dict(), sort_keys=True, default=str).encode()).hexdigest()[:16]
+    info = out / "train-info.json"
+    if (out / "heads" / "config.json").is_file() and info.is_file():
+        saved = json.loads(info.read_text())
+        if saved.get("fingerprint") == fingerprint:
+            return saved["train_seconds"]
+        print(f"{out}: trained from another config than {config} resolves to now: training again", flush=True)
+        for stale in out.glob("decode-*.json"):
+            stale.unlink()
+    result = loop.run(cfg, overwrite=True)
     seconds = result.metrics["stage_seconds"]["train"]
     info.write_text(json.dumps({"config": str(config), "overrides": list(overrides), "steps": steps,
-                                "train_seconds": seconds}, indent=2))
+                                "fingerprint": fingerprint, "train_seconds": seconds}, indent=2))
     return seconds
 
 
