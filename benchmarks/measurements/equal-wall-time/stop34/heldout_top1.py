@@ -7,10 +7,10 @@ torch.set_num_threads(2)
 target, tok = load_target("demo")
 cfg, ds = heldout_windows(tok, Path("/work/main/configs/demo-eagle3.yaml"), 20)
 out = {}
-for name in ["eagle3-287", "eagle3-287-feature_layers247"]:
+for name in sys.argv[1].split(","):
     for s in ["", "-seed1", "-seed2"]:
         d = Path("/work/walltime/runs") / (name + s) / "heads"
         r = heldout_top1(target, tok, d, cfg, ds)
         out[name + s] = r
         print(name + s, " ".join(f"{x:.3f}" for x in r["top1"]), flush=True)
-Path("/work/measure/s34/heldout-fl.json").write_text(json.dumps(out, indent=2))
+Path("/work/measure/s34/heldout-" + sys.argv[1].replace(",", "+") + ".json").write_text(json.dumps(out, indent=2))
