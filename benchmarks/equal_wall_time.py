@@ -21,14 +21,13 @@ costs more than one EAGLE step. This benchmark gives both the same seconds:
 No decode timing (acceptance counts do not depend on the machine's load); the training seconds of
 each run are reported beside them. Each run's decode figures are kept beside its heads
 (``decode-*.json``, keyed by prompts, tokens and temperature), so a later invocation that shares a run
-(the same recipe, steps and seed) decodes only what is new. ``--seeds``: each train.seed trains both recipes (initialisation
-and batch order change; the data does not), and a second table gives each recipe's mean and on how
+(the same recipe, steps and seed) decodes only what is new. ``--seeds``: each train.seed trains both
+recipes (initialisation and batch order change; the data does not), and a second table gives each recipe's mean and on how
 many seeds EAGLE-3 accepts at least EAGLE's. Results: OUT/results.json and OUT/results.md.
 """
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import re
@@ -49,9 +48,10 @@ CONFIGS = {"eagle": ROOT / "configs" / "demo-eagle.yaml", "eagle3": ROOT / "conf
 
 def train(config: Path, out: Path, steps: int, seed: int = 0, overrides: tuple[str, ...] = ()) -> float:
     """Train ``config`` (plus ``overrides``) for ``steps`` steps with ``train.seed=seed`` into ``out``
-    (skipped when its heads were trained from the same resolved config: a folder trained before the
-    config file changed is trained again, its cached decode figures dropped); returns the seconds spent
+    (skipped when the run's own config.json equals what ``config`` resolves to now: a folder trained
+    before the config file changed is trained again, its cached decode figures dropped); returns the seconds spent
     in training steps (evaluation, checkpoints and the tree choice are off)."""
+    from draftheads.atomic import write_json_atomically
     from draftheads.config import load_config
     from draftheads.train import loop
 
@@ -59,19 +59,17 @@ def train(config: Path, out: Path, steps: int, seed: int = 0, overrides: tuple[s
     run_overrides = [*overrides, f"train.output_dir={out}", f"train.max_steps={steps}", "train.eval_every=0",
                      "train.save_every=0", f"train.seed={seed}", "train.choose_tree=false"]
     cfg = load_config(config, run_overrides)
-    fingerprint = hashlib.sha256(json.dumps(cfg.to_dict(), sort_keys=True, default=str).encode()).hexdigest()[:16]
-    info = out / "train-info.json"
-    if (out / "heads" / "config.json").is_file() and info.is_file():
-        saved = json.loads(info.read_text())
-        if saved.get("fingerprint") == fingerprint:
-            return saved["train_seconds"]
+    info, run_config = out / "train-info.json", out / "config.json"  # run_config: the trainer's record of cfg
+    if (out / "heads" / "config.json").is_file() and info.is_file() and run_config.is_file():
+        if json.loads(run_config.read_text()) == json.loads(json.dumps(cfg.to_dict())):
+            return json.loads(info.read_text())["train_seconds"]
         print(f"{out}: trained from another config than {config} resolves to now: training again", flush=True)
         for stale in out.glob("decode-*.json"):
             stale.unlink()
     result = loop.run(cfg, overwrite=True)
     seconds = result.metrics["stage_seconds"]["train"]
-    info.write_text(json.dumps({"config": str(config), "overrides": list(overrides), "steps": steps,
-                                "fingerprint": fingerprint, "train_seconds": seconds}, indent=2))
+    write_json_atomically(info, {"config": str(config), "overrides": list(overrides), "steps": steps,
+                                 "train_seconds": seconds})
     return seconds
 
 
@@ -90,13 +88,15 @@ def seconds_per_step(workdir: Path, probe_steps: int, overrides: dict[str, tuple
 def cached_decode(target, heads_dir: Path, prompt_ids, references, new_tokens: int, temperature: float) -> dict:
     """``decode_stats`` of one run at one temperature, kept in the run's folder (the heads and the
     prompts fix the figures: greedy exactly, T > 0 by the per-prompt seeds)."""
+    from draftheads.atomic import write_json_atomically
+
     key = f"decode-p{len(prompt_ids)}-n{new_tokens}-T{temperature:g}.json"
     cache = heads_dir.parent / key
     if cache.is_file():
         return json.loads(cache.read_text())
     stats = decode_stats(target, heads_dir, prompt_ids, references if temperature == 0 else None, new_tokens,
                          temperature)
-    cache.write_text(json.dumps(stats, indent=2))
+    write_json_atomically(cache, stats)
     return stats
 
 
@@ -182,8 +182,8 @@ def main() -> None:
     if args.out:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
-        meta = {"ratio": ratio, "probes": probes, "eagle3_overrides": list(args.eagle3_set), "chain": CHAIN, "tree": TREE, "prompts": len(prompt_ids),
-                "temperatures": temperatures,
+        meta = {"ratio": ratio, "probes": probes, "eagle3_overrides": list(args.eagle3_set), "chain": CHAIN,
+                "tree": TREE, "prompts": len(prompt_ids), "temperatures": temperatures,
                 "new_tokens": args.new_tokens, "command": " ".join(sys.argv)}
         (out / "results.json").write_text(json.dumps({**meta, "runs": results}, indent=2))
         (out / "results.md").write_text(f"`{meta['command']}`\n\nEAGLE-3 / EAGLE seconds per step: {ratio:.2f}\n\n" + md + "\n")
