@@ -1,7 +1,7 @@
 """EAGLE vs EAGLE-3 at equal training wall time, decoded with the same chain and tree.
 
     python benchmarks/equal_wall_time.py [--eagle3-steps 200 | --eagle-steps 314] [--probe-steps 40] \\
-        [--eagle3-set heads.draft_vocab_size=4096] [--temperatures 0,1] [--seeds 0,1,2] [--threads 2] \\
+        [--eagle3-set heads.draft_vocab_size=4096] [--set data.path=FILE] [--temperatures 0,1] [--seeds 0,1,2] [--threads 2] \\
         [--workdir /tmp/draftheads-walltime] [--out benchmarks/measurements/equal-wall-time]
 
 Every paper orders them EAGLE-3 > EAGLE; on the demo EAGLE-3 accepts more at the same step
@@ -73,6 +73,23 @@ def train(config: Path, out: Path, steps: int, seed: int = 0, overrides: tuple[s
     return seconds
 
 
+def folder_tag(override: str) -> str:
+    """``heads.feature_layers=[3,5,7]`` -> ``feature_layers357``; a path value gives its file's stem
+    (``data.path=/x/distilled.jsonl`` -> ``pathdistilled``)."""
+    key, _, value = override.partition("=")
+    if "/" in value:
+        value = Path(value).stem
+    return re.sub(r"[^A-Za-z0-9_]", "", key.split(".")[-1] + value)
+
+
+def loops(continuation: torch.Tensor, tail: int = 48, max_period: int = 8) -> bool:
+    """Whether a greedy continuation ends in a loop: its last ``tail`` tokens repeat with a period of
+    at most ``max_period`` tokens (the demo target's ``\\n#\\n#`` and its kin). Decided from the
+    target's own output, before any heads are decoded."""
+    end = continuation[-tail:]
+    return any(torch.equal(end[p:], end[:-p]) for p in range(1, max_period + 1))
+
+
 def seconds_per_step(workdir: Path, probe_steps: int, overrides: dict[str, tuple[str, ...]], threads: int,
                      tags: dict[str, str]) -> dict[str, list[float]]:
     """Both recipes' seconds per training step, measured in interleaved short runs (two rounds)."""
@@ -93,7 +110,9 @@ def cached_decode(target, heads_dir: Path, prompt_ids, references, new_tokens: i
     key = f"decode-p{len(prompt_ids)}-n{new_tokens}-T{temperature:g}.json"
     cache = heads_dir.parent / key
     if cache.is_file():
-        return json.loads(cache.read_text())
+        cached = json.loads(cache.read_text())
+        if all("per_prompt" in cached[shape] for shape in ("chain", "tree")):
+            return cached  # (a cache from before per-prompt figures is decoded again)
     stats = decode_stats(target, heads_dir, prompt_ids, references if temperature == 0 else None, new_tokens,
                          temperature)
     write_json_atomically(cache, stats)
@@ -108,6 +127,8 @@ def main() -> None:
     steps.add_argument("--eagle-steps", type=int, default=None, help="EAGLE's steps; EAGLE-3's follow")
     ap.add_argument("--eagle3-set", action="append", default=[], metavar="KEY=VALUE",
                     help="a config override for the EAGLE-3 recipe and its probes (repeatable)")
+    ap.add_argument("--set", dest="both_set", action="append", default=[], metavar="KEY=VALUE",
+                    help="a config override for BOTH recipes and their probes, e.g. data.path=FILE (repeatable)")
     ap.add_argument("--probe-steps", type=int, default=40)
     ap.add_argument("--ratio", type=float, default=None,
                     help="EAGLE-3 seconds per step over EAGLE's, when already measured (skips the probes)")
@@ -123,10 +144,9 @@ def main() -> None:
     os.environ.setdefault("DRAFTHEADS_NUM_THREADS", str(args.threads))
     workdir = Path(args.workdir)
 
-    overrides = {"eagle": (), "eagle3": tuple(args.eagle3_set)}
+    overrides = {"eagle": tuple(args.both_set), "eagle3": (*args.both_set, *args.eagle3_set)}
     # folder tag of the overrides: runs of different recipes never share a folder
-    tags = {name: "".join("-" + re.sub(r"[^A-Za-z0-9_]", "", o.split(".")[-1]) for o in sets)
-            for name, sets in overrides.items()}
+    tags = {name: "".join("-" + folder_tag(o) for o in sets) for name, sets in overrides.items()}
     probes = None
     ratio = args.ratio
     if ratio is None:
@@ -152,6 +172,8 @@ def main() -> None:
     prompt_ids = prompts(tokenizer, args.num_prompts)
     references = [target.generate(p, attention_mask=torch.ones_like(p), do_sample=False, max_new_tokens=args.new_tokens)
                   for p in prompt_ids]
+    looping = [loops(ref[0, p.shape[1]:]) for ref, p in zip(references, prompt_ids)]
+    print(f"{sum(looping)} of {len(looping)} greedy continuations end in a loop", flush=True)
     temperatures = [float(t) for t in args.temperatures.split(",")]
     results = {}
     for (name, seed), (steps, out) in runs.items():
@@ -177,14 +199,26 @@ def main() -> None:
                 wins = sum(a >= b for a, b in zip(got["eagle3"], got["eagle"]))
                 lines.append(f"| {t:g} | {shape} | {sum(got['eagle3']) / len(seeds):.2f} | {sum(got['eagle']) / len(seeds):.2f} "
                              f"| {wins} of {len(seeds)} |")
+                if t == 0:  # greedy: the same continuation for every heads, so prompts split by the target's loops
+                    for label, group in (("looping", looping), ("not looping", [not x for x in looping])):
+                        idx = [i for i, x in enumerate(group) if x]
+                        if not idx:
+                            continue
+                        got = {name: [sum(results[f"{name} seed {s}"]["T=0"][shape]["per_prompt"][i] for i in idx) / len(idx)
+                                      for s in seeds] for name in steps_of}
+                        wins = sum(a >= b for a, b in zip(got["eagle3"], got["eagle"]))
+                        lines.append(f"| 0 | {shape}, {len(idx)} prompts {label} | {sum(got['eagle3']) / len(seeds):.2f} "
+                                     f"| {sum(got['eagle']) / len(seeds):.2f} | {wins} of {len(seeds)} |")
     md = "\n".join(lines)
     print(md)
     if args.out:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
-        meta = {"ratio": ratio, "probes": probes, "eagle3_overrides": list(args.eagle3_set), "chain": CHAIN,
+        meta = {"ratio": ratio, "probes": probes, "overrides": list(args.both_set),
+                "eagle3_overrides": list(args.eagle3_set), "chain": CHAIN,
                 "tree": TREE, "prompts": len(prompt_ids), "temperatures": temperatures,
-                "new_tokens": args.new_tokens, "command": " ".join(sys.argv)}
+                "new_tokens": args.new_tokens, "looping_prompts": [i for i, x in enumerate(looping) if x],
+                "command": " ".join(sys.argv)}
         (out / "results.json").write_text(json.dumps({**meta, "runs": results}, indent=2))
         (out / "results.md").write_text(f"`{meta['command']}`\n\nEAGLE-3 / EAGLE seconds per step: {ratio:.2f}\n\n" + md + "\n")
 

@@ -78,11 +78,16 @@ ARMS["eagle3.1+lm_head"] = ARMS["eagle3.1"] + LM_HEAD
 for _seed in (1, 2, 3):
     ARMS[f"eagle3.1+lm_head@seed{_seed}"] = ARMS["eagle3.1"] + LM_HEAD + (f"train.seed={_seed}",)
 # P-EAGLE (`--config configs/demo-peagle.yaml`): its shipped recipe with and without the same start
+DISTILLED = ("data.path=demo-distilled", "data.eval_path=demo", "data.max_samples=null", "data.chunk_text=false")
 for _seed in (0, 1):
     _at = f"@seed{_seed}" if _seed else ""
     ARMS[f"peagle{_at}"] = (f"train.seed={_seed}",)
     ARMS[f"peagle+lm_head{_at}"] = LM_HEAD + (f"train.seed={_seed}",)
     ARMS[f"peagle+norm_before_fc{_at}"] = ("heads.norm_before_fc=true", f"train.seed={_seed}")  # speculators' default
+    # the feature layers demo-eagle3 takes (3, 5, 7 of 8; EAGLE-3's rule gives 2, 4, 5)
+    ARMS[f"peagle+layers357{_at}"] = ("heads.feature_layers=[3,5,7]", f"train.seed={_seed}")
+    # the data demo-eagle and demo-eagle3 train on: the corpus continued by the demo target
+    ARMS[f"peagle+distilled{_at}"] = DISTILLED + (f"train.seed={_seed}",)
 CHAIN = {"total_tokens": 6, "depth": 5, "top_k": 1}
 TREE = {"total_tokens": 16, "depth": 6, "top_k": 4}
 EVAL_STEPS = 7
@@ -139,14 +144,16 @@ def decode_stats(target, heads_dir: Path, prompt_ids: list[torch.Tensor], refere
         # acceptance figure follow the machine's load instead of the heads.
         decoder = SpeculativeDecoder(target, heads, tree=shape, draft_budget=None)
         lengths: list[int] = []
+        per_prompt: list[float] = []  # each prompt's mean: a paired comparison between heads
         for i, ids in enumerate(prompt_ids):
             out = decoder.generate(ids, max_new_tokens=new_tokens, temperature=temperature,
                                    seed=i if temperature > 0 else None)  # EOS as generate's
             if references is not None and not torch.equal(out.sequences.cpu(), references[i]):
                 raise AssertionError(f"{heads_dir} ({name}): output differs from target.generate on a prompt")
             lengths += list(out.accept_lengths)
+            per_prompt.append(sum(out.accept_lengths) / len(out.accept_lengths))
         steps = len(lengths)
-        result[name] = {"mean_accepted": sum(lengths) / steps, "steps": steps}
+        result[name] = {"mean_accepted": sum(lengths) / steps, "steps": steps, "per_prompt": per_prompt}
         if name == "chain":  # a step that accepted d drafts commits d + 1 tokens
             result[name]["reach"] = [sum(n - 1 >= d for n in lengths) / steps for d in range(1, CHAIN["depth"] + 1)]
     return result

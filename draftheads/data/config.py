@@ -19,7 +19,8 @@ class DataConfig:
     """Where the training text comes from and how it becomes token windows.
 
     path: a local ``.json``/``.jsonl``/``.parquet`` file or a folder of them, a hub dataset id
-        (``owner/name``), or ``"demo"`` for the project's offline demo corpus.
+        (``owner/name``), ``"demo"`` for the project's offline demo corpus, or ``"demo-distilled"``
+        for that corpus continued by the demo target itself (built on first use, one split: train).
     split: the split of a hub dataset. A local file is a single split, so it is ignored there.
     format: ``auto`` picks by the columns present (``conversations`` -> sharegpt,
         ``messages`` -> messages, ``text_field`` -> text).

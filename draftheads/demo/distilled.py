@@ -1,0 +1,118 @@
+"""The demo corpus rewritten by the demo target itself: ``data.path: demo-distilled``.
+
+Heads learn to predict the target, so they are best trained on text the target writes: that is
+where they will be used, and it is what the EAGLE and Medusa-2 authors do (regenerate the data with
+the target). On the demo target it matters more than usual: its greedy continuations fall into
+short loops (``#\\n#\\n...``) that the stdlib files never contain, and heads trained on the files
+alone meet those hidden states for the first time while decoding. Trained on this set, EAGLE and
+EAGLE-3 heads follow the loops, and EAGLE-3 overtakes EAGLE at equal training wall time (measured:
+benchmarks/README.md, "EAGLE vs EAGLE-3 at equal training wall time").
+
+The set: the first ``files`` training files of the corpus (seeded shuffle), cut into chunks of
+``chunk_tokens`` tokens; the target continues each chunk's first ``prompt_tokens`` tokens for
+``new_tokens`` more, greedily for one half of the chunks and sampled at T = 1 for the other (both
+the states decoding meets: greedy loops and varied text). Built with ``draftheads distill``'s own
+code on first use (a few minutes on 2 CPU cores), cached beside the demo target and keyed by it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import pathlib
+import random
+import shutil
+import tempfile
+
+from .build import _build_lock, ensure_demo_target
+from .corpus import corpus_texts
+
+DEMO_DISTILLED = "demo-distilled"
+
+
+@dataclasses.dataclass(frozen=True)
+class DistilledSpec:
+    """What the distilled set is made of; its hash names the cached file."""
+
+    files: int = 200
+    chunk_tokens: int = 320
+    prompt_tokens: int = 64
+    new_tokens: int = 192
+    sampled_temperature: float = 1.0
+    batch_size: int = 64
+    seed: int = 0
+
+    def key(self) -> str:
+        return hashlib.sha1(json.dumps(dataclasses.asdict(self), sort_keys=True).encode()).hexdigest()[:12]
+
+
+def distilled_path(target_dir: pathlib.Path, spec: DistilledSpec) -> pathlib.Path:
+    """The cached set for the demo target in ``target_dir``: a jsonl beside that folder."""
+    return target_dir.parent / f"{target_dir.name}-distilled-{spec.key()}.jsonl"
+
+
+def corpus_chunks(tokenizer, spec: DistilledSpec) -> list[str]:
+    """The chunks to continue: training files only (held-out files stay unseen), seeded order.
+
+    A file's first chunk keeps the BOS its tokenization starts with, as in the target's pretraining.
+    """
+    texts = list(corpus_texts("train"))
+    random.Random(spec.seed).shuffle(texts)
+    chunks = []
+    for text in texts[: spec.files]:
+        ids = tokenizer(text, verbose=False).input_ids  # (whole files: longer than the context, on purpose)
+        # a tail shorter than half a chunk is dropped: too little left after the prompt to continue
+        for start in range(0, len(ids) - spec.chunk_tokens // 2, spec.chunk_tokens):
+            chunks.append(tokenizer.decode(ids[start : start + spec.chunk_tokens]))
+    random.Random(spec.seed + 1).shuffle(chunks)
+    return chunks
+
+
+def build_distilled(target_dir: pathlib.Path, spec: DistilledSpec, out: pathlib.Path, progress: bool = True) -> int:
+    """Distil the chunks with the target in ``target_dir`` into ``out``; returns the rows written."""
+    from ..data.distill import DistillSettings, HFEngine, distill
+    from ..target import load_target
+
+    model, tokenizer = load_target(str(target_dir))
+    chunks = corpus_chunks(tokenizer, spec)
+    half = len(chunks) // 2
+    texts: list[str] = []
+    with tempfile.TemporaryDirectory(dir=out.parent, prefix=out.name + ".tmp-") as tmp:
+        for name, part, temperature in (("greedy", chunks[:half], 0.0), ("sampled", chunks[half:], spec.sampled_temperature)):
+            settings = DistillSettings(
+                target=str(target_dir), data=f"{DEMO_DISTILLED}:{name}", out=str(pathlib.Path(tmp) / f"{name}.jsonl"),
+                temperature=temperature, max_new_tokens=spec.new_tokens, batch_size=spec.batch_size,
+                prompt_tokens=spec.prompt_tokens, seed=spec.seed,
+            )
+            distill(settings, HFEngine(model, tokenizer, settings), tokenizer, progress=progress,
+                    rows=[{"text": chunk} for chunk in part])
+            with open(settings.out) as f:
+                texts += [json.loads(line)["text"] for line in f]
+    random.Random(spec.seed).shuffle(texts)  # greedy and sampled rows mixed in every batch
+    tmp_out = out.with_name(out.name + ".tmp")
+    with open(tmp_out, "w") as f:
+        for text in texts:
+            f.write(json.dumps({"text": text}) + "\n")
+    os.replace(tmp_out, out)  # a killed build never leaves a file that looks finished
+    return len(texts)
+
+
+def ensure_distilled(spec: DistilledSpec | None = None, target_dir: str | os.PathLike | None = None,
+                     progress: bool = True) -> pathlib.Path:
+    """The cached distilled set (built first when missing) for the demo target, or the one in ``target_dir``."""
+    spec = spec or DistilledSpec()
+    target = pathlib.Path(target_dir) if target_dir is not None else ensure_demo_target(progress=progress)
+    out = distilled_path(target.absolute(), spec)
+    if out.is_file():
+        return out
+    with _build_lock(out):  # a second process waits for the first build, then reuses it
+        if not out.is_file():
+            for leftover in out.parent.glob(out.name + ".tmp*"):  # of a build that was killed (we hold the lock)
+                shutil.rmtree(leftover) if leftover.is_dir() else leftover.unlink()
+            if progress:
+                print(f"building {DEMO_DISTILLED}: the demo target continues {spec.files} corpus files' chunks "
+                      f"(once; cached at {out})", flush=True)
+            build_distilled(target, spec, out, progress)
+    return out
