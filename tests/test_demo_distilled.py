@@ -10,8 +10,9 @@ import pytest
 
 from draftheads import demo
 from draftheads.data.config import DataConfig
-from draftheads.data.load import load_raw_dataset, load_source
-from draftheads.demo import distilled
+from draftheads.data import demo_distilled as distilled
+from draftheads.data import build_datasets
+from draftheads.data.load import load_raw_dataset
 from draftheads.target import load_target
 
 TINY = demo.DemoTargetSpec(
@@ -57,15 +58,21 @@ def test_same_spec_gives_the_same_rows_and_another_spec_another_file(target, tmp
     assert distilled.distilled_path(target, other) != first
 
 
-def test_loads_as_the_training_source_and_refuses_other_splits(target, monkeypatch, tmp_path) -> None:
+def test_is_the_training_source_and_refuses_to_evaluate_on_itself(target, monkeypatch) -> None:
     built = distilled.ensure_distilled(SMALL, target_dir=target, progress=False)
     monkeypatch.setattr(distilled, "ensure_distilled", lambda *a, **k: built)
-    rows = load_raw_dataset(DataConfig(path="demo-distilled", eval_path="demo", eval_split="heldout"))
-    assert rows["text"] == _texts(built)
-    with pytest.raises(ValueError, match="eval_path: demo"):
-        load_source("demo-distilled", split="heldout")
-    with pytest.raises(ValueError, match="eval_path: demo"):  # the eval source of a config that forgot eval_path
-        load_raw_dataset(DataConfig(path="demo-distilled", eval_split="heldout"), eval=True)
+    cfg = DataConfig(path="demo-distilled", eval_path="demo", eval_split="heldout")
+    resolved = distilled.resolve_data_path(cfg)
+    assert resolved.path == str(built) and resolved.eval_path == "demo"
+    assert load_raw_dataset(resolved)["text"] == _texts(built)
+    _, tokenizer = load_target(str(target))
+    train, heldout, stats = build_datasets(
+        DataConfig(path="demo-distilled", eval_path="demo", eval_split="heldout", max_length=32, chunk_text=False,
+                   max_samples=4), tokenizer)
+    assert len(train) > 0 and heldout is not None and len(heldout) > 0
+    with pytest.raises(ValueError, match="eval_path: demo"):  # a config that forgot eval_path
+        distilled.resolve_data_path(DataConfig(path="demo-distilled", eval_split="heldout"))
+    assert distilled.resolve_data_path(DataConfig(path="demo")) == DataConfig(path="demo")  # others untouched
 
 
 def test_a_killed_build_leaves_nothing_that_counts(target) -> None:

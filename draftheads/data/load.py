@@ -17,7 +17,6 @@ from .config import DataConfig
 from .json_check import json_problem, utf8_problem
 
 DEMO_PATH = "demo"
-DEMO_DISTILLED_PATH = "demo-distilled"  # the demo corpus rewritten by the demo target (draftheads.demo.distilled)
 
 # File suffix -> the ``datasets`` packaged builder that reads it.
 _BUILDERS: dict[str, str] = {
@@ -52,7 +51,7 @@ def check_eval_source(cfg: DataConfig) -> None:
     """Refuse an eval source that would be the training rows: a local file has no named splits
     (``datasets`` reads any of them as the whole file), so ``eval_split`` alone cannot select
     held-out rows from it, and an ``eval_path`` that is the training file is no held-out set."""
-    local = cfg.path not in (DEMO_PATH, DEMO_DISTILLED_PATH) and Path(cfg.path).expanduser().exists()
+    local = cfg.path != DEMO_PATH and Path(cfg.path).expanduser().exists()
     if not local:
         return
     if cfg.eval_path is None and cfg.eval_split is not None:
@@ -73,8 +72,6 @@ def load_source(path: str, split: str = "train", *, cache_dir: str | None = None
     """One dataset from a local file/folder, a hub id, or the demo corpus."""
     if path == DEMO_PATH:
         return _load_demo(split)
-    if path == DEMO_DISTILLED_PATH:
-        return _load_demo_distilled(split, cache_dir)
     local = Path(path).expanduser()
     if local.exists():
         files, builder = _local_files(local)
@@ -100,7 +97,7 @@ def load_source(path: str, split: str = "train", *, cache_dir: str | None = None
     if not looks_like_hub_id(path):
         raise FileNotFoundError(
             f"data path {path!r} does not exist (resolved to {local.resolve()}); give an existing "
-            f".json/.jsonl/.parquet file or folder, a hub dataset id 'owner/name', 'demo' or 'demo-distilled'"
+            f".json/.jsonl/.parquet file or folder, a hub dataset id 'owner/name', or 'demo'"
         )
     ds = datasets.load_dataset(path, split=split, cache_dir=cache_dir)
     return _as_dataset(ds, path)
@@ -129,17 +126,6 @@ def _load_demo(split: str) -> datasets.Dataset:
 
     texts = list(corpus_texts(split))
     return datasets.Dataset.from_dict({"text": texts})
-
-
-def _load_demo_distilled(split: str, cache_dir: str | None) -> datasets.Dataset:
-    if split != "train":
-        raise ValueError(
-            f"{DEMO_DISTILLED_PATH!r} has one split, 'train' (the target's continuations of training files), not "
-            f"{split!r}; evaluate on held-out files with data.eval_path: demo and data.eval_split: heldout"
-        )
-    from draftheads.demo.distilled import ensure_distilled
-
-    return load_source(str(ensure_distilled()), cache_dir=cache_dir)
 
 
 def _suffix(name: str) -> str:

@@ -26,8 +26,9 @@ import random
 import shutil
 import tempfile
 
-from .build import _build_lock, ensure_demo_target
-from .corpus import corpus_texts
+from ..demo import corpus_texts, ensure_demo_target
+from ..demo.build import _build_lock
+from .config import DataConfig
 
 DEMO_DISTILLED = "demo-distilled"
 
@@ -72,8 +73,8 @@ def corpus_chunks(tokenizer, spec: DistilledSpec) -> list[str]:
 
 def build_distilled(target_dir: pathlib.Path, spec: DistilledSpec, out: pathlib.Path, progress: bool = True) -> int:
     """Distil the chunks with the target in ``target_dir`` into ``out``; returns the rows written."""
-    from ..data.distill import DistillSettings, HFEngine, distill
     from ..target import load_target
+    from .distill import DistillSettings, HFEngine, distill
 
     model, tokenizer = load_target(str(target_dir))
     chunks = corpus_chunks(tokenizer, spec)
@@ -116,3 +117,21 @@ def ensure_distilled(spec: DistilledSpec | None = None, target_dir: str | os.Pat
                       f"(once; cached at {out})", flush=True)
             build_distilled(target, spec, out, progress)
     return out
+
+
+def resolve_data_path(cfg: DataConfig) -> DataConfig:
+    """``cfg`` with ``demo-distilled`` replaced by the cached file (built first when missing).
+
+    The set has one split: its rows are all training rows, so evaluating needs another source.
+    """
+    if DEMO_DISTILLED not in (cfg.path, cfg.eval_path):
+        return cfg
+    if cfg.path == DEMO_DISTILLED and cfg.eval_path is None and cfg.eval_split is not None:
+        raise ValueError(
+            f"data.path: {DEMO_DISTILLED} has one split (the target's continuations of training files), so "
+            f"data.eval_split={cfg.eval_split!r} would evaluate on training rows; evaluate on held-out files "
+            "with data.eval_path: demo and data.eval_split: heldout"
+        )
+    path = str(ensure_distilled())
+    return dataclasses.replace(cfg, path=path if cfg.path == DEMO_DISTILLED else cfg.path,
+                               eval_path=path if cfg.eval_path == DEMO_DISTILLED else cfg.eval_path)
