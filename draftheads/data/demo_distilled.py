@@ -26,8 +26,6 @@ import random
 import shutil
 import tempfile
 
-from ..demo import corpus_texts, ensure_demo_target
-from ..demo.build import _build_lock
 from .config import DataConfig
 
 DEMO_DISTILLED = "demo-distilled"
@@ -59,6 +57,8 @@ def corpus_chunks(tokenizer, spec: DistilledSpec) -> list[str]:
 
     A file's first chunk keeps the BOS its tokenization starts with, as in the target's pretraining.
     """
+    from ..demo import corpus_texts  # (the demo package pulls in model-building code: imported on use)
+
     texts = list(corpus_texts("train"))
     random.Random(spec.seed).shuffle(texts)
     chunks = []
@@ -103,6 +103,9 @@ def build_distilled(target_dir: pathlib.Path, spec: DistilledSpec, out: pathlib.
 def ensure_distilled(spec: DistilledSpec | None = None, target_dir: str | os.PathLike | None = None,
                      progress: bool = True) -> pathlib.Path:
     """The cached distilled set (built first when missing) for the demo target, or the one in ``target_dir``."""
+    from ..demo import ensure_demo_target
+    from ..demo.build import _build_lock
+
     spec = spec or DistilledSpec()
     target = pathlib.Path(target_dir) if target_dir is not None else ensure_demo_target(progress=progress)
     out = distilled_path(target.absolute(), spec)
