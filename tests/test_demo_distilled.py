@@ -38,7 +38,7 @@ def test_builds_one_row_per_chunk_beside_the_target_and_reuses_it(target, monkey
     chunks = distilled.corpus_chunks(tokenizer, SMALL)
     texts = _texts(out)
     assert len(chunks) >= 4 and len(texts) == len(chunks)
-    assert not list(target.parent.glob("*.tmp"))  # installed by rename: nothing half-written is left
+    assert not list(target.parent.glob(f".{out.name}.tmp*"))  # installed by rename: nothing half-written is left
     assert not set(texts) & set(chunks)  # every row was continued by the target, none is a corpus chunk
 
     def no_rebuild(*args, **kwargs):
@@ -78,9 +78,9 @@ def test_is_the_training_source_and_refuses_to_evaluate_on_itself(target, monkey
 def test_a_killed_build_leaves_nothing_that_counts(target) -> None:
     spec = distilled.DistilledSpec(**{**SMALL.__dict__, "seed": 1})
     out = distilled.distilled_path(target, spec)
-    (out.parent / (out.name + ".tmp-abc")).mkdir()  # what a build killed mid-distillation leaves
-    (out.parent / (out.name + ".tmp")).write_text('{"text": "half a row')
+    (out.parent / f".{out.name}.tmp-abc").mkdir()  # what a build killed mid-distillation leaves
+    (out.parent / f".{out.name}.tmp-def").write_text('{"text": "half a row')  # ... or mid-write
     assert not out.exists()  # a leftover is never taken for the set
     distilled.ensure_distilled(spec, target_dir=target, progress=False)
-    assert out.is_file() and not list(out.parent.glob(out.name + ".tmp*"))
+    assert out.is_file() and not list(out.parent.glob(f".{out.name}.tmp*"))
     assert all(json.loads(line)["text"] for line in out.read_text().splitlines())

@@ -24,8 +24,8 @@ import os
 import pathlib
 import random
 import shutil
-import tempfile
 
+from ..atomic import temp_folder, write_text_atomically
 from .config import DataConfig
 
 DEMO_DISTILLED = "demo-distilled"
@@ -80,10 +80,11 @@ def build_distilled(target_dir: pathlib.Path, spec: DistilledSpec, out: pathlib.
     chunks = corpus_chunks(tokenizer, spec)
     half = len(chunks) // 2
     texts: list[str] = []
-    with tempfile.TemporaryDirectory(dir=out.parent, prefix=out.name + ".tmp-") as tmp:
+    tmp = temp_folder(out)  # also removes what a killed build left
+    try:
         for name, part, temperature in (("greedy", chunks[:half], 0.0), ("sampled", chunks[half:], spec.sampled_temperature)):
             settings = DistillSettings(
-                target=str(target_dir), data=f"{DEMO_DISTILLED}:{name}", out=str(pathlib.Path(tmp) / f"{name}.jsonl"),
+                target=str(target_dir), data=f"{DEMO_DISTILLED}:{name}", out=str(tmp / f"{name}.jsonl"),
                 temperature=temperature, max_new_tokens=spec.new_tokens, batch_size=spec.batch_size,
                 prompt_tokens=spec.prompt_tokens, seed=spec.seed,
             )
@@ -91,12 +92,10 @@ def build_distilled(target_dir: pathlib.Path, spec: DistilledSpec, out: pathlib.
                     rows=[{"text": chunk} for chunk in part])
             with open(settings.out) as f:
                 texts += [json.loads(line)["text"] for line in f]
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     random.Random(spec.seed).shuffle(texts)  # greedy and sampled rows mixed in every batch
-    tmp_out = out.with_name(out.name + ".tmp")
-    with open(tmp_out, "w") as f:
-        for text in texts:
-            f.write(json.dumps({"text": text}) + "\n")
-    os.replace(tmp_out, out)  # a killed build never leaves a file that looks finished
+    write_text_atomically(out, "".join(json.dumps({"text": text}) + "\n" for text in texts))
     return len(texts)
 
 
@@ -113,8 +112,6 @@ def ensure_distilled(spec: DistilledSpec | None = None, target_dir: str | os.Pat
         return out
     with _build_lock(out):  # a second process waits for the first build, then reuses it
         if not out.is_file():
-            for leftover in out.parent.glob(out.name + ".tmp*"):  # of a build that was killed (we hold the lock)
-                shutil.rmtree(leftover) if leftover.is_dir() else leftover.unlink()
             if progress:
                 print(f"building {DEMO_DISTILLED}: the demo target continues {spec.files} corpus files' chunks "
                       f"(once; cached at {out})", flush=True)
