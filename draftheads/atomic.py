@@ -21,12 +21,13 @@ concurrent writer's temporary.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
 import shutil
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 TMP_TAG = ".tmp-"
 OLD_TAG = ".old-"
@@ -231,3 +232,26 @@ def write_text_atomically(path: str | os.PathLike, text: str) -> Path:
 def write_json_atomically(path: str | os.PathLike, data: Any, default: Callable[[Any], Any] | None = None) -> Path:
     """``data`` as indented JSON with a trailing newline."""
     return write_text_atomically(path, json.dumps(data, indent=2, default=default) + "\n")
+
+
+@contextlib.contextmanager
+def exclusive_lock(path: str | os.PathLike) -> Iterator[None]:
+    """Hold an exclusive lock on ``PATH.lock`` (beside ``path``) for the block.
+
+    For builders whose check-then-build must not race: a second process waits for the first
+    build and then finds it done. The OS drops the lock if the holder dies. Without ``fcntl``
+    (not POSIX) there is no lock; writes still install atomically, so a race costs a second
+    build, never a torn file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        import fcntl
+    except ImportError:
+        yield
+        return
+    with open(path.parent / f"{path.name}.lock", "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)

@@ -194,3 +194,26 @@ def test_atomic_imports_only_the_standard_library():
             assert node.level == 0, "no relative imports"
             modules.add(node.module.split(".")[0])
     assert modules <= set(sys.stdlib_module_names) | {"__future__"}, modules
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="exclusive_lock is a no-op without fcntl")
+def test_exclusive_lock_makes_a_second_process_wait_for_the_first(tmp_path):
+    """The demo target and the distilled set build under it: a second builder must block until the
+    first releases, then see what it built (not build beside it)."""
+    target = tmp_path / "cache" / "thing"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(f"""
+            import sys, time
+            from draftheads.atomic import exclusive_lock
+            with exclusive_lock({str(target)!r}):
+                print("held", flush=True)
+                time.sleep(1.0)
+                open({str(target)!r}, "w").write("built")
+        """)],
+        stdout=subprocess.PIPE, text=True,
+    )
+    assert holder.stdout.readline().strip() == "held"
+    with atomic.exclusive_lock(target):  # waits for the holder's block to end
+        assert target.read_text() == "built"
+    assert holder.wait(timeout=30) == 0
+    assert (target.parent / "thing.lock").is_file()

@@ -25,7 +25,7 @@ import pathlib
 import random
 import shutil
 
-from ..atomic import temp_folder, write_text_atomically
+from ..atomic import exclusive_lock, temp_folder, write_text_atomically
 from .config import DataConfig
 
 DEMO_DISTILLED = "demo-distilled"
@@ -103,14 +103,13 @@ def ensure_distilled(spec: DistilledSpec | None = None, target_dir: str | os.Pat
                      progress: bool = True) -> pathlib.Path:
     """The cached distilled set (built first when missing) for the demo target, or the one in ``target_dir``."""
     from ..demo import ensure_demo_target
-    from ..demo.build import _build_lock
 
     spec = spec or DistilledSpec()
     target = pathlib.Path(target_dir) if target_dir is not None else ensure_demo_target(progress=progress)
     out = distilled_path(target.absolute(), spec)
     if out.is_file():
         return out
-    with _build_lock(out):  # a second process waits for the first build, then reuses it
+    with exclusive_lock(out):  # a second process waits for the first build, then reuses it
         if not out.is_file():
             if progress:
                 print(f"building {DEMO_DISTILLED}: the demo target continues {spec.files} corpus files' chunks "

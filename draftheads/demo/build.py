@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import os
@@ -10,11 +9,10 @@ import pathlib
 import shutil
 import sys
 import time
-from typing import Iterator
 
 import torch
 
-from ..atomic import install_folder, recover, temp_folder
+from ..atomic import exclusive_lock, install_folder, recover, temp_folder
 from .corpus import _relative, corpus_files, pack_documents, stdlib_root, train_tokenizer
 from .pretrain import heldout_loss, make_model, pick_device, train_model
 from .spec import DEMO_TARGET, METADATA_FILE, RECIPE_VERSION, DemoTargetSpec
@@ -48,27 +46,6 @@ def is_complete(folder: str | os.PathLike, spec: DemoTargetSpec | None = None) -
     except (OSError, json.JSONDecodeError):
         return False
     return spec is None or meta.get("build_key") == spec.build_key()
-
-
-@contextlib.contextmanager
-def _build_lock(target: pathlib.Path) -> Iterator[None]:
-    """An exclusive lock beside ``target`` so that concurrent builders do not race.
-
-    Held around the check-then-build in ensure_demo_target and around stale-temp cleanup, so a
-    second process waits for the first build and then reuses it.
-    """
-    target.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        import fcntl
-    except ImportError:  # not POSIX: no lock, builds still install atomically
-        yield
-        return
-    with open(target.parent / f"{target.name}.lock", "w") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def _build_into(folder: pathlib.Path, spec: DemoTargetSpec, progress: bool) -> dict:
@@ -151,7 +128,7 @@ def _build_into(folder: pathlib.Path, spec: DemoTargetSpec, progress: bool) -> d
 
 def _build_locked(target: pathlib.Path, spec: DemoTargetSpec, progress: bool, reuse: bool) -> pathlib.Path:
     """Build ``spec`` into ``target`` under the lock (reusing a finished one when ``reuse``)."""
-    with _build_lock(target):
+    with exclusive_lock(target):  # concurrent builders: the second waits, then reuses
         recover(target)  # a build killed mid-install: its previous copy back; leftovers removed
         for legacy in [*target.parent.glob(f"{target.name}.tmp-*"), *target.parent.glob(f"{target.name}.old-*")]:
             shutil.rmtree(legacy, ignore_errors=True)  # leftovers named by earlier versions
