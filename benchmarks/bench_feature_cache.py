@@ -32,7 +32,9 @@ def config(target: Path, data: Path, head_type: str, out: Path, args) -> dict:
     return {
         "target": {"name_or_path": str(target), "dtype": "float32"},
         "heads": heads,
+        # eval_overlap: warn: Spec-Bench questions as throughput material for random weights, never benchmarked on
         "data": {"path": str(data), "format": "sharegpt", "max_length": args.max_length, "eval_fraction": 0.0,
+                 "eval_overlap": "warn",
                  "cache_dir": str(out / "hf-cache")},
         "train": {"output_dir": str(out / "run"), "max_steps": args.steps, "batch_size": args.batch_size,
                   "eval_every": 0, "save_every": 0, "log_every": args.steps, "mixed_precision": "no",
