@@ -1,7 +1,9 @@
-"""Where one speculative step's time goes, per heads folder: draft, verify, host, and what it accepts.
+"""Where one speculative step's time goes, per heads folder: draft, verify, host, and what it
+accepts; and what one verify forward costs by tree size.
 
 For each ``--heads`` folder (any head type, with its saved tree unless ``--chain``) this decodes
-the demo's held-out prompts with the draft budget and the heads' plan OFF (every step drafts in
+the prompts (benchmarks/prompts.py: the first turns of ``--questions``) with the draft budget and
+the heads' plan OFF (every step drafts in
 full, so acceptance is the heads' own, not the budget's), interleaved with plain ``generate`` on the same prompts,
 and prints per step:
 
@@ -12,11 +14,16 @@ and prints per step:
   on the same prompts (its step: one forward plus its own host work);
 - the speedup over plain ``generate`` (time per new token, summed over the prompts).
 
-    python benchmarks/parallel_step_profile.py --heads runs/demo-dflash/heads --heads runs/demo-peagle/heads \
-        [--chain] [--temperature 0.7] [--prompts 12] [--out DIR] [--draft-vocab-size none --draft-vocab-size 1024]
+    python benchmarks/step_profile.py --heads runs/smollm2/heads [--heads DIR ...] [--target smollm2] \
+        --questions FILE [--num-prompts 12] [--chain] [--temperature 0.7] [--out DIR] \
+        [--draft-vocab-size none --draft-vocab-size 1024] [--verify-sizes 1,2,4,8,16,32,64]
 
 ``--draft-vocab-size N`` (repeatable; ``none`` = the whole vocabulary): profile static-tree heads
 (DFlash, Medusa) drafting from the N most frequent training tokens, each size in turn.
+
+``--verify-sizes``: the median seconds of one verify forward of n tree tokens over a cached context
+of the prompts' mean length (``tune.calibrate.measure_verify_times``, what calibrate's tree search
+reads), beside n = 1: the price of each drafted token, which decides how large a tree can pay.
 
 Greedy outputs are checked against ``generate`` (a mismatch raises: a profile of wrong output
 means nothing).
@@ -29,6 +36,16 @@ import time
 from pathlib import Path
 
 import torch
+from prompts import add_arguments, load_prompts
+
+
+def verify_costs(target, sizes: list[int], context: int) -> dict:
+    """Milliseconds of one verify forward per tree size, and each as a multiple of a 1-token forward."""
+    from draftheads.tune.calibrate import measure_verify_times
+
+    seconds = measure_verify_times(target, sorted(set([1, *sizes])), context=context)
+    return {"verify_ms_by_tree_tokens": {n: 1e3 * s for n, s in seconds.items()},
+            "over_one_token": {n: s / seconds[1] for n, s in seconds.items()}, "context": context}
 
 
 def _timed_propose(cls, box: dict):
@@ -118,30 +135,35 @@ def profile(target, tokenizer, heads_dir: str, prompts, max_new: int, temperatur
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--target", default="demo")
-    parser.add_argument("--heads", action="append", required=True)
+    add_arguments(parser, num=12)
+    parser.add_argument("--heads", action="append", default=[])
     parser.add_argument("--chain", action="store_true",
                         help="static-tree heads decode the chain of every trained depth, not the saved tree")
     parser.add_argument("--temperature", type=float, default=0.0)
-    parser.add_argument("--prompts", type=int, default=12)
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", default=None, help="folder for profile.json")
+    parser.add_argument("--out", default=None, help="folder for results-*.json")
     parser.add_argument("--draft-vocab-size", action="append", default=None,
                         help="repeatable: 'none' (whole vocabulary) or N (the N most frequent training tokens)")
+    parser.add_argument("--verify-sizes", default=None, metavar="N,N,...",
+                        help="also time one verify forward of each number of tree tokens (e.g. 1,2,4,8,16,32,64)")
     args = parser.parse_args()
+    if not args.heads and not args.verify_sizes:
+        parser.error("nothing to measure: pass --heads DIR (repeatable) and/or --verify-sizes")
     torch.set_num_threads(args.threads)
 
-    from draftheads.bench.questions import demo_questions
-    from draftheads.config import TargetConfig
-    from draftheads.train.loop import load_target
+    from draftheads.target import load_target
 
-    target, tokenizer = load_target(TargetConfig(name_or_path=args.target, dtype="float32"))
-    prompts = [tokenizer(q.turns[0], return_tensors="pt").input_ids for q in demo_questions(tokenizer, args.prompts)]
+    target, tokenizer = load_target(args.target, device=torch.device("cpu"), dtype="float32")
+    prompts = load_prompts(tokenizer, args.target, args.questions, args.num_prompts)
+    results = []
+    if args.verify_sizes:
+        results.append(verify_costs(target, [int(n) for n in args.verify_sizes.split(",")],
+                                    context=round(sum(p.shape[1] for p in prompts) / len(prompts))))
+        print(json.dumps(results[-1]), flush=True)
     with torch.no_grad():  # warm-up
         target.generate(prompts[0], max_new_tokens=8, do_sample=False, attention_mask=torch.ones_like(prompts[0]))
-    results = []
     for heads_dir in args.heads:
         for vocab in args.draft_vocab_size or [None]:
             r = profile(target, tokenizer, heads_dir, prompts, args.max_new_tokens, args.temperature, args.chain,
@@ -152,7 +174,7 @@ def main() -> None:
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)
         vocabs = "-v" + "-".join(args.draft_vocab_size) if args.draft_vocab_size else ""
-        name = f"profile-t{args.temperature:g}{'-chain' if args.chain else ''}{vocabs}.json"
+        name = f"results-t{args.temperature:g}{'-chain' if args.chain else ''}{vocabs}.json"
         (Path(args.out) / name).write_text(json.dumps(results, indent=2) + "\n")
 
 
