@@ -19,6 +19,7 @@ STAMP   := $(VENV)/.draftheads-installed
 demo: setup train chat
 
 test: setup vllm-env
+	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -q -n 2 --dist loadfile
 
 setup: $(STAMP)
