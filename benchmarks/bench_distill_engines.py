@@ -1,6 +1,6 @@
 """`draftheads distill` throughput: the hf engine vs the vllm engine on the same rows.
 
-    python benchmarks/bench_distill_engines.py [--target smollm2] --questions FILE \
+    python benchmarks/bench_distill_engines.py [--target smollm2] [--questions chat] \
         [--vllm-python /path/to/.venv-vllm/bin/python] [--rows 16 --max-new-tokens 64 --batch-size 8] \
         [--out results/distill-engines]
 
@@ -27,7 +27,9 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--vllm-python", default=str(Path(sys.executable).parents[2] / ".venv-vllm" / "bin" / "python"))
     p.add_argument("--target", default="smollm2", help="a model folder or a target name (default: smollm2)")
-    p.add_argument("--questions", required=True, metavar="FILE", help="Spec-Bench/MT-Bench .jsonl or a text file")
+    p.add_argument("--questions", default="chat", metavar="NAME_OR_FILE",
+                   help="chat (default: the package's general chat prompts; distill refuses the evaluation sets), "
+                        "a Spec-Bench .jsonl or a text file")
     p.add_argument("--out", default="results/distill-engines")
     p.add_argument("--work", default="/tmp/draftheads-bench-distill")
     p.add_argument("--rows", type=int, default=16)
@@ -67,13 +69,13 @@ def main(argv=None) -> int:
                 f.unlink(missing_ok=True)
             if engine == "hf":
                 s = DistillSettings(target=str(target), data=str(data), out=str(out), max_new_tokens=args.max_new_tokens,
-                                    batch_size=args.batch_size)
+                                    batch_size=args.batch_size, eval_overlap="warn")  # throughput material only
                 stats = distill(s, HFEngine(model, tok, s), tok, progress=False)
                 tokens, seconds = stats.generated_tokens, stats.seconds
             else:
                 proc = subprocess.run(
                     [args.vllm_python, str(ROOT / "tests" / "vllm_distill_worker.py"), str(ROOT), str(target), str(data),
-                     str(out), str(args.max_new_tokens), str(args.batch_size)],
+                     str(out), str(args.max_new_tokens), str(args.batch_size), "warn"],
                     capture_output=True, text=True, env=env, timeout=1200,
                 )
                 if proc.returncode != 0:

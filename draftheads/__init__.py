@@ -58,6 +58,7 @@ __all__ = [
     "HydraHeads",
     "HydraProposer",
     "MedusaHeads",
+    "PEagleHead",
     "MedusaProposer",
     "PromptLookupProposer",
     "Proposer",

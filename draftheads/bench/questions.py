@@ -12,6 +12,8 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..data.prompt_sets import describe_names, resolve_prompt_set
+
 #: Category given to rows and files that do not name one.
 DEFAULT_CATEGORY = "default"
 #: Category of the demo target's held-out code-completion prompts.
@@ -31,15 +33,17 @@ class Question:
     raw: bool = False
 
 
-def load_questions(path: str | Path) -> list[Question]:
-    """Questions from a ``.jsonl`` file in Spec-Bench format (``question_id``, ``category``,
-    ``turns``) or from a plain-text file (one single-turn prompt per non-empty line).
+def load_questions(name_or_path: str | Path) -> list[Question]:
+    """Questions from a named set shipped in the package (``mt-bench``, ``spec-bench``, ``chat``:
+    ``data.prompt_sets``), a ``.jsonl`` file in Spec-Bench format (``question_id``, ``category``,
+    ``turns``) or a plain-text file (one single-turn prompt per non-empty line).
 
     A malformed row is an error naming ``file:line``: a benchmark that silently skips rows
     measures something else than the user thinks."""
-    path = Path(path)
+    path = resolve_prompt_set(name_or_path)
     if not path.is_file():
-        raise QuestionFileError(f"question file not found: {path}")
+        raise QuestionFileError(f"question file not found: {path} (pass a Spec-Bench .jsonl, a text file with one "
+                                f"prompt a line, or a named set: {describe_names()})")
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
     except UnicodeDecodeError as e:
