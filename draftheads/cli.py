@@ -237,8 +237,8 @@ def cmd_calibrate(args) -> int:
     heads' tree.json, replacing what was measured on this device type before and keeping the
     entries of other device types."""
     import draftheads as dh
-    from .inference.one_forward_tree import drafts_in_one_forward
     from .plans import TreePlans, write_plans
+    from .registry import TreeKind, method_of
 
     from .heads.hub import is_hub_reference
     if is_hub_reference(args.heads) and not args.dry_run:  # tree.json would land in the Hub cache
@@ -254,9 +254,9 @@ def cmd_calibrate(args) -> int:
     for temperature in args.temperatures:
         if len(args.temperatures) > 1:
             print(f"-- temperature {temperature:g}{' (greedy)' if temperature == 0 else ''}")
-        if heads.dynamic_tree:
+        if method_of(heads).tree is TreeKind.DYNAMIC:
             entries += _calibrate_dynamic(args, target, heads, prompts, temperature)
-        elif temperature > 0 and drafts_in_one_forward(heads):
+        elif temperature > 0 and method_of(heads).tree is TreeKind.ONE_FORWARD:
             # Their table holds greedy hit rates; at T > 0 acceptance is the target's tempered
             # probability of each draft, which is not measured for them yet: no entry rather than
             # one chosen from the wrong figure (requests there use the nearest measured plan).

@@ -450,21 +450,21 @@ def validate(cfg: ExperimentConfig) -> None:
     configuration other than the one written down is the failure this module exists to prevent
     (the same reason an unknown key is an error). Only values different from the default count,
     so a shared config keeping ``noise: 0.1`` still works for every type."""
-    from .heads import head_types
+    from .registry import UnknownMethodError, method_named, methods
 
-    spec, types_ = cfg.heads, head_types()
-    if spec.head_type not in types_:
-        raise ConfigError(f"heads.head_type: unknown head type {spec.head_type!r}; valid: {', '.join(sorted(types_))}")
+    spec = cfg.heads
+    try:
+        method = method_named(spec.head_type)
+    except UnknownMethodError:
+        valid = ", ".join(sorted(m.name for m in methods()))
+        raise ConfigError(f"heads.head_type: unknown head type {spec.head_type!r}; valid: {valid}") from None
     defaults = HeadsSpec()
-    def takes(cls) -> tuple[str, ...]:
-        return cls.spec_options + cls.init_options
-
     for f in dataclasses.fields(HeadsSpec):
         value = getattr(spec, f.name)
         if (f.name in ("head_type", "num_heads", "num_layers", "init_from", "init")
-                or f.name in takes(types_[spec.head_type]) or value == getattr(defaults, f.name)):
+                or f.name in method.options or value == getattr(defaults, f.name)):
             continue
-        users = sorted(name for name, cls in types_.items() if f.name in takes(cls))
+        users = sorted(m.name for m in methods() if f.name in m.options)
         raise ConfigError(
             f"heads.{f.name} is set ({value!r}) but {spec.head_type} heads do not use it: it applies to "
             f"{', '.join(users)} heads only; remove it or change heads.head_type"

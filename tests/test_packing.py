@@ -148,7 +148,7 @@ HEADS = {
 def fresh_heads(target, head_type: str, seed: int = 0, std: float = 0.05):
     torch.manual_seed(seed)
     heads = HEADS[head_type](target)
-    if hasattr(heads, "set_draft_vocab"):
+    if heads.own_draft_vocabulary:
         heads.set_draft_vocab(torch.arange(target.config.vocab_size).float())  # id 0 (P-EAGLE's mask) never seen
     for p in heads.parameters():  # a random start: zero-initialised projections would hide mistakes
         torch.nn.init.normal_(p, std=std)

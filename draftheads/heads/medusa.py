@@ -31,6 +31,7 @@ class ResBlock(nn.Module):
 class MedusaHeads(DraftHeads):
     head_type = "medusa"
     spec_options: tuple[str, ...] = ("lm_head",)
+    weights_per_head = True
 
     def __init__(self, config: HeadsConfig) -> None:
         super().__init__(config)

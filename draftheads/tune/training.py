@@ -54,6 +54,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
+from ..registry import TreeKind, method_of
 from ..plans import CHOSEN_BY_TRAINING, PLAIN, SPECULATIVE, PlanEntry, TreePlans, parse_temperatures, write_plans
 from .batch_plan import PLAIN_MARGIN, BatchPlanResult, measure_batch_plan
 from .calibrate import (
@@ -64,7 +65,6 @@ from .calibrate import (
     measure_verify_times,
 )
 from ..inference.one_forward_tree import (
-    drafts_in_one_forward,
     one_forward_accuracy,
     one_forward_draft_seconds,
     one_forward_vocab_sizes,
@@ -238,11 +238,11 @@ def choose_export_tree(
     rows = [r.to(target.device) for r in rows if r.numel() >= 8][:SAMPLE_ROWS]
     if not rows:
         raise ValueError("no held-out rows of at least 8 tokens to choose a tree on")
-    was_training = heads.training
+    was_training, kind = heads.training, method_of(heads).tree
     try:
-        if getattr(heads, "dynamic_tree", False):
+        if kind is TreeKind.DYNAMIC:
             data = choose_dynamic(target, heads, rows, temperature, greedy_choice)
-        elif drafts_in_one_forward(heads):
+        elif kind is TreeKind.ONE_FORWARD:
             table = None if rank_accuracy is None else torch.tensor(rank_accuracy, dtype=torch.float32)
             if table is None or table.dim() != 2 or table.shape[0] != heads.config.num_heads:
                 raise ValueError(f"{heads.head_type} heads choose their tree from the final evaluation's acceptance "
@@ -270,7 +270,7 @@ def _drafting_as(heads: torch.nn.Module, data: dict[str, Any]) -> Iterator[None]
     given an explicit static tree drafts with the heads' own vocabulary, and the entry will carry
     this one), then back as they were. Dynamic trees carry their vocabulary in the tree itself."""
     before, was_training = heads.draft_vocab_size, heads.training
-    if not getattr(heads, "dynamic_tree", False):
+    if method_of(heads).tree.rank_paths:
         heads.draft_vocab_size = data.get("draft_vocab_size")
     heads.eval()
     try:
