@@ -76,6 +76,19 @@ class DraftHeads(nn.Module):
         heads.bind_target(target)
         return heads.to(device=target.get_output_embeddings().weight.device)
 
+    @classmethod
+    def card_rows(cls, config: dict) -> list[tuple[str, object]]:
+        """What the model card's heads table says about heads of this type, from their config.json
+        (a draft layer's steps and geometry; Medusa-style heads say what differs for them)."""
+        extra = config.get("extra") or {}
+        rows: list[tuple[str, object]] = [("draft steps in training", config["num_heads"]),
+                                          ("decoder layers", config["num_layers"])]
+        for key in ("intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim", "feature_layers",
+                    "draft_vocab_size"):
+            if key in extra:
+                rows.append((key.replace("_", " "), extra[key]))
+        return rows
+
     def init_from_target(self, target: nn.Module) -> None:
         """Copy what a fresh head starts from out of the target (default: nothing)."""
 
