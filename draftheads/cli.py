@@ -1,6 +1,6 @@
 """`draftheads` command line.
 
-    draftheads train --config configs/demo.yaml [key.sub=value ...]
+    draftheads train --config configs/smollm2.yaml [key.sub=value ...]
     draftheads generate --target PATH_OR_ID --heads DIR --prompt "..."
     draftheads calibrate --target PATH_OR_ID --heads DIR [--prompts chat|FILE] [--batch-sizes 1,4,8]
     draftheads bench --target PATH_OR_ID --heads DIR [--prompt-lookup] [--questions mt-bench|spec-bench|FILE] --out results/

@@ -242,19 +242,19 @@ def test_cached_features_packed_equal_the_target_run_on_the_window(head_type):
 
 
 def test_packing_options_are_validated_by_name():
-    base = {"data": {"path": "demo"}, "heads": {"head_type": "medusa"}}
-    cfg = config_from_dict({**base, "data": {"path": "demo", "packing": True, "pack_length": 64}})
+    base = {"data": {"path": "rows.jsonl"}, "heads": {"head_type": "medusa"}}
+    cfg = config_from_dict({**base, "data": {"path": "rows.jsonl", "packing": True, "pack_length": 64}})
     assert cfg.data.packing and cfg.data.packing_window == 64
     assert config_from_dict(base).data.packing is False  # off unless asked for
     with pytest.raises(ConfigError, match="pack_overflow='cut' is not one of split, drop"):
-        config_from_dict({**base, "data": {"path": "demo", "packing": True, "pack_overflow": "cut"}})
-    both = config_from_dict({**base, "data": {"path": "demo", "packing": True}, "train": {"group_by_length": True}})
+        config_from_dict({**base, "data": {"path": "rows.jsonl", "packing": True, "pack_overflow": "cut"}})
+    both = config_from_dict({**base, "data": {"path": "rows.jsonl", "packing": True}, "train": {"group_by_length": True}})
     with pytest.raises(PackingError, match="data.packing and train.group_by_length are both on"):
         pack_for_training(both, None, [], Collator(PAD))
 
 
 def test_pack_for_training_reports_and_keeps_documents():
-    cfg = config_from_dict({"data": {"path": "demo", "packing": True, "max_length": 40, "pack_length": 20}})
+    cfg = config_from_dict({"data": {"path": "rows.jsonl", "packing": True, "max_length": 40, "pack_length": 20}})
     from datasets import Dataset
 
     rows = Dataset.from_list(documents((30, 9, 14, 6), 200))

@@ -151,7 +151,6 @@ def _run(args, load_model) -> int:
             "questions": len(questions),
             "samples": sum(len(q.turns) for q in questions),
             "categories": cats,
-            "raw": all(q.raw for q in questions),
             "truncated": sum(1 for s in samples if s.method == "plain" and s.round == 0 and s.truncated),
         },
         "methods": [m.describe() for m in methods],

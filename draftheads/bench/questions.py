@@ -1,5 +1,5 @@
-"""What the benchmark asks: Spec-Bench question rows, plain-text prompt files, or the demo
-target's held-out code files.
+"""What the benchmark asks: the sets shipped in the package by name (MT-Bench, Spec-Bench, chat
+prompts: ``data.prompt_sets``), Spec-Bench question rows, or plain-text prompt files.
 
 A question is one or more user turns. Multi-turn questions (MT-Bench rows) are answered turn by
 turn: turn k's prompt contains the earlier turns and their answers, so later turns measure
@@ -16,8 +16,6 @@ from ..data.prompt_sets import describe_names, resolve_prompt_set
 
 #: Category given to rows and files that do not name one.
 DEFAULT_CATEGORY = "default"
-#: Category of the demo target's held-out code-completion prompts.
-CODE_CATEGORY = "code"
 
 
 class QuestionFileError(ValueError):
@@ -29,8 +27,6 @@ class Question:
     question_id: str
     category: str
     turns: tuple[str, ...]
-    #: Raw code-completion text: never wrapped in a chat template, whatever the flags say.
-    raw: bool = False
 
 
 def load_questions(name_or_path: str | Path) -> list[Question]:
@@ -86,31 +82,6 @@ def _parse_row(path: Path, n: int, line: str) -> Question:
     if not isinstance(qid, (int, str)) or isinstance(qid, bool):
         raise QuestionFileError(f"{where}: 'question_id' must be an integer or a string, got {qid!r}")
     return Question(question_id=str(qid), category=category, turns=tuple(turns))
-
-
-def demo_questions(tokenizer, num: int = 12, prompt_tokens: int = 128) -> list[Question]:
-    """The demo target's code-completion prompts: the first ``prompt_tokens`` tokens of held-out
-    standard-library files longer than 2000 characters (neither the demo target nor its heads
-    trained on them). The benchmark scripts under benchmarks/ use the same prompts, so their figures compare."""
-    from ..demo import corpus_files, stdlib_root
-
-    root = stdlib_root()
-    questions = []
-    for path in corpus_files("heldout"):
-        text = path.read_text(encoding="utf-8")
-        if len(text) <= 2000:
-            continue
-        # A prefix is plenty for prompt_tokens tokens (and stays under the model's length warning).
-        ids = tokenizer(text[: 32 * prompt_tokens]).input_ids[:prompt_tokens]
-        questions.append(Question(
-            question_id=path.relative_to(root).as_posix(),
-            category=CODE_CATEGORY,
-            turns=(tokenizer.decode(ids, skip_special_tokens=True),),
-            raw=True,
-        ))
-        if len(questions) == num:
-            break
-    return questions
 
 
 def categories(questions: list[Question]) -> list[str]:

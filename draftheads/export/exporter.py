@@ -69,7 +69,7 @@ def export_heads(
     """Write the heads in ``heads_dir`` as ``format`` ("vllm", "sglang", "speculators") to ``out_dir``.
 
     ``verifier``: the target as the engine should open it (default: the target the heads recorded;
-    "demo" is the demo target's cache folder). Refuses, naming the reason, heads the format
+    "smollm2" is its cache folder). Refuses, naming the reason, heads the format
     cannot hold exactly, and an existing ``out_dir`` unless ``overwrite``."""
     if format not in EXPORT_FORMATS:
         raise ExportError(f"unknown export format {format!r}; valid: {', '.join(EXPORT_FORMATS)}")
