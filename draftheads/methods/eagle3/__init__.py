@@ -1,11 +1,11 @@
 """EAGLE-3: EAGLE's draft layer on several fused target layers with its own draft vocabulary,
 trained by training-time test; drafts EAGLE-2's dynamic tree (Li et al., 2025)."""
-from ..export import sglang, speculators
-from ..export.import_eagle import draft_layer_widths, read_eagle3
-from ..heads.eagle import Eagle3Head
-from ..inference.proposers.eagle import eagle_proposer
-from ..registry import EngineLayout, ImportLayout, Method, TreeKind, register
-from ..train.eagle_loss import EagleLoss
+from ...export import sglang, speculators
+from ...export.import_eagle import draft_layer_widths, read_eagle3
+from ...heads.eagle import Eagle3Head
+from ...inference.proposers.eagle import eagle_proposer
+from ...registry import EngineLayout, ImportLayout, Method, TreeKind, register
+from ..eagle.loss import EagleLoss
 
 
 def _is_eagle3(source) -> bool:

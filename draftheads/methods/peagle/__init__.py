@@ -1,11 +1,11 @@
 """P-EAGLE: EAGLE-3's draft layer drafting every depth in ONE forward (mask slots after the root),
 trained on COD-sampled depths; a static tree read off that forward's per-depth top-k."""
-from ..export import speculators
-from ..export.import_eagle import read_eagle3
-from ..heads.peagle import PEagleHead
-from ..inference.proposers.peagle import peagle_proposer
-from ..registry import EngineLayout, ImportLayout, Method, TreeKind, register
-from ..train.peagle_loss import PEagleLoss
+from ...export import speculators
+from ...export.import_eagle import read_eagle3
+from ...heads.peagle import PEagleHead
+from ...inference.proposers.peagle import peagle_proposer
+from ...registry import EngineLayout, ImportLayout, Method, TreeKind, register
+from .loss import PEagleLoss
 
 METHOD = register(Method(
     name="peagle",
