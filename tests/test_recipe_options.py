@@ -312,7 +312,10 @@ def test_loss_chunks_kept_or_recomputed_give_the_same_gradients_bit_for_bit(tiny
     """Several chunks per step (chunk size 7), every head type: the loss and every gradient are
     equal with checkpointed chunks and with kept ones, and only the first checkpoints."""
     from draftheads.config import config_from_dict
-    from draftheads.train import dflash_loss, eagle_loss, losses, peagle_loss
+    from draftheads.methods.dflash import loss as dflash_loss
+    from draftheads.methods.eagle import loss as eagle_loss
+    from draftheads.methods.medusa import loss as losses
+    from draftheads.methods.peagle import loss as peagle_loss
     from draftheads.train.components import build_heads
     from draftheads.train.model import TargetWithHeads
 
@@ -328,7 +331,7 @@ def test_loss_chunks_kept_or_recomputed_give_the_same_gradients_bit_for_bit(tiny
     for keep in (False, True):
         torch.manual_seed(0)  # the same fresh heads, the same DFlash anchors
         heads = build_heads(spec, tiny_llama)
-        if hasattr(heads, "set_draft_vocab"):
+        if heads.own_draft_vocabulary:
             heads.set_draft_vocab(torch.arange(heads.config.vocab_size).flip(0).index_fill(0, torch.tensor([0]), 0))
         model = TargetWithHeads(tiny_llama, heads, loss_chunk_size=7, labels="target", checkpoint_loss_chunks=not keep)
         calls.clear()

@@ -6,11 +6,10 @@ from pathlib import Path
 
 from ..heads.hub import resolve_heads_folder
 from ..heads.io import load_heads
+from ..registry import EngineLayout, Method, TreeKind, method_of
 from .card import CARD_NAME, export_card
-from . import sglang, speculators, vllm
 from .common import ExportError, resolve_verifier, verifier_config, write_engine_folder
-
-FORMATS = {"vllm": vllm.export, "sglang": sglang.export, "speculators": speculators.export}
+from .formats import ENGINE_TITLES, EXPORT_FORMATS, layouts_sentence
 
 
 def check_speculative_tokens(value: int | None, heads) -> None:
@@ -23,7 +22,7 @@ def check_speculative_tokens(value: int | None, heads) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ExportError(f"num_speculative_tokens must be a whole number >= 1, got {value!r}")
     kind, most = heads.config.head_type, heads.config.num_heads
-    if kind in ("medusa", "hydra") and value > most:
+    if method_of(heads).tree is TreeKind.STATIC and value > most:  # one head per depth
         raise ExportError(
             f"num_speculative_tokens {value}: these {kind} heads draft at most {most} tokens per step "
             f"(one per head); export with --num-speculative-tokens {most} or fewer"
@@ -70,20 +69,21 @@ def export_heads(
     """Write the heads in ``heads_dir`` as ``format`` ("vllm", "sglang", "speculators") to ``out_dir``.
 
     ``verifier``: the target as the engine should open it (default: the target the heads recorded;
-    "demo" is the demo target's cache folder). Refuses, naming the reason, heads the format
+    "smollm2" is its cache folder). Refuses, naming the reason, heads the format
     cannot hold exactly, and an existing ``out_dir`` unless ``overwrite``."""
-    if format not in FORMATS:
-        raise ExportError(f"unknown export format {format!r}; valid: {', '.join(FORMATS)}")
+    if format not in EXPORT_FORMATS:
+        raise ExportError(f"unknown export format {format!r}; valid: {', '.join(EXPORT_FORMATS)}")
     out = Path(out_dir)
     if out.exists() and not overwrite:
         raise FileExistsError(f"{out} exists: pass overwrite=True (--overwrite) to replace it")
     heads = load_heads(heads_dir)
+    layout = engine_layout(method_of(heads), format)
     check_no_sliding_window(heads, format)
     check_speculative_tokens(num_speculative_tokens, heads)
     if verifier is not None:
         check_verifier(verifier)
     resolved = resolve_verifier(heads.config, verifier)
-    folder = FORMATS[format](
+    folder = layout.write(
         heads, verifier=resolved, verifier_cfg=verifier_config(resolved), num_speculative_tokens=num_speculative_tokens
     )
     local = Path(heads_dir).exists()  # else a Hub id, which load_heads resolved: record the id
@@ -93,6 +93,16 @@ def export_heads(
     card = export_card(folder.config, {**metadata, "notes": folder.notes}, heads.config.to_dict(), str(out),
                        source_card(heads_dir))
     return write_engine_folder(out, folder, metadata, overwrite, card=card)
+
+
+def engine_layout(method: Method, format: str) -> EngineLayout:
+    """How ``format`` holds the heads of ``method``, as it declares; refused, naming the formats
+    that exist, when it does not."""
+    layout = method.exports.get(format)
+    if layout is None:
+        raise ExportError(f"{method.name} heads have no {ENGINE_TITLES[format]} layout: formats exist for "
+                          f"{layouts_sentence()}")
+    return layout
 
 
 def source_card(heads_dir: str | os.PathLike) -> str | None:

@@ -13,7 +13,7 @@ P-EAGLE adds two learned inputs that stand for what a sequential draft would hav
 Drafting after the root: the usual EAGLE input for the committed positions (feature t, token
 t+1) ending with the root, then K-1 slots holding (mask token, fuse(mask_hidden)) at the next
 positions, under causal attention. The root's slot predicts draft 1, mask slot j draft j+1: K
-tokens from one forward, none of them fed back. Training (train/peagle_loss.py) samples which
+tokens from one forward, none of them fed back. Training (methods/peagle/loss.py) samples which
 depths each position learns (COD) and shows each element exactly what drafting shows it.
 
 The mask token id must never be a token the data holds (it would share the placeholder's

@@ -187,13 +187,14 @@ class Trainer:
         if cfg.heads.init_from:  # continue from saved or imported heads (their draft vocabulary included)
             heads = init_heads_from(heads, cfg.heads.init_from, target)
             say(f"heads initialised from {cfg.heads.init_from}")
-        elif hasattr(heads, "set_draft_vocab"):  # EAGLE-3: its own LM head covers the most frequent training tokens
+        elif heads.own_draft_vocabulary:  # its own LM head covers the most frequent training tokens
             heads.set_draft_vocab(training_token_counts(self.train_ds, heads.config.vocab_size))
             say(f"draft vocabulary: the {heads.draft_to_target.numel()} most frequent training tokens")
             if cfg.heads.lm_head_init == "target":
                 say(start_lm_head_from_target(heads, target, zero3=self.parallel.zero3))
-        if hasattr(heads, "choose_mask_token"):  # DFlash: its mask token, checked against the tokenizer
-            say(f"mask token: id {heads.choose_mask_token(self.tokenizer)}")
+        settled = heads.settle_tokenizer(self.tokenizer)  # e.g. a mask token, checked against the tokenizer
+        if settled:
+            say(settled)
         self.heads = heads
         self.model = TargetWithHeads(
             target, heads, loss_decay=t.loss_decay, loss_chunk_size=t.loss_chunk_size, topk=t.topk, labels=t.labels,
