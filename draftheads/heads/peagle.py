@@ -76,7 +76,7 @@ class PEagleHead(Eagle3Head):
     dynamic_tree = False  # a static tree (rank paths) over the per-depth top-k of one forward
     training_objective = "parallel_depths"
     # Not EAGLE 3.1's fc_norm / norm_output: vLLM's speculators P-EAGLE mapping does not forward
-    # them (export/speculators.py), so a P-EAGLE draft using them could not be served as trained.
+    # them (methods/peagle/export.py), so a P-EAGLE draft using them could not be served as trained.
     # norm_before_fc is taken: vLLM's mapping forwards it and normalises mask_hidden with the same
     # input_norm before fc, as this head does (see mask_input).
     spec_options = tuple(o for o in Eagle3Head.spec_options if o not in ("fc_norm", "norm_output")) + (
