@@ -22,11 +22,13 @@ from .engines import VLLM_MISSING, DistillError
 CHILD_FLAG = "DRAFTHEADS_VLLM_CHILD"
 PYTHON_ENV = "DRAFTHEADS_VLLM_PYTHON"
 #: vLLM's CPU defaults for this use: one process (no engine-core subprocess), a KV cache (GiB)
-#: that holds a 64-prompt batch of a small model's answers. Values already set are kept. Threads are
+#: that holds a 64-prompt batch of a small model's answers, its start-up log kept to warnings (the
+#: distill's own progress is what the user reads). Values already set are kept. Threads are
 #: left to vLLM (one, unless OMP_NUM_THREADS says otherwise): on a shared 2-core machine two OpenMP
 #: threads measured 10x slower than one (2.3 vs 25 tok/s), their barriers spinning while the other
 #: thread waits for a core.
-VLLM_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "2", "VLLM_NO_USAGE_STATS": "1"}
+VLLM_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "2", "VLLM_NO_USAGE_STATS": "1",
+            "VLLM_LOGGING_LEVEL": "WARNING"}
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # the folder holding draftheads/
 
 
