@@ -255,3 +255,33 @@ def test_the_target_fingerprint_reads_a_weight_larger_than_float32_counts():
     big.config = make_tiny_model("llama").config
     big.weight = torch.nn.Parameter(torch.zeros(49152 * 576, dtype=torch.bfloat16), requires_grad=False)
     assert set(target_fingerprint(big)) >= {"config"}
+
+
+def test_auto_writes_the_cache_once_and_later_runs_read_it(tmp_path, tiny_target_dir, tiny_text_jsonl, monkeypatch):
+    """``data.features: auto``: the first run writes the cache under $DRAFTHEADS_CACHE/features and
+    trains from it (the same heads as from a cache built by the command); a second run, even into
+    another folder, reads it without running the target; a change in the data gets its own cache."""
+    from draftheads.train.model import TargetWithHeads
+
+    monkeypatch.setenv("DRAFTHEADS_CACHE", str(tmp_path / "dh-cache"))
+    data = _cfg_dict(tmp_path, tiny_target_dir, tiny_text_jsonl, max_steps=2, eval_every=0)
+    out = tmp_path / "features"
+    assert _cache(tmp_path, _yaml(tmp_path, data), out) == 0
+    by_command = _run(data, tmp_path, "by-command", f"data.features={out}")
+    first = _run(data, tmp_path, "auto-1", "data.features=auto")
+    caches = [p for p in (tmp_path / "dh-cache" / "features").iterdir() if p.is_dir()]
+    assert len(caches) == 1 and json.loads((caches[0] / "index.json").read_text())["complete"]
+    for k, v in by_command.heads.state_dict().items():
+        assert torch.equal(v, first.heads.state_dict()[k]), k
+    assert json.loads((tmp_path / "auto-1" / "config.json").read_text())["data"]["features"] == "auto"
+
+    def boom(*a, **k):
+        raise AssertionError("the target ran")
+
+    with monkeypatch.context() as m:
+        m.setattr(TargetWithHeads, "target_hidden", boom)
+        m.setattr(TargetWithHeads, "target_features", boom)
+        second = _run(data, tmp_path, "auto-2", "data.features=auto")
+    assert second.step == 2
+    _run(data, tmp_path, "auto-3", "data.features=auto", "data.max_length=32")
+    assert len([p for p in (tmp_path / "dh-cache" / "features").iterdir() if p.is_dir()]) == 2

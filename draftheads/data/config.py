@@ -44,7 +44,11 @@ class DataConfig:
         which matters for code corpora whose files are far longer than ``max_length``.
     cache_dir: the ``datasets`` cache folder (``None``: the library default).
     features: a feature cache folder written by ``draftheads cache-features`` for this config:
-        the heads read the target's features from it instead of running the target.
+        the heads read the target's features from it instead of running the target. ``auto``:
+        training writes the cache itself on first use, under the draftheads cache folder, keyed
+        by everything the features depend on (target, tokenizer, what the heads read, the
+        tokenized rows), and reuses it in every later run: the target runs once over the data,
+        however many epochs or runs follow.
     packing: lay training rows end to end in windows of ``pack_length`` tokens, each row still
         attending only to itself (``data/packing.py``), instead of one padded row per example.
         Evaluation batches stay unpacked, so evaluation figures compare across runs.

@@ -116,6 +116,18 @@ def fingerprint(cfg, target, tokenizer, heads, splits: dict[str, Any]) -> dict[s
     }
 
 
+AUTO = "auto"
+
+
+def auto_cache_dir(fp: dict[str, Any]) -> Path:
+    """Where ``data.features: auto`` keeps the cache of these inputs: one folder per fingerprint
+    under ``$DRAFTHEADS_CACHE`` (default ``~/.cache/draftheads``)/features."""
+    from ..smollm2 import cache_root
+
+    key = hashlib.sha256(json.dumps(fp, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    return cache_root() / "features" / key
+
+
 def _differences(cached: dict[str, Any], now: dict[str, Any], prefix: str = "") -> list[str]:
     out = []
     for key in sorted(set(cached) | set(now)):

@@ -22,6 +22,7 @@ from here; ``distributed.py`` says what each of them needs from the recipe.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 import math
 import os
@@ -36,7 +37,7 @@ from accelerate.state import AcceleratorState, GradientState
 from accelerate.utils import GradientAccumulationPlugin, set_seed
 from torch.utils.data import DataLoader
 
-from ..atomic import write_json_atomically
+from ..atomic import exclusive_lock, write_json_atomically
 from ..config import ExperimentConfig
 from ..data import Collator, build_datasets
 from ..data.load import check_eval_source
@@ -55,7 +56,7 @@ from .components import build_heads, init_heads_from, load_target, start_lm_head
 from .distributed import Parallelism
 from .evaluation import BestHeads, EvalShard, evaluate_and_log
 from ..tune.training import SAMPLE_ROWS, write_export_tree
-from .features import open_cache
+from .features import AUTO, auto_cache_dir, build_cache, fingerprint, open_cache
 from .packing import pack_for_training
 from .model import TargetWithHeads
 from .optim import build_optimizer, build_scheduler
@@ -213,6 +214,8 @@ class Trainer:
         and the step budget they imply; the schedule over that budget."""
         cfg, t, accelerator = self.cfg, self.t, self.accelerator
         collator = Collator.from_tokenizer(self.tokenizer)
+        if cfg.data.features == AUTO:  # written here on first use, then reused (checkpoints keep "auto")
+            cfg = self.build_auto_feature_cache(collator)
         if cfg.data.features:  # the target's features come from an offline cache (draftheads cache-features)
             self.train_ds, self.eval_ds, collator = open_cache(
                 cfg, self.target, self.tokenizer, self.heads, self.train_ds, self.eval_ds, collator
@@ -241,6 +244,21 @@ class Trainer:
         self.steps_per_epoch = math.ceil(self.batches_per_epoch / t.grad_accum)
         self.max_steps = t.max_steps or self.steps_per_epoch * t.num_epochs
         self.scheduler = build_scheduler(self.optimizer, t, self.max_steps)
+
+    def build_auto_feature_cache(self, collator) -> ExperimentConfig:
+        """``data.features: auto``: the cache folder of these inputs, written by the main process
+        if it is not complete yet; a copy of the config with that folder in ``data.features``."""
+        accelerator = self.accelerator
+        splits = {"train": self.train_ds} | ({"eval": self.eval_ds} if self.eval_ds is not None else {})
+        directory = auto_cache_dir(fingerprint(self.cfg, self.target, self.tokenizer, self.heads, splits))
+        if accelerator.is_main_process:
+            with self.timer("feature_cache"), exclusive_lock(directory):
+                build_cache(
+                    self.cfg, directory, self.model, self.tokenizer, splits, collate=collator,
+                    progress=accelerator.is_main_process, say=self.say,
+                )
+        accelerator.wait_for_everyone()
+        return dataclasses.replace(self.cfg, data=dataclasses.replace(self.cfg.data, features=str(directory)))
 
     def prepare_and_resume(self) -> None:
         """accelerator.prepare; then, if asked, where a checkpoint left off; the trackers."""
