@@ -63,10 +63,13 @@ def add_import_parser(sub, add_target_args: Callable[[argparse.ArgumentParser], 
 def run_import(args, load_model: Callable[[str], tuple]) -> int:
     from pathlib import Path
 
+    from .common import check_output_folder
     from .importers import import_heads
 
-    if Path(args.out).exists() and not args.overwrite:  # before loading the target: a typo costs a second
-        print(f"error: {args.out} exists: pass --overwrite to replace it", file=sys.stderr)
+    try:  # before loading the target: a typo costs a second
+        check_output_folder(Path(args.out), args.src, args.overwrite)
+    except FileExistsError as e:
+        print(f"error: {e}", file=sys.stderr)
         return 2
     target, _ = load_model(args.target)
     try:

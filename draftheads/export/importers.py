@@ -5,6 +5,7 @@ The layout is detected from tensor names and config keys (or forced with ``forma
 """
 from __future__ import annotations
 
+import json
 import os
 import re
 from pathlib import Path
@@ -15,6 +16,8 @@ from .import_dflash import read_dflash
 from .import_eagle import read_eagle, read_eagle3
 from .import_medusa import ORIGINAL_BLOCK, VLLM_BLOCK, read_medusa, strip_prefix
 from .formats import IMPORT_FORMATS
+from ..heads.folder import save_heads
+from .common import IMPORT_METADATA, check_output_folder, read_token_counts
 from .sources import Source, read_source
 
 
@@ -50,6 +53,11 @@ def detect_format(source: Source) -> str:
 
 def read_heads(src: str | os.PathLike, target: torch.nn.Module, format: str | None = None) -> torch.nn.Module:
     """The checkpoint at ``src`` as draftheads heads bound to ``target`` (nothing written)."""
+    return _read(src, target, format)[0]
+
+
+def _read(src: str | os.PathLike, target: torch.nn.Module, format: str | None) -> tuple[torch.nn.Module, str, Source]:
+    """(heads, the layout read, the source)."""
     if format is not None and format not in IMPORT_FORMATS:
         raise ValueError(f"unknown import format {format!r}; valid: {', '.join(IMPORT_FORMATS)}")
     source = read_source(src)
@@ -62,9 +70,13 @@ def read_heads(src: str | os.PathLike, target: torch.nn.Module, format: str | No
         heads = read_dflash(source, target, layout)
     else:
         heads = read_eagle3(source, target, layout)
+    counts = read_token_counts(source.path, int(heads.token_counts.numel()))  # a draftheads export kept them
+    if counts is not None:
+        with torch.no_grad():
+            heads.token_counts.copy_(counts)
     heads.bind_target(target)
     ref = target.get_output_embeddings().weight
-    return heads.to(device=ref.device).eval()
+    return heads.to(device=ref.device).eval(), layout, source
 
 
 def import_heads(
@@ -76,9 +88,10 @@ def import_heads(
     overwrite: bool = False,
 ) -> Path:
     """Convert the checkpoint at ``src`` into a draftheads heads folder at ``out_dir`` (atomic;
-    refused if it exists unless ``overwrite``)."""
+    refused if it exists unless ``overwrite``, and then only over an earlier import or export: see
+    `check_output_folder`). The folder records what it was converted from (`IMPORT_METADATA`)."""
     out = Path(out_dir)
-    if out.exists() and not overwrite:
-        raise FileExistsError(f"{out} exists: pass overwrite=True (--overwrite) to replace it")
-    heads = read_heads(src, target, format)
-    return heads.save_pretrained(out)
+    check_output_folder(out, src, overwrite)
+    heads, layout, _ = _read(src, target, format)
+    provenance = {"source": str(Path(src).absolute()), "format": layout}
+    return save_heads(heads, out, extra_files={IMPORT_METADATA: json.dumps(provenance, indent=2) + "\n"})

@@ -1,0 +1,467 @@
+"""Issue 41, round 3 of the outside try-out: each test names its item (itemNN) and failed before
+its fix. Run folders (1, 6, 7, 12), export/import folders (2), config checks (3, 4, 8, 9), the
+CLI's error lines (5, 13, 14), import round trips (17), messages (10, 11) and tracking paths (16)."""
+from __future__ import annotations
+
+import errno
+import json
+import os
+import shutil
+import socket
+from pathlib import Path
+
+import pytest
+
+from draftheads.train.run_dir import RunFolderError
+from test_train import _cfg
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+def _listing(folder: Path) -> dict[str, bytes]:
+    """Every file under ``folder`` with its bytes (what must survive a refused command)."""
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def _no_loading(monkeypatch) -> None:
+    """Fail the test if a run gets as far as loading its target (a refusal must come first)."""
+    from draftheads.train import trainer
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the run loaded its target before refusing")
+
+    monkeypatch.setattr(trainer, "load_target", refuse)
+
+
+# ---------------------------------------------------------------------------------------------
+# Item 1: --overwrite removes only a run's files, and refuses a folder that is not a run
+# ---------------------------------------------------------------------------------------------
+
+
+def test_item01_overwrite_refuses_a_model_folder(tmp_path, tiny_target_dir, tiny_text_jsonl, monkeypatch):
+    from draftheads.train.loop import run
+
+    model = Path(shutil.copytree(tiny_target_dir, tmp_path / "model"))
+    before = _listing(model)
+    cfg = _cfg(tmp_path, tiny_target_dir, tiny_text_jsonl, max_steps=1, eval_every=0, output_dir=str(model))
+    _no_loading(monkeypatch)
+    with pytest.raises(RunFolderError) as err:
+        run(cfg, overwrite=True)
+    message = str(err.value)
+    assert "a llama model" in message and "config.json" in message and "--overwrite" in message
+    assert _listing(model) == before  # the model still loads: nothing removed, nothing added
+    with pytest.raises(RunFolderError, match="a llama model"):  # without --overwrite: named the same way
+        run(cfg)
+    assert _listing(model) == before
+
+
+def test_item01_overwrite_refuses_a_heads_folder(tmp_path, tiny_target_dir, tiny_text_jsonl, tiny_llama, monkeypatch):
+    from draftheads import MedusaHeads
+    from draftheads.train.loop import run
+
+    heads = tmp_path / "heads"
+    MedusaHeads.for_target(tiny_llama, num_heads=2).save_pretrained(heads)
+    before = _listing(heads)
+    cfg = _cfg(tmp_path, tiny_target_dir, tiny_text_jsonl, max_steps=1, eval_every=0, output_dir=str(heads))
+    _no_loading(monkeypatch)
+    with pytest.raises(RunFolderError, match=r"medusa heads folder \(config.json, model.safetensors\)"):
+        run(cfg, overwrite=True)
+    assert _listing(heads) == before
+
+
+@pytest.mark.parametrize("what", ["config.json", "checkpoints", "heads", "metrics.json"])
+def test_item01_overwrite_refuses_run_names_that_hold_something_else(tmp_path, tiny_target_dir, tiny_text_jsonl, what,
+                                                                      monkeypatch):
+    """A folder whose `heads/` or `checkpoints/` (or config.json, metrics.json) a run did not write."""
+    from draftheads.train.loop import run
+
+    out = tmp_path / "mine"
+    out.mkdir()
+    if what.endswith(".json"):
+        (out / what).write_text(json.dumps({"my": "settings"}))
+    else:
+        (out / what).mkdir()
+        (out / what / "notes.txt").write_text("mine")
+    before = _listing(out)
+    cfg = _cfg(tmp_path, tiny_target_dir, tiny_text_jsonl, max_steps=1, eval_every=0, output_dir=str(out))
+    _no_loading(monkeypatch)
+    with pytest.raises(RunFolderError, match="not a draftheads run") as err:
+        run(cfg, overwrite=True)
+    assert what in str(err.value)
+    assert _listing(out) == before
+
+
+def test_item01_overwrite_still_replaces_a_run(tmp_path, tiny_target_dir, tiny_text_jsonl):
+    """What --overwrite is for keeps working, also for a run that recorded no step (config only)."""
+    from draftheads.train.loop import run
+
+    first = _cfg(tmp_path, tiny_target_dir, tiny_text_jsonl, max_steps=2, save_every=1, eval_every=0)
+    run(first)
+    second = _cfg(tmp_path, tiny_target_dir, tiny_text_jsonl, max_steps=1, save_every=1, eval_every=0, seed=3)
+    assert run(second, overwrite=True).step == 1
+    out = Path(second.train.output_dir)
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-1"]
+    assert json.loads((out / "config.json").read_text())["train"]["seed"] == 3
+
+
+# ---------------------------------------------------------------------------------------------
+# Item 6: a run that fails before its first step saved leaves its folder free
+# ---------------------------------------------------------------------------------------------
+
+
+def test_item06_a_run_that_fails_on_its_data_does_not_block_its_folder(tmp_path, tiny_target_dir, tiny_text_jsonl):
+    from draftheads.train.loop import run
+
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"text": "def f(x): return x"}) + "\n" + json.dumps({"text": 5}) + "\n")
+    cfg = _cfg(tmp_path, tiny_target_dir, bad, max_steps=1, eval_every=0)
+    with pytest.raises(ValueError, match="must be a string"):
+        run(cfg)
+    out = Path(cfg.train.output_dir)
+    assert not (out / "config.json").exists()  # checked before anything was written
+    fixed = _cfg(tmp_path, tiny_target_dir, tiny_text_jsonl, max_steps=1, eval_every=0)
+    assert run(fixed).step == 1  # no --overwrite, no --resume needed
+
+
+def test_item06_feature_layers_out_of_range_do_not_block_the_folder(tmp_path, tiny_target_dir, tiny_text_jsonl):
+    from draftheads.train.loop import run
+
+    common = dict(max_steps=1, eval_every=0)
+    bad = _cfg(tmp_path, tiny_target_dir, tiny_text_jsonl, "heads.head_type=eagle3", "heads.num_heads=1",
+               "heads.feature_layers=[0,1,9]", "heads.draft_vocab_size=64", "heads.lm_head=auto", **common)
+    with pytest.raises(ValueError, match="feature"):
+        run(bad)
+    assert not (Path(bad.train.output_dir) / "config.json").exists()
+    good = _cfg(tmp_path, tiny_target_dir, tiny_text_jsonl, "heads.head_type=eagle3", "heads.num_heads=1",
+                "heads.feature_layers=[0,1]", "heads.draft_vocab_size=64", "heads.lm_head=auto", **common)
+    assert run(good).step == 1
+
+
+def test_item06_a_run_that_fails_in_training_before_any_save_leaves_no_config(tmp_path, tiny_target_dir,
+                                                                            tiny_text_jsonl, monkeypatch):
+    from draftheads.train import trainer
+    from draftheads.train.loop import run
+
+    def broken(self, group):
+        raise RuntimeError("CUDA out of memory (simulated)")
+
+    cfg = _cfg(tmp_path, tiny_target_dir, tiny_text_jsonl, max_steps=2, eval_every=0, save_every=1)
+    with monkeypatch.context() as m:
+        m.setattr(trainer.Trainer, "train_step", broken)
+        with pytest.raises(RuntimeError, match="simulated"):
+            run(cfg)
+    out = Path(cfg.train.output_dir)
+    assert not (out / "config.json").exists() and not (out / "checkpoints").exists()
+    smaller = _cfg(tmp_path, tiny_target_dir, tiny_text_jsonl, max_steps=2, eval_every=0, save_every=1, batch_size=2)
+    assert run(smaller).step == 2
+
+
+def test_item06_packing_with_group_by_length_is_refused_by_the_config(tmp_path, tiny_target_dir, tiny_text_jsonl):
+    from draftheads.config import ConfigError
+
+    with pytest.raises(ConfigError, match="data.packing and train.group_by_length"):
+        _cfg(tmp_path, tiny_target_dir, tiny_text_jsonl, "data.packing=true", group_by_length=True)
+
+
+def test_item06_a_killed_run_that_never_saved_a_step_is_taken_over(tmp_path, tiny_target_dir, tiny_text_jsonl, capsys):
+    """Killed while loading (its config.json and its lock file stay): the next run, with any
+    config, takes the folder over; the killed run was on this host and no longer holds its lock."""
+    from draftheads.train.loop import run
+    from draftheads.train.run_lock import LOCK_NAME
+
+    killed = _cfg(tmp_path, tiny_target_dir, tiny_text_jsonl, max_steps=1, eval_every=0, seed=5)
+    out = Path(killed.train.output_dir)
+    out.mkdir(parents=True)
+    (out / "config.json").write_text(json.dumps(killed.to_dict()))
+    (out / LOCK_NAME).write_text(json.dumps({"pid": 2**22 + 7, "host": socket.gethostname(), "started": "x"}))
+    rerun = _cfg(tmp_path, tiny_target_dir, tiny_text_jsonl, max_steps=1, eval_every=0, seed=6)
+    assert run(rerun).step == 1
+    assert "never saved a step" in capsys.readouterr().out
+    assert json.loads((out / "config.json").read_text())["train"]["seed"] == 6
+
+
+def test_item06_resume_without_a_checkpoint_does_not_ask_for_resume(tmp_path, tiny_target_dir, tiny_text_jsonl):
+    from draftheads.train.loop import run
+
+    cfg = _cfg(tmp_path, tiny_target_dir, tiny_text_jsonl, max_steps=1, eval_every=0, seed=1)
+    out = Path(cfg.train.output_dir)
+    out.mkdir(parents=True)
+    other = _cfg(tmp_path, tiny_target_dir, tiny_text_jsonl, max_steps=1, eval_every=0, seed=0)
+    (out / "config.json").write_text(json.dumps(other.to_dict()))
+    cfg.train.resume = "auto"
+    with pytest.raises(RunFolderError, match="no checkpoint to resume from") as err:
+        run(cfg)
+    assert "pass --resume" not in str(err.value) and "--overwrite" in str(err.value)
+
+
+# ---------------------------------------------------------------------------------------------
+# Item 7: a full disk during a checkpoint, and a resume on a full disk
+# ---------------------------------------------------------------------------------------------
+
+
+def test_item07_torch_unexpected_pos_reads_as_disk_full(tmp_path, tiny_target_dir, tiny_text_jsonl, monkeypatch):
+    """torch's zip writer reports ENOSPC as ``RuntimeError ... unexpected pos``, not an OSError."""
+    import accelerate.checkpointing as ac
+
+    from draftheads.train.checkpoint import CheckpointError
+    from draftheads.train.loop import run
+
+    real_save = ac.save
+
+    def save(obj, f, *args, **kwargs):
+        if "step-4" in str(f):
+            Path(f).write_bytes(b"partial")
+            raise RuntimeError("[enforce fail at inline_container.cc:664] . unexpected pos 4480 vs 4368")
+        return real_save(obj, f, *args, **kwargs)
+
+    monkeypatch.setattr(ac, "save", save)
+    cfg = _cfg(tmp_path, tiny_target_dir, tiny_text_jsonl, max_steps=4, save_every=2, eval_every=0)
+    with pytest.raises(CheckpointError) as err:
+        run(cfg)
+    message = str(err.value)
+    assert "disk" in message and "full" in message and "free" in message and "needs about" in message
+    assert "step-4" in message and "intact" in message
+    root = Path(cfg.train.output_dir) / "checkpoints"
+    assert sorted(p.name for p in root.iterdir()) == ["step-2"]  # no .tmp, no half step-4
+
+
+def test_item07_resume_on_a_full_disk_is_one_error_line(tmp_path, tiny_target_dir, tiny_text_jsonl, monkeypatch, capsys):
+    import yaml
+
+    from draftheads.cli import main
+    from draftheads.train import run_lock
+    from draftheads.train.loop import run
+
+    cfg = _cfg(tmp_path, tiny_target_dir, tiny_text_jsonl, max_steps=2, save_every=2, eval_every=0)
+    run(cfg)
+
+    def full(fd, data, offset):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(run_lock.os, "pwrite", full)
+    config = tmp_path / "run.yaml"
+    config.write_text(yaml.safe_dump({**cfg.to_dict(), "train": {**cfg.to_dict()["train"], "max_steps": 4}}))
+    _no_loading(monkeypatch)
+    capsys.readouterr()
+    assert main(["train", "--config", str(config), "--resume"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "Traceback" not in err
+    assert "full" in err and str(Path(cfg.train.output_dir)) in err
+
+
+# ---------------------------------------------------------------------------------------------
+# Item 12: --resume with train.max_steps below the checkpoint's step
+# ---------------------------------------------------------------------------------------------
+
+
+def test_item12_resume_past_max_steps_says_so(tmp_path, tiny_target_dir, tiny_text_jsonl, monkeypatch, capsys):
+    from draftheads.train.loop import run
+
+    cfg = _cfg(tmp_path, tiny_target_dir, tiny_text_jsonl, max_steps=4, save_every=2, eval_every=0)
+    run(cfg)
+    out = Path(cfg.train.output_dir)
+    heads_before = _listing(out / "heads")
+    capsys.readouterr()
+    shorter = _cfg(tmp_path, tiny_target_dir, tiny_text_jsonl, max_steps=2, save_every=2, eval_every=0, resume="auto")
+    _no_loading(monkeypatch)
+    with pytest.raises(RunFolderError, match="already past") as err:
+        run(shorter)
+    assert "step 4" in str(err.value) and "train.max_steps=2" in str(err.value)
+    assert "training 2 steps" not in capsys.readouterr().out
+    assert _listing(out / "heads") == heads_before  # not re-exported
+
+
+# ---------------------------------------------------------------------------------------------
+# Item 2: export/import --overwrite replace only what an export/import wrote, never the source
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def medusa_heads_dir(tmp_path, tiny_llama):
+    from draftheads import MedusaHeads
+
+    path = tmp_path / "heads"
+    MedusaHeads.for_target(tiny_llama, num_heads=2, lm_head="own").save_pretrained(path)
+    return path
+
+
+@pytest.mark.parametrize("where", ["itself", "inside", "around"])
+def test_item02_export_refuses_out_that_is_or_holds_the_heads(tmp_path, medusa_heads_dir, where, capsys):
+    from draftheads.cli import main
+
+    out = {"itself": medusa_heads_dir, "inside": medusa_heads_dir / "vllm", "around": tmp_path}[where]
+    before = _listing(medusa_heads_dir)
+    assert main(["export", str(medusa_heads_dir), str(out), "--format", "vllm", "--overwrite"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "source" in err and str(medusa_heads_dir) in err
+    assert _listing(medusa_heads_dir) == before
+
+
+def test_item02_export_overwrites_only_an_earlier_export(tmp_path, medusa_heads_dir, capsys):
+    from draftheads.cli import main
+
+    out = tmp_path / "engine"
+    (out / "sub").mkdir(parents=True)
+    (out / "notes.txt").write_text("mine")
+    before = _listing(out)
+    assert main(["export", str(medusa_heads_dir), str(out), "--format", "vllm", "--overwrite"]) == 2
+    err = capsys.readouterr().err
+    assert "notes.txt" in err and "sub/" in err and "draftheads_export.json" in err
+    assert _listing(out) == before and (out / "sub").is_dir()
+    fresh = tmp_path / "engine2"
+    assert main(["export", str(medusa_heads_dir), str(fresh), "--format", "vllm"]) == 0
+    assert main(["export", str(medusa_heads_dir), str(fresh), "--format", "sglang", "--overwrite"]) == 2  # medusa: no sglang
+    assert main(["export", str(medusa_heads_dir), str(fresh), "--format", "vllm", "--overwrite"]) == 0
+
+
+def test_item02_import_overwrites_only_an_earlier_import(tmp_path, medusa_heads_dir, tiny_target_dir, capsys):
+    from draftheads.cli import main
+
+    engine = tmp_path / "engine"
+    assert main(["export", str(medusa_heads_dir), str(engine), "--format", "vllm"]) == 0
+    args = ["--target", str(tiny_target_dir), "--dtype", "float32", "--overwrite"]
+    engine_before = _listing(engine)
+    for out in (engine, engine / "back"):  # the source itself, or inside it
+        assert main(["import", str(engine), str(out), *args]) == 2
+        assert "source" in capsys.readouterr().err
+    assert _listing(engine) == engine_before
+    # a heads folder someone else wrote (no import marker): named, kept
+    assert main(["import", str(engine), str(medusa_heads_dir), *args]) == 2
+    assert "config.json" in capsys.readouterr().err
+    back = tmp_path / "back"
+    assert main(["import", str(engine), str(back), *args[:-1]]) == 0
+    assert main(["import", str(engine), str(back), *args]) == 0  # an earlier import: replaced
+
+
+# ---------------------------------------------------------------------------------------------
+# Item 17: an export -> import round trip keeps the heads' token counts
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fmt", ["vllm", "speculators"])
+def test_item17_import_round_trip_keeps_token_counts(tmp_path, tiny_target_dir, fmt):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    import draftheads as dh
+    from draftheads.export import export_heads
+    from draftheads.export.importers import import_heads
+
+    target = AutoModelForCausalLM.from_pretrained(tiny_target_dir).eval()
+    if fmt == "vllm":
+        heads = dh.MedusaHeads.for_target(target, num_heads=2, lm_head="own")
+    else:
+        heads = dh.Eagle3Head.for_target(target, num_layers=1, feature_layers=[0, 1], draft_vocab_size=64)
+        counts = torch.arange(heads.config.vocab_size)
+        heads.set_draft_vocab(counts)
+    with torch.no_grad():
+        heads.token_counts.copy_(torch.randint(0, 1000, heads.token_counts.shape))
+    heads.save_pretrained(tmp_path / "heads")
+    exported = export_heads(tmp_path / "heads", tmp_path / "engine", fmt, verifier=str(tiny_target_dir))
+    back = dh.load_heads(import_heads(exported, tmp_path / "back", target), target=target)
+    assert torch.equal(back.token_counts, heads.token_counts)
+
+
+# ---------------------------------------------------------------------------------------------
+# Item 3: DFlash blocks that do not fit the rows; a run with nothing to learn from
+# ---------------------------------------------------------------------------------------------
+
+
+def test_item03_dflash_block_longer_than_the_rows_is_refused_by_the_config():
+    from draftheads.config import ConfigError, config_from_dict
+
+    base = {"data": {"path": "demo", "max_length": 256}, "heads": {"head_type": "dflash", "block_size": 512}}
+    with pytest.raises(ConfigError, match=r"heads.block_size=512 .*\(data.max_length=256\)"):
+        config_from_dict(base)
+    with pytest.raises(ConfigError, match=r"heads.num_heads=300 .*block of 301.*\(data.max_length=256\)"):
+        config_from_dict({**base, "heads": {"head_type": "dflash", "num_heads": 300}})
+    assert config_from_dict({**base, "heads": {"head_type": "dflash", "block_size": 256}}).heads.block_size == 256
+
+
+def test_item03_a_run_without_one_supervised_position_is_refused(tmp_path, tiny_target_dir):
+    """Every row shorter than a block: every step's loss was 0.000, eval NaN, heads exported, exit 0."""
+    from test_train import HEAD_TYPE_OVERRIDES
+
+    from draftheads.train.loop import run
+
+    short = tmp_path / "short.jsonl"
+    from conftest import _WORDS
+
+    short.write_text("".join(json.dumps({"text": f"def {w}"}) + "\n" for w in _WORDS if w.isalpha()))
+    dflash = [o for o in HEAD_TYPE_OVERRIDES["dflash"] if not o.startswith("heads.block_size")]
+    cfg = _cfg(tmp_path, tiny_target_dir, short, *dflash, "heads.block_size=16", max_steps=2, eval_every=0)
+    with pytest.raises(ValueError, match="no position to train on") as err:
+        run(cfg)
+    assert "heads.block_size" in str(err.value)
+    assert not (Path(cfg.train.output_dir) / "heads").exists() and not (Path(cfg.train.output_dir) / "config.json").exists()
+
+
+# ---------------------------------------------------------------------------------------------
+# Item 4: the parallel drafters' mask token against every token of the rendered rows
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def chat_target_dir(tmp_path, tiny_target_dir):
+    """The tiny target with a chat template whose headers hold <unk> (id 0), as ChatML's hold
+    <|im_start|>: in every row, but never a trained (assistant content) token."""
+    from transformers import AutoTokenizer
+
+    path = Path(shutil.copytree(tiny_target_dir, tmp_path / "chat-target"))
+    tok = AutoTokenizer.from_pretrained(path)
+    tok.chat_template = ("{% for m in messages %}<unk>{{ m['role'] }} {{ m['content'] }}</s>{% endfor %}"
+                         "{% if add_generation_prompt %}<unk>assistant {% endif %}")
+    tok.save_pretrained(path)
+    return path
+
+
+@pytest.mark.parametrize("head_type", ["peagle", "dflash"])
+def test_item04_mask_token_in_template_headers_is_refused(tmp_path, chat_target_dir, head_type):
+    from test_train import HEAD_TYPE_OVERRIDES
+
+    from draftheads.train.loop import run
+
+    data = tmp_path / "chat.jsonl"
+    from conftest import _WORDS
+
+    words = [w for w in _WORDS if w.isalpha()]  # the tiny tokenizer knows them: no <unk> in the content
+    rows = [{"messages": [{"role": "user", "content": f"def {words[i % len(words)]}(self):"},
+                          {"role": "assistant", "content": f"return self.{words[(3 * i) % len(words)]} + x"}]}
+            for i in range(40)]
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    options = [o for o in HEAD_TYPE_OVERRIDES[head_type] if "mask_token_id" not in o]
+    cfg = _cfg(tmp_path, chat_target_dir, data, *options, "heads.mask_token_id=0", "data.format=messages",
+               max_steps=1, eval_every=0)
+    with pytest.raises(ValueError, match=r"mask_token_id 0 .*occurs .* in the rendered training rows") as err:
+        run(cfg)
+    assert "<unk>" in str(err.value)
+    assert not (Path(cfg.train.output_dir) / "config.json").exists()
+
+
+# ---------------------------------------------------------------------------------------------
+# Items 8 and 9: config values that cannot be what the user meant
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("value", [".inf", "-.inf", ".nan", "1e999"])
+def test_item08_non_finite_learning_rate_is_refused(value):
+    from draftheads.config import ConfigError, config_from_dict
+
+    with pytest.raises(ConfigError, match=r"train.lr"):
+        config_from_dict({}, [f"train.lr={value}"])
+
+
+def test_item08_non_finite_floats_are_refused_everywhere():
+    from draftheads.config import ConfigError, config_from_dict
+
+    with pytest.raises(ConfigError, match=r"train.max_grad_norm must be a finite number, got inf"):
+        config_from_dict({}, ["train.max_grad_norm=.inf"])
+
+
+@pytest.mark.parametrize("head_type", ["eagle", "eagle3", "peagle", "dflash"])
+def test_item09_train_labels_for_eagle_family_heads_is_refused(head_type):
+    from draftheads.config import ConfigError, config_from_dict
+
+    with pytest.raises(ConfigError, match=rf"train.labels is set \('target'\) but {head_type} heads do not use it"):
+        config_from_dict({"heads": {"head_type": head_type}}, ["train.labels=target"])
+    assert config_from_dict({"heads": {"head_type": "medusa"}}, ["train.labels=target"]).train.labels == "target"
