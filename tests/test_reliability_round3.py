@@ -465,3 +465,184 @@ def test_item09_train_labels_for_eagle_family_heads_is_refused(head_type):
     with pytest.raises(ConfigError, match=rf"train.labels is set \('target'\) but {head_type} heads do not use it"):
         config_from_dict({"heads": {"head_type": head_type}}, ["train.labels=target"])
     assert config_from_dict({"heads": {"head_type": "medusa"}}, ["train.labels=target"]).train.labels == "target"
+
+
+# ---------------------------------------------------------------------------------------------
+# Item 5: bad input to generate / bench is one error line and exit 2, never a traceback
+# ---------------------------------------------------------------------------------------------
+
+
+def _one_error_line(err: str) -> str:
+    """The command's error line: exactly one, the last thing printed, and no traceback."""
+    errors = [line for line in err.splitlines() if line.startswith("error: ")]
+    assert "Traceback" not in err and len(errors) == 1, err[-2000:]
+    assert err.rstrip().splitlines()[-1] == errors[0], err[-2000:]
+    return errors[0]
+
+
+def _damaged_heads(kind: str, heads: Path, tmp_path: Path) -> Path:
+    """A copy of the heads folder ``heads`` damaged as ``kind`` says (or another target's heads)."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    import draftheads as dh
+    from conftest import make_tiny_model
+    from inference_utils import tiny_target
+
+    out = tmp_path / kind
+    if kind == "missing":
+        return out
+    if kind == "other-target-same-shapes":
+        dh.MedusaHeads.for_target(make_tiny_model("llama", seed=7), num_heads=2).save_pretrained(out)
+        return out
+    if kind == "other-target-other-shapes":
+        dh.MedusaHeads.for_target(tiny_target("llama", hidden=32), num_heads=2).save_pretrained(out)
+        return out
+    shutil.copytree(heads, out)
+    weights, config = out / "model.safetensors", out / "config.json"
+    if kind == "truncated-weights":
+        data = weights.read_bytes()
+        weights.write_bytes(data[: len(data) // 2])
+    elif kind == "corrupt-weights":
+        weights.write_bytes(b"not a safetensors file" * 8)
+    elif kind in ("wrong-head-type", "unknown-head-type"):
+        data = json.loads(config.read_text())
+        data["head_type"] = "eagle" if kind == "wrong-head-type" else "medusa2"
+        config.write_text(json.dumps(data))
+    elif kind == "nan-weights":
+        state = load_file(str(weights))
+        name = next(k for k, v in state.items() if v.is_floating_point())
+        state[name].view(-1)[0] = float("nan")
+        save_file(state, str(weights), metadata={"format": "pt"})
+    elif kind == "no-config":
+        config.unlink()
+    elif kind == "garbage-tree":
+        (out / "tree.json").write_text("{not json")
+    else:
+        raise AssertionError(kind)
+    del torch
+    return out
+
+
+HEADS_DAMAGE = ["truncated-weights", "corrupt-weights", "wrong-head-type", "unknown-head-type", "nan-weights",
+                "no-config", "garbage-tree", "other-target-same-shapes", "other-target-other-shapes", "missing"]
+
+
+@pytest.mark.parametrize("kind", HEADS_DAMAGE)
+def test_item05_generate_with_unusable_heads_is_one_error_line(tmp_path, tiny_target_dir, medusa_heads_dir, kind, capsys):
+    from draftheads.cli import main
+
+    heads = _damaged_heads(kind, medusa_heads_dir, tmp_path)
+    capsys.readouterr()
+    code = main(["generate", "--target", str(tiny_target_dir), "--heads", str(heads), "--prompt", "def f",
+                 "--max-new-tokens", "3", "--no-chat-template", "--quiet"])
+    line = _one_error_line(capsys.readouterr().err)
+    assert code == 2 and str(heads) in line
+
+
+@pytest.mark.parametrize("kind", ["other-target-same-shapes", "nan-weights"])
+def test_item05_bench_with_unusable_heads_is_one_error_line(tmp_path, tiny_target_dir, medusa_heads_dir, kind, capsys):
+    from draftheads.cli import main
+
+    heads = _damaged_heads(kind, medusa_heads_dir, tmp_path)
+    capsys.readouterr()
+    code = main(["bench", "--target", str(tiny_target_dir), "--heads", str(heads), "--out", str(tmp_path / "bench"),
+                 "--max-new-tokens", "3", "--max-questions", "1", "--no-chat-template", "--no-progress"])
+    line = _one_error_line(capsys.readouterr().err)
+    assert code == 2 and str(heads) in line
+    assert not (tmp_path / "bench").exists()
+
+
+def test_item05_an_empty_raw_prompt_is_one_error_line(tiny_target_dir, medusa_heads_dir, capsys):
+    from draftheads.cli import main
+
+    code = main(["generate", "--target", str(tiny_target_dir), "--heads", str(medusa_heads_dir), "--prompt", "",
+                 "--no-chat-template"])
+    line = _one_error_line(capsys.readouterr().err)
+    assert code == 2 and "--prompt" in line and "empty" in line
+
+
+def test_item05_a_prompt_longer_than_the_models_positions_is_one_error_line(tiny_target_dir, medusa_heads_dir, capsys):
+    from draftheads.cli import main
+
+    code = main(["generate", "--target", str(tiny_target_dir), "--heads", str(medusa_heads_dir),
+                 "--prompt", "def f " * 400, "--no-chat-template", "--max-new-tokens", "4"])
+    line = _one_error_line(capsys.readouterr().err)
+    assert code == 2 and "512" in line and "--max-new-tokens" in line
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="needs a torch without CUDA")
+def test_item05_device_cuda_on_a_cpu_torch_is_one_error_line(tiny_target_dir, medusa_heads_dir, capsys):
+    from draftheads.cli import main
+
+    code = main(["generate", "--target", str(tiny_target_dir), "--heads", str(medusa_heads_dir), "--prompt", "x",
+                 "--no-chat-template", "--device", "cuda"])
+    line = _one_error_line(capsys.readouterr().err)
+    assert code == 2 and "--device cuda" in line and "--device cpu" in line
+
+
+def test_item05_an_unknown_device_is_one_error_line(tiny_target_dir, medusa_heads_dir, capsys):
+    from draftheads.cli import main
+
+    code = main(["generate", "--target", str(tiny_target_dir), "--heads", str(medusa_heads_dir), "--prompt", "x",
+                 "--no-chat-template", "--device", "gpu0"])
+    assert code == 2 and "--device 'gpu0'" in _one_error_line(capsys.readouterr().err)
+
+
+# ---------------------------------------------------------------------------------------------
+# Item 13: an engine export passed as heads points to `draftheads import`
+# ---------------------------------------------------------------------------------------------
+
+
+def test_item13_generate_with_an_engine_export_points_to_import(tmp_path, tiny_target_dir, medusa_heads_dir, capsys):
+    from draftheads.cli import main
+
+    engine = tmp_path / "engine"
+    assert main(["export", str(medusa_heads_dir), str(engine), "--format", "vllm"]) == 0
+    capsys.readouterr()
+    code = main(["generate", "--target", str(tiny_target_dir), "--heads", str(engine), "--prompt", "x",
+                 "--no-chat-template"])
+    line = _one_error_line(capsys.readouterr().err)
+    assert code == 2 and f"draftheads import {engine}" in line and str(medusa_heads_dir) in line
+    assert "pass the model as the target" not in line
+
+
+# ---------------------------------------------------------------------------------------------
+# Item 14: importing an export whose config names another verifier than --target
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def other_target_dir(tmp_path, tiny_tokenizer):
+    """A second tiny Llama of the very same shapes as tiny_target_dir (other weights)."""
+    from conftest import make_tiny_model
+
+    path = tmp_path / "other-target"
+    make_tiny_model("llama", seed=11).save_pretrained(path)
+    tiny_tokenizer.save_pretrained(path)
+    return path
+
+
+def test_item14_import_refuses_an_export_for_another_verifier(tmp_path, tiny_target_dir, other_target_dir, capsys):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    import draftheads as dh
+    from draftheads.cli import main
+
+    target = AutoModelForCausalLM.from_pretrained(tiny_target_dir)
+    heads = dh.Eagle3Head.for_target(target, num_layers=1, feature_layers=[0, 1], draft_vocab_size=64)
+    heads.set_draft_vocab(torch.arange(heads.config.vocab_size))
+    heads.save_pretrained(tmp_path / "heads")
+    engine = tmp_path / "engine"
+    assert main(["export", str(tmp_path / "heads"), str(engine), "--format", "speculators",
+                 "--verifier", str(tiny_target_dir)]) == 0
+    capsys.readouterr()
+    args = ["import", str(engine), str(tmp_path / "back"), "--target", str(other_target_dir), "--dtype", "float32"]
+    code = main(args)
+    line = _one_error_line(capsys.readouterr().err)
+    assert code == 2 and str(tiny_target_dir) in line and str(other_target_dir) in line
+    assert "--allow-other-verifier" in line and not (tmp_path / "back").exists()
+    assert main(args + ["--allow-other-verifier"]) == 0  # the named override
+    copy = Path(shutil.copytree(tiny_target_dir, tmp_path / "copy-of-target"))  # the same model elsewhere: fine
+    assert main(["import", str(engine), str(tmp_path / "back2"), "--target", str(copy), "--dtype", "float32"]) == 0
