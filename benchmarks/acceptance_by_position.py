@@ -2,13 +2,13 @@
 
     python benchmarks/acceptance_by_position.py --heads medusa=/tmp/dm/runs/medusa/heads \\
         --heads eagle3=/tmp/dm/runs/eagle3/heads [--heads eagle3-sw256=/tmp/dm/runs/eagle3/heads@sliding_window=256] \\
-        [--target demo] [--num-prompts 4] [--offsets 128,384,640,896] [--new-tokens 128] [--bucket 256] \\
+        [--target smollm2] --documents FILE [FILE ...] [--num-prompts 4] [--offsets 128,384,640,896] [--new-tokens 128] [--bucket 256] \\
         [--context 1152] [--short-context 128] [--tree default|saved] --out DIR
 
-Trained drafters are known to collapse on positions longer than their training windows (the demo
-configs train on windows of ``data.max_length`` = 256 tokens, positions 0-255). This measures it on
-real decodes: each prompt is the start of a held-out demo file (bos + text, files neither the target
-nor the heads trained on), cut at several offsets; from each cut the target's greedy continuation of
+Trained drafters are known to collapse on positions longer than their training windows (a config
+trains on windows of ``data.max_length`` tokens). This measures it on real decodes: each prompt is
+the start of a held-out document (bos + text: ``--documents``, text files neither the target nor the
+heads trained on; for the demo target its held-out files by default), cut at several offsets; from each cut the target's greedy continuation of
 ``--new-tokens`` is decoded speculatively (always the full draft: ``draft_budget=None``), checked
 equal to ``target.generate(do_sample=False)``, and every verify step is binned by the position of
 its first new token. The prompts are the same files at every offset, so a change with the offset is
@@ -19,9 +19,9 @@ windowed variant of the same heads (``@sliding_window=W``, below) decodes the ve
 with a drafter that sees only the last W positions: the cleanest split of drafter vs text.
 
 ``--context`` raises the target's ``max_position_embeddings`` for the run (default RoPE computes
-any position; the decoder refuses prompts past the configured context): the demo target was
-pretrained on 512-token windows, so positions past 512 are beyond the target's own training too,
-which the report says next to the curve.
+any position; the decoder refuses prompts past the configured context): positions past the
+target's own configured context are beyond its own training too, which the report says next to
+the curve.
 
 A heads spec ``NAME=PATH@key=value`` loads PATH and sets an option on the loaded heads before
 decoding (``sliding_window=N`` on EAGLE/EAGLE-3 heads: the draft layer attends to the last N
@@ -48,21 +48,27 @@ from draftheads.atomic import write_text_atomically
 from draftheads.target import load_target
 
 
-def heldout_documents(tokenizer, count: int, min_tokens: int) -> list[tuple[str, torch.Tensor]]:
-    """The first ``count`` held-out demo files (corpus order) with at least ``min_tokens`` tokens,
-    as bos + text, the way a training window starts (``data.tokenize.tokenize_text``). Held-out
-    files are the demo configs' ``eval_split``: the heads were evaluated on them, never trained."""
-    from draftheads.demo import corpus_files, stdlib_root
+def heldout_documents(tokenizer, count: int, min_tokens: int, files: list[str] | None) -> list[tuple[str, torch.Tensor]]:
+    """The first ``count`` documents with at least ``min_tokens`` tokens, as bos + text, the way a
+    training window starts (``data.tokenize.tokenize_text``): each of ``files`` is one document; without
+    files, the demo target's held-out files (its configs' ``eval_split``: evaluated on, never trained)."""
+    if files:
+        documents = [(name, Path(name).read_text(encoding="utf-8")) for name in files]
+    else:
+        from draftheads.demo import corpus_files, stdlib_root
 
-    root = stdlib_root()
+        root = stdlib_root()
+        documents = ((p.relative_to(root).as_posix(), p.read_text(encoding="utf-8")) for p in corpus_files("heldout"))
+    bos = [tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []
     found = []
-    for path in corpus_files("heldout"):
-        ids = [tokenizer.bos_token_id] + tokenizer(path.read_text(encoding="utf-8"), add_special_tokens=False).input_ids
+    for name, text in documents:
+        ids = bos + tokenizer(text, add_special_tokens=False).input_ids
         if len(ids) >= min_tokens:
-            found.append((path.relative_to(root).as_posix(), torch.tensor([ids], dtype=torch.long)))
+            found.append((name, torch.tensor([ids], dtype=torch.long)))
         if len(found) == count:
             return found
-    raise SystemExit(f"only {len(found)} held-out demo files have {min_tokens}+ tokens; lower --num-prompts or the offsets")
+    raise SystemExit(f"only {len(found)} documents have {min_tokens}+ tokens; pass more or longer --documents, "
+                     "or lower --num-prompts or the offsets")
 
 
 def parse_heads(spec: str) -> tuple[str, str, dict[str, int]]:
@@ -101,7 +107,9 @@ def step_positions(prompt_len: int, accept_lengths: list[int]) -> list[int]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--target", default="demo")
+    ap.add_argument("--target", default="smollm2", help="a model folder, a Hub id or a target name")
+    ap.add_argument("--documents", nargs="+", default=None, metavar="FILE",
+                    help="held-out text files, one document each (needed for every target but 'demo')")
     ap.add_argument("--heads", action="append", help="NAME=PATH[@key=value,...] (repeatable)")
     ap.add_argument("--num-prompts", type=int, default=4)
     ap.add_argument("--offsets", default="128,384,640,896", help="prompt lengths (tokens) at which decoding starts")
@@ -127,6 +135,8 @@ def main() -> None:
         return
     if not args.heads:
         ap.error("--heads NAME=PATH is required (repeatable)")
+    if args.documents is None and args.target != "demo":
+        ap.error(f"--target {args.target}: pass --documents FILE [FILE ...] (held-out text files)")
     torch.set_num_threads(args.threads)
     offsets = [int(x) for x in args.offsets.split(",")]
     out_dir = Path(args.out)
@@ -138,7 +148,7 @@ def main() -> None:
     if args.context:
         target.config.max_position_embeddings = args.context
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    docs = heldout_documents(tokenizer, args.num_prompts, max(offsets) + args.new_tokens)
+    docs = heldout_documents(tokenizer, args.num_prompts, max(offsets) + args.new_tokens, args.documents)
 
     from draftheads.inference.default_tree import device_default
 

@@ -1,11 +1,12 @@
 """`draftheads distill` throughput: the hf engine vs the vllm engine on the same rows.
 
-    python benchmarks/bench_distill_engines.py [--vllm-python /path/to/.venv-vllm/bin/python] \
-        [--rows 16 --max-new-tokens 64 --batch-size 8] [--out benchmarks/measurements/distill-engines]
+    python benchmarks/bench_distill_engines.py [--target smollm2] --questions FILE \
+        [--vllm-python /path/to/.venv-vllm/bin/python] [--rows 16 --max-new-tokens 64 --batch-size 8] \
+        [--out results/distill-engines]
 
-Regenerates the same chat rows (``scale_setup.chat_rows``: Spec-Bench questions) with a
-random-weight Llama through both engines, greedy fp32, and compares generated tokens per second
-of generation (model load and vLLM engine start excluded; both reported by distill's sidecar).
+Answers the same chat rows (the first turns of ``--questions`` as user turns) with the target
+through both engines, greedy fp32, and compares generated tokens per second of generation (model
+load and vLLM engine start excluded; both reported by distill's sidecar).
 vLLM runs in its own venv (it pins its own torch) through tests/vllm_distill_worker.py. The runs
 alternate ``--pairs`` times. Also checks that both wrote the same rows.
 """
@@ -19,37 +20,39 @@ import subprocess
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from scale_setup import chat_rows, make_target, make_tokenizer, write_jsonl  # noqa: E402
-
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--vllm-python", default=str(Path(sys.executable).parents[2] / ".venv-vllm" / "bin" / "python"))
-    p.add_argument("--out", default="benchmarks/measurements/distill-engines")
-    p.add_argument("--work", default="/tmp/draftheads-bench-scale")
+    p.add_argument("--target", default="smollm2", help="a model folder or a target name (default: smollm2)")
+    p.add_argument("--questions", required=True, metavar="FILE", help="Spec-Bench/MT-Bench .jsonl or a text file")
+    p.add_argument("--out", default="results/distill-engines")
+    p.add_argument("--work", default="/tmp/draftheads-bench-distill")
     p.add_argument("--rows", type=int, default=16)
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--layers", type=int, default=12)
-    p.add_argument("--hidden", type=int, default=512)
     p.add_argument("--pairs", type=int, default=2)
     p.add_argument("--threads", type=int, default=1)
     args = p.parse_args(argv)
     import torch
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from draftheads.bench.questions import load_questions, select
     from draftheads.data.distill import DistillSettings, HFEngine, distill
+    from draftheads.target import resolve_target
 
     torch.set_num_threads(args.threads)
     work = Path(args.work)
-    tok = make_tokenizer(work / "tokenizer")
-    target = make_target(work / f"llama-{args.layers}x{args.hidden}", tok, layers=args.layers, hidden=args.hidden)
-    # short questions only: MT-Bench rows (the first 80), one assistant turn each
-    rows = [{"conversations": r["conversations"][:2]} for r in chat_rows(80, seed=2)[: args.rows]]
-    data = write_jsonl(work / f"distill-{args.rows}.jsonl", rows)
+    work.mkdir(parents=True, exist_ok=True)
+    target = resolve_target(args.target)
+    tok = AutoTokenizer.from_pretrained(target)
+    # one user turn each, with an assistant turn that distill replaces by the target's answer
+    rows = [{"conversations": [{"from": "human", "value": q.turns[0]}, {"from": "gpt", "value": "-"}]}
+            for q in select(load_questions(args.questions), None, args.rows)]
+    data = work / f"distill-{len(rows)}.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32).eval()
     env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1",
            "OMP_NUM_THREADS": str(args.threads)}
@@ -84,14 +87,14 @@ def main(argv=None) -> int:
         same.append(outs["hf"] == outs["vllm"])
     ratios = [v / h for v, h in zip(rates["vllm"], rates["hf"])]
     result = {
-        "target": f"random Llama {args.layers}x{args.hidden}, vocab {len(tok)}, fp32, {args.threads} thread(s)",
+        "target": f"{args.target}, fp32, {args.threads} thread(s)",
         "rows": args.rows, "max_new_tokens": args.max_new_tokens, "batch_size": args.batch_size,
         "tokens_per_second": rates, "ratio_vllm_over_hf": ratios, "ratio_median": statistics.median(ratios),
         "same_rows": same, "command": " ".join(sys.argv),
     }
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "distill-engines.json").write_text(json.dumps(result, indent=2) + "\n")
+    (out_dir / "results.json").write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))
     return 0
 

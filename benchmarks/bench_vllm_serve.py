@@ -1,18 +1,17 @@
 """Serving as users serve: ``vllm serve`` (the OpenAI-compatible server, vLLM's CPU build) on the
-demo target, plain and with each exported drafter, under bounded request loops at several
+target, plain and with each exported drafter, under bounded request loops at several
 concurrencies from an HTTP client.
 
-    python benchmarks/bench_vllm_serve.py --heads medusa=runs/demo/heads eagle3=runs/demo-eagle3/heads \\
-        --out benchmarks/measurements/vllm-serve-demo [--target demo] [--concurrency 1,4,16] \\
+    python benchmarks/bench_vllm_serve.py --heads eagle3=runs/smollm2/heads --questions FILE \\
+        --out results/vllm-serve [--target smollm2] [--concurrency 1,4,16] \\
         [--num-prompts 16] [--prompts-at-c1 4] [--max-tokens 64] [--k 3] [--rounds 1]
 
 What runs: for each engine (plain, then every --heads folder exported with ``export_heads(...,
 "vllm")``), one ``vllm serve TARGET [--speculative-config ...]`` on 127.0.0.1 (a free port), started
 and always stopped by tests/engines/vllm_server.py; one untimed warm-up request; then, per concurrency
 c, every prompt sent once with c requests in flight (``/v1/completions``, token-id prompts,
-greedy, ``ignore_eos``, --max-tokens new tokens, streamed). The prompts are the demo's held-out
-code (the first --prompt-tokens tokens of held-out standard-library files), as in
-bench_vllm_serving.py (the arguments and prompts both take are in vllm_common.py). Rounds rotate the engine order; speedups are against plain in the same round.
+greedy, ``ignore_eos``, --max-tokens new tokens, streamed). The prompts are the first turns of --questions, chat-templated
+(benchmarks/prompts.py), as in bench_vllm_serving.py (the arguments and prompts both take are in vllm_common.py). Rounds rotate the engine order; speedups are against plain in the same round.
 
 Reported (results.json, results.md): tokens/s per engine and concurrency (all generated tokens over
 the level's wall time), speedup over plain, time to first token and inter-token latency (median and
@@ -32,7 +31,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from vllm_common import add_arguments, cpu_name, demo_prompts, engines_module, finish_arguments, level_prompts, speculative_config
+from vllm_common import add_arguments, cpu_name, engines_module, finish_arguments, level_prompts, speculative_config, target_prompts
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -85,7 +84,7 @@ def markdown(result: dict) -> str:
     a, env = result["args"], result["environment"]
     conc = a["concurrency"]
     lines = [
-        "# `vllm serve` on the demo target: plain vs draftheads drafters", "", f"`{result['command']}`", "",
+        f"# `vllm serve` on {result['args']['target']}: plain vs draftheads drafters", "", f"`{result['command']}`", "",
         f"vLLM {env['vllm']} (CPU build) as `vllm serve` on 127.0.0.1, {env['cpu']}, {env['cpu_count']} cores; load "
         f"average {env['loadavg_start'][0]:.1f} at the start, {env['loadavg_end'][0]:.1f} at the end (a shared machine: "
         "absolute figures follow its load; speedups are against plain in the same round).",
@@ -124,7 +123,7 @@ def main(argv=None) -> None:
 
     # SIGTERM (a timeout, a kill) unwinds like Ctrl-C: every server's `with` block stops it.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    from draftheads.demo import resolve_target
+    from draftheads.target import resolve_target
     from draftheads.export import export_heads
 
     server_mod = engines_module("vllm_server")
@@ -132,7 +131,7 @@ def main(argv=None) -> None:
     out.mkdir(parents=True, exist_ok=True)
     load_start = os.getloadavg()
     target_dir = resolve_target(args.target)
-    prompts = demo_prompts(target_dir, args.num_prompts, args.prompt_tokens)
+    prompts = target_prompts(args, target_dir)
     configs: dict[str, dict | None] = {"plain": None}
     for name, (folder, head_type) in args.heads.items():
         export = export_heads(folder, out / "exports" / name, "vllm", verifier=target_dir,

@@ -1,13 +1,13 @@
-"""vLLM (its CPU build) serving the demo target: plain, vLLM's own n-gram drafting, and draftheads-trained
+"""vLLM (its CPU build) serving the target: plain, vLLM's own n-gram drafting, and draftheads-trained
 heads exported to it, at several numbers of concurrent requests.
 
-    python benchmarks/bench_vllm_serving.py --heads medusa=runs/demo/heads eagle=runs/demo-eagle/heads \\
-        eagle3=runs/demo-eagle3/heads --out benchmarks/measurements/vllm-serving-demo
-        [--target demo] [--concurrency 1,4,16] [--num-prompts 16] [--prompts-at-c1 N] [--max-tokens 128] [--k 3]
+    python benchmarks/bench_vllm_serving.py --heads medusa=runs/smollm2-medusa/heads eagle3=runs/smollm2/heads \\
+        --questions FILE --out results/vllm-serving
+        [--target smollm2] [--concurrency 1,4,16] [--num-prompts 16] [--prompts-at-c1 N] [--max-tokens 128] [--k 3]
         [--rounds 2]
 
-What runs: the demo target's code-completion prompts (the first --prompt-tokens tokens of held-out
-standard-library files, as in `draftheads bench`), greedy, fp32, ``ignore_eos``, --max-tokens new tokens
+What runs: the first turns of --questions, chat-templated as `draftheads bench` renders them
+(benchmarks/prompts.py), greedy, fp32, ``ignore_eos``, --max-tokens new tokens
 each. Every heads folder is exported with ``export_heads(..., "vllm")`` (Medusa -> MedusaModel,
 EAGLE -> vLLM's EAGLE-1 layout, EAGLE-3 -> the speculators format) and drafts --k tokens per step;
 n-gram is ``{"method": "ngram", "prompt_lookup_max": 3, "prompt_lookup_min": 1}`` with the same k.
@@ -37,8 +37,8 @@ import time
 from pathlib import Path
 
 import torch
-from vllm_common import (REPO, add_arguments, cpu_name, demo_prompts, engines_module, finish_arguments, level_prompts,
-                         speculative_config)
+from vllm_common import (REPO, add_arguments, cpu_name, engines_module, finish_arguments, level_prompts,
+                         speculative_config, target_prompts)
 
 RUNNER = REPO / "tests" / "engines" / "vllm_runner.py"
 
@@ -151,7 +151,7 @@ def markdown(result: dict) -> str:
     a, env = result["args"], result["environment"]
     conc = a["concurrency"]
     lines = [
-        "# vLLM serving on the demo target: plain vs n-gram vs draftheads heads", "",
+        f"# vLLM serving on {result['args']['target']}: plain vs n-gram vs draftheads heads", "",
         f"`{result['command']}`", "",
         f"vLLM {env['vllm']} (CPU build), {env['cpu']}, {env['cpu_count']} cores; load average "
         f"{env['loadavg_start'][0]:.1f} at the start, {env['loadavg_end'][0]:.1f} at the end (the machine is shared: "
@@ -187,7 +187,7 @@ def markdown(result: dict) -> str:
 
 def main(argv=None) -> None:
     args = parse_args(argv)
-    from draftheads.demo import resolve_target
+    from draftheads.target import resolve_target
     from draftheads.export import export_heads
     from transformers import AutoModelForCausalLM
 
@@ -196,7 +196,7 @@ def main(argv=None) -> None:
     out.mkdir(parents=True, exist_ok=True)
     load_start = os.getloadavg()
     target_dir = resolve_target(args.target)
-    prompts = demo_prompts(target_dir, args.num_prompts, args.prompt_tokens)
+    prompts = target_prompts(args, target_dir)
     exports = {
         name: export_heads(folder, Path(args.exports or out / "exports") / name, "vllm", verifier=target_dir,
                            num_speculative_tokens=args.k, overwrite=True)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One prepared evidence run for an accelerator (under 8 minutes on an H200); also runs on a CPU.
-#   benchmarks/gpu.sh [--small] [--out DIR] [--target DEMO_TARGET_DIR --heads HEADS_DIR]
+#   benchmarks/gpu.sh [--small] [--out DIR] [--target smollm2 --heads HEADS_DIR --questions FILE]
 # --small: tiny sizes, for a CPU and CI (tests/test_gpu_script.py). Writes DIR/report.{md,json}.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -9,7 +9,7 @@ args=()
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --out) out="$2"; shift 2 ;;
-    --small|--target|--heads|--sections)
+    --small|--target|--heads|--questions|--sections)
       if [[ "$1" == --small ]]; then args+=("$1"); shift; else args+=("$1" "$2"); shift 2; fi ;;
     -h|--help) sed -n '2,4p' "$0"; exit 0 ;;
     *) echo "gpu.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;

@@ -1,19 +1,19 @@
 """One prepared evidence run for an accelerator (`benchmarks/gpu.sh` calls it); runs on a CPU too.
 
-    python benchmarks/gpu_report.py --out DIR [--small] [--target DIR --heads DIR]
+    python benchmarks/gpu_report.py --out DIR [--small] [--target NAME_OR_DIR --heads DIR --questions FILE]
 
 Sections (each recorded even when another fails; a failure is written into the report, not hidden):
 1. exactness: greedy speculative decoding == `generate` on tiny random Llama, Qwen2, Mistral and
    Gemma, in fp32 and bf16, with random Medusa heads (tree path) and prompt lookup (chain path);
-2. demo speedups: the given target + heads with the device's default (large on CUDA) tree vs plain
-   `generate` (skipped without --target/--heads: the demo target is not built on a bare machine);
+2. target speedups: the given target + heads with the device's default (large on CUDA) tree vs plain
+   `generate` on the first turns of --questions (benchmarks/prompts.py; skipped without --target/--heads);
 3. verify time of 1/16/64/128 tree tokens vs one token on a 7B-shaped random-weight Llama in bf16
    (small mode: a 2-layer model);
 4. per-step time outside the target forward and host reads of device data per step;
 5. batch 1/4/16 tokens/s through `SpeculativeDecoder` with [B, T] inputs (skipped, with the
    decoder's own message, where batches are refused);
 6. batch 1 with the dynamic cache vs cache="static" vs static + torch.compile of the verify forward
-   (inductor on CUDA, dynamo's eager backend on a CPU) on the demo target if given, else an 8-layer
+   (inductor on CUDA, dynamo's eager backend on a CPU) on the given target + heads, else an 8-layer
    Llama with 7B's layer shape in bf16 (small mode: a 2-layer model), compile time apart;
 7. heads-training tokens/s (Medusa heads, forward + backward + optimizer step on target features).
 Writes DIR/report.json and DIR/report.md.
@@ -108,21 +108,28 @@ def timed_generate(fn, device, repeats: int) -> float:
     return statistics.median(times)
 
 
-def demo_speedups(args, device) -> dict:
+def load_given_target(args, device):
+    """--target (a folder or a name such as smollm2, resolved as every command resolves it) in fp32."""
+    from draftheads.target import resolve_target
+
+    path = resolve_target(args.target)
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="sdpa").to(device).eval(), path
+
+
+def target_speedups(args, device) -> dict:
     if not (args.target and args.heads):
-        return {"skipped": "no --target/--heads given (the demo target is built and cached on the machine that trained it)"}
+        return {"skipped": "no --target/--heads given (heads are trained on the machine that trains them)"}
     from transformers import AutoTokenizer
 
-    target = AutoModelForCausalLM.from_pretrained(args.target, dtype=torch.float32, attn_implementation="sdpa").to(device).eval()
-    tok = AutoTokenizer.from_pretrained(args.target)
+    from prompts import load_prompts
+
+    target, path = load_given_target(args, device)
+    tok = AutoTokenizer.from_pretrained(path)
     heads = dh.load_heads(args.heads, target=target).to(device)
     decoder = dh.SpeculativeDecoder(target, heads)
-    from draftheads.demo import corpus_texts
-
-    texts = [t for t in corpus_texts("heldout") if len(t) > 2000][: 2 if args.small else 8]
     rows = []
-    for text in texts:
-        ids = torch.tensor([tok(text).input_ids[:128]], device=device)
+    for prompt in load_prompts(tok, args.target, args.questions, 2 if args.small else 8):
+        ids = prompt.to(device)
         n = 32 if args.small else 128
         plain = timed_generate(lambda: reference(target, ids, n), device, 3)
         spec_out = {}
@@ -192,10 +199,9 @@ def static_cache(args, device) -> dict:
     """Batch 1: the default dynamic cache vs cache="static" vs static + torch.compile of the verify
     forward, interleaved rounds, tokens/s per call (prefill included), compile time apart."""
     if args.target and args.heads:
-        target = AutoModelForCausalLM.from_pretrained(args.target, dtype=torch.float32,
-                                                      attn_implementation="sdpa").to(device).eval()
+        target, _ = load_given_target(args, device)
         heads = dh.load_heads(args.heads, target=target).to(device)
-        model = f"demo target {args.target}, heads {args.heads}"
+        model = f"target {args.target}, heads {args.heads}"
     else:
         if args.small:
             cfg, dtype = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
@@ -263,7 +269,7 @@ def training_throughput(args, device) -> dict:
             "note": "target forward + Medusa heads forward/backward/AdamW (the core of train/loop.py, without accelerate)"}
 
 
-SECTIONS = {"exactness": exactness, "demo_speedups": demo_speedups, "verify_times": verify_times,
+SECTIONS = {"exactness": exactness, "target_speedups": target_speedups, "verify_times": verify_times,
             "step_overhead": step_overhead, "batch_throughput": batch_throughput, "static_cache": static_cache,
             "training_throughput": training_throughput}
 
@@ -272,10 +278,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--small", action="store_true", help="tiny sizes (CPU, CI)")
-    ap.add_argument("--target", default=None, help="demo target folder (section 2)")
-    ap.add_argument("--heads", default=None, help="heads folder for --target (section 2)")
+    ap.add_argument("--target", default=None, help="target folder or name, e.g. smollm2 (sections 2 and 6)")
+    ap.add_argument("--heads", default=None, help="heads folder for --target (sections 2 and 6)")
+    ap.add_argument("--questions", default=None, help="question file for --target's prompts (section 2)")
     ap.add_argument("--sections", default=",".join(SECTIONS))
     args = ap.parse_args()
+    if args.target and args.heads and not args.questions and args.target != "demo":
+        ap.error("--target/--heads: pass --questions FILE for the prompts (Spec-Bench/MT-Bench .jsonl or a text file)")
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

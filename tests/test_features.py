@@ -243,3 +243,15 @@ def test_an_fp32_cache_holds_the_targets_own_features_to_float32_rounding(tmp_pa
         assert float((got - hidden).abs().max()) <= 1e-5 * float(hidden.abs().max()), i
         labels = cached["target_labels"][offset : offset + length].long()  # label t: the target's choice for token t
         assert torch.equal(labels[1:], alone.logits[0, :-1].argmax(-1)), i
+
+
+def test_the_target_fingerprint_reads_a_weight_larger_than_float32_counts():
+    """A weight of more than 2**24 values (SmolLM2's 49152 x 576 embedding has 28.3 M): sample indices
+    computed in float32 round the last one up past the end, and building any cache for such a target
+    failed with an IndexError."""
+    from draftheads.train.features import target_fingerprint
+
+    big = torch.nn.Module()
+    big.config = make_tiny_model("llama").config
+    big.weight = torch.nn.Parameter(torch.zeros(49152 * 576, dtype=torch.bfloat16), requires_grad=False)
+    assert set(target_fingerprint(big)) >= {"config"}

@@ -20,7 +20,7 @@ def test_gpu_script_small_run_writes_every_section(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads((out / "report.json").read_text())
     sections = report["sections"]
-    assert set(sections) == {"exactness", "demo_speedups", "verify_times", "step_overhead", "batch_throughput",
+    assert set(sections) == {"exactness", "target_speedups", "verify_times", "step_overhead", "batch_throughput",
                              "static_cache", "training_throughput"}
     assert not [name for name, r in sections.items() if "error" in r]
     rows = sections["exactness"]["rows"]

@@ -178,12 +178,12 @@ def test_static_cache_samples_the_target_distribution():
     assert drafts_accepted(decoder, prompt, params) >= 5
 
 
-@pytest.mark.parametrize("backend", ["eager"])  # inductor compiles for minutes on a CPU: benchmarks/static_compile.py
+@pytest.mark.parametrize("backend", ["eager"])  # inductor compiles for minutes on a CPU: benchmarks/gpu.sh
 def test_compiled_verify_forward_matches_generate(backend):
     """compile: the verify forward goes through torch.compile (graphs counted by dynamo) and the
     output is still `generate`'s. Backend "eager" (dynamo's graph capture, no code generation): the
     same graphs inductor would compile, at a cost CI can pay; inductor itself is exercised by
-    benchmarks/static_compile.py and benchmarks/gpu.sh."""
+    benchmarks/gpu.sh (its static_cache section)."""
     import torch._dynamo
 
     target = tiny_target("llama")

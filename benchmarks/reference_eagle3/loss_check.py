@@ -2,7 +2,7 @@
 init and the same weights imported into draftheads, on the first training batch (no training).
 
     python benchmarks/reference_eagle3/loss_check.py --eagle /path/to/EAGLE[.git] [--commit cb7e084] \\
-        [--workdir runs/reference-eagle3-loss-check] [--steps 7]
+        [--config configs/smollm2-eagle3.yaml] [--workdir runs/reference-eagle3-loss-check] [--steps 7]
 
 Prints per unrolled step: the reference's summed soft cross-entropy (its per-step loss times
 B x T, the positions it averages over) and its denominator B x T, against draftheads' summed
@@ -27,6 +27,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--eagle", required=True)
     ap.add_argument("--commit", default=None)
+    ap.add_argument("--config", default=str(run.CONFIG), help="the EAGLE-3 config whose windows and target are used")
     ap.add_argument("--workdir", default="runs/reference-eagle3-loss-check")
     ap.add_argument("--steps", type=int, default=7)
     ap.add_argument("--threads", type=int, default=1)
@@ -42,8 +43,8 @@ def main() -> None:
     workdir = Path(args.workdir).resolve()
     src, sha = run.reference_source(Path(args.eagle), args.commit, workdir)
     cnets, configs = run.import_reference(src)
-    target, tokenizer = load_target("demo")
-    cfg = load_config(run.CONFIG)
+    cfg = load_config(args.config)
+    target, tokenizer = load_target(cfg.target.name_or_path)
     train_ds, _, _ = build_datasets(cfg.data, tokenizer)
     model = run.build_reference_model(cnets, configs, target, train_ds, cfg.heads.draft_vocab_size, args.steps,
                                       workdir, cfg.train.seed).eval()  # fmt: skip

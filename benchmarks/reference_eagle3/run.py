@@ -1,10 +1,11 @@
 """Side by side: the EAGLE-3 authors' trainer (SafeAILab/EAGLE, eagle/traineagle3) against
-draftheads (configs/demo-eagle3.yaml) on the demo target, the same token windows in the same
-batches, both sets of heads decoded by draftheads' own decoder.
+draftheads (an EAGLE-3 config: ``--config``, default configs/smollm2-eagle3.yaml) on that config's
+target, the same token windows in the same batches, both sets of heads decoded by draftheads' own
+decoder.
 
     python benchmarks/reference_eagle3/run.py --eagle /path/to/EAGLE[.git] [--commit cb7e084] \\
-        [--workdir runs/reference-eagle3] [--steps 200] [--arms reference,draftheads] \\
-        [--out benchmarks/measurements/reference-eagle3/200-steps]
+        [--config configs/smollm2-eagle3.yaml] --questions FILE [--workdir runs/reference-eagle3] \\
+        [--steps 200] [--arms reference,draftheads] [--out results/reference-eagle3]
 
 ``--eagle`` is a checkout of SafeAILab/EAGLE or a bare git directory of it (then ``--commit`` is
 exported with ``git archive`` into WORKDIR/src-<commit>). Nothing of it is copied into draftheads:
@@ -15,17 +16,17 @@ replaces only the plumbing it cannot run here:
 - DeepSpeed (engine, fp16 loss scaling, ZeRO, FusedAdam, WarmupDecayLR) -> a plain fp32 loop on
   CPU: ``torch.optim.AdamW`` with ds_config.json's betas (0.9, 0.95), eps 1e-8, weight decay 0,
   gradient clipping 0.5, and DeepSpeed's own WarmupDecayLR (its default *log* warmup, then a
-  straight line to zero at the last step) at the issue's lr 3e-3 and warmup 20 (``--warmup``);
+  straight line to zero at the last step) at the config's ``train.lr`` and ``--warmup`` steps;
 - its target copy (modeling_llama_kv, which no longer builds under today's transformers) -> the
-  demo target itself, returning what modeling_llama_kv returns: the inputs of layers 2, L//2 and
+  config's target itself, returning what modeling_llama_kv returns: the inputs of layers 2, L//2 and
   L-3 (its own selection rule) and the logits;
-- the embedding read from a sharded checkpoint index (the demo target has one file) -> a copy of
+- the embedding read from a sharded checkpoint index -> a copy of
   the target's embedding, frozen as the reference freezes it;
 - the draft vocabulary scan of a ShareGPT json (``scandata``) -> the same count (its
   ``process_data``: loss-masked input tokens) over draftheads' training windows, the most frequent
   ``draft_vocab_size`` sorted by id, written to the ``cache.pt`` that ``scandata`` then loads.
 
-The batches: draftheads' demo pipeline (``build_datasets`` on configs/demo-eagle3.yaml), in the
+The batches: draftheads' data pipeline (``build_datasets`` on the config), in the
 order draftheads' loop draws them (``EpochShuffleSampler`` seeded with train.seed), collated by
 draftheads' ``Collator``. The reference's trained weights are written in its own release layout
 (``midlayer.*``, ``fc``, ``norm``, ``lm_head``, ``d2t``, ``t2d``) and imported through draftheads'
@@ -33,10 +34,11 @@ EAGLE-3 importer; the script checks that the imported heads, unrolled 7 steps by
 training graph, reproduce the reference model's own logits on held-out windows (max abs
 difference printed and stored).
 
-Then every arm is measured with benchmarks/recipe_ablation.py's decoder measurements (12 held-out
-prompts, greedy, 128 new tokens, every output equal to ``target.generate(do_sample=False)``; a
-5-token chain, a 16-token tree, held-out top-1 per draft step). Arms: see ``REFERENCE_ARMS`` and
-recipe_ablation's ``ARMS`` (trained with draftheads, prefixed ``draftheads``).
+Then every arm is measured with measure.py (this folder): 12 prompts (benchmarks/prompts.py: the
+first turns of ``--questions``), greedy, 128 new tokens, every output equal to
+``target.generate(do_sample=False)``; a 5-token chain, a 16-token tree, held-out top-1 per draft
+step. Arms: see ``REFERENCE_ARMS`` and measure.py's ``ARMS`` (trained with draftheads, prefixed
+``draftheads:``).
 """
 from __future__ import annotations
 
@@ -58,12 +60,13 @@ from torch import nn
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import recipe_ablation  # noqa: E402  (the shared decoder measurements)
+import measure  # noqa: E402  (this folder's decoder measurements and draftheads-side arms)
+from prompts import load_prompts  # noqa: E402  (benchmarks/prompts.py: the prompts every script decodes)
 
-CONFIG = ROOT / "configs" / "demo-eagle3.yaml"
-LR = 3.0e-3  # the issue's (and configs/demo-eagle3.yaml's) lr
-#: The reference's optimizer (ds_config.json) and draftheads' (configs/demo-eagle3.yaml).
+CONFIG = ROOT / "configs" / "smollm2-eagle3.yaml"
+#: The reference's optimizer (ds_config.json) and draftheads' defaults.
 REFERENCE_OPTIM = {"betas": (0.9, 0.95), "schedule": "warmup-decay-log", "clip": 0.5}
 DRAFTHEADS_OPTIM = {"betas": (0.9, 0.999), "schedule": "cosine", "clip": 1.0}
 #: Reference arms: its model and loss unmodified; what an arm changes is named.
@@ -138,7 +141,7 @@ def draft_vocab_cache(cnets, train_ds, vocab_size: int, n: int, path: Path) -> N
 
 
 def build_reference_model(cnets, configs, target, train_ds, draft_vocab: int, ttt: int, workdir: Path, seed: int):
-    """``cnets.Model`` on the demo target, initialised by its own constructor (plain nn.Linear)."""
+    """``cnets.Model`` on the target, initialised by its own constructor (plain nn.Linear)."""
     cfg = target.config
     econfig = configs.EConfig(
         vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
@@ -150,13 +153,13 @@ def build_reference_model(cnets, configs, target, train_ds, draft_vocab: int, tt
     # the reference reads None as "no scaling" and indexes any dict by "type": give it its None back.
     econfig.rope_scaling = None
     view = ReferenceTargetView(target)
-    shim = SimpleNamespace(from_pretrained=lambda path, torch_dtype=None: view)  # fp32: the demo target as loaded
+    shim = SimpleNamespace(from_pretrained=lambda path, torch_dtype=None: view)  # fp32: the target as loaded
     original = cnets.LlamaForCausalLM
     cnets.LlamaForCausalLM = shim
     torch.manual_seed(seed)
     try:
         model = cnets.Model(econfig, None, SimpleNamespace(gradient_checkpointing=False, max_len=2048),
-                            load_head=False, load_emb=False, path="demo")  # fmt: skip
+                            load_head=False, load_emb=False, path="target")  # fmt: skip
     finally:
         cnets.LlamaForCausalLM = original
     with torch.no_grad():
@@ -175,14 +178,14 @@ def build_reference_model(cnets, configs, target, train_ds, draft_vocab: int, tt
     return model
 
 
-def build_schedule(optimizer, schedule: str, warmup: int, total: int):
+def build_schedule(optimizer, schedule: str, warmup: int, total: int, lr: float):
     """The reference's scheduler is DeepSpeed's own ``WarmupDecayLR`` class (ds_config.json's;
     ``warmup_type`` log is its default), stepped after every optimizer step as DeepSpeed's engine
     steps it; "cosine" is draftheads' default (transformers' cosine with linear warmup)."""
     if schedule in ("warmup-decay-log", "warmup-decay-linear"):
         from deepspeed.runtime.lr_schedules import WarmupDecayLR
 
-        return WarmupDecayLR(optimizer, total_num_steps=total, warmup_min_lr=0.0, warmup_max_lr=LR,
+        return WarmupDecayLR(optimizer, total_num_steps=total, warmup_min_lr=0.0, warmup_max_lr=lr,
                              warmup_num_steps=warmup, warmup_type=schedule.rsplit("-", 1)[1])  # fmt: skip
     if schedule == "cosine":
         from transformers import get_cosine_schedule_with_warmup
@@ -217,8 +220,8 @@ def train_reference(cnets, configs, target, tokenizer, cfg, train_ds, arm: str, 
     model = build_reference_model(cnets, configs, target, train_ds, cfg.heads.draft_vocab_size, spec["ttt"], workdir,
                                   cfg.train.seed)  # fmt: skip
     params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=LR, betas=spec["betas"], eps=1e-8, weight_decay=0.0)
-    sched = build_schedule(opt, spec["schedule"], warmup, steps)
+    opt = torch.optim.AdamW(params, lr=cfg.train.lr, betas=spec["betas"], eps=1e-8, weight_decay=0.0)
+    sched = build_schedule(opt, spec["schedule"], warmup, steps, cfg.train.lr)
     model.train()
     model.target_model.eval()
     tokens, clipped, start, log = 0, 0, time.perf_counter(), []
@@ -239,7 +242,7 @@ def train_reference(cnets, configs, target, tokenizer, cfg, train_ds, arm: str, 
                     "lr": lr}  # fmt: skip
             log.append(line)
             print(f"{arm} {json.dumps(line)}", flush=True)
-    return {"arm": arm, "spec": {**spec, "betas": list(spec["betas"])}, "steps": steps, "lr": LR, "warmup": warmup,
+    return {"arm": arm, "spec": {**spec, "betas": list(spec["betas"])}, "steps": steps, "lr": cfg.train.lr, "warmup": warmup,
             "train_tokens": tokens, "steps_clipped": clipped, "train_seconds": time.perf_counter() - start,
             "log": log, "model": model}  # fmt: skip
 
@@ -308,11 +311,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--eagle", required=True, help="SafeAILab/EAGLE checkout or bare git dir")
     ap.add_argument("--commit", default=None, help="commit to export from a git dir (default HEAD)")
+    ap.add_argument("--config", default=str(CONFIG), help="the EAGLE-3 config both trainers follow")
+    ap.add_argument("--questions", default=None, metavar="FILE",
+                    help="Spec-Bench/MT-Bench .jsonl or a text file of prompts (needed for every target but 'demo')")
     ap.add_argument("--workdir", default="runs/reference-eagle3")
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--arms", default="reference,draftheads",
-                    help=f"comma-separated: {', '.join(REFERENCE_ARMS)}, draftheads (configs/demo-eagle3.yaml as it is), "
-                         f"or draftheads:<recipe_ablation arm> ({', '.join(recipe_ablation.ARMS)})")  # fmt: skip
+                    help=f"comma-separated: {', '.join(REFERENCE_ARMS)}, draftheads (the config as it is), "
+                         f"or draftheads:<arm> ({', '.join(measure.ARMS)})")  # fmt: skip
     ap.add_argument("--warmup", type=int, default=20, help="warmup steps, both trainers (the issue's: 20 for 200 steps)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--num-prompts", type=int, default=12)
@@ -324,7 +330,7 @@ def main() -> None:
     arms = [a.strip() for a in args.arms.split(",") if a.strip()]
     for arm in arms:
         name = arm.split(":", 1)[1] if arm.startswith("draftheads:") else None
-        if arm not in REFERENCE_ARMS and arm != "draftheads" and name not in recipe_ablation.ARMS:
+        if arm not in REFERENCE_ARMS and arm != "draftheads" and name not in measure.ARMS:
             ap.error(f"unknown arm {arm!r}")
     torch.set_num_threads(args.threads)
     os.environ.setdefault("DRAFTHEADS_NUM_THREADS", str(args.threads))
@@ -335,8 +341,10 @@ def main() -> None:
     from draftheads.data import build_datasets
     from draftheads.target import load_target
 
-    target, tokenizer = load_target("demo")
-    cfg = load_config(CONFIG)
+    cfg = load_config(args.config)
+    target, tokenizer = load_target(cfg.target.name_or_path)
+    if args.questions is None and cfg.target.name_or_path != "demo" and not args.train_only:
+        ap.error(f"--questions FILE: the prompts to decode on {cfg.target.name_or_path}")
     train_ds, eval_ds, _ = build_datasets(cfg.data, tokenizer)
     src, sha = (None, None)
     infos: dict[str, dict] = {}
@@ -364,14 +372,14 @@ def main() -> None:
                   f"{['%.1e' % d for d in info['logits_max_abs_diff_per_step']]}", flush=True)  # fmt: skip
         else:
             recipe = arm.split(":", 1)[1] if ":" in arm else None
-            overrides = list(recipe_ablation.ARMS[recipe]) if recipe else []
-            info = draftheads_arm(heads_dir.parent, args.steps, [f"train.warmup_steps={args.warmup}", *overrides])
+            overrides = list(measure.ARMS[recipe]) if recipe else []
+            info = draftheads_arm(args.config, heads_dir.parent, args.steps, [f"train.warmup_steps={args.warmup}", *overrides])
         info_file.write_text(json.dumps(info, indent=2))
         infos[arm] = info
     if args.train_only:
         return
 
-    prompt_ids = recipe_ablation.prompts(tokenizer, args.num_prompts)
+    prompt_ids = load_prompts(tokenizer, cfg.target.name_or_path, args.questions, args.num_prompts)
     references = [target.generate(p, attention_mask=torch.ones_like(p), do_sample=False, max_new_tokens=args.new_tokens)
                   for p in prompt_ids]  # fmt: skip
     held = eval_ds.select(range(min(len(eval_ds), args.eval_batches * cfg.train.batch_size)))  # as heldout_windows
@@ -379,8 +387,8 @@ def main() -> None:
     for arm in arms:
         heads_dir = workdir / "runs" / arm.replace(":", "-") / "heads"
         results[arm] = {
-            **recipe_ablation.decode_stats(target, heads_dir, prompt_ids, references, args.new_tokens),
-            "heldout": recipe_ablation.heldout_top1(target, tokenizer, heads_dir, cfg, held),
+            **measure.decode_stats(target, heads_dir, prompt_ids, references, args.new_tokens),
+            "heldout": measure.heldout_top1(target, tokenizer, heads_dir, cfg, held),
             "train": {k: v for k, v in infos[arm].items() if k != "log"},
         }
         print(arm, json.dumps({k: results[arm][k] for k in ("chain", "tree", "heldout")}), flush=True)
@@ -390,22 +398,22 @@ def main() -> None:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
         meta = {"steps": args.steps, "prompts": len(prompt_ids), "new_tokens": args.new_tokens,
-                "chain": recipe_ablation.CHAIN, "tree": recipe_ablation.TREE, "command": " ".join(sys.argv)}  # fmt: skip
+                "chain": measure.CHAIN, "tree": measure.TREE, "command": " ".join(sys.argv)}  # fmt: skip
         (out / "results.json").write_text(json.dumps({**meta, "arms": results}, indent=2))
         (out / "results.md").write_text(f"`{meta['command']}`\n\n" + md)
 
 
-def draftheads_arm(out: Path, steps: int, overrides: list[str]) -> dict:
-    """configs/demo-eagle3.yaml (plus ``overrides``) trained by draftheads' own loop into OUT,
-    mid-run evaluation, checkpoints and the export's tree timing off (as recipe_ablation)."""
+def draftheads_arm(config: str, out: Path, steps: int, overrides: list[str]) -> dict:
+    """The config (plus ``overrides``) trained by draftheads' own loop into OUT, mid-run
+    evaluation, checkpoints and the export's tree timing off (this run decodes with fixed trees)."""
     from draftheads.config import load_config
     from draftheads.train import loop
 
     overrides = [f"train.output_dir={out}", f"train.max_steps={steps}", "train.eval_every=0", "train.save_every=0",
                  "train.choose_tree=false", *overrides]  # fmt: skip
     start = time.perf_counter()
-    result = loop.run(load_config(CONFIG, overrides), overwrite=True)
-    return {"config": str(CONFIG), "overrides": overrides, "train_seconds": time.perf_counter() - start,
+    result = loop.run(load_config(config, overrides), overwrite=True)
+    return {"config": str(config), "overrides": overrides, "train_seconds": time.perf_counter() - start,
             "final_eval": {k: v for k, v in result.metrics["final_eval"].items() if isinstance(v, (int, float))}}
 
 

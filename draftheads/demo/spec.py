@@ -27,7 +27,7 @@ class DemoTargetSpec:
 
     The budget is a token count rather than a time limit so that a build is reproducible: the
     same spec on the same interpreter gives bit-identical weights whatever the machine's load.
-    The shape was chosen by measurement (benchmarks/README.md, "The demo target's shape"): 8 thin
+    The shape was chosen by measurement ("The demo target's shape" in `git show 19f3628:benchmarks/README.md`): 8 thin
     layers rather than 4 wide ones at the same parameter count, so that one EAGLE draft layer is a
     small share of a target forward, as it is on a real 32-layer model, and the greedy text is less
     repetitive; the price is a somewhat higher held-out loss and a longer build.

@@ -132,14 +132,14 @@ def write_engine_folder(
 
 # -- the verifier -------------------------------------------------------------------------------------
 def resolve_verifier(heads_config, verifier: str | None) -> str | None:
-    """``--verifier`` if given, else the target the heads recorded; the demo target's sentinel becomes
-    its cache folder (what an engine can open)."""
+    """``--verifier`` if given, else the target the heads recorded; a named target ("smollm2", "demo")
+    becomes its cache folder (what an engine can open)."""
     name = verifier or (heads_config.target.name_or_path if heads_config.target else "") or None
     if name is None:
         return None
-    from ..demo import DEMO_TARGET, resolve_target
+    from ..target import named_target, resolve_target
 
-    if name == DEMO_TARGET:
+    if named_target(name) is not None:
         return resolve_target(name)
     return name
 

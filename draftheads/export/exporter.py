@@ -56,10 +56,9 @@ def check_no_sliding_window(heads, format: str) -> None:
 def check_verifier(verifier: str) -> None:
     """An explicit verifier must be a model folder or a Hub id: the engine opens it only at serve
     time, where a typo would surface far from the export that wrote it."""
-    from ..demo import DEMO_TARGET
-    from ..target import TargetLoadError, check_target_source
+    from ..target import TargetLoadError, check_target_source, named_target
 
-    if verifier == DEMO_TARGET:
+    if named_target(verifier) is not None:
         return
     try:
         check_target_source(verifier)

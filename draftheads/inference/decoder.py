@@ -69,7 +69,7 @@ class SpeculativeDecoder:
     ``max_cache_len`` fixes the static cache's length (calls needing more are refused); by default
     it is sized per call (prompt + max_new_tokens + tree, rounded up to 64) and reused. Same output
     as the default dynamic cache; whether it is faster depends on the device: measure it
-    (benchmarks/static_compile.py).
+    (benchmarks/gpu.sh, its static_cache section).
 
     Heads without a ``tree`` follow the table saved with them (tree.json, `draftheads.plans`):
     what to run per device type x batch size x temperature, a tree or plain decoding (the
@@ -103,7 +103,7 @@ class SpeculativeDecoder:
     their tree, and the verifier accepts it with probability 1 - TV(target, draft)
     (`proposers.sampled`); False keeps their top-k tree (point masses, accepted with the target's
     probability of each candidate). Both are exact; drawn chains accept more tokens per step at
-    T = 0.7-1.0 on the demo (benchmarks/README.md, "Acceptance rules"). Greedy decoding is not
+    T = 0.7-1.0 on the demo ("Acceptance rules" in `git show 19f3628:benchmarks/README.md`). Greedy decoding is not
     affected; prompt lookup has no distribution to draw from and a draft model always samples."""
 
     def __init__(

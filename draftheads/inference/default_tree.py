@@ -1,7 +1,7 @@
 """Which tree heads draft when nobody calibrated them: one answer per device type.
 
 A verify forward over many tree tokens costs several plain steps on a CPU and about one on a GPU
-(benchmarks/demo_target_shapes.py measures it), so the right default size differs by an order of
+(benchmarks/step_profile.py --verify-sizes measures it), so the right default size differs by an order of
 magnitude between the two. Heads leave training with trees chosen on the
 training device (tree.json entries ``"chosen_by": "training"`` for that device type); entries
 measured on another device type are not a good guess here, so they give way to this device's

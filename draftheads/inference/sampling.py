@@ -45,7 +45,7 @@ class SamplingParams:
     chain, and hand the law to the verifier (`Tree.draft_probs`), instead of drafting their
     top-k candidates as point masses. Both are exact; drawn drafts are accepted with
     probability 1 - TV(target, draft) rather than the target's probability of the draft's best
-    guess, which is far more at high temperatures (benchmarks/README.md, "Acceptance rules")."""
+    guess, which is far more at high temperatures ("Acceptance rules" in `git show 19f3628:benchmarks/README.md`)."""
 
     temperature: float = 0.0
     top_k: int = 0

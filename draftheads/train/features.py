@@ -74,7 +74,8 @@ def target_fingerprint(target: torch.nn.Module) -> dict[str, Any]:
         flat = p.detach().reshape(-1)
         if flat.numel() == 0:  # ZeRO-3 shard
             continue
-        idx = torch.linspace(0, flat.numel() - 1, min(64, flat.numel())).long().to(flat.device)
+        # float64: in float32 the last index of a weight past 2**24 values rounds up past its end
+        idx = torch.linspace(0, flat.numel() - 1, min(64, flat.numel()), dtype=torch.float64).long().to(flat.device)
         h.update(f"{name}{tuple(p.shape)}{p.dtype}".encode())
         h.update(flat[idx].float().cpu().numpy().tobytes())
     return {"config": _sha(json.dumps(cfg, sort_keys=True, default=str).encode()), "weights": h.hexdigest()[:16]}

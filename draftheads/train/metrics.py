@@ -12,8 +12,9 @@ decoding will use (``simulated_acceptance_length``: 1 + the sum over tree nodes 
 of ``acc`` along the node's path, the same formula ``draftheads calibrate`` ranks trees by), and
 the loop keeps the heads with the best such figure.
 
-It differs from real greedy decoding (tests/test_simulated_acceptance.py bounds the gap;
-benchmarks/simulated_acceptance.py measures it) by two biases that partly cancel: independence
+It differs from real greedy decoding (tests/test_simulated_acceptance.py bounds the gap; measured
+on the demo: "Simulated vs measured acceptance" in `git show 19f3628:benchmarks/README.md`) by two
+biases that partly cancel: independence
 ignores that heads tend to be right together, and averaging over every position overweights
 predictable stretches, which decoding crosses in few steps.
 """

@@ -14,7 +14,7 @@ one slow moment in one run can swing the totals (seen here: totals 0.42x against
 median of 0.82x). The tree is timed without the draft budget, and no margin is added on top:
 at run time the online budget takes plain steps wherever drafting stops paying, so a tree at
 parity costs little, while the 5% margin this used to ask, on a check of a few short prompts,
-sent heads plain that decode at 1.1-1.5x on longer ones (benchmarks/README.md, "Training's plans").
+sent heads plain that decode at 1.1-1.5x on longer ones ("Training's plans" in `git show 19f3628:benchmarks/README.md`).
 
 Training's tree choice runs the same measurement at batch size 1 per temperature (a few held-out
 rows), so "plain where the tree loses to ``generate``" means one thing in both places.
@@ -107,7 +107,7 @@ def measure_batch_plan(
         # The tree itself (no draft budget): the plan asks whether this tree beats plain decoding; the
         # budget then adapts within each generation at run time. With the budget on, its first steps
         # of a fresh decoder (the warm-up, the interleaved plain measurements) weighed on a 48-token
-        # check and sent heads plain that decode at 1.1-1.5x (benchmarks/README.md, "Training's plans").
+        # check and sent heads plain that decode at 1.1-1.5x on the demo (the docstring above).
         SPECULATIVE: SpeculativeDecoder(target, heads, tree=tree, batch_plan=None, draft_budget=None, check_model=False),
         PLAIN: SpeculativeDecoder(target, heads, tree=tree, batch_plan={1: PLAIN}, check_model=False),
     }

@@ -75,7 +75,7 @@ VOCAB_SIZES = (4096, 2048, 1024, 512)  # draft vocabularies tried besides the wh
 BLOCK_VOCAB_ROW_TOKENS = 96  # tokens per held-out row measuring the hits a DFlash draft vocabulary keeps
 VERIFY_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 SAMPLE_ROWS = 8  # held-out rows for the vocabulary ratio / dynamic-tree timing
-DYNAMIC_PROMPTS = 6  # chain or tree depends on the text (measurements/chains/): more rows, a choice tied less to a few
+DYNAMIC_PROMPTS = 6  # chain or tree depends on the text (demo, 19f3628:benchmarks/measurements/chains/): more rows, a choice tied less to a few
 DYNAMIC_VOCAB_SIZE = 1024  # EAGLE (scored by the target's LM head) also tries ranking only these tokens
 DEFAULT_TEMPERATURES = (0.0, 0.7, 1.0)  # greedy, what most chat models ship, and the target's own law
 # The chosen tree against the target's generate (module docstring): prompts x rounds pairs of

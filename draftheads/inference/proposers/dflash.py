@@ -20,7 +20,7 @@ deterministic picks (point masses), so sampling stays exact.
 most frequent training tokens only (`DraftHeads.draft_vocab`), and draft indices map back to
 target ids (``vocab_ids``). A vocabulary-sized LM head over K slots is a large share of a small
 draft's cost: about a quarter on the demo target, which N = 1024 saves
-(benchmarks/measurements/dflash-vocab/README.md). The restriction only changes which tokens can be
+(commit 19f3628's benchmarks/measurements/dflash-vocab/README.md). The restriction only changes which tokens can be
 drafted, never the output. The target verifies every token, and drawn drafts carry their law over
 the target vocabulary, zero outside the draft vocabulary.
 
