@@ -495,6 +495,15 @@ def validate(cfg: ExperimentConfig) -> None:
                 f"nothing would be trained. Set heads.block_size <= data.max_length (well below it: a block needs a "
                 "context before it)"
             )
+    track = cfg.tracking
+    if track.report_to == "tensorboard":  # the name is a folder under train.output_dir: never a path out of it
+        key, name = ("run_name", track.run_name) if track.run_name is not None else ("project", track.project)
+        if not name.strip() or name.strip(".") == "" or any(sep in name for sep in ("/", "\\")) or "\0" in name:
+            raise ConfigError(
+                f"tracking.{key}={name!r}: with tracking.report_to=tensorboard it names the log folder inside "
+                f"train.output_dir, so it must be one plain folder name (no '/', '\\', '.' or '..'), e.g. "
+                f"{'medusa-run1'!r}"
+            )
     if cfg.data.packing and cfg.train.group_by_length:  # before anything is loaded or written
         raise ConfigError(
             "data.packing and train.group_by_length are both on: packed windows have no padding to group away; "

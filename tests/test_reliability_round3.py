@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import shutil
 import socket
 from pathlib import Path
@@ -646,3 +647,95 @@ def test_item14_import_refuses_an_export_for_another_verifier(tmp_path, tiny_tar
     assert main(args + ["--allow-other-verifier"]) == 0  # the named override
     copy = Path(shutil.copytree(tiny_target_dir, tmp_path / "copy-of-target"))  # the same model elsewhere: fine
     assert main(["import", str(engine), str(tmp_path / "back2"), "--target", str(copy), "--dtype", "float32"]) == 0
+
+
+# ---------------------------------------------------------------------------------------------
+# Item 10: data errors say the file's line number (1-based), the same way everywhere
+# ---------------------------------------------------------------------------------------------
+
+
+def _build(path: Path, tokenizer, tmp_path: Path, **data):
+    from draftheads.data import build_datasets
+    from draftheads.data.config import DataConfig
+
+    cfg = DataConfig(path=str(path), max_length=48, eval_fraction=0.0, cache_dir=str(tmp_path / "hf-cache"), **data)
+    return build_datasets(cfg, tokenizer)
+
+
+def test_item10_a_bad_text_row_is_named_by_its_line(tmp_path, tiny_tokenizer):
+    good = json.dumps({"text": "def f(self): return self.value"})
+    path = tmp_path / "rows.jsonl"
+    path.write_text("\n".join([good] * 29 + [json.dumps({"text": 5})]) + "\n")  # line 30 (was "row 29")
+    with pytest.raises(ValueError) as err:
+        _build(path, tiny_tokenizer, tmp_path)
+    message = str(err.value)
+    assert f"{path} line 30:" in message and not re.search(r"\brow \d", message)
+
+
+def test_item10_a_bad_chat_row_in_a_folder_is_named_by_its_file_and_line(tmp_path):
+    from conftest import make_tiny_tokenizer
+
+    tok = make_tiny_tokenizer()
+    tok.chat_template = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+    folder = tmp_path / "chats"
+    folder.mkdir()
+    row = {"messages": [{"role": "user", "content": "def f"}, {"role": "assistant", "content": "return self"}]}
+    (folder / "a.jsonl").write_text((json.dumps(row) + "\n") * 4)
+    bad = {"messages": [{"role": "robot", "content": "x"}]}
+    (folder / "b.jsonl").write_text(json.dumps(row) + "\n\n" + json.dumps(bad) + "\n")  # b.jsonl line 3, row 5
+    with pytest.raises(ValueError) as err:
+        _build(folder, tok, tmp_path, format="messages")
+    assert f"{folder / 'b.jsonl'} line 3, message 1:" in str(err.value) and not re.search(r"\brow \d", str(err.value))
+
+
+def test_item10_invalid_json_says_the_line_only(tmp_path, tiny_tokenizer):
+    path = tmp_path / "broken.jsonl"
+    path.write_text("\n".join([json.dumps({"text": "def f"})] * 21 + ["{not json"]) + "\n")
+    with pytest.raises(ValueError) as err:
+        _build(path, tiny_tokenizer, tmp_path)
+    assert f"{path}: line 22 is not valid JSON" in str(err.value) and not re.search(r"\brow \d", str(err.value))
+
+
+# ---------------------------------------------------------------------------------------------
+# Item 11: a data folder whose files have different columns names both
+# ---------------------------------------------------------------------------------------------
+
+
+def test_item11_a_folder_of_files_with_different_columns_names_them(tmp_path, tiny_tokenizer):
+    folder = tmp_path / "mixed"
+    folder.mkdir()
+    (folder / "a.jsonl").write_text((json.dumps({"text": "def f"}) + "\n") * 5)
+    (folder / "b.jsonl").write_text((json.dumps({"messages": [], "id": 1}) + "\n") * 5)
+    with pytest.raises(ValueError) as err:
+        _build(folder, tiny_tokenizer, tmp_path)
+    message = str(err.value)
+    assert "a.jsonl" in message and "b.jsonl" in message and "'text'" in message and "'messages'" in message
+    assert "'id'" in message and "corrupt" not in message
+
+
+# ---------------------------------------------------------------------------------------------
+# Item 16: a tracking run name is a folder name inside train.output_dir, never a path out of it
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("key,value", [("run_name", "../../x"), ("run_name", "/tmp/elsewhere"), ("project", ".."),
+                                       ("run_name", "a/../../b")])
+def test_item16_a_tensorboard_run_name_cannot_leave_the_output_dir(key, value):
+    from draftheads.config import ConfigError, config_from_dict
+
+    with pytest.raises(ConfigError, match=rf"tracking.{key}"):
+        config_from_dict({"tracking": {"report_to": "tensorboard", key: value}})
+    config_from_dict({"tracking": {"report_to": "tensorboard", "run_name": "medusa-run.2"}})  # a plain name is fine
+    config_from_dict({"tracking": {"report_to": "wandb", "run_name": "team/exp 1"}})  # a W&B display name is no path
+
+
+def test_item16_tensorboard_logs_stay_inside_the_output_dir(tmp_path, tiny_target_dir, tiny_text_jsonl):
+    pytest.importorskip("tensorboard")
+    from draftheads.train.loop import run
+
+    cfg = _cfg(tmp_path / "a" / "b", tiny_target_dir, tiny_text_jsonl, "tracking.report_to=tensorboard",
+               "tracking.run_name=tb", max_steps=1, eval_every=0)
+    run(cfg)
+    out = Path(cfg.train.output_dir)
+    assert (out / "tb").is_dir()
+    assert sorted(p.name for p in (tmp_path / "a" / "b").iterdir()) == ["hf-cache", "run"]

@@ -36,7 +36,7 @@ from .chat_mask import (
 from .config import DataConfig
 from .formats import CHAT_FORMATS, Message, detect_format, normalize_chat
 from .demo_distilled import resolve_data_path
-from .load import load_raw_dataset
+from .load import RowPlaces, load_raw_dataset, row_places
 
 logger = logging.getLogger(__name__)
 
@@ -89,7 +89,7 @@ def tokenize_chat(
     max_length: int,
     *,
     specials: Sequence[str] | None = None,
-    row: int = -1,
+    row: Any = "a row",
 ) -> Example:
     """One conversation as ``(input_ids, loss_mask)``, truncated to ``max_length``."""
     render = make_renderer(tokenizer)
@@ -121,9 +121,10 @@ def tokenize_text(tokenizer: Any, text: str, max_length: int, *, chunk: bool = T
 class RowTokenizer:
     """The batched ``datasets.map`` function: a class (not a closure) so it pickles for num_proc."""
 
-    def __init__(self, tokenizer: Any, fmt: str, cfg: DataConfig) -> None:
+    def __init__(self, tokenizer: Any, fmt: str, cfg: DataConfig, places: RowPlaces | None = None) -> None:
         if fmt in CHAT_FORMATS:
             check_chat_template(tokenizer, cfg.path)
+        self.places = places or RowPlaces()  # where a row sits in its files, for messages
         self.tokenizer = tokenizer
         self.fmt = fmt
         self.column = {"sharegpt": "conversations", "messages": "messages", "text": cfg.text_field}[fmt]
@@ -134,15 +135,16 @@ class RowTokenizer:
     def examples(self, value: Any, row: int) -> tuple[str, list[Example]]:
         """The status of one row and its examples (none unless the status is OK)."""
         if self.fmt in CHAT_FORMATS:
-            messages = normalize_chat(value, self.fmt, row)
+            messages = normalize_chat(value, self.fmt, self.places.at(row))
             if not messages:
                 return EMPTY, []
-            out = [tokenize_chat(self.tokenizer, messages, self.max_length, specials=self.specials, row=row)]
+            out = [tokenize_chat(self.tokenizer, messages, self.max_length, specials=self.specials,
+                                 row=self.places.at(row))]
         else:
             if value is None or (isinstance(value, str) and not value.strip()):
                 return EMPTY, []
             if not isinstance(value, str):
-                raise ValueError(f"row {row}: {self.column!r} must be a string, got {type(value).__name__}")
+                raise ValueError(f"{self.places(row)}: {self.column!r} must be a string, got {type(value).__name__}")
             out = tokenize_text(self.tokenizer, value, self.max_length, chunk=self.chunk)
         out = [ex for ex in out if any(ex[1])]
         return (OK, out) if out else (NO_TRAINABLE, [])
@@ -161,7 +163,7 @@ class RowTokenizer:
         row = batch[ROW_COLUMN][i]
         hint = f"set data.text_field={others[0]} if that is its text, " if self.fmt == "text" else ""
         return (
-            f"row {row} has no {self.column!r} field (looked for {self.column!r}: data.format is {self.fmt}) but "
+            f"{self.places(row)} has no {self.column!r} field (looked for {self.column!r}: data.format is {self.fmt}) but "
             f"holds {', '.join(repr(c) for c in others)}; {hint}rename the field in that row, or remove the row"
         )
 
@@ -190,10 +192,12 @@ def _holds_content(value: Any) -> bool:
 
 
 def tokenize_dataset(
-    raw: datasets.Dataset, tokenizer: Any, cfg: DataConfig, fmt: str, *, source: str, desc: str = "tokenize"
+    raw: datasets.Dataset, tokenizer: Any, cfg: DataConfig, fmt: str, *, source: str, desc: str = "tokenize",
+    places: RowPlaces | None = None,
 ) -> tuple[datasets.Dataset, DataStats]:
-    """Map raw rows (with a ``_row`` column) to ``input_ids``/``loss_mask`` examples plus counts."""
-    fn = RowTokenizer(tokenizer, fmt, cfg)
+    """Map raw rows (with a ``_row`` column) to ``input_ids``/``loss_mask`` examples plus counts.
+    ``places``: where the source's rows sit in its files (errors name ``FILE line N``)."""
+    fn = RowTokenizer(tokenizer, fmt, cfg, places)
     mapped = raw.map(
         fn,
         batched=True,
@@ -248,13 +252,16 @@ def build_datasets(
         parts = raw_train.train_test_split(test_size=n_eval, seed=cfg.seed)
         raw_train, raw_eval = parts["train"], parts["test"]
 
-    train, stats = tokenize_dataset(raw_train, tokenizer, cfg, fmt, source=cfg.path, desc="tokenize train")
+    train_places = row_places(cfg.path)
+    train, stats = tokenize_dataset(raw_train, tokenizer, cfg, fmt, source=cfg.path, desc="tokenize train",
+                                    places=train_places)
     _require_kept(stats, "train")
     eval_ds: datasets.Dataset | None = None
     if raw_eval is not None:
         eval_fmt = detect_format(raw_eval.column_names, cfg.format, cfg.text_field)
+        eval_places = row_places(cfg.eval_path) if cfg.eval_path else train_places if not cfg.has_eval_source else None
         eval_ds, stats.eval = tokenize_dataset(
-            raw_eval, tokenizer, cfg, eval_fmt, source=eval_source, desc="tokenize eval"
+            raw_eval, tokenizer, cfg, eval_fmt, source=eval_source, desc="tokenize eval", places=eval_places
         )
         if stats.eval.examples == 0:
             if cfg.has_eval_source:

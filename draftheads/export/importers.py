@@ -19,6 +19,7 @@ from .formats import IMPORT_FORMATS
 from ..heads.folder import save_heads
 from .common import IMPORT_METADATA, check_output_folder, read_token_counts
 from .sources import Source, read_source
+from .verifier_check import check_recorded_verifier
 
 
 
@@ -86,12 +87,19 @@ def import_heads(
     *,
     format: str | None = None,
     overwrite: bool = False,
+    target_name: str | None = None,
+    allow_other_verifier: bool = False,
 ) -> Path:
     """Convert the checkpoint at ``src`` into a draftheads heads folder at ``out_dir`` (atomic;
     refused if it exists unless ``overwrite``, and then only over an earlier import or export: see
-    `check_output_folder`). The folder records what it was converted from (`IMPORT_METADATA`)."""
+    `check_output_folder`). The folder records what it was converted from (`IMPORT_METADATA`).
+
+    A checkpoint that names its verifier is imported only for that model (``target_name``: what
+    the user called ``target``, default its ``name_or_path``; see export/verifier_check.py) unless
+    ``allow_other_verifier``."""
     out = Path(out_dir)
     check_output_folder(out, src, overwrite)
-    heads, layout, _ = _read(src, target, format)
+    heads, layout, source = _read(src, target, format)
+    check_recorded_verifier(source, target, target_name, allow_other_verifier)
     provenance = {"source": str(Path(src).absolute()), "format": layout}
     return save_heads(heads, out, extra_files={IMPORT_METADATA: json.dumps(provenance, indent=2) + "\n"})
