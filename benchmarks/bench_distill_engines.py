@@ -67,13 +67,13 @@ def main(argv=None) -> int:
                 f.unlink(missing_ok=True)
             if engine == "hf":
                 s = DistillSettings(target=str(target), data=str(data), out=str(out), max_new_tokens=args.max_new_tokens,
-                                    batch_size=args.batch_size)
+                                    batch_size=args.batch_size, eval_overlap="warn")  # throughput material only
                 stats = distill(s, HFEngine(model, tok, s), tok, progress=False)
                 tokens, seconds = stats.generated_tokens, stats.seconds
             else:
                 proc = subprocess.run(
                     [args.vllm_python, str(ROOT / "tests" / "vllm_distill_worker.py"), str(ROOT), str(target), str(data),
-                     str(out), str(args.max_new_tokens), str(args.batch_size)],
+                     str(out), str(args.max_new_tokens), str(args.batch_size), "warn"],
                     capture_output=True, text=True, env=env, timeout=1200,
                 )
                 if proc.returncode != 0:

@@ -5,6 +5,15 @@ then), so ``import draftheads`` and the command line's ``--help`` stay fast."""
 from typing import TYPE_CHECKING
 
 from .lazy import lazy_exports
+from .registry import set_loader
+
+
+def _register_methods() -> None:
+    """Register every drafting method (draftheads/methods/): run by the registry at its first lookup."""
+    from . import methods  # noqa: F401
+
+
+set_loader(_register_methods)
 
 _HEADS = ("Eagle3Head", "EagleHead", "HeadsConfig", "HydraHeads", "MedusaHeads", "PEagleHead", "DFlashHeads", "TargetInfo", "load_heads",
           "save_heads")
@@ -49,6 +58,7 @@ __all__ = [
     "HydraHeads",
     "HydraProposer",
     "MedusaHeads",
+    "PEagleHead",
     "MedusaProposer",
     "PromptLookupProposer",
     "Proposer",

@@ -7,7 +7,6 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
 from transformers import AutoModelForCausalLM
 
 import draftheads as dh

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from inference_utils import ARCHS, VOCAB, greedy_reference, select_features, self_distilled_heads, tiny_target
+from inference_utils import VOCAB, greedy_reference, select_features, self_distilled_heads, tiny_target
 from transformers import DynamicCache
 
 import draftheads as dh
@@ -210,7 +210,6 @@ def test_batched_greedy_acceptance_matches_a_brute_force_per_row():
     """Random trees of different shapes in one padded batch (tiny vocabulary: drafts match often):
     per row, the accepted path ends at the deepest node whose whole path matches, the next token
     is the argmax there, and the single-tree acceptance agrees."""
-    from draftheads.inference.accept import accept_greedy_rows
     from draftheads.inference.kv.ragged import pad_trees
 
     gen = torch.Generator().manual_seed(3)

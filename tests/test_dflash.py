@@ -447,12 +447,14 @@ def test_calibrate_measures_per_slot_acceptance_and_one_block_forward(trained):
 
 
 def _greedy_path_loss(target, heads, seq, loss_mask, greedy_path: bool):
-    from draftheads.train.dflash_loss import dflash_loss
+    from draftheads.train.dflash_loss import DFlashLoss
+    from draftheads.train.head_loss import LossBatch
 
     heads.config.extra["greedy_path"] = greedy_path
     with torch.no_grad():
         hidden, features, _ = TargetWithHeads(target, heads).target_outputs(seq)
-        return dflash_loss(heads, features, hidden, seq, loss_mask, generator=torch.Generator().manual_seed(0))
+        return DFlashLoss()(heads, LossBatch(seq, loss_mask=loss_mask, hidden=hidden, features=features,
+                                             generator=torch.Generator().manual_seed(0)))
 
 
 def _greedy_path_counts(target, heads, seq, loss_mask, greedy_path: bool):

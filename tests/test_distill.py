@@ -84,24 +84,27 @@ def test_chat_rows_are_regenerated_turn_by_turn_as_generate_would(tmp_path, mode
     s = _settings(tmp_path, data)
     stats = distill(s, HFEngine(model, chat_tok, s), chat_tok, progress=False)
     out = _rows(s.out)
-    assert [r["id"] for r in out] == ["a", "c", "d"] and [r[ROW_KEY] for r in out] == [0, 2, 3]
-    assert stats.skipped_no_assistant == 1 and stats.rows_written == 3 and stats.turns_generated == 4
-    for row, src in zip(out, [CHATS[0], CHATS[2], CHATS[3]]):
+    assert [r["id"] for r in out] == ["a", "b", "c", "d"] and [r[ROW_KEY] for r in out] == [0, 1, 2, 3]
+    # row b had no assistant turn: it is answered (issue 39), not skipped
+    assert stats.rows_answered == 1 and stats.rows_written == 4 and stats.turns_generated == 5
+    for row, src in zip(out, CHATS):
         history = []
-        for msg, orig in zip(row["conversations"], src["conversations"]):
-            assert msg["from"] == orig["from"]  # the ShareGPT shape is kept
-            if orig["from"] != "gpt":
-                assert msg["value"] == orig["value"]
-                history.append({"role": {"human": "user"}.get(orig["from"], orig["from"]), "content": msg["value"]})
+        given = iter(m for m in src["conversations"] if m["from"] != "gpt")
+        for msg in row["conversations"]:
+            if msg["from"] != "gpt":
+                assert msg == next(given)  # system and user turns kept verbatim, in the ShareGPT shape
+                history.append({"role": {"human": "user"}.get(msg["from"], msg["from"]), "content": msg["value"]})
                 continue
             text = chat_tok.apply_chat_template(history, tokenize=False, add_generation_prompt=True)
             prompt = chat_tok(text, add_special_tokens=False)["input_ids"]
             # the answer given the REGENERATED history, exactly as an unbatched generate call gives it
             assert msg["value"] == _reference_answer(model, chat_tok, prompt, s.max_new_tokens)
             history.append({"role": "assistant", "content": msg["value"]})
+        assert next(given, None) is None
+    assert [m["from"] for m in out[1]["conversations"]] == ["human", "gpt"]
     assert out[0]["conversations"][1]["value"] != CHATS[0]["conversations"][1]["value"]
     side = json.loads(sidecar_path(s.out).read_text())
-    assert side["complete"] and side["settings"]["max_new_tokens"] == 6 and side["stats"]["rows_written"] == 3
+    assert side["complete"] and side["settings"]["max_new_tokens"] == 6 and side["stats"]["rows_written"] == 4
 
 
 def test_messages_format_is_kept(tmp_path, model, chat_tok):
@@ -139,37 +142,37 @@ class _DyingEngine:
     def __init__(self, inner, calls: int) -> None:
         self.inner, self.calls = inner, calls
 
-    def generate(self, prompts, seed):
+    def generate(self, prompts, seed, sampling):
         if self.calls == 0:
             raise _Killed
         self.calls -= 1
-        return self.inner.generate(prompts, seed)
+        return self.inner.generate(prompts, seed, sampling)
 
 
 def test_resume_after_a_kill_skips_written_rows_and_never_duplicates(tmp_path, model, chat_tok):
-    rows = CHATS * 3  # 12 rows, 9 with an assistant turn
+    rows = CHATS * 3  # 12 rows, 15 turns to answer
     data = _write(tmp_path / "chats.jsonl", rows)
     clean = _settings(tmp_path, data, out=str(tmp_path / "clean.jsonl"), batch_size=2)
     distill(clean, HFEngine(model, chat_tok, clean), chat_tok, progress=False)
 
     s = _settings(tmp_path, data, batch_size=2)
-    with pytest.raises(_Killed):  # batch 1 (rows 0,1: two turns = 2 calls) written, batch 2 dies
+    with pytest.raises(_Killed):  # batch 1 (rows 0,1: turn 0 of both, turn 1 of row 0 = 2 calls) written, batch 2 dies
         distill(s, _DyingEngine(HFEngine(model, chat_tok, s), 2), chat_tok, progress=False)
-    assert [r[ROW_KEY] for r in _rows(s.out)] == [0]
+    assert [r[ROW_KEY] for r in _rows(s.out)] == [0, 1]
     with open(s.out, "a") as f:
         f.write('{"conversations": [{"from": "hu')  # a line torn by the kill
     with pytest.raises(DistillError, match="--resume"):
         distill(s, HFEngine(model, chat_tok, s), chat_tok, progress=False)
     engine = HFEngine(model, chat_tok, s)
     calls = []
-    engine.generate = (lambda g: lambda p, seed: calls.append(len(p)) or g(p, seed))(engine.generate)
+    engine.generate = (lambda g: lambda p, seed, sampling: calls.append(len(p)) or g(p, seed, sampling))(engine.generate)
     stats = distill(s, engine, chat_tok, resume=True, progress=False)
-    assert stats.rows_resumed == 1
+    assert stats.rows_resumed == 2
     out = Path(s.out).read_text()
     assert out == Path(clean.out).read_text()  # same rows, once each, in order
     ids = [r[ROW_KEY] for r in _rows(s.out)]
-    assert len(ids) == len(set(ids)) == 9
-    assert sum(calls) == 12 - 2  # 12 turns in all; row 0's two were not generated again
+    assert len(ids) == len(set(ids)) == 12
+    assert sum(calls) == 15 - 3  # 15 turns in all; rows 0 and 1's three were not generated again
     again = distill(s, HFEngine(model, chat_tok, s), chat_tok, resume=True, progress=False)
     assert again.rows_written == 0 and Path(s.out).read_text() == out
 
@@ -196,8 +199,8 @@ def test_bad_rows_and_settings_are_named(tmp_path, model, chat_tok):
     bad.write_text('{"text": "ok"}\n{"text": \n')
     with pytest.raises(DistillError, match=r"bad.jsonl:2: not valid JSON"):
         distill(_settings(tmp_path, bad), None, chat_tok, progress=False)
-    cols = _write(tmp_path / "cols.jsonl", [{"prompt": "x"}])
-    with pytest.raises(DistillError, match=r"cannot tell the data format"):
+    cols = _write(tmp_path / "cols.jsonl", [{"question": "x"}])
+    with pytest.raises(DistillError, match=r"cannot tell the data format.*'prompt'.*'turns'"):
         distill(_settings(tmp_path, cols), None, chat_tok, progress=False)
     with pytest.raises(DistillError, match="--reasoning"):
         _settings(tmp_path, cols, reasoning="hide")

@@ -4,7 +4,7 @@ What vLLM computes for these config keys (llama_eagle3.py; the docstring of head
 RMSNorm per captured layer before ``fc``, and the final norm's OUTPUT handed to the next draft step.
 Checked here, with each option on alone and both together:
 - the decoder's draft logits at depth 1 and 2 (per-sequence and batched proposers, top-k trees
-  and drawn chains) equal the training graph's unrolled steps (`train.eagle_loss`) on the same inputs;
+  and drawn chains) equal the training graph's unrolled steps (`train.eagle_loss.EagleLoss`) on the same inputs;
 - the same logits equal a hand computation from the exported vLLM folder (tests/engine_reference.py,
   written from vLLM's layout, not from draftheads), and that comparison FAILS when the decoder
   skips either norm;
@@ -23,7 +23,8 @@ import draftheads as dh
 from draftheads.config import ConfigError, HeadsSpec, config_from_dict
 from draftheads.export import ExportError, export_heads, import_heads, read_heads
 from draftheads.inference.sampling import SamplingParams
-from draftheads.train.eagle_loss import _UnrolledBatch, _unroll_step, eagle_loss
+from draftheads.train.eagle_loss import EagleLoss, _UnrolledBatch, _unroll_step
+from draftheads.train.head_loss import LossBatch
 from engine_reference import eagle3_forward, eagle3_fuse, read_folder
 from inference_utils import greedy_reference, tiny_target
 from test_export import eagle3_two_steps, full_vocab, hidden_states, randomize, target4
@@ -87,7 +88,7 @@ def decoder_logits(heads, prompts, feats, roots, *, batched: bool, params=Sampli
 
 
 def training_logits(heads, prompt, feat, root, drafted):
-    """The training graph's (`eagle_loss`'s unrolled steps) logits of row m-1 at steps 0 and 1 on
+    """The training graph's (`EagleLoss`'s unrolled steps) logits of row m-1 at steps 0 and 1 on
     the sequence prompt + root + drafted: the same inputs the decoder's depth 1 and 2 read. Under
     autograd, as in training (the draft layer takes another code path without it)."""
     m = prompt.numel()
@@ -380,7 +381,7 @@ def test_training_reaches_the_new_norms(options):
     with torch.no_grad():
         hs = target(ids, output_hidden_states=True).hidden_states
     feats = torch.cat([hs[i] for i in heads.feature_layers], -1)
-    out = eagle_loss(heads, feats, hs[-1], ids)
+    out = EagleLoss()(heads, LossBatch(ids, hidden=hs[-1], features=feats))
     out.loss.backward()
     assert torch.isfinite(out.loss) and int(out.count.sum()) > 0
     if heads.fc_norm is not None:

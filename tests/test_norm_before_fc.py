@@ -30,7 +30,8 @@ import draftheads as dh
 from draftheads.config import ConfigError, HeadsSpec, config_from_dict
 from draftheads.export import ExportError, export_heads, import_heads, read_heads
 from draftheads.inference.sampling import SamplingParams
-from draftheads.train.eagle_loss import eagle_loss
+from draftheads.train.eagle_loss import EagleLoss
+from draftheads.train.head_loss import LossBatch
 from engine_reference import eagle3_forward, eagle3_fuse, read_folder
 from inference_utils import greedy_reference, tiny_target
 from test_eagle31 import (
@@ -269,7 +270,7 @@ def test_training_reaches_the_new_norm(options):
     with torch.no_grad():
         hs = target(ids, output_hidden_states=True).hidden_states
     feats = torch.cat([hs[i] for i in heads.feature_layers], -1)
-    out = eagle_loss(heads, feats, hs[-1], ids)
+    out = EagleLoss()(heads, LossBatch(ids, hidden=hs[-1], features=feats))
     out.loss.backward()
     assert torch.isfinite(out.loss) and int(out.count.sum()) > 0
     assert heads.input_norm.weight.grad is not None and bool(heads.input_norm.weight.grad.abs().sum() > 0)

@@ -412,12 +412,14 @@ def test_calibrate_chooses_a_peagle_tree(trained, tmp_path):
 
 
 def _peagle_counts(target, heads, seq, loss_mask, greedy_path: bool):
-    from draftheads.train.peagle_loss import peagle_loss
+    from draftheads.train.head_loss import LossBatch
+    from draftheads.train.peagle_loss import PEagleLoss
 
     heads.config.extra["greedy_path"] = greedy_path
     with torch.no_grad():
         hidden, features, _ = TargetWithHeads(target, heads).target_outputs(seq)
-        out = peagle_loss(heads, features, hidden, seq, loss_mask, generator=torch.Generator().manual_seed(0))
+        out = PEagleLoss()(heads, LossBatch(seq, loss_mask=loss_mask, hidden=hidden, features=features,
+                                                generator=torch.Generator().manual_seed(0)))
     return out.count
 
 

@@ -6,7 +6,6 @@ timings are scripted (a fake clock that knows which mode ran), so every verdict 
 deterministic and follows from the rule, not from this machine's speed. Tiny random models only."""
 from __future__ import annotations
 
-import functools
 import json
 import math
 

@@ -13,7 +13,8 @@ from safetensors.torch import load_file
 import draftheads as dh
 from draftheads.tune.calibrate import expected_tokens_per_step
 from draftheads.inference.tree import default_choices
-from draftheads.train.losses import IGNORE, medusa_loss, medusa_targets, token_context
+from draftheads.train.head_loss import LossBatch, LossSettings
+from draftheads.train.losses import IGNORE, MedusaLoss, medusa_targets, token_context
 from draftheads.train.metrics import EVAL_RANKS, HeadStats, ranks_for, static_tree
 from draftheads.train.model import TargetWithHeads
 from inference_utils import self_distilled_heads, tiny_target
@@ -44,7 +45,8 @@ def test_rank_hits_equal_a_naive_recount(tiny_llama, cls, chunk_size):
     ids, attn, loss_mask = _batch()
     hidden = TargetWithHeads(tiny_llama, heads).target_hidden(ids, attn)
     with torch.no_grad():
-        out = medusa_loss(heads, hidden, ids, loss_mask, attn, chunk_size=chunk_size, ranks=EVAL_RANKS)
+        out = MedusaLoss(LossSettings(chunk_size=chunk_size))(
+            heads, LossBatch(ids, attention_mask=attn, loss_mask=loss_mask, hidden=hidden, ranks=EVAL_RANKS))
         logits = heads(hidden, token_context(ids, 3)) if cls is dh.HydraHeads else heads(hidden)
     targets = medusa_targets(ids, 3, loss_mask, attn)
     naive = torch.zeros(3, EVAL_RANKS, dtype=torch.long)

@@ -53,9 +53,9 @@ def test_a_function_said_to_be_in_a_file_is_defined_there():
 
 DOCS = [ROOT / "README.md", ROOT / "benchmarks" / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 #: Names the docs cite that land with other work in flight (issue 39: the real small target's configs,
-#: the set-up commands; the results page). `test_pending_names_are_still_pending` removes each from
+#: the set-up commands). `test_pending_names_are_still_pending` removes each from
 #: this list as soon as it exists.
-PENDING = {"Makefile", "configs/smollm2.yaml", "configs/smollm2-eagle3.yaml", "docs/results.md", "benchmarks/results.py"}
+PENDING = {"configs/smollm2.yaml", "configs/smollm2-eagle3.yaml"}
 #: Files a run or another project writes, not files of this repository.
 RUNTIME_FILES = {"README.md", "report.md", "results.md", "summary.md", "cnets.py", "configs.py", "main.py"}
 #: Folders a user's runs write (`--out results/x`, `runs/x/heads`), named in example commands.

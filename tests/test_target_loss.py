@@ -12,7 +12,8 @@ import torch.nn.functional as F
 import draftheads as dh
 from draftheads.config import ConfigError, HeadsSpec, config_from_dict
 from draftheads.schema import TARGET_LOSSES
-from draftheads.train.eagle_loss import eagle_loss
+from draftheads.train.eagle_loss import EagleLoss
+from draftheads.train.head_loss import LossBatch, LossSettings
 from draftheads.train.target_loss import loss_of, row_losses
 from conftest import make_tiny_model
 from test_train import HEAD_TYPE_OVERRIDES, _cfg
@@ -176,7 +177,7 @@ def test_eagle3_ce_is_cross_entropy_on_the_target_argmax_at_trained_rows():
     seen = []
     logits_fn = heads.logits
     heads.logits = lambda state: seen.append(logits_fn(state)) or seen[-1]
-    out = eagle_loss(heads, feats, last, ids, chunk_size=4096)
+    out = EagleLoss(LossSettings(chunk_size=4096))(heads, LossBatch(ids, hidden=last, features=feats))
     draft = torch.cat(seen).float()  # rows (b, t) for t = 0 .. S-3, in order
     top = target_logits[:, 1:-1].argmax(-1).reshape(-1)
     inside = heads.target_to_draft[top] >= 0
@@ -198,7 +199,7 @@ def test_eagle3_losses_differ_and_kl_has_soft_ce_gradients():
     results = {}
     for loss in TARGET_LOSSES:
         _, heads, ids, feats, last, _ = _eagle3(loss, steps=3)
-        results[loss] = _loss_and_grads(heads, lambda: eagle_loss(heads, feats, last, ids))
+        results[loss] = _loss_and_grads(heads, lambda: EagleLoss()(heads, LossBatch(ids, hidden=last, features=feats)))
     soft, kl = results["soft_ce"], results["kl"]
     assert all(torch.equal(soft[1][n], kl[1][n]) for n in soft[1])
     assert bool((kl[0].ce_sum < soft[0].ce_sum).all()), "KL = soft CE - the target's entropy (> 0)"
@@ -219,7 +220,7 @@ def test_eagle_classification_term_follows_the_loss():
         torch.manual_seed(0)
         heads = dh.EagleHead.for_target(target, num_heads=1, loss=loss).eval()  # eval: no feature noise
         heads.bind_target(target)
-        outs[loss] = eagle_loss(heads, last, last, ids)
+        outs[loss] = EagleLoss()(heads, LossBatch(ids, hidden=last, features=last))
     reg = outs["soft_ce"].loss - 0.1 * outs["soft_ce"].ce_sum[0] / outs["soft_ce"].count[0]
     for loss in ("kl", "ce"):
         torch.testing.assert_close(outs[loss].loss, reg + 0.1 * outs[loss].ce_sum[0] / outs[loss].count[0])
@@ -261,7 +262,7 @@ def test_the_configured_loss_reaches_the_trained_heads(tmp_path, tiny_target_dir
 def test_eagle3_steps_weigh_decay_to_the_k(loss, decay):
     """The loss is sum_k decay^k x (step k's summed loss / its trained rows), from the per-step sums."""
     _, heads, ids, feats, last, _ = _eagle3(loss, steps=3)
-    out = eagle_loss(heads, feats, last, ids, decay=decay)
+    out = EagleLoss(LossSettings(decay=decay))(heads, LossBatch(ids, hidden=last, features=feats))
     expected = sum(decay**k * out.ce_sum[k] / out.count[k] for k in range(3))
     torch.testing.assert_close(out.loss.detach(), expected)
 

@@ -14,7 +14,8 @@ from train_utils import naive_medusa_loss
 
 from draftheads import MedusaHeads, load_heads
 from draftheads.config import config_from_dict
-from draftheads.train.losses import IGNORE, medusa_loss, medusa_targets
+from draftheads.train.head_loss import LossBatch, LossSettings
+from draftheads.train.losses import IGNORE, MedusaLoss, medusa_targets
 from draftheads.train.metrics import chain_acceptance_length
 from draftheads.train.model import TargetWithHeads
 
@@ -78,7 +79,8 @@ def test_chunked_loss_and_grads_equal_naive(tiny_model, lm_head, chunk_size):
     model = TargetWithHeads(tiny_model, heads)
     hidden = model.target_hidden(ids, attn)
 
-    out = medusa_loss(heads, hidden, ids, loss_mask, attn, decay=0.8, chunk_size=chunk_size, topk=5)
+    out = MedusaLoss(LossSettings(decay=0.8, chunk_size=chunk_size, topk=5))(
+        heads, LossBatch(ids, attention_mask=attn, loss_mask=loss_mask, hidden=hidden))
     out.loss.backward()
     chunked = {n: p.grad.clone() for n, p in heads.named_parameters()}
     heads.zero_grad()
@@ -109,7 +111,7 @@ def test_loss_with_a_head_that_has_no_targets_still_touches_every_parameter(tiny
     heads = _perturbed_heads(tiny_llama)
     ids = torch.randint(4, 256, (2, 4))
     hidden = TargetWithHeads(tiny_llama, heads).target_hidden(ids)
-    out = medusa_loss(heads, hidden, ids)
+    out = MedusaLoss()(heads, LossBatch(ids, hidden=hidden))
     assert out.count.tolist() == [4, 2, 0]
     out.loss.backward()
     assert all(p.grad is not None for p in heads.parameters())

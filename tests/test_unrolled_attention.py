@@ -10,7 +10,8 @@ import torch.nn.functional as F
 import draftheads as dh
 from draftheads.heads import unrolled_attention
 from draftheads.heads.unrolled_attention import UnrolledStepMask
-from draftheads.train.eagle_loss import _UnrolledBatch, eagle_loss
+from draftheads.train.eagle_loss import EagleLoss, _UnrolledBatch
+from draftheads.train.head_loss import LossBatch
 from conftest import make_tiny_model
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -62,7 +63,8 @@ def test_eagle3_trains_the_same_through_the_tiles(monkeypatch):
         else:
             monkeypatch.setattr(_UnrolledBatch, "mask", lambda self, k: UnrolledStepMask(self.causal, k, self.starts).dense())
         feats = torch.cat([out.hidden_states[i] for i in heads.feature_layers], -1)
-        loss = eagle_loss(heads, feats, out.hidden_states[-1], ids, None, attention, position_ids=positions).loss
+        loss = EagleLoss()(heads, LossBatch(ids, attention_mask=attention, position_ids=positions,
+                                                 hidden=out.hidden_states[-1], features=feats)).loss
         loss.backward()
         monkeypatch.undo()
         return loss.detach(), {n: p.grad for n, p in heads.named_parameters() if p.grad is not None}

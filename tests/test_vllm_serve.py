@@ -11,7 +11,6 @@ Same rule as tests/test_vllm_engine.py: skipped without the vLLM venv, failed un
 """
 from __future__ import annotations
 
-import pytest
 import torch
 
 import draftheads as dh

@@ -43,9 +43,7 @@ step. Arms: see ``REFERENCE_ARMS`` and measure.py's ``ARMS`` (trained with draft
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
-import math
 import os
 import subprocess
 import sys

@@ -9,6 +9,7 @@ from __future__ import annotations
 from pydantic.dataclasses import dataclass
 
 from ..schema import CHECKED, Bool, Float, Int, Str
+from .eval_overlap import OVERLAP_POLICIES
 
 FORMATS = ("auto", "sharegpt", "messages", "text")
 PACK_OVERFLOW = ("split", "drop")  # see data/packing.py
@@ -47,6 +48,9 @@ class DataConfig:
         packs more rows per window.
     pack_overflow: what packing does with a row longer than the window: ``split`` it into
         pieces or ``drop`` it (either is counted in the log).
+    eval_overlap: training rows that hold an evaluation question (MT-Bench, Spec-Bench: a user
+        turn equal to one, or containing a long one, by normalised text; see data/eval_overlap.py):
+        ``refuse`` (an error naming them), ``drop`` (leave them out, counted) or ``warn`` (keep them).
     """
 
     path: Str
@@ -66,6 +70,7 @@ class DataConfig:
     packing: Bool = False
     pack_length: Int | None = None
     pack_overflow: Str = "split"
+    eval_overlap: Str = "refuse"
 
     def __post_init__(self) -> None:
         if not isinstance(self.path, str) or not self.path:
@@ -83,6 +88,8 @@ class DataConfig:
             raise ValueError(f"data.pack_length must be at least 2 (or None: max_length), got {self.pack_length}")
         if self.pack_overflow not in PACK_OVERFLOW:
             raise ValueError(f"data.pack_overflow={self.pack_overflow!r} is not one of {', '.join(PACK_OVERFLOW)}")
+        if self.eval_overlap not in OVERLAP_POLICIES:
+            raise ValueError(f"data.eval_overlap={self.eval_overlap!r} is not one of {', '.join(OVERLAP_POLICIES)}")
         if self.num_proc is not None and self.num_proc < 1:
             raise ValueError(f"data.num_proc must be >= 1 or None, got {self.num_proc}")
 

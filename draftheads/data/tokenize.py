@@ -14,6 +14,12 @@ target. The loss for predicting token ``t`` uses the logits at position ``t - 1`
 * Rows that end up with no target (empty text, an empty conversation, a conversation whose
   assistant turns lie past ``max_length`` or that has none) are dropped and counted in
   ``DataStats``: a dataset that loses most of its rows should say so, not shrink silently.
+* Rows ``distill`` wrote carry the target's exact ids (``_token_ids``, see ``exact_ids``): they are
+  used instead of tokenizing the text, which would give other tokens where the target wrote a
+  byte that is not valid UTF-8 or a non-canonical split. A row whose ids no longer decode to its
+  text (edited since) or whose template gives them no exact place falls back to its text, counted.
+* Training rows that hold an evaluation question (``eval_overlap``) are refused, dropped or
+  warned about (``data.eval_overlap``), so heads are never measured on their training prompts.
 """
 
 from __future__ import annotations
@@ -36,13 +42,18 @@ from .chat_mask import (
 from .config import DataConfig
 from .formats import CHAT_FORMATS, Message, detect_format, normalize_chat
 from .demo_distilled import resolve_data_path
+from .eval_overlap import describe, first_match, texts_to_check
+from .exact_ids import TOKEN_IDS, IdsDoNotMatch, NotSpliceable, spliced_chat, text_ids
 from .load import RowPlaces, load_raw_dataset, row_places
 
 logger = logging.getLogger(__name__)
 
 ROW_COLUMN = "_row"  # index of the row in its source, so errors name the row a user can find
-_STATUS, _TRAINABLE = "_status", "_trainable"
+_STATUS, _TRAINABLE, _IDS = "_status", "_trainable", "_ids"
 OK, EMPTY, NO_TRAINABLE = "ok", "empty", "no_trainable"
+# how a row's ids were made: from its text, from the target's stored ids, or from its text because
+# the stored ids could not be used
+TEXT, EXACT, IDS_UNUSED = 0, 1, 2
 
 FEATURES = datasets.Features(
     {
@@ -51,6 +62,7 @@ FEATURES = datasets.Features(
         ROW_COLUMN: datasets.Value("int64"),
         _STATUS: datasets.Value("string"),
         _TRAINABLE: datasets.Value("int64"),
+        _IDS: datasets.Value("int8"),
     }
 )
 
@@ -67,6 +79,9 @@ class DataStats:
     rows_kept: int = 0
     dropped_empty: int = 0
     dropped_no_trainable: int = 0
+    dropped_eval_overlap: int = 0  # rows holding an evaluation question (data.eval_overlap: drop)
+    rows_exact_ids: int = 0  # rows trained on the target's stored ids (distill's _token_ids)
+    rows_ids_unused: int = 0  # rows whose stored ids could not be used (edited text, template): text tokenized
     examples: int = 0
     trainable_tokens: int = 0
     eval: DataStats | None = field(default=None)
@@ -80,6 +95,11 @@ class DataStats:
             f"{self.dropped_empty} empty, {self.dropped_no_trainable} without trainable tokens; "
             f"{self.examples} examples, {self.trainable_tokens} trainable tokens"
         )
+        if self.dropped_eval_overlap:
+            line += f"; {self.dropped_eval_overlap} rows holding evaluation questions dropped"
+        if self.rows_exact_ids or self.rows_ids_unused:
+            line += f"; {self.rows_exact_ids} rows on the target's exact ids"
+            line += f" ({self.rows_ids_unused} with ids unused: text tokenized)" if self.rows_ids_unused else ""
         return line if self.eval is None else f"train {line}\neval {self.eval.summary()}"
 
 
@@ -110,6 +130,11 @@ def tokenize_text(tokenizer: Any, text: str, max_length: int, *, chunk: bool = T
         ids.insert(0, tokenizer.bos_token_id)
     if tokenizer.eos_token_id is not None:
         ids.append(tokenizer.eos_token_id)
+    return text_windows(ids, max_length, chunk=chunk)
+
+
+def text_windows(ids: list[int], max_length: int, *, chunk: bool = True) -> list[Example]:
+    """A plain-text row's ids as windows of at most ``max_length`` that overlap by one token."""
     if len(ids) <= max_length or not chunk:
         windows = [ids[:max_length]]
     else:
@@ -132,22 +157,43 @@ class RowTokenizer:
         self.chunk = cfg.chunk_text
         self.specials = special_strings(tokenizer)
 
-    def examples(self, value: Any, row: int) -> tuple[str, list[Example]]:
-        """The status of one row and its examples (none unless the status is OK)."""
+    def examples(self, value: Any, row: int, stored: Any = None) -> tuple[str, list[Example], int]:
+        """The status of one row, its examples (none unless the status is OK) and how its ids were
+        made (TEXT, EXACT: the target's ``stored`` ids, IDS_UNUSED: stored ids that could not be used)."""
+        how = TEXT
         if self.fmt in CHAT_FORMATS:
             messages = normalize_chat(value, self.fmt, self.places.at(row))
             if not messages:
-                return EMPTY, []
-            out = [tokenize_chat(self.tokenizer, messages, self.max_length, specials=self.specials,
-                                 row=self.places.at(row))]
+                return EMPTY, [], how
+            out: list[Example] | None = None
+            if stored is not None:
+                try:
+                    ids, mask = spliced_chat(self.tokenizer, messages, stored, specials=self.specials, row=row)
+                except (NotSpliceable, IdsDoNotMatch):
+                    how = IDS_UNUSED
+                else:
+                    ids, mask = ids[: self.max_length], mask[: self.max_length]
+                    if mask:
+                        mask[0] = 0
+                    out, how = [(ids, mask)], EXACT
+            if out is None:
+                out = [tokenize_chat(self.tokenizer, messages, self.max_length, specials=self.specials,
+                                     row=self.places.at(row))]
         else:
             if value is None or (isinstance(value, str) and not value.strip()):
-                return EMPTY, []
+                return EMPTY, [], how
             if not isinstance(value, str):
                 raise ValueError(f"{self.places(row)}: {self.column!r} must be a string, got {type(value).__name__}")
-            out = tokenize_text(self.tokenizer, value, self.max_length, chunk=self.chunk)
+            out = None
+            if stored is not None:
+                try:
+                    out, how = text_windows(text_ids(self.tokenizer, value, stored, row), self.max_length, chunk=self.chunk), EXACT
+                except IdsDoNotMatch:
+                    how = IDS_UNUSED
+            if out is None:
+                out = tokenize_text(self.tokenizer, value, self.max_length, chunk=self.chunk)
         out = [ex for ex in out if any(ex[1])]
-        return (OK, out) if out else (NO_TRAINABLE, [])
+        return (OK, out, how) if out else (NO_TRAINABLE, [], how)
 
     def missing_field(self, batch: dict[str, list[Any]], i: int, metadata: set[str]) -> str | None:
         """Why row ``i`` of ``batch`` is an error rather than an empty row: it has no value in the
@@ -171,11 +217,12 @@ class RowTokenizer:
         cols: dict[str, list[Any]] = {name: [] for name in FEATURES}
         present = [j for j, v in enumerate(batch[self.column]) if v is not None]
         metadata = {c for c in batch if any(batch[c][j] is not None for j in present)}
+        stored = batch.get(TOKEN_IDS) or [None] * len(batch[ROW_COLUMN])
         for i, (value, row) in enumerate(zip(batch[self.column], batch[ROW_COLUMN])):
             problem = self.missing_field(batch, i, metadata)
             if problem:
                 raise ValueError(problem)
-            status, examples = self.examples(value, row)
+            status, examples, how = self.examples(value, row, stored[i])
             # A dropped row still leaves one marker row, so the counts survive num_proc workers.
             for ids, mask in examples or [([], [])]:
                 cols["input_ids"].append(ids)
@@ -183,6 +230,7 @@ class RowTokenizer:
                 cols[ROW_COLUMN].append(row)
                 cols[_STATUS].append(status)
                 cols[_TRAINABLE].append(sum(mask))
+                cols[_IDS].append(how)
         return cols
 
 
@@ -218,11 +266,20 @@ def tokenize_dataset(
         trainable_tokens=int(sum(mapped[_TRAINABLE])),
     )
     stats.rows_kept = stats.rows_read - stats.dropped_empty - stats.dropped_no_trainable
+    how = {row: made for row, made in zip(mapped[ROW_COLUMN], mapped[_IDS])}
+    stats.rows_exact_ids = sum(1 for made in how.values() if made == EXACT)
+    stats.rows_ids_unused = sum(1 for made in how.values() if made == IDS_UNUSED)
+    if stats.rows_ids_unused:
+        logger.warning(
+            "%s: %d rows carry the target's token ids (%s) that could not be used: their text no longer decodes "
+            "from them (edited after distill?) or the chat template does not write assistant turns verbatim after "
+            "its generation prompt; their text was tokenized instead", source, stats.rows_ids_unused, TOKEN_IDS,
+        )
     if stats.dropped_empty or stats.dropped_no_trainable:
         kept = mapped.filter(lambda s: [x == OK for x in s], input_columns=_STATUS, batched=True, num_proc=cfg.num_proc)
     else:
         kept = mapped
-    return kept.remove_columns([_STATUS, _TRAINABLE, ROW_COLUMN]), stats
+    return kept.remove_columns([_STATUS, _TRAINABLE, _IDS, ROW_COLUMN]), stats
 
 
 def build_datasets(
@@ -240,6 +297,7 @@ def build_datasets(
     fmt = detect_format(raw_train.column_names, cfg.format, cfg.text_field)
     if fmt in CHAT_FORMATS:
         check_chat_template(tokenizer, cfg.path)
+    raw_train, overlap_dropped = drop_eval_overlap(raw_train, cfg, fmt)
 
     raw_eval: datasets.Dataset | None = None
     eval_source = cfg.path
@@ -255,6 +313,7 @@ def build_datasets(
     train_places = row_places(cfg.path)
     train, stats = tokenize_dataset(raw_train, tokenizer, cfg, fmt, source=cfg.path, desc="tokenize train",
                                     places=train_places)
+    stats.dropped_eval_overlap = overlap_dropped
     _require_kept(stats, "train")
     eval_ds: datasets.Dataset | None = None
     if raw_eval is not None:
@@ -272,6 +331,33 @@ def build_datasets(
             eval_ds = None
     logger.info("data: %s", stats.summary())
     return train, eval_ds, stats
+
+
+def drop_eval_overlap(raw: datasets.Dataset, cfg: DataConfig, fmt: str) -> tuple[datasets.Dataset, int]:
+    """The training rows without those that hold an evaluation question, and how many went
+    (``data.eval_overlap``: refuse raises, warn keeps them; see ``eval_overlap``)."""
+    column = {"sharegpt": "conversations", "messages": "messages", "text": cfg.text_field}[fmt]
+    found = []
+    for batch in raw.select_columns([column, ROW_COLUMN]).iter(batch_size=1024):
+        for value, row in zip(batch[column], batch[ROW_COLUMN]):
+            match = first_match(texts_to_check(value, fmt, row))
+            if match is not None:
+                found.append((row, match))
+    if not found:
+        return raw, 0
+    what = f"the train data {cfg.path!r}: {describe(found, len(raw))}"
+    if cfg.eval_overlap == "refuse":
+        raise ValueError(
+            f"{what}; heads trained on them would be measured on their training data. Remove those rows, or set "
+            "data.eval_overlap=drop (leave them out) or data.eval_overlap=warn (keep them)"
+        )
+    if cfg.eval_overlap == "warn":
+        logger.warning("%s; kept (data.eval_overlap=warn): do not benchmark on them", what)
+        return raw, 0
+    bad = {row for row, _ in found}
+    logger.warning("%s; left out (data.eval_overlap=drop)", what)
+    kept = raw.filter(lambda rows: [r not in bad for r in rows], input_columns=ROW_COLUMN, batched=True)
+    return kept, len(found)
 
 
 def _prepare(raw: datasets.Dataset, cfg: DataConfig) -> datasets.Dataset:

@@ -1,5 +1,5 @@
 """What every head type shares: its config, the frozen target modules it reads, its token counts,
-its saved tree, saving, and the name of the proposer that drafts with it.
+its saved tree, saving, and the drafter their method declares.
 
 A head type (medusa.py, hydra.py, eagle.py) subclasses `DraftHeads` and holds only what makes it
 different: its modules, its forward pieces and what `for_target` puts in its config.
@@ -8,22 +8,13 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Callable
 
 import torch
 from torch import nn
 
+from ..registry import method_of
 from .config import HeadsConfig, TargetInfo
 from .folder import save_heads
-
-#: Proposer factories by head_type, filled by draftheads.inference.proposers (heads never import
-#: the inference layer: it registers how it drafts each head type).
-_PROPOSERS: dict[str, Callable[..., Any]] = {}
-
-
-def register_proposer(head_type: str, factory: Callable[..., Any]) -> None:
-    """Make ``heads.proposer(...)`` of ``head_type`` (and its subclasses) call ``factory(heads, ...)``."""
-    _PROPOSERS[head_type] = factory
 
 
 class DraftHeads(nn.Module):
@@ -114,14 +105,8 @@ class DraftHeads(nn.Module):
         return module
 
     def proposer(self, tree: list[list[int]] | dict | None = None, **options):
-        """The drafting strategy for these heads (registered by draftheads.inference.proposers)."""
-        for cls in type(self).__mro__:
-            factory = _PROPOSERS.get(getattr(cls, "head_type", None) or "")
-            if factory is not None:
-                return factory(self, tree=tree, **options)
-        raise RuntimeError(
-            f"no proposer is registered for {self.head_type} heads: import draftheads.inference (it registers them)"
-        )
+        """The drafting strategy for these heads: the drafter their method declares (draftheads/methods/)."""
+        return method_of(self).drafter(self, tree=tree, **options)
 
     # -- vocabulary -----------------------------------------------------------------------------
     def draft_vocab(self, size: int | None) -> torch.Tensor | None:

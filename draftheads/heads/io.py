@@ -17,21 +17,17 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 from ..atomic import restore_interrupted_swap, write_folder_atomically, write_json_atomically  # noqa: F401 (re-exported)
-from .config import FORMAT_VERSION, HeadsConfig
-from .dflash import DFlashHeads
-from .eagle import Eagle3Head, EagleHead
 from ..plans import TREE_NAME, TreePlans, read_plans
+from ..registry import UnknownMethodError, head_classes, method_named
+from .config import FORMAT_VERSION, HeadsConfig
 from .folder import CONFIG_NAME, WEIGHTS_NAME, non_finite_tensors, plans_view, save_heads  # noqa: F401 (re-exported)
 from .hub import resolve_heads_folder
-from .hydra import HydraHeads
-from .medusa import MedusaHeads
-from .peagle import PEagleHead
 from .tree_check import plans_problem
 
 
 def head_types() -> dict[str, type]:
-    """Registered head classes by ``head_type`` name."""
-    return {cls.head_type: cls for cls in (MedusaHeads, HydraHeads, EagleHead, Eagle3Head, PEagleHead, DFlashHeads)}
+    """The heads class of every registered method, by ``head_type`` name (draftheads/methods/)."""
+    return head_classes()
 
 
 def _not_heads_folder(path: Path, data: Any) -> str | None:
@@ -118,15 +114,20 @@ def read_config(path: str | os.PathLike) -> HeadsConfig:
     types = head_types()
     if "head_type" not in data:
         raise ValueError(f"{cfg_file}: missing key head_type (one of {', '.join(sorted(types))})")
-    if data.get("head_type") not in types:
+    try:
+        method = method_named(data["head_type"]) if isinstance(data["head_type"], str) else None
+    except UnknownMethodError:
+        method = None
+    if method is None:
         raise ValueError(
             f"{cfg_file}: unknown head_type {data.get('head_type')!r}; valid: {', '.join(sorted(types))}"
         )
+    data = {**data, "head_type": method.name}  # a name older folders carry reads as the method's own
     try:
         config = HeadsConfig.from_dict(data)
     except (ValueError, TypeError) as e:
         raise ValueError(f"{cfg_file}: {e}") from None
-    missing = [k for k in getattr(types[config.head_type], "required_extra", ()) if k not in config.extra]
+    missing = [k for k in method.heads.required_extra if k not in config.extra]
     if missing:
         raise ValueError(
             f"{cfg_file}: {config.head_type} heads need key(s) {', '.join('extra.' + k for k in missing)} "
@@ -191,7 +192,7 @@ def load_heads(
     except (SafetensorError, OSError, ValueError) as e:
         raise ValueError(f"{weights} is not a readable safetensors file (truncated or corrupt?): {e}") from None
     try:
-        heads = head_types()[config.head_type](config)
+        heads = method_named(config.head_type).heads(config)
     except (ValueError, TypeError, KeyError) as e:
         raise ValueError(f"{path / CONFIG_NAME}: {config.head_type} heads cannot be built from it ({e})") from None
     expected = heads.state_dict()

@@ -5,19 +5,23 @@ from ..lazy import lazy_exports
 
 if TYPE_CHECKING:
     from .loop import TrainResult, run
-    from .losses import HeadLossOutput, medusa_loss, medusa_targets
+    from .head_loss import HeadLoss, HeadLossOutput, LossBatch, LossSettings
+    from .losses import MedusaLoss, medusa_targets
     from .metrics import HeadStats, chain_acceptance_length
     from .model import TargetWithHeads
     from .trainer import Trainer
 
 __all__ = [
+    "HeadLoss",
     "HeadLossOutput",
     "HeadStats",
     "TargetWithHeads",
     "TrainResult",
     "Trainer",
     "chain_acceptance_length",
-    "medusa_loss",
+    "LossBatch",
+    "LossSettings",
+    "MedusaLoss",
     "medusa_targets",
     "run",
 ]
@@ -25,7 +29,8 @@ __all__ = [
 
 # torch, accelerate and transformers load on first use: `draftheads train --help` needs none
 __getattr__, __dir__ = lazy_exports(__name__, {
-    "HeadLossOutput": ".losses", "medusa_loss": ".losses", "medusa_targets": ".losses",
+    "HeadLoss": ".head_loss", "HeadLossOutput": ".head_loss", "LossBatch": ".head_loss", "LossSettings": ".head_loss",
+    "MedusaLoss": ".losses", "medusa_targets": ".losses",
     "HeadStats": ".metrics", "chain_acceptance_length": ".metrics",
     "TargetWithHeads": ".model", "run": ".loop", "TrainResult": ".loop", "Trainer": ".trainer",
 })

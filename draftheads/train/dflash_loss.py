@@ -38,7 +38,7 @@ from functools import partial
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from .losses import HeadLossOutput
+from .head_loss import HeadLoss, HeadLossOutput, LossBatch
 from .target_loss import TargetRows, loss_of, row_losses
 from .packing import document_ids, positions_or_arange, within_document
 
@@ -113,73 +113,82 @@ def _chunk_terms(heads, labels: TargetRows, topk: int, ranks: int, kind: str, st
     return rows, hit
 
 
-def dflash_loss(
-    heads: torch.nn.Module,
-    features: torch.Tensor,
-    last_hidden: torch.Tensor,
-    input_ids: torch.Tensor,
-    loss_mask: torch.Tensor | None = None,
-    attention_mask: torch.Tensor | None = None,
-    *,
-    chunk_size: int = 1024,
-    topk: int = 5,
-    ranks: int = 0,
-    generator: torch.Generator | None = None,
-    position_ids: torch.Tensor | None = None,
-    checkpoint_chunks: bool = True,
-) -> HeadLossOutput:
-    """``features`` [B, S, m*H] the fused layers' hidden states, ``last_hidden`` [B, S, H] the target's
-    final hidden states (its distribution), ``input_ids`` [B, S]. ``ranks`` > 0 (evaluation): also
-    count hits per rank r < ``ranks`` for the simulated acceptance of a tree. ``position_ids``: a
-    packed window's per-document positions (each block inside, and attending to, one document)."""
-    block = heads.block_size
-    slots = block - 1
-    bsz, seq = input_ids.shape
-    device = input_ids.device
-    ex = heads.config.extra
-    kind = loss_of(ex)
-    lm = torch.ones_like(input_ids, dtype=torch.bool) if loss_mask is None else loss_mask.bool()
-    am = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
+class DFlashLoss(HeadLoss):
+    """DFlash heads: random blocks per row, each drafted in one forward under the block mask, against
+    the target's distribution (or greedy token). Reads ``batch.features`` [B, S, m*H] (the fused
+    layers' hidden states), ``batch.hidden`` [B, S, H] (the target's final hidden states: its
+    distribution), ``batch.input_ids`` [B, S]. ``batch.ranks`` > 0 (evaluation): also count hits
+    per rank r < ranks for the simulated acceptance of a tree. ``batch.position_ids``: a packed
+    window's per-document positions (each block inside, and attending to, one document). The loss
+    is the slot-weighted mean of the slots' mean losses over this batch's blocks
+    (``batch.denominators`` is not read: which blocks are drawn is known only here)."""
 
+    def __call__(self, heads: torch.nn.Module, batch: LossBatch) -> HeadLossOutput:
+        input_ids, slots = batch.input_ids, heads.block_size - 1
+        bsz, seq = input_ids.shape
+        device = input_ids.device
+        kind = loss_of(heads.config.extra)
+        lm = torch.ones_like(input_ids, dtype=torch.bool) if batch.loss_mask is None else batch.loss_mask.bool()
+        am = torch.ones_like(input_ids, dtype=torch.bool) if batch.attention_mask is None else batch.attention_mask.bool()
+        states, positions, valid = _block_states(heads, batch, lm, am, self._anchor_generator(heads, batch))
+        n = valid.shape[1]
+
+        # Slot k of block j predicts token a_j + k, against the target at a_j + k - 1.
+        label_pos = positions[:, :, 1:]
+        labels = TargetRows(heads.target_lm_head(), batch.hidden, kind, chunk_size=self.settings.chunk_size)
+        counted = _counted_slots(heads, labels, valid, lm, am, label_pos, input_ids)
+        slot_of = torch.arange(slots, device=device).expand(bsz, n, slots)
+        idx = counted.reshape(-1).nonzero().squeeze(-1)
+        flat_states = states.reshape(-1, states.shape[-1])[idx]
+        src = (label_pos - 1).reshape(bsz, -1) + torch.arange(bsz, device=device)[:, None] * seq
+        flat_target = src.reshape(-1)[idx]  # the target's position of each trained slot, flat over [B, S]
+        flat_slot = slot_of.reshape(-1)[idx]
+
+        topk, ranks = self.settings.topk, batch.ranks
+        rows, hit = _row_terms(heads, labels, flat_states, flat_target, topk, ranks, kind, self.settings.chunk_size,
+                               self.settings.checkpoint_chunks)
+        count = torch.bincount(flat_slot, minlength=slots)
+        ce_sum = torch.zeros(slots, device=device).index_add(0, flat_slot, rows.detach())
+        top1 = torch.bincount(flat_slot[hit[:, 0]], minlength=slots) if hit.shape[1] else torch.zeros_like(count)
+        topk_hits = torch.bincount(flat_slot[hit[:, :topk].any(-1)], minlength=slots)
+        rank_hits = None
+        if ranks:
+            rank_hits = torch.stack([torch.bincount(flat_slot[hit[:, r]], minlength=slots) for r in range(ranks)], dim=1)
+        loss = _weighted_loss(heads, rows, flat_slot, count, states)
+        return HeadLossOutput(loss=loss, ce_sum=ce_sum, count=count, top1=top1, topk=topk_hits, rank_hits=rank_hits)
+
+    @staticmethod
+    def _anchor_generator(heads: torch.nn.Module, batch: LossBatch) -> torch.Generator | None:
+        """Where the random anchors come from: the batch's generator in training (reseeded per batch),
+        a fixed seed in evaluation (every evaluation scores the same blocks)."""
+        if heads.training:
+            return batch.generator
+        return torch.Generator(device=batch.input_ids.device).manual_seed(0)
+
+    def counts(self, heads: torch.nn.Module, batch: LossBatch) -> torch.Tensor:
+        return dflash_target_counts(heads, batch.input_ids, batch.loss_mask, batch.attention_mask, batch.position_ids)
+
+
+def _block_states(heads, batch: LossBatch, lm: torch.Tensor, am: torch.Tensor, generator: torch.Generator | None):
+    """Draw the blocks (anchors) of every row and run them in ONE draft forward: the states of slots
+    1..K ``[B, N, K, H]``, every block position ``[B, N, block]`` and which drawn anchors are real."""
+    input_ids, position_ids, block = batch.input_ids, batch.position_ids, heads.block_size
+    bsz, seq = input_ids.shape
     candidates = anchor_candidates(input_ids, lm, am, block, position_ids)
-    anchors, valid = draw_anchors(candidates, int(ex.get("num_anchors", 32)), generator)
+    anchors, valid = draw_anchors(candidates, int(heads.config.extra.get("num_anchors", 32)), generator)
     n = anchors.shape[1]
-    offsets = torch.arange(block, device=device)
+    offsets = torch.arange(block, device=input_ids.device)
     positions = (anchors[:, :, None] + offsets).clamp(max=seq - 1)  # [B, N, block]; invalid anchors stay in range
     tokens = heads.block_inputs(input_ids.gather(1, anchors))  # [B, N, block]
     documents = None if position_ids is None else document_ids(position_ids, input_ids)
     mask = block_mask(anchors, valid, am, block, documents)
 
-    context = heads.context(features)
+    context = heads.context(batch.features)
     rope = positions_or_arange(position_ids, input_ids)  # each token's position in its document
     context_kv = heads.context_kv(context, rope)
     block_positions = rope.gather(1, anchors)[:, :, None] + offsets
     states = heads.block_states(tokens.view(bsz, n * block), block_positions.view(bsz, n * block), context_kv, mask)
-    states = states.view(bsz, n, block, -1)[:, :, 1:]  # slots 1..K
-
-    # Slot k of block j predicts token a_j + k, against the target at a_j + k - 1.
-    label_pos = positions[:, :, 1:]
-    labels = TargetRows(heads.target_lm_head(), last_hidden, kind, chunk_size=chunk_size)
-    counted = _counted_slots(heads, labels, valid, lm, am, label_pos, input_ids)
-    slot_of = torch.arange(slots, device=device).expand(bsz, n, slots)
-    idx = counted.reshape(-1).nonzero().squeeze(-1)
-    flat_states = states.reshape(-1, states.shape[-1])[idx]
-    src = (label_pos - 1).reshape(bsz, -1) + torch.arange(bsz, device=device)[:, None] * seq
-    flat_target = src.reshape(-1)[idx]  # the target's position of each trained slot, flat over [B, S]
-    flat_slot = slot_of.reshape(-1)[idx]
-
-    rows, hit = _row_terms(heads, labels, flat_states, flat_target, topk, ranks, kind, chunk_size, checkpoint_chunks)
-
-    count = torch.bincount(flat_slot, minlength=slots)
-    ce_sum = torch.zeros(slots, device=device).index_add(0, flat_slot, rows.detach())
-    top1 = torch.bincount(flat_slot[hit[:, 0]], minlength=slots) if hit.shape[1] else torch.zeros_like(count)
-    topk_hits = torch.bincount(flat_slot[hit[:, :topk].any(-1)], minlength=slots)
-    rank_hits = None
-    if ranks:
-        rank_hits = torch.stack([torch.bincount(flat_slot[hit[:, r]], minlength=slots) for r in range(ranks)], dim=1)
-
-    loss = _weighted_loss(heads, rows, flat_slot, count, states)
-    return HeadLossOutput(loss=loss, ce_sum=ce_sum, count=count, top1=top1, topk=topk_hits, rank_hits=rank_hits)
+    return states.view(bsz, n, block, -1)[:, :, 1:], positions, valid
 
 
 def _counted_slots(heads, labels: TargetRows, valid, lm, am, label_pos, input_ids) -> torch.Tensor:

@@ -29,7 +29,6 @@ import os
 import torch
 from accelerate import PartialState
 from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
-from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
 from ..config import HeadsSpec
 from .checkpoint import heads_from_state, heads_state, register_heads_only

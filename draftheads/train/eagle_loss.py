@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from ..heads.unrolled_attention import UnrolledStepMask, first_visible
-from .losses import HeadLossOutput
+from .head_loss import HeadLoss, HeadLossOutput, LossBatch
 from .target_loss import TargetRows, loss_of, row_losses
 from .packing import document_ids, positions_or_arange, within_document
 
@@ -51,54 +51,48 @@ def _chunk_terms(heads, labels: TargetRows, topk: int, state: torch.Tensor, posi
     return ce, reg, top1, hits, inside.sum()
 
 
-def eagle_loss(
-    heads: torch.nn.Module,
-    features: torch.Tensor,
-    last_hidden: torch.Tensor,
-    input_ids: torch.Tensor,
-    loss_mask: torch.Tensor | None = None,
-    attention_mask: torch.Tensor | None = None,
-    *,
-    decay: float = 0.8,
-    chunk_size: int = 1024,
-    topk: int = 5,
-    noise_generator: torch.Generator | None = None,
-    denominators: torch.Tensor | None = None,
-    position_ids: torch.Tensor | None = None,
-    checkpoint_chunks: bool = True,
-) -> HeadLossOutput:
-    """``features`` [B, S, F]: what the head reads (eagle: = ``last_hidden``; eagle3: fused layers);
-    ``last_hidden`` [B, S, H]: the target's final hidden states (its distribution, EAGLE's feature
-    label); ``input_ids`` [B, S] the data tokens. ``noise_generator``: where EAGLE's feature noise
+class EagleLoss(HeadLoss):
+    """EAGLE / EAGLE-3 heads unrolled over their draft steps. Reads ``batch.features`` [B, S, F]
+    (what the head reads: eagle = ``batch.hidden``; eagle3: fused layers), ``batch.hidden``
+    [B, S, H] (the target's final hidden states: its distribution, EAGLE's feature label) and
+    ``batch.input_ids`` [B, S] (the data tokens). ``batch.generator``: where EAGLE's feature noise
     comes from (the loop reseeds it per batch so a resumed run draws the same noise; None: the
-    global RNG). ``denominators`` [steps]: divide step k's summed terms by this instead of this
-    batch's count of rows (the loop passes ``eagle_target_counts`` over the whole optimizer step:
-    every micro-batch and process). ``position_ids``: a packed window's per-document positions:
-    a row attends to the rows of its own document only, at its position in that document, and
-    no step pairs a row with a token of another document."""
-    steps = heads.config.num_heads
-    ids = heads.vocab_ids()  # EAGLE-3: its draft vocabulary's target ids; EAGLE: None (the whole vocabulary)
-    labels = TargetRows(heads.target_lm_head(), last_hidden, loss_of(heads.config.extra), ids,
-                        heads.target_to_draft if ids is not None else None, chunk_size)
-    regress = not heads.fuses_layers  # EAGLE-1/2 also regress onto the next feature; EAGLE-3 has none
-    batch = _UnrolledBatch(input_ids, loss_mask, attention_mask, position_ids)
-    feats = _input_features(heads, features[:, : batch.n], regress, noise_generator)
-    totals = _StepTotals(steps, input_ids.device)
-    loss = features.new_zeros((), dtype=torch.float32)
-    use_ckpt = checkpoint_chunks and torch.is_grad_enabled()  # see TargetWithHeads: memory vs recompute
-    past: list[tuple[torch.Tensor, torch.Tensor]] | None = None
-    state = None
-    for k in range(steps):
-        state, past = _unroll_step(heads, batch, k, feats, state, past)
-        idx = batch.trained_rows(k)
-        if idx is None:
-            continue
-        step_ce, step_reg, step_count = _step_sums(
-            heads, labels, state.reshape(-1, state.shape[-1])[idx], batch.label_positions(k, idx), k, totals,
-            chunk_size, topk, use_ckpt,
-        )
-        loss = loss + decay**k * _step_loss(step_ce, step_reg, step_count, idx.numel(), regress, denominators, k)
-    return HeadLossOutput(loss=loss, ce_sum=totals.ce_sum, count=totals.count, top1=totals.top1, topk=totals.hits)
+    global RNG). ``batch.denominators`` [steps]: divide step k's summed terms by this instead of
+    this batch's count of rows (the loop passes `counts` over the whole optimizer step: every
+    micro-batch and process). ``batch.position_ids``: a packed window's per-document positions: a
+    row attends to the rows of its own document only, at its position in that document, and no
+    step pairs a row with a token of another document."""
+
+    def __call__(self, heads: torch.nn.Module, batch: LossBatch) -> HeadLossOutput:
+        settings, features, input_ids = self.settings, batch.features, batch.input_ids
+        steps = heads.config.num_heads
+        ids = heads.vocab_ids()  # EAGLE-3: its draft vocabulary's target ids; EAGLE: None (the whole vocabulary)
+        labels = TargetRows(heads.target_lm_head(), batch.hidden, loss_of(heads.config.extra), ids,
+                            heads.target_to_draft if ids is not None else None, settings.chunk_size)
+        regress = not heads.fuses_layers  # EAGLE-1/2 also regress onto the next feature; EAGLE-3 has none
+        rows = _UnrolledBatch(input_ids, batch.loss_mask, batch.attention_mask, batch.position_ids)
+        feats = _input_features(heads, features[:, : rows.n], regress, batch.generator)
+        totals = _StepTotals(steps, input_ids.device)
+        loss = features.new_zeros((), dtype=torch.float32)
+        use_ckpt = settings.checkpoint_chunks and torch.is_grad_enabled()  # see TargetWithHeads: memory vs recompute
+        past: list[tuple[torch.Tensor, torch.Tensor]] | None = None
+        state = None
+        for k in range(steps):
+            state, past = _unroll_step(heads, rows, k, feats, state, past)
+            idx = rows.trained_rows(k)
+            if idx is None:
+                continue
+            step_ce, step_reg, step_count = _step_sums(
+                heads, labels, state.reshape(-1, state.shape[-1])[idx], rows.label_positions(k, idx), k, totals,
+                settings.chunk_size, settings.topk, use_ckpt,
+            )
+            step = _step_loss(step_ce, step_reg, step_count, idx.numel(), regress, batch.denominators, k)
+            loss = loss + settings.decay**k * step
+        return HeadLossOutput(loss=loss, ce_sum=totals.ce_sum, count=totals.count, top1=totals.top1, topk=totals.hits)
+
+    def counts(self, heads: torch.nn.Module, batch: LossBatch) -> torch.Tensor:
+        return eagle_target_counts(heads.config.num_heads, batch.input_ids, batch.loss_mask, batch.attention_mask,
+                                   batch.position_ids)
 
 
 class _UnrolledBatch:

@@ -12,7 +12,6 @@ acceptance of a tree needs, while training steps skip that top-R sort.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from functools import partial
 
 import torch
@@ -20,29 +19,10 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from ..heads.hydra import token_context  # noqa: F401 (re-exported: the tokens Hydra heads read)
+from .head_loss import HeadLoss, HeadLossOutput, LossBatch
 from .packing import within_document
 
 IGNORE = -100
-
-
-@dataclass
-class HeadLossOutput:
-    """The loss to backpropagate, plus per-head sums (no grad) for logging: each a ``[K]`` tensor."""
-
-    loss: torch.Tensor
-    ce_sum: torch.Tensor  # summed CE over counted positions
-    count: torch.Tensor  # positions with a valid target
-    top1: torch.Tensor  # positions whose target is the head's argmax
-    topk: torch.Tensor  # positions whose target is in the head's top-k
-    rank_hits: torch.Tensor | None = None  # [K, R]: positions whose target is the head's rank-r candidate
-
-    def stats(self) -> torch.Tensor:
-        """``[4 + R, K]`` float64 stack (ce_sum, count, top1, topk, then one row per rank when
-        counted): one tensor to reduce across processes."""
-        rows = torch.stack([self.ce_sum, self.count, self.top1, self.topk]).double()
-        if self.rank_hits is not None:
-            rows = torch.cat([rows, self.rank_hits.T.to(rows)])
-        return rows
 
 
 def medusa_targets(
@@ -85,73 +65,73 @@ def _project_ce(heads: torch.nn.Module, k: int, topk: int, ranks: int, state: to
     return ce, top1, hits, by_rank
 
 
-def medusa_loss(
-    heads: torch.nn.Module,
-    hidden: torch.Tensor,
-    input_ids: torch.Tensor,
-    loss_mask: torch.Tensor | None = None,
-    attention_mask: torch.Tensor | None = None,
-    *,
-    decay: float = 0.8,
-    chunk_size: int = 1024,
-    topk: int = 5,
-    ranks: int = 0,
-    denominators: torch.Tensor | None = None,
-    position_ids: torch.Tensor | None = None,
-    checkpoint_chunks: bool = True,
-) -> HeadLossOutput:
-    """Chunked Medusa loss of ``heads`` on the target's last hidden state ``hidden`` [B, S, H].
-    ``ranks`` > 0 also counts, per head, hits of each rank r < ``ranks`` (``rank_hits``).
-    ``denominators`` [K]: divide head k's summed CE by this instead of this batch's own count
-    (the training loop passes the count over every micro-batch and process of the step, so the
-    gradient does not depend on how tokens fall across them). ``position_ids``: a packed
-    window's per-document positions (no head pairs tokens of two documents)."""
-    num_heads = heads.config.num_heads
-    device = hidden.device
-    targets = medusa_targets(input_ids, num_heads, loss_mask, attention_mask, position_ids).reshape(-1, num_heads)
-    flat = hidden.reshape(-1, hidden.shape[-1])
-    rows = (targets != IGNORE).any(-1).nonzero().squeeze(-1)
-    flat, targets = flat[rows], targets[rows]
-    # Hydra heads also read the tokens before the one they predict.
-    context = token_context(input_ids, num_heads).reshape(-1, num_heads)[rows] if heads.reads_tokens else None
-    count = (targets != IGNORE).sum(0)
-    weights = _weights(decay, count, denominators)
+class MedusaLoss(HeadLoss):
+    """Chunked Medusa loss (Medusa and Hydra heads) on the target's last hidden state
+    ``batch.hidden`` [B, S, H]: head k predicts token t+2+k of the labels (``settings.labels``:
+    the data's tokens, or the target's greedy ones). ``batch.ranks`` > 0 also counts, per head,
+    hits of each rank r < ranks (``rank_hits``). ``batch.denominators`` [K]: divide head k's
+    summed CE by this instead of this batch's own count (the training loop passes the count over
+    every micro-batch and process of the step, so the gradient does not depend on how tokens fall
+    across them). ``batch.position_ids``: a packed window's per-document positions (no head pairs
+    tokens of two documents)."""
 
-    ce_sum = torch.zeros(num_heads, device=device, dtype=torch.float32)
-    top1 = torch.zeros(num_heads, device=device, dtype=torch.long)
-    hits = torch.zeros(num_heads, device=device, dtype=torch.long)
-    rank_hits = torch.zeros(num_heads, ranks, device=device, dtype=torch.long) if ranks else None
-    use_ckpt = checkpoint_chunks and torch.is_grad_enabled()  # see TargetWithHeads: memory vs recompute
-    loss = hidden.new_zeros((), dtype=torch.float32)
-    for start in range(0, flat.shape[0], chunk_size):
-        states = _head_states(heads, flat[start : start + chunk_size], None if context is None else context[start : start + chunk_size])
-        chunk_targets = targets[start : start + chunk_size]
-        for k, state in enumerate(states):
-            tk = chunk_targets[:, k]
-            keep = (tk != IGNORE).nonzero().squeeze(-1)
-            if keep.numel() == 0:
-                continue
-            fn = partial(_project_ce, heads, k, topk, ranks)
-            args = (state[keep], tk[keep])
-            ce, c1, ck, by_rank = checkpoint(fn, *args, use_reentrant=False) if use_ckpt else fn(*args)
-            loss = loss + weights[k] * ce
-            ce_sum[k] += ce.detach()
-            top1[k] += c1
-            hits[k] += ck
-            if rank_hits is not None:
-                rank_hits[k] += by_rank
+    def __call__(self, heads: torch.nn.Module, batch: LossBatch) -> HeadLossOutput:
+        settings, ranks = self.settings, batch.ranks
+        hidden, loss_mask, attention_mask = batch.hidden, batch.loss_mask, batch.attention_mask
+        input_ids = batch.target_labels() if settings.labels == "target" else batch.input_ids
+        num_heads = heads.config.num_heads
+        device = hidden.device
+        targets = medusa_targets(input_ids, num_heads, loss_mask, attention_mask, batch.position_ids).reshape(-1, num_heads)
+        flat = hidden.reshape(-1, hidden.shape[-1])
+        rows = (targets != IGNORE).any(-1).nonzero().squeeze(-1)
+        flat, targets = flat[rows], targets[rows]
+        # Hydra heads also read the tokens before the one they predict.
+        context = token_context(input_ids, num_heads).reshape(-1, num_heads)[rows] if heads.reads_tokens else None
+        count = (targets != IGNORE).sum(0)
+        weights = _weights(settings.decay, count, batch.denominators)
 
-    # A head with no target in this batch still has to take part in the graph: DDP and ZeRO
-    # expect a gradient (zero here) for every trainable parameter on every step.
-    idle = [k for k in range(num_heads) if int(count[k]) == 0]
-    if idle and torch.is_grad_enabled():
-        probe = hidden.reshape(-1, hidden.shape[-1])[:1]
-        states = _head_states(heads, probe, None if context is None else input_ids.new_zeros(1, num_heads))
-        for k in idle:
-            loss = loss + 0.0 * heads.project(states[k], k).float().sum()
-    return HeadLossOutput(
-        loss=loss, ce_sum=ce_sum, count=count.to(torch.long), top1=top1, topk=hits, rank_hits=rank_hits
-    )
+        ce_sum = torch.zeros(num_heads, device=device, dtype=torch.float32)
+        top1 = torch.zeros(num_heads, device=device, dtype=torch.long)
+        hits = torch.zeros(num_heads, device=device, dtype=torch.long)
+        rank_hits = torch.zeros(num_heads, ranks, device=device, dtype=torch.long) if ranks else None
+        use_ckpt = settings.checkpoint_chunks and torch.is_grad_enabled()  # see TargetWithHeads: memory vs recompute
+        chunk_size = settings.chunk_size
+        loss = hidden.new_zeros((), dtype=torch.float32)
+        for start in range(0, flat.shape[0], chunk_size):
+            chunk_context = None if context is None else context[start : start + chunk_size]
+            states = _head_states(heads, flat[start : start + chunk_size], chunk_context)
+            chunk_targets = targets[start : start + chunk_size]
+            for k, state in enumerate(states):
+                tk = chunk_targets[:, k]
+                keep = (tk != IGNORE).nonzero().squeeze(-1)
+                if keep.numel() == 0:
+                    continue
+                fn = partial(_project_ce, heads, k, settings.topk, ranks)
+                args = (state[keep], tk[keep])
+                ce, c1, ck, by_rank = checkpoint(fn, *args, use_reentrant=False) if use_ckpt else fn(*args)
+                loss = loss + weights[k] * ce
+                ce_sum[k] += ce.detach()
+                top1[k] += c1
+                hits[k] += ck
+                if rank_hits is not None:
+                    rank_hits[k] += by_rank
+
+        # A head with no target in this batch still has to take part in the graph: DDP and ZeRO
+        # expect a gradient (zero here) for every trainable parameter on every step.
+        idle = [k for k in range(num_heads) if int(count[k]) == 0]
+        if idle and torch.is_grad_enabled():
+            probe = hidden.reshape(-1, hidden.shape[-1])[:1]
+            states = _head_states(heads, probe, None if context is None else input_ids.new_zeros(1, num_heads))
+            for k in idle:
+                loss = loss + 0.0 * heads.project(states[k], k).float().sum()
+        return HeadLossOutput(
+            loss=loss, ce_sum=ce_sum, count=count.to(torch.long), top1=top1, topk=hits, rank_hits=rank_hits,
+            labels=input_ids,
+        )
+
+    def counts(self, heads: torch.nn.Module, batch: LossBatch) -> torch.Tensor:
+        return medusa_target_counts(batch.input_ids, heads.config.num_heads, batch.loss_mask, batch.attention_mask,
+                                    batch.position_ids)
 
 
 def _weights(decay: float, count: torch.Tensor, denominators: torch.Tensor | None) -> list[float]:

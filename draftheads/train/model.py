@@ -9,11 +9,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .dflash_loss import dflash_loss, dflash_target_counts
-from .eagle_loss import eagle_loss, eagle_target_counts
-from .losses import medusa_loss, medusa_target_counts
+from ..registry import method_of
+from .head_loss import HeadLoss, LossBatch, LossSettings
 from .packing import target_inputs
-from .peagle_loss import peagle_loss
 
 
 class TargetWithHeads(nn.Module):
@@ -27,11 +25,14 @@ class TargetWithHeads(nn.Module):
         topk: int = 5,
         labels: str = "data",
         checkpoint_loss_chunks: bool = True,
+        loss: HeadLoss | None = None,
     ) -> None:
         """``checkpoint_loss_chunks``: every loss scores its rows in chunks of ``loss_chunk_size``
         and, when on, recomputes each chunk's vocab-sized logits in backward instead of keeping
         them (memory ~ rows x vocab x 12 bytes per unrolled step otherwise); off, backward reuses
-        them: the same gradients bit for bit, fewer operations (config ``train.loss_checkpointing``)."""
+        them: the same gradients bit for bit, fewer operations (config ``train.loss_checkpointing``).
+        ``loss``: the heads' loss component; default: the one their method declares
+        (draftheads/registry.py), built from these settings."""
         super().__init__()
         self.checkpoint_loss_chunks = checkpoint_loss_chunks
         if labels not in ("data", "target"):
@@ -45,6 +46,9 @@ class TargetWithHeads(nn.Module):
         # DeepSpeed sizes its "auto" buckets from `model.config.hidden_size`.
         self.config = target.config
         self.noise_generator: torch.Generator | None = None  # see reseed_noise
+        self.loss = loss if loss is not None else method_of(heads).loss(LossSettings(
+            decay=loss_decay, chunk_size=loss_chunk_size, topk=topk, checkpoint_chunks=checkpoint_loss_chunks,
+            labels=labels))
         target.requires_grad_(False)
         target.eval()
         self.check_frozen()
@@ -92,12 +96,8 @@ class TargetWithHeads(nn.Module):
         the masks alone. Summed over a step's micro-batches and processes, they are the
         ``loss_denominators`` that make the loss a mean over the step's tokens, wherever they fell.
         ``position_ids``: a packed window's (pairs across documents do not count)."""
-        k = self.heads.config.num_heads
-        if self.heads.training_objective in ("draft_steps", "parallel_depths"):  # P-EAGLE divides by entry 0
-            return eagle_target_counts(k, input_ids, loss_mask, attention_mask, position_ids)
-        if self.heads.training_objective == "block":
-            return dflash_target_counts(self.heads, input_ids, loss_mask, attention_mask, position_ids)
-        return medusa_target_counts(input_ids, k, loss_mask, attention_mask, position_ids)
+        batch = LossBatch(input_ids, attention_mask=attention_mask, loss_mask=loss_mask, position_ids=position_ids)
+        return self.loss.counts(self.heads, batch)
 
     def reseed_noise(self, seed: int, device: torch.device) -> None:
         """Draw training noise (EAGLE's feature noise) from a generator seeded by the caller, not
@@ -107,13 +107,6 @@ class TargetWithHeads(nn.Module):
         if self.noise_generator is None or self.noise_generator.device != device:
             self.noise_generator = torch.Generator(device=device)
         self.noise_generator.manual_seed(seed)
-
-    def _anchor_generator(self, input_ids: torch.Tensor) -> torch.Generator | None:
-        """Where DFlash's random anchors come from: the per-batch generator in training (see
-        reseed_noise), a fixed seed in evaluation (every evaluation scores the same blocks)."""
-        if self.heads.training:
-            return self.noise_generator
-        return torch.Generator(device=input_ids.device).manual_seed(0)
 
     # -- forward -------------------------------------------------------------------------------
     @torch.no_grad()
@@ -210,41 +203,13 @@ class TargetWithHeads(nn.Module):
             dtype = self.target.get_output_embeddings().weight.dtype
             hidden = hidden.to(dtype)
             features = features.to(dtype) if layers else hidden
-        common = dict(
-            decay=self.loss_decay, chunk_size=self.loss_chunk_size, topk=self.topk, denominators=loss_denominators,
-            position_ids=position_ids, checkpoint_chunks=self.checkpoint_loss_chunks,
-        )  # fmt: skip
-        if self.heads.training_objective == "parallel_depths":
-            # P-EAGLE: every trained depth in one draft forward, depths drawn by COD sampling
-            # from the noise generator (reseeded per batch: a resumed run draws the same depths).
-            labels = input_ids
-            out = peagle_loss(
-                self.heads, features, hidden, input_ids, loss_mask, attention_mask, chunk_size=self.loss_chunk_size,
-                topk=self.topk, ranks=rank_stats, generator=self.noise_generator, denominators=loss_denominators,
-                position_ids=position_ids, checkpoint_chunks=self.checkpoint_loss_chunks,
-            )
-        elif self.heads.training_objective == "block":
-            # DFlash: random blocks per row against the target's distribution (or greedy token).
-            labels = input_ids
-            out = dflash_loss(
-                self.heads, features, hidden, input_ids, loss_mask, attention_mask,
-                chunk_size=self.loss_chunk_size, topk=self.topk, ranks=rank_stats, generator=self._anchor_generator(input_ids),
-                position_ids=position_ids, checkpoint_chunks=self.checkpoint_loss_chunks,
-            )  # fmt: skip
-        elif self.heads.training_objective == "draft_steps":
-            # EAGLE learns the target's distribution at every position (its own soft labels) from
-            # the data tokens it reads; `labels` does not apply.
-            labels = input_ids
-            out = eagle_loss(
-                self.heads, features, hidden, input_ids, loss_mask, attention_mask,
-                noise_generator=self.noise_generator, **common,
-            )  # fmt: skip
-        else:
-            if self.labels == "target":
-                labels = target_labels if target_labels is not None else self.target_labels(input_ids, hidden)
-            else:
-                labels = input_ids
-            out = medusa_loss(self.heads, hidden, labels, loss_mask, attention_mask, ranks=rank_stats, **common)
+        batch = LossBatch(
+            input_ids, attention_mask=attention_mask, loss_mask=loss_mask, position_ids=position_ids, hidden=hidden,
+            features=features, denominators=loss_denominators, ranks=rank_stats, generator=self.noise_generator,
+            greedy_labels=lambda: target_labels if target_labels is not None else self.target_labels(input_ids, hidden),
+        )
+        out = self.loss(self.heads, batch)
+        labels = out.labels if out.labels is not None else input_ids
         tokens = attention_mask.sum() if attention_mask is not None else torch.tensor(input_ids.numel())
         mask = loss_mask if loss_mask is not None else torch.ones_like(labels)
         if attention_mask is not None:

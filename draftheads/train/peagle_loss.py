@@ -30,7 +30,8 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from .dflash_loss import greedy_follows
-from .losses import HeadLossOutput
+from .eagle_loss import eagle_target_counts
+from .head_loss import HeadLoss, HeadLossOutput, LossBatch
 from .target_loss import TargetRows, loss_of, row_losses
 from .packing import document_ids, positions_or_arange, within_document
 
@@ -121,43 +122,87 @@ def _depth_terms(heads, labels: TargetRows, topk: int, ranks: int, state: torch.
     return ce, top1, hits, inside.sum(), per_rank
 
 
-def peagle_loss(
-    heads: torch.nn.Module,
-    features: torch.Tensor,
-    last_hidden: torch.Tensor,
-    input_ids: torch.Tensor,
-    loss_mask: torch.Tensor | None = None,
-    attention_mask: torch.Tensor | None = None,
-    *,
-    chunk_size: int = 1024,
-    topk: int = 5,
-    ranks: int = 0,
-    generator: torch.Generator | None = None,
-    denominators: torch.Tensor | None = None,
-    position_ids: torch.Tensor | None = None,
-    checkpoint_chunks: bool = True,
-) -> HeadLossOutput:
-    """``features`` [B, S, F] (fused target layers), ``last_hidden`` [B, S, H] (the target's final
-    hidden states: its distribution), ``input_ids`` [B, S]. ``generator``: where COD sampling
-    draws from (the loop reseeds it per batch, so a resumed run draws the same depths).
-    ``denominators``: `eagle_target_counts` over the optimizer step; its entry 0 (the depth-0
-    elements) divides the summed loss. ``ranks`` > 0: count hits per rank (evaluation).
-    ``position_ids``: a packed window's per-document positions (no chain crosses a document)."""
+class PEagleLoss(HeadLoss):
+    """P-EAGLE heads: every trained depth in one draft forward, depths drawn by COD sampling.
+    Reads ``batch.features`` [B, S, F] (fused target layers), ``batch.hidden`` [B, S, H] (the
+    target's final hidden states: its distribution), ``batch.input_ids`` [B, S].
+    ``batch.generator``: where COD sampling draws from (the loop reseeds it per batch, so a resumed
+    run draws the same depths). ``batch.denominators``: `counts` over the optimizer step; its entry
+    0 (the depth-0 elements) divides the summed loss. ``batch.ranks`` > 0: count hits per rank
+    (evaluation). ``batch.position_ids``: a packed window's per-document positions (no chain
+    crosses a document)."""
+
+    def __call__(self, heads: torch.nn.Module, batch: LossBatch) -> HeadLossOutput:
+        ex = heads.config.extra
+        input_ids, position_ids = batch.input_ids, batch.position_ids
+        am = torch.ones_like(input_ids, dtype=torch.bool) if batch.attention_mask is None else batch.attention_mask.bool()
+        labels = TargetRows(heads.target_lm_head(), batch.hidden, loss_of(ex), heads.vocab_ids(), heads.target_to_draft,
+                            self.settings.chunk_size)
+        valid = _trained_depths(heads, labels, batch)
+        sizes = cod_sizes(float(ex["cod_ratio"]), float(ex["cod_min_ratio"]), heads.config.num_heads,
+                          int(valid[:, 0].sum(1).max()))
+        chains = sample_chains(valid, sizes, batch.generator)
+        state, anchor, depth, real = element_states(heads, batch.features, input_ids, am, chains, position_ids)
+        total, sums = self._depth_sums(heads, labels, batch, valid, state, anchor, depth, real)
+        den = float(batch.denominators[0]) if batch.denominators is not None else float(valid[:, 0].sum())
+        loss = total / den if den > 0 else 0.0 * total
+        return HeadLossOutput(loss=loss, **sums)
+
+    def _depth_sums(self, heads, labels: TargetRows, batch: LossBatch, valid, state, anchor, depth, real):
+        """The summed loss over every trained element, and the per-depth figures for the stats."""
+        depths, seq, device, ranks = heads.config.num_heads, batch.input_ids.shape[1], batch.input_ids.device, batch.ranks
+        chunk_size = self.settings.chunk_size
+        sums = dict(ce_sum=torch.zeros(depths, device=device), count=torch.zeros(depths, device=device, dtype=torch.long),
+                    top1=torch.zeros(depths, device=device, dtype=torch.long),
+                    topk=torch.zeros(depths, device=device, dtype=torch.long),
+                    rank_hits=torch.zeros(depths, ranks, device=device, dtype=torch.long) if ranks else None)
+        total = state.new_zeros((), dtype=torch.float32)
+        use_ckpt = self.settings.checkpoint_chunks and torch.is_grad_enabled()  # see TargetWithHeads: memory vs recompute
+        fn = partial(_depth_terms, heads, labels, self.settings.topk, ranks)
+        for d in range(depths):
+            cols = (depth == d).nonzero().squeeze(-1)
+            if cols.numel() == 0:
+                continue
+            a = anchor[:, cols]
+            target_ok = valid[:, d].gather(1, a) & real[:, cols]
+            rows_b, rows_j = target_ok.nonzero(as_tuple=True)
+            if rows_b.numel() == 0:
+                continue
+            flat_state = state[:, cols][rows_b, rows_j]
+            flat_label = rows_b * seq + a[rows_b, rows_j] + 1 + d  # the target's position, flat over [B, S]
+            for start in range(0, rows_b.numel(), chunk_size):
+                args = (flat_state[start : start + chunk_size], flat_label[start : start + chunk_size])
+                ce, c1, ck, inside, per_rank = checkpoint(fn, *args, use_reentrant=False) if use_ckpt else fn(*args)
+                total = total + ce
+                sums["ce_sum"][d] += ce.detach()
+                sums["count"][d] += inside
+                sums["top1"][d] += c1
+                sums["topk"][d] += ck
+                if ranks:
+                    sums["rank_hits"][d] += per_rank
+        return total, sums
+
+    def counts(self, heads: torch.nn.Module, batch: LossBatch) -> torch.Tensor:
+        return eagle_target_counts(heads.config.num_heads, batch.input_ids, batch.loss_mask, batch.attention_mask,
+                                   batch.position_ids)
+
+
+def _trained_depths(heads, labels: TargetRows, batch: LossBatch) -> torch.Tensor:
+    """``valid[b, d, t]``: anchor t's depth-d target (token t+2+d) is a training token (and, with
+    ``greedy_path``, follows d data tokens the target itself would produce)."""
+    input_ids, position_ids = batch.input_ids, batch.position_ids
     depths = heads.config.num_heads
-    ex = heads.config.extra
     bsz, seq = input_ids.shape
     n = seq - 1  # anchors t = 0 .. S-2
     device = input_ids.device
-    lm = torch.ones_like(input_ids, dtype=torch.bool) if loss_mask is None else loss_mask.bool()
-    am = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
+    lm = torch.ones_like(input_ids, dtype=torch.bool) if batch.loss_mask is None else batch.loss_mask.bool()
+    am = torch.ones_like(input_ids, dtype=torch.bool) if batch.attention_mask is None else batch.attention_mask.bool()
     supervised = lm & am
-    # valid[b, d, t]: anchor t's depth-d target (token t+2+d) is a training token
     valid = torch.zeros(bsz, depths, n, dtype=torch.bool, device=device)
     for d in range(depths):
         if 2 + d < seq:
             valid[:, d, : seq - 2 - d] = within_document(supervised[:, 2 + d :], position_ids, 2 + d)
-    labels = TargetRows(heads.target_lm_head(), last_hidden, loss_of(ex), heads.vocab_ids(), heads.target_to_draft, chunk_size)
-    if ex.get("greedy_path", False):  # depth d only after d data tokens the target itself would produce
+    if heads.config.extra.get("greedy_path", False):  # depth d only after d data tokens the target itself would produce
         follows = greedy_follows(labels, input_ids)
         on_path = torch.ones(bsz, n, dtype=torch.bool, device=device)
         for d in range(1, depths):  # depth d's chain runs through tokens t+2 .. t+1+d
@@ -165,40 +210,4 @@ def peagle_loss(
                 on_path[:, : seq - 1 - d] &= follows[:, 1 + d :]
                 on_path[:, seq - 1 - d :] = False
             valid[:, d] &= on_path
-    sizes = cod_sizes(float(ex["cod_ratio"]), float(ex["cod_min_ratio"]), depths, int(valid[:, 0].sum(1).max()))
-    chains = sample_chains(valid, sizes, generator)
-    state, anchor, depth, real = element_states(heads, features, input_ids, am, chains, position_ids)
-
-    # -- losses per depth ---------------------------------------------------------------------------
-    ce_sum = torch.zeros(depths, device=device)
-    count = torch.zeros(depths, device=device, dtype=torch.long)
-    top1 = torch.zeros(depths, device=device, dtype=torch.long)
-    hits = torch.zeros(depths, device=device, dtype=torch.long)
-    rank_hits = torch.zeros(depths, ranks, device=device, dtype=torch.long) if ranks else None
-    total = state.new_zeros((), dtype=torch.float32)
-    use_ckpt = checkpoint_chunks and torch.is_grad_enabled()  # see TargetWithHeads: memory vs recompute
-    for d in range(depths):
-        cols = (depth == d).nonzero().squeeze(-1)
-        if cols.numel() == 0:
-            continue
-        a = anchor[:, cols]
-        target_ok = valid[:, d].gather(1, a) & real[:, cols]
-        rows_b, rows_j = target_ok.nonzero(as_tuple=True)
-        if rows_b.numel() == 0:
-            continue
-        flat_state = state[:, cols][rows_b, rows_j]
-        flat_label = rows_b * seq + a[rows_b, rows_j] + 1 + d  # the target's position, flat over [B, S]
-        fn = partial(_depth_terms, heads, labels, topk, ranks)
-        for start in range(0, rows_b.numel(), chunk_size):
-            args = (flat_state[start : start + chunk_size], flat_label[start : start + chunk_size])
-            ce, c1, ck, inside, per_rank = checkpoint(fn, *args, use_reentrant=False) if use_ckpt else fn(*args)
-            total = total + ce
-            ce_sum[d] += ce.detach()
-            count[d] += inside
-            top1[d] += c1
-            hits[d] += ck
-            if rank_hits is not None:
-                rank_hits[d] += per_rank
-    den = float(denominators[0]) if denominators is not None else float(valid[:, 0].sum())
-    loss = total / den if den > 0 else 0.0 * total
-    return HeadLossOutput(loss=loss, ce_sum=ce_sum, count=count, top1=top1, topk=hits, rank_hits=rank_hits)
+    return valid

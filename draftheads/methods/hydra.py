@@ -1,0 +1,16 @@
+"""Hydra: Medusa heads that also read the tokens drafted before theirs (Ankner et al., 2024);
+trained by Medusa's loss, drafted as a static tree. No engine holds them."""
+from ..heads.hydra import HydraHeads
+from ..inference.proposers.hydra import HydraProposer
+from ..registry import Method, TreeKind, register
+from ..train.losses import MedusaLoss
+
+METHOD = register(Method(
+    name="hydra",
+    title="Hydra",
+    summary="Medusa heads that read the drafted tokens before theirs; a static tree",
+    heads=HydraHeads,
+    loss=MedusaLoss,
+    drafter=HydraProposer,
+    tree=TreeKind.STATIC,
+))

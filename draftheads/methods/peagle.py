@@ -1,0 +1,22 @@
+"""P-EAGLE: EAGLE-3's draft layer drafting every depth in ONE forward (mask slots after the root),
+trained on COD-sampled depths; a static tree read off that forward's per-depth top-k."""
+from ..export import speculators
+from ..export.formats import IMPORT_FORMATS
+from ..export.import_eagle import read_eagle3
+from ..heads.peagle import PEagleHead
+from ..inference.proposers.peagle import peagle_proposer
+from ..registry import EngineLayout, ImportLayout, Method, TreeKind, register
+from ..train.peagle_loss import PEagleLoss
+
+METHOD = register(Method(
+    name="peagle",
+    title="P-EAGLE",
+    summary="EAGLE-3's draft layer, every depth in one forward; a static tree off its top-k",
+    heads=PEagleHead,
+    loss=PEagleLoss,
+    drafter=peagle_proposer,
+    tree=TreeKind.ONE_FORWARD,
+    exports={"vllm": EngineLayout("eagle3", speculators.export, serve_extra={"parallel_drafting": True}),
+             "speculators": EngineLayout("peagle", speculators.export)},
+    imports={"speculators": ImportLayout(IMPORT_FORMATS["speculators"], read_eagle3)},
+))

@@ -1,0 +1,185 @@
+"""The method registry: what a drafting method is, and the one place every layer asks about one.
+
+A *method* (Medusa, Hydra, EAGLE, EAGLE-3, P-EAGLE, DFlash) is everything draftheads knows about
+one head type: its heads module, the `HeadsSpec` options it takes, its loss, its drafter, the kind
+of tree it drafts and the engine layouts it leaves in or comes back from. Each method is declared
+ONCE, in its own module under `draftheads/methods/`, as a `Method` record, and registered here.
+
+The layers below `methods/` (heads, train, tune, inference, export, config) never import it and
+never compare a method's name: they ask this registry for the `Method` of a head type or of some
+heads (`method_named`, `method_of`) and use what it declares. This module sits at the bottom of
+the import layers and imports nothing of draftheads; the package's root registers the methods on
+first use (`set_loader`), so `import draftheads` and ``draftheads --help`` stay fast.
+"""
+from __future__ import annotations
+
+import enum
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Mapping
+
+
+class TreeKind(str, enum.Enum):
+    """How a method's drafts are shaped, and so how its tree is searched and saved (tree.json).
+
+    - ``STATIC``: rank paths (a list of paths of ranks, Medusa's format) searched from per-head,
+      per-rank acceptance; every head drafts its depth (Medusa, Hydra).
+    - ``DYNAMIC``: EAGLE-2 settings (a dict: token budget, depth, top-k) grown per step from the
+      draft's confidences, timed end to end (EAGLE, EAGLE-3).
+    - ``ONE_FORWARD``: rank paths read off the per-depth top-k of ONE draft forward, searched from
+      the per-depth acceptance table and one forward's cost (P-EAGLE, DFlash).
+    """
+
+    STATIC = "static"
+    DYNAMIC = "dynamic"
+    ONE_FORWARD = "one_forward"
+
+    @property
+    def rank_paths(self) -> bool:
+        """Whether its trees are rank paths (a list), not settings (a dict)."""
+        return self is not TreeKind.DYNAMIC
+
+
+@dataclass(frozen=True)
+class EngineLayout:
+    """How an engine holds a method's heads: ``engine_name`` is the name the engine gives that
+    draft (vLLM's ``method``, SGLang's ``--speculative-algorithm``, speculators'
+    ``speculators_model_type``); ``write(heads, *, verifier, verifier_cfg, num_speculative_tokens)``
+    builds the engine folder (an `export.common.EngineFolder`); ``serve_extra``: what vLLM's
+    speculative config also needs for it (P-EAGLE: parallel drafting)."""
+
+    engine_name: str
+    write: Callable[..., Any]
+    serve_extra: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ImportLayout:
+    """A public checkpoint layout that imports as this method's heads: ``describe`` says how it is
+    recognised (the importers' help), ``read(source, target, layout)`` builds the heads."""
+
+    describe: str
+    read: Callable[..., Any]
+
+
+@dataclass(frozen=True)
+class Method:
+    """Everything about one drafting method, declared in its module under `draftheads/methods/`.
+
+    ``name`` is the head type: ``heads.head_type`` in the experiment config and ``head_type`` in
+    a heads folder's config.json. ``heads`` is its `heads.base.DraftHeads` subclass. ``loss`` builds
+    its training loss from the run's `train.head_loss.LossSettings`: every loss is called the same
+    way, ``loss(heads, batch) -> HeadLossOutput`` and ``loss.counts(heads, batch) -> [K]``.
+    ``drafter(heads, tree=None, **options)`` is how decoding drafts with its heads. ``tree``: the
+    kind of tree it drafts. ``exports``: export format -> `EngineLayout`; ``imports``: import
+    format -> `ImportLayout`. ``aliases``: head_type names older heads folders carry for it."""
+
+    name: str
+    title: str
+    heads: type
+    loss: Callable[..., Any]
+    drafter: Callable[..., Any]
+    tree: TreeKind
+    summary: str = ""
+    exports: Mapping[str, EngineLayout] = field(default_factory=dict)
+    imports: Mapping[str, ImportLayout] = field(default_factory=dict)
+    aliases: tuple[str, ...] = ()
+
+    @property
+    def options(self) -> tuple[str, ...]:
+        """The `HeadsSpec` fields this method takes besides num_heads / num_layers: the ones its
+        heads are built from (saved with them), then the ones training reads when it starts fresh
+        heads (not saved)."""
+        return tuple(self.heads.spec_options) + tuple(self.heads.init_options)
+
+    def __repr__(self) -> str:
+        return f"Method({self.name!r})"
+
+
+class UnknownMethodError(ValueError):
+    """A head type no registered method has."""
+
+
+_METHODS: dict[str, Method] = {}
+_ALIASES: dict[str, str] = {}
+_loader: Callable[[], None] | None = None
+_lock = threading.RLock()
+
+
+def set_loader(load: Callable[[], None]) -> None:
+    """``load()`` registers every method; it runs at the first lookup (draftheads/__init__.py
+    sets it: importing draftheads.methods needs torch, which ``import draftheads`` must not)."""
+    global _loader
+    _loader = load
+
+
+def _registered() -> dict[str, Method]:
+    global _loader
+    if _loader is not None:
+        with _lock:
+            if _loader is not None:
+                load = _loader
+                _loader = None
+                try:
+                    load()
+                except BaseException:
+                    _loader = load  # a failed import (missing torch?) fails again, naming its cause
+                    raise
+    return _METHODS
+
+
+def register(method: Method) -> Method:
+    """Add ``method`` (its module under draftheads/methods/ calls this once). Refuses a second
+    method of the same name or alias, and heads whose ``head_type`` is not the method's name."""
+    if getattr(method.heads, "head_type", None) != method.name:
+        raise ValueError(f"method {method.name!r}: its heads class {method.heads.__name__} has head_type "
+                         f"{getattr(method.heads, 'head_type', None)!r}, not {method.name!r}")
+    for name in (method.name, *method.aliases):
+        known = _METHODS.get(name) or _METHODS.get(_ALIASES.get(name, ""))
+        if known is not None and known is not method:
+            raise ValueError(f"method {name!r} is registered twice ({known.heads.__name__} and {method.heads.__name__})")
+    _METHODS[method.name] = method
+    for alias in method.aliases:
+        _ALIASES[alias] = method.name
+    return method
+
+
+def methods() -> tuple[Method, ...]:
+    """Every registered method, in registration order."""
+    return tuple(_registered().values())
+
+
+def names() -> tuple[str, ...]:
+    """The head types of every registered method."""
+    return tuple(_registered())
+
+
+def method_named(name: str) -> Method:
+    """The method of head type ``name`` (or of a name older heads folders carry for it)."""
+    found = _registered().get(name) or _METHODS.get(_ALIASES.get(name, ""))
+    if found is None:
+        raise UnknownMethodError(f"unknown head type {name!r}; valid: {', '.join(sorted(_METHODS))}")
+    return found
+
+
+def method_of(heads: Any) -> Method:
+    """The method of ``heads`` (an instance or a class): the nearest class in its MRO whose
+    ``head_type`` is registered, so a subclass of a method's heads drafts and trains as it."""
+    cls = heads if isinstance(heads, type) else type(heads)
+    registered = _registered()
+    for base in cls.__mro__:
+        found = registered.get(getattr(base, "head_type", None) or "")
+        if found is not None and issubclass(cls, found.heads):
+            return found
+    raise UnknownMethodError(f"{cls.__name__} heads (head_type {getattr(cls, 'head_type', None)!r}) belong to no "
+                             f"registered method; valid head types: {', '.join(sorted(registered))}")
+
+
+def methods_with(predicate: Callable[[Method], bool]) -> tuple[Method, ...]:
+    """The registered methods for which ``predicate`` holds (e.g. the ones an export format holds)."""
+    return tuple(m for m in methods() if predicate(m))
+
+
+def head_classes(found: Iterable[Method] | None = None) -> dict[str, type]:
+    """Head classes by head type (what `heads.io.head_types` returns)."""
+    return {m.name: m.heads for m in (methods() if found is None else found)}

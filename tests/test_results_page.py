@@ -1,0 +1,133 @@
+"""benchmarks/results.py renders docs/results.md from the reports its declared runs leave: every
+figure on the page comes from a report, with its command, date, machine and spread, and a run
+without a report (never run, or failed this time) is listed as pending with no figure."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def results():
+    spec = importlib.util.spec_from_file_location("bench_results", ROOT / "benchmarks" / "results.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["bench_results"] = module  # dataclasses resolve their module by name
+    spec.loader.exec_module(module)
+    return module
+
+
+def group(speedup, accepted, exact=None, of=None, spread=None):
+    return {"samples": 4, "mean_accepted_tokens": accepted, "tokens_per_second": 10.0 * speedup, "speedup": speedup,
+            "per_sample_speedup": spread, "per_question_speedup": spread, "exact": exact, "exact_of": of}
+
+
+def fake_report(temperature: float = 0.0) -> dict:
+    """The fields of a `draftheads bench` report.json the page reads (draftheads/bench/command.py)."""
+    spread = {"median": 1.41, "min": 0.93, "q1": 1.2, "q3": 1.6, "max": 2.07}
+    return {
+        "created": "2026-11-30T10:00:00+00:00",
+        "environment": {"cpu": "Test CPU 9000", "cpu_count": 2, "gpu": None, "device": "cpu", "torch_threads": 1,
+                        "target": "smollm2"},
+        "settings": {"temperature": temperature, "max_new_tokens": 128, "rounds": 3},
+        "questions": {"source": "mt_bench.jsonl", "questions": 2, "samples": 4, "categories": ["writing", "math"]},
+        "methods": [{"name": "eagle3"}, {"name": "prompt-lookup"}],
+        "results": {
+            "plain": {"by_category": {"overall": group(1.0, 1.0)}},
+            "eagle3": {"by_category": {"overall": group(1.37, 2.46, 4, 4, spread), "writing": group(1.5, 2.7, 2, 2),
+                                       "math": group(1.2, 2.2, 2, 2)}},
+            "prompt-lookup": {"by_category": {"overall": group(0.97, 1.18, 4, 4, spread),
+                                              "writing": group(0.95, 1.1, 2, 2)}},
+        },
+    }
+
+
+def write_spec(tmp_path: Path, runs: str) -> Path:
+    spec = tmp_path / "results.yaml"
+    spec.write_text("intro: A test page.\nruns:\n" + runs)
+    return spec
+
+
+def test_the_page_shows_each_methods_figures_with_command_date_machine_and_spread(tmp_path, results):
+    (tmp_path / "greedy").mkdir()
+    (tmp_path / "greedy" / "report.json").write_text(json.dumps(fake_report()))
+    spec = write_spec(tmp_path, f"""
+  - name: greedy
+    title: heads on MT-Bench, greedy
+    command: draftheads bench --target smollm2 --heads runs/h --questions q.jsonl --out {tmp_path}/greedy
+  - name: sampled
+    title: heads on MT-Bench, T = 0.7
+    command: draftheads bench --target smollm2 --temperature 0.7 --out {tmp_path}/sampled
+""")
+    page = tmp_path / "results.md"
+    assert results.main(["--spec", str(spec), "--out", str(page), "--from-reports"]) == 0
+    text = page.read_text()
+    row = next(line for line in text.splitlines() if line.startswith("| heads on MT-Bench, greedy | eagle3 |"))
+    for cell in ("2.46", "1.37x", "1.41x (0.93-2.07) over questions", "4/4", "2026-11-30", "Test CPU 9000, 2 cores"):
+        assert cell in row, (cell, row)
+    assert f"--out {tmp_path}/greedy" in text  # the command
+    assert "| math | 1.20x (2.20) | - |" in text  # per category; a category a method has no sample in: "-"
+    pending = text.split("## Pending")[1].split("##")[0]
+    assert "heads on MT-Bench, T = 0.7" in pending and "--temperature 0.7" in pending
+    assert "| heads on MT-Bench, T = 0.7 |" not in text  # no row, so no figure, for a run without a report
+    assert "A test page." in text
+
+
+def test_a_run_that_fails_is_pending_and_its_old_report_is_not_shown(tmp_path, results):
+    stale = tmp_path / "old.md"
+    stale.write_text("| variant | tokens/s |\n|---|---|\n| base | 999 |\n")
+    spec = write_spec(tmp_path, f"""
+  - name: broken
+    title: a script that fails
+    command: python -c "raise SystemExit(3)"
+    markdown: {stale}
+""")
+    page = tmp_path / "results.md"
+    assert results.main(["--spec", str(spec), "--out", str(page)]) == 1
+    text = page.read_text()
+    assert "999" not in text
+    assert "a script that fails** (the command exited with 3)" in text
+
+
+def test_a_script_runs_markdown_table_is_included(tmp_path, results):
+    table = tmp_path / "table.md"
+    table.write_text("# Training throughput\n\n| variant | tokens/s |\n|---|---|\n| base | 123 (120-126) |\n")
+    spec = write_spec(tmp_path, f"""
+  - name: training
+    title: training throughput
+    command: python benchmarks/training_throughput.py --config configs/smollm2.yaml
+    markdown: {table}
+""")
+    page = tmp_path / "results.md"
+    assert results.main(["--spec", str(spec), "--out", str(page), "--from-reports"]) == 0
+    text = page.read_text()
+    assert "| base | 123 (120-126) |" in text and "## Training throughput" in text  # its headings one level down
+
+
+@pytest.mark.parametrize("runs,message", [
+    ("  - {name: a, title: t, command: draftheads bench --out x}\n  - {name: a, title: t, command: draftheads bench --out y}\n",
+     "the name 'a' is used twice"),
+    ("  - {name: a, title: t, command: python benchmarks/x.py}\n", "name its output"),
+    ("  - {name: a, title: t, command: draftheads bench --out x, colour: red}\n", "unknown field(s) colour"),
+    ("  - {name: a, command: draftheads bench --out x}\n", "'title' must be a non-empty string"),
+])
+def test_a_bad_spec_is_refused_naming_the_run_and_field(tmp_path, results, runs, message, capsys):
+    page = tmp_path / "results.md"
+    assert results.main(["--spec", str(write_spec(tmp_path, runs)), "--out", str(page), "--from-reports"]) == 2
+    assert message in capsys.readouterr().err
+    assert not page.exists()
+
+
+def test_the_shipped_spec_loads_and_the_page_shows_only_its_runs(results):
+    """benchmarks/results.yaml is valid, and every figure row of docs/results.md belongs to a run it declares."""
+    _, runs = results.load_spec(results.SPEC)
+    titles = {r.title for r in runs}
+    rows = [line for line in results.PAGE.read_text().splitlines() if line.startswith("| ") and " | " in line]
+    tables = results.PAGE.read_text().split("\n## ")[0]  # the summary table, before the first section
+    figure_rows = [line.split(" | ")[0][2:] for line in rows if line in tables and not line.startswith("| run |")]
+    assert runs and set(figure_rows) <= titles
