@@ -338,9 +338,10 @@ def drop_eval_overlap(raw: datasets.Dataset, cfg: DataConfig, fmt: str) -> tuple
     (``data.eval_overlap``: refuse raises, warn keeps them; see ``eval_overlap``)."""
     column = {"sharegpt": "conversations", "messages": "messages", "text": cfg.text_field}[fmt]
     found = []
+    places = row_places(cfg.path)  # a malformed chat row is named by its file and line
     for batch in raw.select_columns([column, ROW_COLUMN]).iter(batch_size=1024):
         for value, row in zip(batch[column], batch[ROW_COLUMN]):
-            match = first_match(texts_to_check(value, fmt, row))
+            match = first_match(texts_to_check(value, fmt, places.at(row)))
             if match is not None:
                 found.append((row, match))
     if not found:
