@@ -274,7 +274,6 @@ def cmd_calibrate(args) -> int:
     """Measure the best tree per temperature (and batch size) on this device and save them in the
     heads' tree.json, replacing what was measured on this device type before and keeping the
     entries of other device types."""
-    import draftheads as dh
     from .inference.one_forward_tree import drafts_in_one_forward
     from .plans import TreePlans, write_plans
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import errno
 import json
-import os
 import re
 import shutil
 import socket
@@ -179,6 +178,29 @@ def test_item06_a_killed_run_that_never_saved_a_step_is_taken_over(tmp_path, tin
     assert run(rerun).step == 1
     assert "never saved a step" in capsys.readouterr().out
     assert json.loads((out / "config.json").read_text())["train"]["seed"] == 6
+
+
+def test_item06_a_run_that_took_a_folder_over_and_failed_leaves_it_free(tmp_path, tiny_target_dir, tiny_text_jsonl,
+                                                                        monkeypatch):
+    from draftheads.train import trainer
+    from draftheads.train.loop import run
+    from draftheads.train.run_lock import LOCK_NAME
+
+    killed = _cfg(tmp_path, tiny_target_dir, tiny_text_jsonl, max_steps=1, eval_every=0, seed=5)
+    out = Path(killed.train.output_dir)
+    out.mkdir(parents=True)
+    (out / "config.json").write_text(json.dumps(killed.to_dict()))
+    (out / LOCK_NAME).write_text(json.dumps({"pid": 2**22 + 7, "host": socket.gethostname(), "started": "x"}))
+
+    def broken(self, group):
+        raise RuntimeError("out of memory (simulated)")
+
+    with monkeypatch.context() as m:
+        m.setattr(trainer.Trainer, "train_step", broken)
+        with pytest.raises(RuntimeError, match="simulated"):
+            run(_cfg(tmp_path, tiny_target_dir, tiny_text_jsonl, max_steps=1, eval_every=0, seed=6))
+    assert not (out / "config.json").exists()
+    assert run(_cfg(tmp_path, tiny_target_dir, tiny_text_jsonl, max_steps=1, eval_every=0, seed=7)).step == 1
 
 
 def test_item06_resume_without_a_checkpoint_does_not_ask_for_resume(tmp_path, tiny_target_dir, tiny_text_jsonl):

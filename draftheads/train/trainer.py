@@ -109,6 +109,7 @@ class Trainer:
         self.step, self.epoch, self.batch_in_epoch = 0, 0, 0
         self.evals: list[dict[str, Any]] = []
         self.last_saved = -1
+        self.took_over_folder = False  # a folder whose earlier run never saved a step (check_run_folder)
 
     def run(self) -> TrainResult:
         """Check, set up, train, finish; the run lock is released however the run ends, and a run
@@ -145,6 +146,7 @@ class Trainer:
                 self.check_resume(self.candidates[0], state)
                 self.check_not_past(self.candidates[0], state.get("step"), t.max_steps)
         elif not self.overwrite and guard_fresh_run(output_dir, False, t.resume, cfg.to_dict(), abandoned=abandoned):
+            self.took_over_folder = True  # its config.json is this run's from now on (release_folder)
             main_print(f"{output_dir}: its earlier run never saved a step (only its config.json is there); "
                        "this run takes the folder over")
 
@@ -185,7 +187,7 @@ class Trainer:
                 removed = clear_run(output_dir)
                 if removed:
                     self.say(f"--overwrite: removed the previous run's {', '.join(removed)} from {output_dir}")
-            self.wrote_config = not (output_dir / "config.json").is_file()
+            self.wrote_config = self.took_over_folder or not (output_dir / "config.json").is_file()
             write_json_atomically(output_dir / "config.json", self.cfg.to_dict())
         accelerator.wait_for_everyone()
 
