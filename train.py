@@ -1,7 +1,7 @@
 """Train draft heads on a frozen causal LM.
 
-    accelerate launch train.py --config configs/demo.yaml [key.sub=value ...] [--resume | --overwrite]
-    python train.py --config configs/demo.yaml train.max_steps=50       # single process, no launcher
+    accelerate launch train.py --config configs/smollm2.yaml [key.sub=value ...] [--resume | --overwrite]
+    python train.py --config configs/smollm2.yaml train.max_steps=50       # single process, no launcher
 
 The accelerate config (``--config_file configs/accelerate/...``) chooses single device, DDP or
 DeepSpeed ZeRO; this script and ``draftheads train`` share one entry (draftheads.train.command).

@@ -8,7 +8,7 @@
 Trained drafters are known to collapse on positions longer than their training windows (a config
 trains on windows of ``data.max_length`` tokens). This measures it on real decodes: each prompt is
 the start of a held-out document (bos + text: ``--documents``, text files neither the target nor the
-heads trained on; for the demo target its held-out files by default), cut at several offsets; from each cut the target's greedy continuation of
+heads trained on), cut at several offsets; from each cut the target's greedy continuation of
 ``--new-tokens`` is decoded speculatively (always the full draft: ``draft_budget=None``), checked
 equal to ``target.generate(do_sample=False)``, and every verify step is binned by the position of
 its first new token. The prompts are the same files at every offset, so a change with the offset is
@@ -48,17 +48,10 @@ from draftheads.atomic import write_text_atomically
 from draftheads.target import load_target
 
 
-def heldout_documents(tokenizer, count: int, min_tokens: int, files: list[str] | None) -> list[tuple[str, torch.Tensor]]:
+def heldout_documents(tokenizer, count: int, min_tokens: int, files: list[str]) -> list[tuple[str, torch.Tensor]]:
     """The first ``count`` documents with at least ``min_tokens`` tokens, as bos + text, the way a
-    training window starts (``data.tokenize.tokenize_text``): each of ``files`` is one document; without
-    files, the demo target's held-out files (its configs' ``eval_split``: evaluated on, never trained)."""
-    if files:
-        documents = [(name, Path(name).read_text(encoding="utf-8")) for name in files]
-    else:
-        from draftheads.demo import corpus_files, stdlib_root
-
-        root = stdlib_root()
-        documents = ((p.relative_to(root).as_posix(), p.read_text(encoding="utf-8")) for p in corpus_files("heldout"))
+    training window starts (``data.tokenize.tokenize_text``): each of ``files`` is one document."""
+    documents = [(name, Path(name).read_text(encoding="utf-8")) for name in files]
     bos = [tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []
     found = []
     for name, text in documents:
@@ -108,8 +101,8 @@ def step_positions(prompt_len: int, accept_lengths: list[int]) -> list[int]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--target", default="smollm2", help="a model folder, a Hub id or a target name")
-    ap.add_argument("--documents", nargs="+", default=None, metavar="FILE",
-                    help="held-out text files, one document each (needed for every target but 'demo')")
+    ap.add_argument("--documents", nargs="+", required=True, metavar="FILE",
+                    help="held-out text files, one document each, longer than the largest offset + --new-tokens")
     ap.add_argument("--heads", action="append", help="NAME=PATH[@key=value,...] (repeatable)")
     ap.add_argument("--num-prompts", type=int, default=4)
     ap.add_argument("--offsets", default="128,384,640,896", help="prompt lengths (tokens) at which decoding starts")
@@ -135,8 +128,6 @@ def main() -> None:
         return
     if not args.heads:
         ap.error("--heads NAME=PATH is required (repeatable)")
-    if args.documents is None and args.target != "demo":
-        ap.error(f"--target {args.target}: pass --documents FILE [FILE ...] (held-out text files)")
     torch.set_num_threads(args.threads)
     offsets = [int(x) for x in args.offsets.split(",")]
     out_dir = Path(args.out)

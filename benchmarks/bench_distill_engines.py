@@ -1,6 +1,6 @@
 """`draftheads distill` throughput: the hf engine vs the vllm engine on the same rows.
 
-    python benchmarks/bench_distill_engines.py [--target smollm2] --questions FILE \
+    python benchmarks/bench_distill_engines.py [--target smollm2] [--questions chat] \
         [--vllm-python /path/to/.venv-vllm/bin/python] [--rows 16 --max-new-tokens 64 --batch-size 8] \
         [--out results/distill-engines]
 
@@ -27,7 +27,9 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--vllm-python", default=str(Path(sys.executable).parents[2] / ".venv-vllm" / "bin" / "python"))
     p.add_argument("--target", default="smollm2", help="a model folder or a target name (default: smollm2)")
-    p.add_argument("--questions", required=True, metavar="FILE", help="Spec-Bench/MT-Bench .jsonl or a text file")
+    p.add_argument("--questions", default="chat", metavar="NAME_OR_FILE",
+                   help="chat (default: the package's general chat prompts; distill refuses the evaluation sets), "
+                        "a Spec-Bench .jsonl or a text file")
     p.add_argument("--out", default="results/distill-engines")
     p.add_argument("--work", default="/tmp/draftheads-bench-distill")
     p.add_argument("--rows", type=int, default=16)

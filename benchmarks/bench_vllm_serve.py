@@ -2,7 +2,7 @@
 target, plain and with each exported drafter, under bounded request loops at several
 concurrencies from an HTTP client.
 
-    python benchmarks/bench_vllm_serve.py --heads eagle3=runs/smollm2/heads --questions FILE \\
+    python benchmarks/bench_vllm_serve.py --heads eagle3=runs/smollm2/heads [--questions mt-bench] \\
         --out results/vllm-serve [--target smollm2] [--concurrency 1,4,16] \\
         [--num-prompts 16] [--prompts-at-c1 4] [--max-tokens 64] [--k 3] [--rounds 1]
 

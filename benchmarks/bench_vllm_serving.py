@@ -2,7 +2,7 @@
 heads exported to it, at several numbers of concurrent requests.
 
     python benchmarks/bench_vllm_serving.py --heads medusa=runs/smollm2-medusa/heads eagle3=runs/smollm2/heads \\
-        --questions FILE --out results/vllm-serving
+        [--questions mt-bench] --out results/vllm-serving
         [--target smollm2] [--concurrency 1,4,16] [--num-prompts 16] [--prompts-at-c1 N] [--max-tokens 128] [--k 3]
         [--rounds 2]
 

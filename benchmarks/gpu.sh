@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One prepared evidence run for an accelerator (under 8 minutes on an H200); also runs on a CPU.
-#   benchmarks/gpu.sh [--small] [--out DIR] [--target smollm2 --heads HEADS_DIR --questions FILE]
+#   benchmarks/gpu.sh [--small] [--out DIR] [--target smollm2 --heads HEADS_DIR [--questions mt-bench]]
 # --small: tiny sizes, for a CPU and CI (tests/test_gpu_script.py). Writes DIR/report.{md,json}.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"

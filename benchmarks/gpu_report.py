@@ -1,6 +1,6 @@
 """One prepared evidence run for an accelerator (`benchmarks/gpu.sh` calls it); runs on a CPU too.
 
-    python benchmarks/gpu_report.py --out DIR [--small] [--target NAME_OR_DIR --heads DIR --questions FILE]
+    python benchmarks/gpu_report.py --out DIR [--small] [--target NAME_OR_DIR --heads DIR [--questions mt-bench]]
 
 Sections (each recorded even when another fails; a failure is written into the report, not hidden):
 1. exactness: greedy speculative decoding == `generate` on tiny random Llama, Qwen2, Mistral and
@@ -128,7 +128,7 @@ def target_speedups(args, device) -> dict:
     heads = dh.load_heads(args.heads, target=target).to(device)
     decoder = dh.SpeculativeDecoder(target, heads)
     rows = []
-    for prompt in load_prompts(tok, args.target, args.questions, 2 if args.small else 8):
+    for prompt in load_prompts(tok, args.questions, 2 if args.small else 8):
         ids = prompt.to(device)
         n = 32 if args.small else 128
         plain = timed_generate(lambda: reference(target, ids, n), device, 3)
@@ -280,11 +280,10 @@ def main() -> None:
     ap.add_argument("--small", action="store_true", help="tiny sizes (CPU, CI)")
     ap.add_argument("--target", default=None, help="target folder or name, e.g. smollm2 (sections 2 and 6)")
     ap.add_argument("--heads", default=None, help="heads folder for --target (sections 2 and 6)")
-    ap.add_argument("--questions", default=None, help="question file for --target's prompts (section 2)")
+    ap.add_argument("--questions", default="mt-bench",
+                    help="--target's prompts (section 2): mt-bench (default), spec-bench, chat, or a question file")
     ap.add_argument("--sections", default=",".join(SECTIONS))
     args = ap.parse_args()
-    if args.target and args.heads and not args.questions and args.target != "demo":
-        ap.error("--target/--heads: pass --questions FILE for the prompts (Spec-Bench/MT-Bench .jsonl or a text file)")
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -1,7 +1,7 @@
 """What a plain step of the decode loop costs against a step of `target.generate`, before/after.
 
     python benchmarks/plain_step.py --heads medusa=PATH --heads eagle=PATH [--baseline-src DIR] \
-        [--target smollm2] --questions FILE [--num-prompts 4] [--temperatures 0,1.0] [--rounds 8] \
+        [--target smollm2] [--questions mt-bench] [--num-prompts 4] [--temperatures 0,1.0] [--rounds 8] \
         [--max-new-tokens 128] [--out DIR]
 
 The online draft budget (`inference.draft_budget`) caps a step at depth 0 when speculation does
@@ -213,7 +213,7 @@ def main() -> None:
     from draftheads.target import resolve_target
 
     tokenizer = AutoTokenizer.from_pretrained(resolve_target(args.target))
-    prompt_ids = [p[0].tolist() for p in load_prompts(tokenizer, args.target, args.questions, args.num_prompts)]
+    prompt_ids = [p[0].tolist() for p in load_prompts(tokenizer, args.questions, args.num_prompts)]
     versions = {"after": str(HERE)}
     if args.baseline_src:
         versions["before"] = args.baseline_src

@@ -15,7 +15,7 @@ and prints per step:
 - the speedup over plain ``generate`` (time per new token, summed over the prompts).
 
     python benchmarks/step_profile.py --heads runs/smollm2/heads [--heads DIR ...] [--target smollm2] \
-        --questions FILE [--num-prompts 12] [--chain] [--temperature 0.7] [--out DIR] \
+        [--questions mt-bench] [--num-prompts 12] [--chain] [--temperature 0.7] [--out DIR] \
         [--draft-vocab-size none --draft-vocab-size 1024] [--verify-sizes 1,2,4,8,16,32,64]
 
 ``--draft-vocab-size N`` (repeatable; ``none`` = the whole vocabulary): profile static-tree heads
@@ -156,7 +156,7 @@ def main() -> None:
     from draftheads.target import load_target
 
     target, tokenizer = load_target(args.target, device=torch.device("cpu"), dtype="float32")
-    prompts = load_prompts(tokenizer, args.target, args.questions, args.num_prompts)
+    prompts = load_prompts(tokenizer, args.questions, args.num_prompts)
     results = []
     if args.verify_sizes:
         results.append(verify_costs(target, [int(n) for n in args.verify_sizes.split(",")],

@@ -13,7 +13,7 @@ import os
 import sys
 from pathlib import Path
 
-from prompts import DEFAULT_TARGET, load_prompts
+from prompts import DEFAULT_TARGET, add_questions_argument, load_prompts
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -37,14 +37,12 @@ def add_arguments(p: argparse.ArgumentParser, *, max_tokens: int, rounds: int) -
     p.add_argument("--heads", nargs="*", default=[], metavar="NAME=DIR",
                    help="draftheads heads folders to export and serve, e.g. eagle3=runs/smollm2/heads")
     p.add_argument("--target", default=DEFAULT_TARGET, help=f"a model folder or a target name (default: {DEFAULT_TARGET})")
-    p.add_argument("--questions", default=None, metavar="FILE",
-                   help="Spec-Bench/MT-Bench .jsonl or a text file of prompts (needed for every target but 'demo')")
+    add_questions_argument(p)
     p.add_argument("--out", required=True, help="folder for results.json, results.md, the exports and the engine logs")
     p.add_argument("--concurrency", default="1,4,16", help="comma-separated numbers of requests in flight")
     p.add_argument("--num-prompts", type=int, default=16)
     p.add_argument("--prompts-at-c1", type=int, default=None,
                    help="concurrency 1 (the slowest level) decodes only the first N prompts (default: all)")
-    p.add_argument("--prompt-tokens", type=int, default=128, help="the demo target's code prompts: their length")
     p.add_argument("--max-tokens", type=int, default=max_tokens)
     p.add_argument("--k", type=int, default=3, help="num_speculative_tokens for every drafter")
     p.add_argument("--rounds", type=int, default=rounds)
@@ -86,14 +84,13 @@ def level_prompts(args: argparse.Namespace, c: int) -> int:
 
 
 def target_prompts(args: argparse.Namespace, target_dir: str) -> list[list[int]]:
-    """The prompts as token ids (benchmarks/prompts.py: chat-templated first turns of --questions,
-    or the demo target's code prompts); ``args.prompt_tokens`` becomes the longest one's length,
-    which the engines' ``max_model_len`` is sized by."""
+    """The prompts as token ids (benchmarks/prompts.py: chat-templated first turns of --questions);
+    ``args.prompt_tokens`` becomes the longest one's length, which the engines' ``max_model_len``
+    is sized by."""
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(target_dir)
-    prompts = [p[0].tolist() for p in load_prompts(tokenizer, args.target, args.questions, args.num_prompts,
-                                                   prompt_tokens=args.prompt_tokens)]
+    prompts = [p[0].tolist() for p in load_prompts(tokenizer, args.questions, args.num_prompts)]
     args.prompt_tokens = max(len(p) for p in prompts)
     return prompts
 

@@ -16,7 +16,7 @@ Guarantees:
   the usual umask 022), like any ``open()``, not with ``mkstemp``'s owner-only 0600/0700.
 
 One writer per target at a time is assumed (the training loop writes on its main process only;
-the demo cache holds a lock): a write cleans every leftover of its target, including a
+the smollm2 cache holds a lock): a write cleans every leftover of its target, including a
 concurrent writer's temporary.
 """
 from __future__ import annotations

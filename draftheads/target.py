@@ -2,8 +2,7 @@
 
 Every command (training, feature caching, generate, bench, calibrate, import) loads its target
 here, so the dtype rule (`device.resolve_dtype`), the named targets ("smollm2", the real small
-model converted from its PyPI wheel; "demo", the home-made toy) and the frozen state are the same
-everywhere.
+model converted from its PyPI wheel) and the frozen state are the same everywhere.
 """
 from __future__ import annotations
 
@@ -28,31 +27,33 @@ class TargetLoadError(ValueError):
 
 def named_target(name_or_path: str) -> str | None:
     """The canonical name when ``name_or_path`` names a target draftheads builds itself, else None."""
-    if smollm2.is_name(name_or_path):
-        return smollm2.CANONICAL
-    from .demo import DEMO_TARGET
-
-    return DEMO_TARGET if name_or_path == DEMO_TARGET else None
+    return smollm2.CANONICAL if smollm2.is_name(name_or_path) else None
 
 
 def resolve_target(name_or_path: str) -> str:
-    """The folder a named target lives in (built on first use), or ``name_or_path`` unchanged."""
-    name = named_target(name_or_path)
-    if name == smollm2.CANONICAL:
+    """The folder a named target lives in (built on first use), or ``name_or_path`` unchanged.
+    The retired demo target's name is refused, naming its replacement, before it reaches the Hub
+    (where "demo" would be looked up as a model id)."""
+    if named_target(name_or_path) == smollm2.CANONICAL:
         try:
             return str(smollm2.ensure_smollm2())
         except smollm2.SmolLM2Error as err:
             raise TargetLoadError(str(err)) from None
-    if name is not None:
-        from .demo import resolve_target as resolve_demo
-
-        return resolve_demo(name)
+    refuse_retired(name_or_path)
     return name_or_path
+
+
+def refuse_retired(name_or_path: str) -> None:
+    """The retired demo target's name (unless a folder of that name exists) is an error naming
+    its replacement, not a Hub look-up."""
+    if name_or_path == smollm2.RETIRED_TARGET and not Path(name_or_path).exists():
+        raise TargetLoadError(smollm2.retired_message("target", name_or_path))
 
 
 def check_target_source(name_or_path: str) -> None:
     """Refuse, before transformers tries the Hub (and retries a missing network for a minute), a
-    target that is meant as a folder but is not a model folder."""
+    target that is meant as a folder but is not a model folder, or the retired demo target."""
+    refuse_retired(name_or_path)
     path = Path(name_or_path).expanduser()
     looks_local = path.is_absolute() or name_or_path.startswith((".", "~")) or not _HUB_ID.match(name_or_path)
     if path.is_dir():

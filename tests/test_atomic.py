@@ -198,7 +198,7 @@ def test_atomic_imports_only_the_standard_library():
 
 @pytest.mark.skipif(sys.platform == "win32", reason="exclusive_lock is a no-op without fcntl")
 def test_exclusive_lock_makes_a_second_process_wait_for_the_first(tmp_path):
-    """The demo target and the distilled set build under it: a second builder must block until the
+    """The smollm2 target converts under it: a second builder must block until the
     first releases, then see what it built (not build beside it)."""
     target = tmp_path / "cache" / "thing"
     holder = subprocess.Popen(

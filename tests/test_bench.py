@@ -234,14 +234,6 @@ def test_sampling_run_skips_exactness_and_text_prompt_files(tiny_target_dir, tmp
     assert "not checked (temperature > 0" in (out / "report.md").read_text()
 
 
-def test_demo_questions_are_raw_code_prefixes(tiny_tokenizer):
-    from draftheads.bench.questions import demo_questions
-
-    qs = demo_questions(tiny_tokenizer, num=2, prompt_tokens=16)
-    assert len(qs) == 2 and all(q.category == "code" and q.raw and len(q.turns) == 1 for q in qs)
-    assert all(q.question_id.endswith(".py") for q in qs)
-
-
 def test_bench_batch_sizes_compare_with_plain_batched_generate(tiny_target_dir, heads_dir, questions_file, tmp_path, capsys):
     out = tmp_path / "batched"
     code = _bench(tiny_target_dir, "--heads", heads_dir, "--prompt-lookup", "--questions", questions_file,

@@ -103,7 +103,7 @@ def test_generate_refuses_a_temperature_generate_refuses(tiny_target_dir, heads_
 
 
 def test_import_needs_a_target_and_offers_no_prompt_options(tmp_path, capsys):
-    """Without --target, import used to start building the demo target (an hour on a busy machine)."""
+    """Without --target, import used to start building the default target (an hour on a busy machine)."""
     with pytest.raises(SystemExit) as exit_:
         main(["import", str(tmp_path / "src"), str(tmp_path / "out")])
     assert exit_.value.code == 2

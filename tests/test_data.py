@@ -404,7 +404,7 @@ def test_config_validation():
         DataConfig(path="x", eval_fraction=1.0)
 
 
-# --------------------------------------------------------------------------- eval split, demo, workers
+# --------------------------------------------------------------------------- eval split, workers
 
 
 def test_eval_fraction_and_eval_path(plain_tok, tmp_path):
@@ -417,24 +417,6 @@ def test_eval_fraction_and_eval_path(plain_tok, tmp_path):
     eval_path = _write_jsonl(tmp_path / "eval.jsonl", rows[:3])
     train, eval_ds, stats = build_datasets(_cfg(path, tmp_path, eval_path=str(eval_path), max_samples=5), plain_tok)
     assert (len(train), len(eval_ds)) == (5, 3)
-
-
-def test_demo_path_uses_demo_corpus(monkeypatch, plain_tok, tmp_path):
-    import sys
-    import types
-
-    seen = []
-
-    def corpus_texts(split="train"):
-        seen.append(split)
-        return CORPUS
-
-    fake = types.ModuleType("draftheads.demo")
-    fake.corpus_texts = corpus_texts
-    monkeypatch.setitem(sys.modules, "draftheads.demo", fake)
-    train, _, stats = build_datasets(DataConfig(path="demo", eval_fraction=0.0, max_length=16), plain_tok)
-    assert seen == ["train"] and stats.rows_read == len(CORPUS) and stats.format == "text"
-    assert len(train) > len(CORPUS)  # chunked
 
 
 def test_num_proc_gives_same_result(chatml_tok, tmp_path):

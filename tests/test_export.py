@@ -264,7 +264,7 @@ def test_eagle3_aux_layers_an_engine_cannot_capture_are_refused(tmp_path, fmt, l
 
 
 def test_speculators_verifier_and_speculative_tokens(tmp_path, monkeypatch):
-    import draftheads.demo.build as demo_build
+    from draftheads import smollm2
 
     target = target4()
     heads = eagle3_heads(target, feature_layers=[1, 2, 3])
@@ -277,8 +277,8 @@ def test_speculators_verifier_and_speculative_tokens(tmp_path, monkeypatch):
 
     assert verifier("a") == ("/models/recorded", heads.config.num_heads)
     assert verifier("b", verifier="org/other", num_speculative_tokens=2) == ("org/other", 2)
-    monkeypatch.setattr(demo_build, "ensure_demo_target", lambda *a, **k: tmp_path / "demo-cache")
-    assert verifier("c", verifier="demo")[0] == str(tmp_path / "demo-cache")  # the folder vLLM can open
+    monkeypatch.setattr(smollm2, "ensure_smollm2", lambda *a, **k: tmp_path / "smollm2-cache")
+    assert verifier("c", verifier="smollm2")[0] == str(tmp_path / "smollm2-cache")  # the folder vLLM can open
 
     heads.config.target.name_or_path = ""
     heads.save_pretrained(tmp_path / "heads")

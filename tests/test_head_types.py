@@ -40,7 +40,7 @@ def trained_heads(target, head_type: str, steps: int = 100, seed: int = 0):
         seqs = greedy_reference(target, prompts, 40)
     torch.manual_seed(seed)
     heads = cls.for_target(target, **kwargs)
-    if hasattr(heads, "set_draft_vocab"):
+    if heads.own_draft_vocabulary:
         heads.set_draft_vocab(torch.bincount(seqs.flatten(), minlength=vocab))
     model = TargetWithHeads(target, heads, labels="target")
     opt = torch.optim.Adam(heads.parameters(), lr=3e-3)
@@ -121,7 +121,7 @@ def test_sampling_follows_the_target_distribution(head_type):
     kwargs = {**kwargs, "draft_vocab_size": 5} if head_type == "eagle3" else kwargs
     torch.manual_seed(0)
     heads = cls.for_target(target, **kwargs)
-    if hasattr(heads, "set_draft_vocab"):
+    if heads.own_draft_vocabulary:
         heads.set_draft_vocab(torch.tensor([1, 5, 4, 3, 2, 6]))
     tree = [[0], [1], [0, 0], [0, 1], [1, 0]] if head_type == "hydra" else {"total_tokens": 6, "depth": 2, "top_k": 2}
     decoder = dh.SpeculativeDecoder(target, heads, tree=tree, draw_drafts=False)  # top-k trees (drawn: test_drawn_drafts)

@@ -148,7 +148,7 @@ HEADS = {
 def fresh_heads(target, head_type: str, seed: int = 0, std: float = 0.05):
     torch.manual_seed(seed)
     heads = HEADS[head_type](target)
-    if hasattr(heads, "set_draft_vocab"):
+    if heads.own_draft_vocabulary:
         heads.set_draft_vocab(torch.arange(target.config.vocab_size).float())  # id 0 (P-EAGLE's mask) never seen
     for p in heads.parameters():  # a random start: zero-initialised projections would hide mistakes
         torch.nn.init.normal_(p, std=std)
@@ -242,22 +242,22 @@ def test_cached_features_packed_equal_the_target_run_on_the_window(head_type):
 
 
 def test_packing_options_are_validated_by_name():
-    base = {"data": {"path": "demo"}, "heads": {"head_type": "medusa"}}
-    cfg = config_from_dict({**base, "data": {"path": "demo", "packing": True, "pack_length": 64}})
+    base = {"data": {"path": "rows.jsonl"}, "heads": {"head_type": "medusa"}}
+    cfg = config_from_dict({**base, "data": {"path": "rows.jsonl", "packing": True, "pack_length": 64}})
     assert cfg.data.packing and cfg.data.packing_window == 64
     assert config_from_dict(base).data.packing is False  # off unless asked for
     with pytest.raises(ConfigError, match="pack_overflow='cut' is not one of split, drop"):
-        config_from_dict({**base, "data": {"path": "demo", "packing": True, "pack_overflow": "cut"}})
+        config_from_dict({**base, "data": {"path": "rows.jsonl", "packing": True, "pack_overflow": "cut"}})
     with pytest.raises(ConfigError, match="data.packing and train.group_by_length are both on"):  # before any load
-        config_from_dict({**base, "data": {"path": "demo", "packing": True}, "train": {"group_by_length": True}})
-    both = config_from_dict({**base, "data": {"path": "demo", "packing": True}})
+        config_from_dict({**base, "data": {"path": "rows.jsonl", "packing": True}, "train": {"group_by_length": True}})
+    both = config_from_dict({**base, "data": {"path": "rows.jsonl", "packing": True}})
     both.train.group_by_length = True  # set after the config check: packing still refuses it
     with pytest.raises(PackingError, match="data.packing and train.group_by_length are both on"):
         pack_for_training(both, None, [], Collator(PAD))
 
 
 def test_pack_for_training_reports_and_keeps_documents():
-    cfg = config_from_dict({"data": {"path": "demo", "packing": True, "max_length": 40, "pack_length": 20}})
+    cfg = config_from_dict({"data": {"path": "rows.jsonl", "packing": True, "max_length": 40, "pack_length": 20}})
     from datasets import Dataset
 
     rows = Dataset.from_list(documents((30, 9, 14, 6), 200))

@@ -207,7 +207,7 @@ def test_save_load_round_trip_stores_its_own_embedding(trained, tmp_path):
 
 def test_speculators_export_writes_the_peagle_layout(tmp_path):
     from draftheads.export.common import ExportError
-    from draftheads.export.speculators import export
+    from draftheads.export.speculators import export_peagle as export
 
     target = tiny_target("llama", layers=4)
     heads = peagle_for(target, feature_layers=[3, 0, 2])  # listed out of layer order on purpose

@@ -67,7 +67,7 @@ def ops_per_step(target, heads, run) -> tuple[float, float]:
 
 @pytest.fixture(scope="module")
 def deep_target():
-    """As many layers as the demo target: per-layer work in a step (cache views) counts as it does there."""
+    """Eight layers, as many as the earlier toy target: per-layer work in a step (cache views) counts as it does there."""
     return tiny_target("llama", layers=8)
 
 

@@ -328,7 +328,7 @@ def test_loss_chunks_kept_or_recomputed_give_the_same_gradients_bit_for_bit(tiny
     for keep in (False, True):
         torch.manual_seed(0)  # the same fresh heads, the same DFlash anchors
         heads = build_heads(spec, tiny_llama)
-        if hasattr(heads, "set_draft_vocab"):
+        if heads.own_draft_vocabulary:
             heads.set_draft_vocab(torch.arange(heads.config.vocab_size).flip(0).index_fill(0, torch.tensor([0]), 0))
         model = TargetWithHeads(tiny_llama, heads, loss_chunk_size=7, labels="target", checkpoint_loss_chunks=not keep)
         calls.clear()

@@ -393,7 +393,7 @@ def test_item17_import_round_trip_keeps_token_counts(tmp_path, tiny_target_dir, 
 def test_item03_dflash_block_longer_than_the_rows_is_refused_by_the_config():
     from draftheads.config import ConfigError, config_from_dict
 
-    base = {"data": {"path": "demo", "max_length": 256}, "heads": {"head_type": "dflash", "block_size": 512}}
+    base = {"data": {"path": "rows.jsonl", "max_length": 256}, "heads": {"head_type": "dflash", "block_size": 512}}
     with pytest.raises(ConfigError, match=r"heads.block_size=512 .*\(data.max_length=256\)"):
         config_from_dict(base)
     with pytest.raises(ConfigError, match=r"heads.num_heads=300 .*block of 301.*\(data.max_length=256\)"):

@@ -144,5 +144,5 @@ def test_export_refuses_a_window_by_name(tmp_path, fmt):
     heads.set_sliding_window(256)
     heads.save_pretrained(tmp_path / "heads")
     with pytest.raises(ExportError, match=rf"sliding_window 256: the {fmt} export cannot carry"):
-        export_heads(tmp_path / "heads", tmp_path / "out", fmt, verifier="demo")
+        export_heads(tmp_path / "heads", tmp_path / "out", fmt, verifier="org/target")
     assert not (tmp_path / "out").exists()

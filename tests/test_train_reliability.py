@@ -345,15 +345,6 @@ def test_eval_split_on_a_local_file_is_refused(tmp_path, tiny_target_dir, tiny_t
     assert not (tmp_path / "run").exists()  # refused before anything was loaded or written
 
 
-def test_demo_config_keeps_its_heldout_split():
-    from draftheads.config import load_config
-    from draftheads.data.load import check_eval_source
-
-    cfg = load_config(Path(__file__).resolve().parents[1] / "configs" / "demo.yaml")
-    assert cfg.data.path == "demo" and cfg.data.eval_split == "heldout"
-    check_eval_source(cfg.data)  # the demo corpus has real named splits
-
-
 # ---------------------------------------------------------------------------------------------
 # The loss is a mean over the step's tokens, however they fall into micro-batches
 # ---------------------------------------------------------------------------------------------

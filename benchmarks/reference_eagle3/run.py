@@ -4,7 +4,7 @@ target, the same token windows in the same batches, both sets of heads decoded b
 decoder.
 
     python benchmarks/reference_eagle3/run.py --eagle /path/to/EAGLE[.git] [--commit cb7e084] \\
-        [--config configs/smollm2-eagle3.yaml] --questions FILE [--workdir runs/reference-eagle3] \\
+        [--config configs/smollm2-eagle3.yaml] [--questions mt-bench] [--workdir runs/reference-eagle3] \\
         [--steps 200] [--arms reference,draftheads] [--out results/reference-eagle3]
 
 ``--eagle`` is a checkout of SafeAILab/EAGLE or a bare git directory of it (then ``--commit`` is
@@ -61,7 +61,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import measure  # noqa: E402  (this folder's decoder measurements and draftheads-side arms)
-from prompts import load_prompts  # noqa: E402  (benchmarks/prompts.py: the prompts every script decodes)
+from prompts import add_questions_argument, load_prompts  # noqa: E402  (benchmarks/prompts.py: the prompts every script decodes)
 
 CONFIG = ROOT / "configs" / "smollm2-eagle3.yaml"
 #: The reference's optimizer (ds_config.json) and draftheads' defaults.
@@ -310,8 +310,7 @@ def main() -> None:
     ap.add_argument("--eagle", required=True, help="SafeAILab/EAGLE checkout or bare git dir")
     ap.add_argument("--commit", default=None, help="commit to export from a git dir (default HEAD)")
     ap.add_argument("--config", default=str(CONFIG), help="the EAGLE-3 config both trainers follow")
-    ap.add_argument("--questions", default=None, metavar="FILE",
-                    help="Spec-Bench/MT-Bench .jsonl or a text file of prompts (needed for every target but 'demo')")
+    add_questions_argument(ap)
     ap.add_argument("--workdir", default="runs/reference-eagle3")
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--arms", default="reference,draftheads",
@@ -341,8 +340,6 @@ def main() -> None:
 
     cfg = load_config(args.config)
     target, tokenizer = load_target(cfg.target.name_or_path)
-    if args.questions is None and cfg.target.name_or_path != "demo" and not args.train_only:
-        ap.error(f"--questions FILE: the prompts to decode on {cfg.target.name_or_path}")
     train_ds, eval_ds, _ = build_datasets(cfg.data, tokenizer)
     src, sha = (None, None)
     infos: dict[str, dict] = {}
@@ -377,7 +374,7 @@ def main() -> None:
     if args.train_only:
         return
 
-    prompt_ids = load_prompts(tokenizer, cfg.target.name_or_path, args.questions, args.num_prompts)
+    prompt_ids = load_prompts(tokenizer, args.questions, args.num_prompts)
     references = [target.generate(p, attention_mask=torch.ones_like(p), do_sample=False, max_new_tokens=args.new_tokens)
                   for p in prompt_ids]  # fmt: skip
     held = eval_ds.select(range(min(len(eval_ds), args.eval_batches * cfg.train.batch_size)))  # as heldout_windows

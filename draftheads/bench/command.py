@@ -12,8 +12,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..arguments import batch_sizes, positive_int
-
-DEFAULT_DEMO_QUESTIONS = 12
+from ..data.prompt_sets import DEFAULT_QUESTIONS, describe_names
 
 
 def _csv(value: str) -> list[str]:
@@ -36,12 +35,15 @@ def add_parser(sub, add_target_args: Callable[[argparse.ArgumentParser], None]) 
     p.add_argument("--prompt-lookup", action="store_true", help="add prompt-lookup drafting (method prompt-lookup)")
     p.add_argument("--compare", type=_csv, default=None, metavar="A,B,...",
                    help="methods to run, in order (default: every one configured by --heads/--draft-model/--prompt-lookup)")
-    p.add_argument("--questions", metavar="FILE",
-                   help="Spec-Bench .jsonl (question_id, category, turns) or a text file with one prompt per line; "
-                        "default: the demo target's held-out code-completion prompts")
-    p.add_argument("--categories", type=_csv, default=None, metavar="A,B", help="only these categories")
+    p.add_argument("--questions", default=DEFAULT_QUESTIONS, metavar="NAME_OR_FILE",
+                   help=f"a set shipped in the package ({describe_names()}), a Spec-Bench .jsonl (question_id, "
+                        f"category, turns) or a text file with one prompt per line (default: {DEFAULT_QUESTIONS}, "
+                        "MT-Bench's 80 two-turn questions)")
+    p.add_argument("--categories", type=_csv, default=None, metavar="A,B",
+                   help="only these categories (spec-bench: translation, summarization, qa, math_reasoning, rag and "
+                        "MT-Bench's eight)")
     p.add_argument("--max-questions", type=int, default=None, metavar="N",
-                   help=f"at most N questions, round-robin over categories (default: all; {DEFAULT_DEMO_QUESTIONS} demo prompts)")
+                   help="at most N questions, round-robin over categories (default: all)")
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy, where exactness is checked")
     p.add_argument("--seed", type=int, default=0)
@@ -104,7 +106,7 @@ def _run(args, load_model) -> int:
     from .environment import environment
     from .methods import build_methods, heads_method_names, resolve_compare
     from .metrics import OVERALL, summarize
-    from .questions import categories, demo_questions, load_questions, select
+    from .questions import categories, load_questions, select
     from .report import REPORT_JSON, REPORT_MD, markdown, write_report
     from .runner import Runner, Settings
 
@@ -113,18 +115,12 @@ def _run(args, load_model) -> int:
         import torch
 
         torch.set_num_threads(args.threads)
-    questions = None
-    if args.questions:
-        questions = select(load_questions(args.questions), args.categories, args.max_questions)
-        source = str(args.questions)
+    source = str(args.questions or DEFAULT_QUESTIONS)
+    questions = select(load_questions(source), args.categories, args.max_questions)
     heads_names = heads_method_names(args.heads)
     names = resolve_compare(args.compare, heads_names, args.draft_model, args.prompt_lookup)
 
     target, tokenizer = load_model(args.target)
-    if questions is None:
-        questions = demo_questions(tokenizer, num=args.max_questions or DEFAULT_DEMO_QUESTIONS)
-        questions = select(questions, args.categories, None)
-        source = f"demo held-out code (first 128 tokens of {len(questions)} held-out standard-library files)"
     methods = build_methods(names, target, tokenizer, args.heads, heads_names, args.draft_model, load_model,
                             check_fingerprint=not getattr(args, "no_fingerprint_check", False),
                             draw_drafts=not getattr(args, "top_k_drafts", False))
@@ -155,7 +151,6 @@ def _run(args, load_model) -> int:
             "questions": len(questions),
             "samples": sum(len(q.turns) for q in questions),
             "categories": cats,
-            "raw": all(q.raw for q in questions),
             "truncated": sum(1 for s in samples if s.method == "plain" and s.round == 0 and s.truncated),
         },
         "methods": [m.describe() for m in methods],
@@ -170,7 +165,7 @@ def _run(args, load_model) -> int:
     for stale in (REPORT_JSON, REPORT_MD, plots.SPEEDUP_PNG, plots.ACCEPT_PNG, plots.DEPTH_PNG):
         (out / stale).unlink(missing_ok=True)  # never leave an earlier run's plot beside this report
     try:
-        asked = Path(args.questions).name if args.questions else "demo held-out code"
+        asked = Path(source).name
         title = f"{Path(str(report['environment']['target'])).name}, {asked}, {args.max_new_tokens} new tokens"
         report["plots"] = plots.write_plots(out, results, [m.name for m in methods], cats, title)
     except ImportError:

@@ -1,5 +1,5 @@
-"""What the benchmark asks: Spec-Bench question rows, plain-text prompt files, or the demo
-target's held-out code files.
+"""What the benchmark asks: the sets shipped in the package by name (MT-Bench, Spec-Bench, chat
+prompts: ``data.prompt_sets``), Spec-Bench question rows, or plain-text prompt files.
 
 A question is one or more user turns. Multi-turn questions (MT-Bench rows) are answered turn by
 turn: turn k's prompt contains the earlier turns and their answers, so later turns measure
@@ -12,10 +12,10 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..data.prompt_sets import describe_names, resolve_prompt_set
+
 #: Category given to rows and files that do not name one.
 DEFAULT_CATEGORY = "default"
-#: Category of the demo target's held-out code-completion prompts.
-CODE_CATEGORY = "code"
 
 
 class QuestionFileError(ValueError):
@@ -27,19 +27,19 @@ class Question:
     question_id: str
     category: str
     turns: tuple[str, ...]
-    #: Raw code-completion text: never wrapped in a chat template, whatever the flags say.
-    raw: bool = False
 
 
-def load_questions(path: str | Path) -> list[Question]:
-    """Questions from a ``.jsonl`` file in Spec-Bench format (``question_id``, ``category``,
-    ``turns``) or from a plain-text file (one single-turn prompt per non-empty line).
+def load_questions(name_or_path: str | Path) -> list[Question]:
+    """Questions from a named set shipped in the package (``mt-bench``, ``spec-bench``, ``chat``:
+    ``data.prompt_sets``), a ``.jsonl`` file in Spec-Bench format (``question_id``, ``category``,
+    ``turns``) or a plain-text file (one single-turn prompt per non-empty line).
 
     A malformed row is an error naming ``file:line``: a benchmark that silently skips rows
     measures something else than the user thinks."""
-    path = Path(path)
+    path = resolve_prompt_set(name_or_path)
     if not path.is_file():
-        raise QuestionFileError(f"question file not found: {path}")
+        raise QuestionFileError(f"question file not found: {path} (pass a Spec-Bench .jsonl, a text file with one "
+                                f"prompt a line, or a named set: {describe_names()})")
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
     except UnicodeDecodeError as e:
@@ -82,31 +82,6 @@ def _parse_row(path: Path, n: int, line: str) -> Question:
     if not isinstance(qid, (int, str)) or isinstance(qid, bool):
         raise QuestionFileError(f"{where}: 'question_id' must be an integer or a string, got {qid!r}")
     return Question(question_id=str(qid), category=category, turns=tuple(turns))
-
-
-def demo_questions(tokenizer, num: int = 12, prompt_tokens: int = 128) -> list[Question]:
-    """The demo target's code-completion prompts: the first ``prompt_tokens`` tokens of held-out
-    standard-library files longer than 2000 characters (neither the demo target nor its heads
-    trained on them). The benchmark scripts under benchmarks/ use the same prompts, so their figures compare."""
-    from ..demo import corpus_files, stdlib_root
-
-    root = stdlib_root()
-    questions = []
-    for path in corpus_files("heldout"):
-        text = path.read_text(encoding="utf-8")
-        if len(text) <= 2000:
-            continue
-        # A prefix is plenty for prompt_tokens tokens (and stays under the model's length warning).
-        ids = tokenizer(text[: 32 * prompt_tokens]).input_ids[:prompt_tokens]
-        questions.append(Question(
-            question_id=path.relative_to(root).as_posix(),
-            category=CODE_CATEGORY,
-            turns=(tokenizer.decode(ids, skip_special_tokens=True),),
-            raw=True,
-        ))
-        if len(questions) == num:
-            break
-    return questions
 
 
 def categories(questions: list[Question]) -> list[str]:

@@ -32,8 +32,7 @@ def markdown(report: dict[str, Any]) -> str:
     env, settings, q = report["environment"], report["settings"], report["questions"]
     truncated = f", {q['truncated']} prompts cut to fit the context" if q["truncated"] else ""
     rounds = settings.get("rounds", 1)  # reports written before --rounds have none: one round
-    template = ("code prompts as raw text" if q.get("raw") else
-                f"chat template {'on' if settings['use_chat_template'] else 'off'}")
+    template = f"chat template {'on' if settings['use_chat_template'] else 'off'}"
     lines = [
         "# draftheads bench",
         "",

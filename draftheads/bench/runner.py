@@ -75,13 +75,13 @@ def encode_turn(tokenizer, question: Question, turn: int, answers: list[str], us
     """Prompt ids for ``turn``: the earlier turns with their answers, then this turn.
 
     With the chat template, turns are user messages and answers assistant messages. Without it
-    (or for raw code prompts) they are concatenated as text, separated by blank lines."""
-    if question.raw or not use_chat_template:
+    they are concatenated as text, separated by blank lines."""
+    if not use_chat_template:
         parts: list[str] = []
         for k in range(turn):
             parts += [question.turns[k], answers[k]]
         parts.append(question.turns[turn])
-        text = parts[0] if question.raw and turn == 0 else "\n\n".join(parts) + ("" if question.raw else "\n\n")
+        text = "\n\n".join(parts) + "\n\n"
         return tokenizer(text, return_tensors="pt").input_ids
     if not getattr(tokenizer, "chat_template", None):
         raise ChatTemplateError(

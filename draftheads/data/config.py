@@ -6,9 +6,12 @@ head is trained on is written down in the experiment file (and its checkpoint), 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from pydantic.dataclasses import dataclass
 
 from ..schema import CHECKED, Bool, Float, Int, Str
+from ..smollm2 import RETIRED_DATA, retired_message
 from .eval_overlap import OVERLAP_POLICIES
 
 FORMATS = ("auto", "sharegpt", "messages", "text")
@@ -19,9 +22,10 @@ PACK_OVERFLOW = ("split", "drop")  # see data/packing.py
 class DataConfig:
     """Where the training text comes from and how it becomes token windows.
 
-    path: a local ``.json``/``.jsonl``/``.parquet`` file or a folder of them, a hub dataset id
-        (``owner/name``), ``"demo"`` for the project's offline demo corpus, or ``"demo-distilled"``
-        for that corpus continued by the demo target itself (built on first use, one split: train).
+    path: a local ``.json``/``.jsonl``/``.parquet`` file or a folder of them, or a hub dataset id
+        (``owner/name``). No default: a run names its data (``None`` until then, an error when the
+        data is read). ``draftheads distill`` writes chats the target answers, from a prompt set or
+        from prompts it writes itself (``--synthesize``).
     split: the split of a hub dataset. A local file is a single split, so it is ignored there.
     format: ``auto`` picks by the columns present (``conversations`` -> sharegpt,
         ``messages`` -> messages, ``text_field`` -> text).
@@ -53,7 +57,7 @@ class DataConfig:
         ``refuse`` (an error naming them), ``drop`` (leave them out, counted) or ``warn`` (keep them).
     """
 
-    path: Str
+    path: Str | None = None
     split: Str = "train"
     format: Str = "auto"
     text_field: Str = "text"
@@ -73,8 +77,11 @@ class DataConfig:
     eval_overlap: Str = "refuse"
 
     def __post_init__(self) -> None:
-        if not isinstance(self.path, str) or not self.path:
+        if self.path is not None and (not isinstance(self.path, str) or not self.path):
             raise ValueError(f"data.path must be a non-empty string, got {self.path!r}")
+        for key, value in (("data.path", self.path), ("data.eval_path", self.eval_path)):
+            if value in RETIRED_DATA and not Path(value).exists():
+                raise ValueError(retired_message(key, value))
         if self.format not in FORMATS:
             raise ValueError(f"data.format={self.format!r} is not one of {', '.join(FORMATS)}")
         if self.max_length < 2:

@@ -1,6 +1,6 @@
 """Read a raw dataset (rows of untokenized text or conversations) from wherever the config points.
 
-Kept apart from formatting and tokenization so a new source (another file type, a new demo corpus)
+Kept apart from formatting and tokenization so a new source (another file type)
 touches one small function, and so a wrong path fails here, early, with the path in the message,
 instead of deep inside ``datasets`` with a message about a builder.
 """
@@ -17,8 +17,6 @@ import datasets
 from .config import DataConfig
 from .json_check import columns as json_columns
 from .json_check import json_problem, row_lines, utf8_problem
-
-DEMO_PATH = "demo"
 
 # File suffix -> the ``datasets`` packaged builder that reads it.
 _BUILDERS: dict[str, str] = {
@@ -39,22 +37,36 @@ def load_raw_dataset(cfg: DataConfig, *, eval: bool = False) -> datasets.Dataset
     The eval source is ``cfg.eval_path`` (default: ``cfg.path``) at ``cfg.eval_split`` (default:
     ``cfg.split``); it only exists when one of those two is set (see ``DataConfig``).
     """
+    path = require_data_path(cfg)
     if eval:
         if not cfg.has_eval_source:
             raise ValueError("this DataConfig has no eval_path/eval_split; the eval rows are a share of the train rows")
         check_eval_source(cfg)
-        path, split = cfg.eval_path or cfg.path, cfg.eval_split or cfg.split
+        path, split = cfg.eval_path or path, cfg.eval_split or cfg.split
     else:
-        path, split = cfg.path, cfg.split
+        split = cfg.split
     return load_source(path, split, cache_dir=cfg.cache_dir)
+
+
+def require_data_path(cfg: DataConfig) -> str:
+    """``cfg.path``, or an error saying how to name the training data (it has no default)."""
+    if cfg.path is None:
+        raise ValueError(
+            "data.path is not set: name the training data in the config (data: {path: FILE}) or on the command "
+            "line (data.path=FILE): a .json/.jsonl/.parquet file or folder of chats or text, or a hub dataset id; "
+            "`draftheads distill --target smollm2 --synthesize 2000 --out data/smollm2-chats.jsonl` writes chats "
+            "the target answers itself"
+        )
+    return cfg.path
 
 
 def check_eval_source(cfg: DataConfig) -> None:
     """Refuse an eval source that would be the training rows: a local file has no named splits
     (``datasets`` reads any of them as the whole file), so ``eval_split`` alone cannot select
-    held-out rows from it, and an ``eval_path`` that is the training file is no held-out set."""
-    local = cfg.path != DEMO_PATH and Path(cfg.path).expanduser().exists()
-    if not local:
+    held-out rows from it, and an ``eval_path`` that is the training file is no held-out set.
+    Training calls it before loading anything, so a config without ``data.path`` fails here too."""
+    path = require_data_path(cfg)
+    if not Path(path).expanduser().exists():
         return
     if cfg.eval_path is None and cfg.eval_split is not None:
         raise ValueError(
@@ -63,7 +75,7 @@ def check_eval_source(cfg: DataConfig) -> None:
             f"data.eval_fraction (now {cfg.eval_fraction}) of the rows, disjoint from training, or give "
             "data.eval_path (a separate file)"
         )
-    if cfg.eval_path is not None and Path(cfg.eval_path).expanduser().resolve() == Path(cfg.path).expanduser().resolve():
+    if cfg.eval_path is not None and Path(cfg.eval_path).expanduser().resolve() == Path(path).expanduser().resolve():
         raise ValueError(
             f"data.eval_path is the training file {cfg.path!r}: evaluation would run on the training rows. "
             "Remove data.eval_path to hold out data.eval_fraction of the rows, or give a separate file"
@@ -71,9 +83,7 @@ def check_eval_source(cfg: DataConfig) -> None:
 
 
 def load_source(path: str, split: str = "train", *, cache_dir: str | None = None) -> datasets.Dataset:
-    """One dataset from a local file/folder, a hub id, or the demo corpus."""
-    if path == DEMO_PATH:
-        return _load_demo(split)
+    """One dataset from a local file/folder or a hub id."""
     local = Path(path).expanduser()
     if local.exists():
         files, builder = _local_files(local)
@@ -100,7 +110,7 @@ def load_source(path: str, split: str = "train", *, cache_dir: str | None = None
     if not looks_like_hub_id(path):
         raise FileNotFoundError(
             f"data path {path!r} does not exist (resolved to {local.resolve()}); give an existing "
-            f".json/.jsonl/.parquet file or folder, a hub dataset id 'owner/name', or 'demo'"
+            f".json/.jsonl/.parquet file or folder, or a hub dataset id 'owner/name'"
         )
     ds = datasets.load_dataset(path, split=split, cache_dir=cache_dir)
     return _as_dataset(ds, path)
@@ -202,14 +212,6 @@ def looks_like_hub_id(path: str) -> bool:
     if _suffix(path) in _BUILDERS:
         return False
     return bool(_HUB_ID.match(path))
-
-
-def _load_demo(split: str) -> datasets.Dataset:
-    # Imported here: the demo module pulls in model-building code nobody else in this package needs.
-    from draftheads.demo import corpus_texts
-
-    texts = list(corpus_texts(split))
-    return datasets.Dataset.from_dict({"text": texts})
 
 
 def _suffix(name: str) -> str:

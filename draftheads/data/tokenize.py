@@ -41,7 +41,6 @@ from .chat_mask import (
 )
 from .config import DataConfig
 from .formats import CHAT_FORMATS, Message, detect_format, normalize_chat
-from .demo_distilled import resolve_data_path
 from .eval_overlap import describe, first_match, texts_to_check
 from .exact_ids import TOKEN_IDS, IdsDoNotMatch, NotSpliceable, spliced_chat, text_ids
 from .load import RowPlaces, load_raw_dataset, row_places
@@ -291,7 +290,6 @@ def build_datasets(
     rows (at least one, when there are two rows or more; none when the fraction is 0).
     Raises ValueError when a split has no rows or keeps none.
     """
-    cfg = resolve_data_path(cfg)  # "demo-distilled": the cached file (built on first use)
     raw_train = _prepare(load_raw_dataset(cfg), cfg)
     _require_rows(raw_train, cfg.path, "train")
     fmt = detect_format(raw_train.column_names, cfg.format, cfg.text_field)

@@ -1,7 +1,7 @@
 """Engine formats: export draftheads heads to vLLM / SGLang / speculators, import public checkpoints.
 
     from draftheads.export import export_heads, import_heads
-    export_heads("runs/demo/heads", "out/vllm-medusa", "vllm")
+    export_heads("runs/smollm2/heads", "out/vllm-medusa", "vllm")
     import_heads("path/to/EAGLE3-checkpoint", "runs/imported", target)
 
 One module per engine layout (vllm, sglang, speculators; import_medusa, import_eagle); the tensor

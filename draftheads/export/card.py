@@ -21,21 +21,28 @@ from typing import Any
 
 from ..atomic import write_text_atomically
 
-CARD_NAME = "README.md"
+from ..registry import UnknownMethodError, method_named
 from .common import EXPORT_METADATA
-from .formats import ENGINE_LAYOUTS, SERVING_ENGINES, formats_for
+from .formats import ENGINE_TITLES, SERVING_ENGINES, formats_for
+
+CARD_NAME = "README.md"
 MARKER = "<!-- draftheads model card -->"  # a card draftheads wrote (push may rename the folder in it)
 COPIED_SECTIONS = ("training", "measured")
 
-HEAD_TITLES = {"medusa": "Medusa", "hydra": "Hydra", "eagle": "EAGLE-1/2", "eagle3": "EAGLE-3", "peagle": "P-EAGLE",
-               "dflash": "DFlash"}
-VLLM_EXTRA = {"peagle": {"parallel_drafting": True}}  # vLLM serves P-EAGLE as EAGLE-3 with parallel drafting
+def title(head_type: str) -> str:
+    """The method's name as people write it ("EAGLE-3"); the head type itself for one no method has."""
+    try:
+        return method_named(head_type).title
+    except UnknownMethodError:
+        return head_type
 
 
 # -- serving snippets ---------------------------------------------------------------------------------
 def vllm_speculative_config(head_type: str, model: str, k: int) -> dict[str, Any]:
-    """What ``vllm serve --speculative-config`` / ``LLM(speculative_config=...)`` takes for an export."""
-    return {"method": ENGINE_LAYOUTS[head_type]["vllm"], "model": model, "num_speculative_tokens": k, **VLLM_EXTRA.get(head_type, {})}
+    """What ``vllm serve --speculative-config`` / ``LLM(speculative_config=...)`` takes for an export:
+    the name and options the method's vLLM layout declares."""
+    layout = method_named(head_type).exports["vllm"]
+    return {"method": layout.engine_name, "model": model, "num_speculative_tokens": k, **layout.serve_extra}
 
 
 def vllm_lines(head_type: str, target: str, model: str, k: int) -> list[str]:
@@ -55,7 +62,7 @@ def vllm_lines(head_type: str, target: str, model: str, k: int) -> list[str]:
 def sglang_lines(head_type: str, target: str, model: str, k: int) -> list[str]:
     return [
         "```bash",
-        f"python -m sglang.launch_server --model-path {target} --speculative-algorithm {ENGINE_LAYOUTS[head_type]['sglang']} \\",
+        f"python -m sglang.launch_server --model-path {target} --speculative-algorithm {method_named(head_type).exports['sglang'].engine_name} \\",
         f"    --speculative-draft-model-path {model} --speculative-num-steps {k} --speculative-eagle-topk 1 "
         f"--speculative-num-draft-tokens {k + 1}",
         "```",
@@ -89,18 +96,8 @@ def _fmt(value: Any) -> str:
 
 
 def heads_table(config: dict[str, Any]) -> list[str]:
-    head_type, extra = config["head_type"], config.get("extra") or {}
-    rows = [("head type", f"`{head_type}` ({HEAD_TITLES.get(head_type, head_type)})")]
-    if head_type in ("medusa", "hydra"):
-        rows += [("heads (draft positions)", config["num_heads"]), ("layers per head", config["num_layers"]),
-                 ("LM head", f"{config.get('lm_head', 'own')} "
-                             f"({'a copy per head' if config.get('lm_head') == 'own' else 'the target' + chr(39) + 's, not stored'})")]
-    else:
-        rows += [("draft steps in training", config["num_heads"]), ("decoder layers", config["num_layers"])]
-        for key in ("intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim", "feature_layers",
-                    "draft_vocab_size"):
-            if key in extra:
-                rows.append((key.replace("_", " "), extra[key]))
+    head_type = config["head_type"]
+    rows = [("head type", f"`{head_type}` ({title(head_type)})"), *method_named(head_type).heads.card_rows(config)]
     rows += [("hidden size", config["hidden_size"]), ("vocabulary", config["vocab_size"])]
     return ["| | |", "|---|---|", *(f"| {k} | {v} |" for k, v in rows)]
 
@@ -183,11 +180,11 @@ def serve_lines(config: dict[str, Any], where: str, target: str) -> list[str]:
              f"heads = dh.load_heads({where!r}, target=target)",
              "out = dh.SpeculativeDecoder(target, heads).generate(input_ids, max_new_tokens=128)", "```"]
     if not formats:
-        lines += ["", f"{HEAD_TITLES.get(head_type, head_type)} heads have no vLLM or SGLang format yet "
+        lines += ["", f"{title(head_type)} heads have no vLLM or SGLang format yet "
                       "(`draftheads export --help` lists the formats)."]
         return lines
     for fmt in formats:
-        engine = "vLLM" if fmt == "vllm" else "SGLang"
+        engine = ENGINE_TITLES[fmt]
         out = f"{Path(where).name or 'heads'}-{fmt}"
         lines += ["", f"### Serve in {engine}", "", "Export, then serve the export:", "", "```bash",
                   f"draftheads export {where} {out} --format {fmt}", "```", ""]
@@ -213,10 +210,9 @@ def heads_card(config: dict[str, Any], where: str, training: dict[str, Any] | No
     """The card of a heads folder (config.json with head_type). ``where``: how users reach the
     folder (its path, or its Hub id once pushed); ``training``: `training_facts` of the run."""
     head_type = config["head_type"]
-    title = HEAD_TITLES.get(head_type, head_type)
     target = verifier_name(config, verifier)
     lines = _front_matter(config, ["speculative-decoding", "draft-heads", head_type]) + [
-        MARKER, "", f"# {title} draft heads for `{target}`", "",
+        MARKER, "", f"# {title(head_type)} draft heads for `{target}`", "",
         "Draft heads trained with draftheads on a frozen causal LM. They propose tokens "
         "that the target verifies in one forward, so decoding with them changes the speed, never the output.", "",
         target_line(config), "", "## Heads", "", *heads_table(config), "",
@@ -234,14 +230,14 @@ def export_card(engine_config: dict[str, Any], metadata: dict[str, Any], heads_c
     measured sections are repeated here."""
     fmt, head_type = metadata["format"], metadata["head_type"]
     target = verifier_name(heads_config, metadata.get("verifier"))
-    title = HEAD_TITLES.get(head_type, head_type)
+    layout = method_named(head_type).exports.get(fmt)
     k = int(metadata.get("num_speculative_tokens") or draft_steps(heads_config))
-    if fmt == "speculators" or (fmt == "vllm" and head_type == "eagle3"):
-        proposals = (engine_config.get("speculators_config") or {}).get("proposal_methods") or [{}]
+    if engine_config.get("speculators_config"):  # the speculators layout records the draft length itself
+        proposals = engine_config["speculators_config"].get("proposal_methods") or [{}]
         k = int(proposals[0].get("speculative_tokens") or k)
     engine = {"vllm": "vLLM", "sglang": "SGLang", "speculators": "vLLM (speculators format)"}.get(fmt, fmt)
     lines = _front_matter(heads_config, ["speculative-decoding", "draft-heads", head_type, fmt]) + [
-        MARKER, "", f"# {title} draft heads for `{target}`, exported for {engine}", "",
+        MARKER, "", f"# {title(head_type)} draft heads for `{target}`, exported for {engine}", "",
         f"Exported by `draftheads export --format {fmt}` from the draftheads heads `{metadata.get('heads')}`. "
         "The engine's greedy output with this draft equals the target's own; the tensors map one to one onto the "
         "engine's draft model (draftheads refuses heads a format cannot hold exactly).", "",
@@ -253,7 +249,7 @@ def export_card(engine_config: dict[str, Any], metadata: dict[str, Any], heads_c
     lines += [f"## Serve in {engine}", ""]
     if fmt in ("vllm", "speculators"):
         lines += vllm_lines(head_type, target, where, k)
-        if head_type == "eagle3":
+        if layout is not None and layout.serves_alone:
             lines += ["", "The speculators config names its verifier, so vLLM also serves the folder alone:", "",
                       "```bash", f"vllm serve {where}", "```"]
     elif fmt == "sglang":

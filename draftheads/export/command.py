@@ -21,7 +21,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--format", required=True, choices=list(EXPORT_FORMATS))
     p.add_argument("--verifier", metavar="PATH_OR_ID",
                    help="the target as the engine opens it (default: the target the heads were trained for; "
-                        '"demo" = the demo target\'s cache folder)')
+                        '"smollm2" = its cache folder)')
     p.add_argument("--num-speculative-tokens", type=int, default=None, metavar="N",
                    help="EAGLE-3 heads in the speculators layout (--format vllm or speculators): draft tokens per "
                         "step written to the config (default: the heads' training draft steps); refused for exports "

@@ -132,16 +132,14 @@ def write_engine_folder(
 
 # -- the verifier -------------------------------------------------------------------------------------
 def resolve_verifier(heads_config, verifier: str | None) -> str | None:
-    """``--verifier`` if given, else the target the heads recorded; a named target ("smollm2", "demo")
+    """``--verifier`` if given, else the target the heads recorded; a named target ("smollm2")
     becomes its cache folder (what an engine can open)."""
     name = verifier or (heads_config.target.name_or_path if heads_config.target else "") or None
     if name is None:
         return None
-    from ..target import named_target, resolve_target
+    from ..target import resolve_target
 
-    if named_target(name) is not None:
-        return resolve_target(name)
-    return name
+    return resolve_target(name)  # a name unchanged unless it names a target built here (or a retired one)
 
 
 def verifier_config(verifier: str | None) -> dict[str, Any]:

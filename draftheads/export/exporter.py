@@ -6,8 +6,8 @@ from pathlib import Path
 
 from ..heads.hub import resolve_heads_folder
 from ..heads.io import load_heads
+from ..registry import EngineLayout, Method, TreeKind, method_of
 from .card import CARD_NAME, export_card
-from . import sglang, speculators, vllm
 from .common import (
     TOKEN_COUNTS_NAME,
     ExportError,
@@ -17,8 +17,7 @@ from .common import (
     verifier_config,
     write_engine_folder,
 )
-
-FORMATS = {"vllm": vllm.export, "sglang": sglang.export, "speculators": speculators.export}
+from .formats import ENGINE_TITLES, EXPORT_FORMATS, layouts_sentence
 
 
 def check_speculative_tokens(value: int | None, heads) -> None:
@@ -31,7 +30,7 @@ def check_speculative_tokens(value: int | None, heads) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ExportError(f"num_speculative_tokens must be a whole number >= 1, got {value!r}")
     kind, most = heads.config.head_type, heads.config.num_heads
-    if kind in ("medusa", "hydra") and value > most:
+    if method_of(heads).tree is TreeKind.STATIC and value > most:  # one head per depth
         raise ExportError(
             f"num_speculative_tokens {value}: these {kind} heads draft at most {most} tokens per step "
             f"(one per head); export with --num-speculative-tokens {most} or fewer"
@@ -78,19 +77,20 @@ def export_heads(
     """Write the heads in ``heads_dir`` as ``format`` ("vllm", "sglang", "speculators") to ``out_dir``.
 
     ``verifier``: the target as the engine should open it (default: the target the heads recorded;
-    "demo" is the demo target's cache folder). Refuses, naming the reason, heads the format
+    "smollm2" is its cache folder). Refuses, naming the reason, heads the format
     cannot hold exactly, and an existing ``out_dir`` unless ``overwrite``."""
-    if format not in FORMATS:
-        raise ExportError(f"unknown export format {format!r}; valid: {', '.join(FORMATS)}")
+    if format not in EXPORT_FORMATS:
+        raise ExportError(f"unknown export format {format!r}; valid: {', '.join(EXPORT_FORMATS)}")
     out = Path(out_dir)
     check_output_folder(out, heads_dir, overwrite)  # never the heads themselves, nor someone's files
     heads = load_heads(heads_dir)
+    layout = engine_layout(method_of(heads), format)
     check_no_sliding_window(heads, format)
     check_speculative_tokens(num_speculative_tokens, heads)
     if verifier is not None:
         check_verifier(verifier)
     resolved = resolve_verifier(heads.config, verifier)
-    folder = FORMATS[format](
+    folder = layout.write(
         heads, verifier=resolved, verifier_cfg=verifier_config(resolved), num_speculative_tokens=num_speculative_tokens
     )
     local = Path(heads_dir).exists()  # else a Hub id, which load_heads resolved: record the id
@@ -102,6 +102,16 @@ def export_heads(
     counts = token_counts_json(heads)  # no engine tensor holds them: kept for `draftheads import`
     return write_engine_folder(out, folder, metadata, overwrite, card=card,
                                extra_files={TOKEN_COUNTS_NAME: counts} if counts else None)
+
+
+def engine_layout(method: Method, format: str) -> EngineLayout:
+    """How ``format`` holds the heads of ``method``, as it declares; refused, naming the formats
+    that exist, when it does not."""
+    layout = method.exports.get(format)
+    if layout is None:
+        raise ExportError(f"{method.name} heads have no {ENGINE_TITLES[format]} layout: formats exist for "
+                          f"{layouts_sentence()}")
+    return layout
 
 
 def source_card(heads_dir: str | os.PathLike) -> str | None:

@@ -1,36 +1,40 @@
-"""Names of the formats and which head types each holds (no heavy imports: the command line lists
-them before torch loads).
+"""Names of the formats (no heavy imports: the command line lists them before torch loads), and
+which heads each holds.
 
-`ENGINE_LAYOUTS` is the one table of "which engine serves which heads, under which name": the
-exporters' refusals, the model card's serving snippets and the importers' help all read it, and
-tests/test_export_formats_table.py checks that every exporter's dispatch agrees with it.
+Which engine holds which heads, under which name, is declared by each method
+(`registry.Method.exports`, in draftheads/methods/): `engine_layouts` gathers it into the one
+table that the exporter's refusals and the model card's serving snippets read.
 """
+from ..registry import UnknownMethodError, method_named, methods
 
 EXPORT_FORMATS = ("vllm", "sglang", "speculators")
-
-# head type -> {export format: the name the engine gives that draft (vLLM's method, SGLang's
-# --speculative-algorithm, speculators' speculators_model_type)}
-ENGINE_LAYOUTS = {
-    "medusa": {"vllm": "medusa"},
-    "eagle": {"vllm": "eagle", "sglang": "EAGLE"},
-    "eagle3": {"vllm": "eagle3", "sglang": "EAGLE3", "speculators": "eagle3"},
-    "peagle": {"vllm": "eagle3", "speculators": "peagle"},  # vLLM: EAGLE-3 with parallel_drafting
-    "dflash": {"vllm": "dflash"},
-}
+ENGINE_TITLES = {"vllm": "vLLM", "sglang": "SGLang", "speculators": "speculators"}
 SERVING_ENGINES = ("vllm", "sglang")  # the formats an engine serves directly (speculators is a checkpoint format)
 
 
+def engine_layouts() -> dict[str, dict[str, str]]:
+    """head type -> {export format: the name the engine gives that draft (vLLM's method, SGLang's
+    --speculative-algorithm, speculators' speculators_model_type)}, for every method an engine holds."""
+    return {m.name: {f: m.exports[f].engine_name for f in EXPORT_FORMATS if f in m.exports} for m in methods() if m.exports}
+
+
 def formats_for(head_type: str) -> tuple[str, ...]:
-    """The export formats that hold ``head_type`` heads, in EXPORT_FORMATS order."""
-    held = ENGINE_LAYOUTS.get(head_type, {})
+    """The export formats that hold ``head_type`` heads, in EXPORT_FORMATS order (none for a head
+    type no method has)."""
+    try:
+        held = method_named(head_type).exports
+    except UnknownMethodError:
+        return ()
     return tuple(f for f in EXPORT_FORMATS if f in held)
 
 
 def layouts_sentence() -> str:
     """'medusa (vllm), eagle (vllm, sglang), ...': what an exporter's refusal lists."""
-    return ", ".join(f"{kind} ({', '.join(formats_for(kind))})" for kind in ENGINE_LAYOUTS)
+    return ", ".join(f"{kind} ({', '.join(held)})" for kind, held in engine_layouts().items())
 
 
+# The public layouts `draftheads import` reads, and how each is recognised. Which method's heads a
+# layout becomes is declared by the methods (`registry.Method.imports`).
 IMPORT_FORMATS = {
     "medusa": "FasterDecoding Medusa v1/v2: {h}.{l}.linear.weight/bias + {h}.{L}.weight (medusa_lm_head.*)",
     "vllm-medusa": "vLLM Medusa: blocks.{h}.layers.{l}.weight + lm_heads.{h}.weight, config model_type medusa",

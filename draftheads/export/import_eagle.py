@@ -22,6 +22,8 @@ are refused by name, never approximated.
 """
 from __future__ import annotations
 
+import re
+
 import torch
 
 from ..heads import Eagle3Head, EagleHead, HeadsConfig, PEagleHead, TargetInfo
@@ -84,6 +86,18 @@ def _leftovers(tensors: dict[str, torch.Tensor], where: str, kind: str) -> None:
         raise ValueError(f"{where}: tensors with no place in draftheads' {kind} head: {', '.join(sorted(tensors)[:8])}")
 
 
+def draft_layer_widths(source: Source) -> tuple[int, int] | None:
+    """(fc's output width, the first layer's attention input width) of an EAGLE-style checkpoint
+    (``fc.weight`` and ``layers.0.self_attn.*``), None for another: EAGLE-3's first layer attends
+    over [embedding, fused] (2H), EAGLE-1's over the fused state (H)."""
+    bare = {k[len("model."):] if k.startswith("model.") else k for k in source.tensors}
+    fc = next((source.tensors[k] for k in source.tensors if re.fullmatch(r"(model\.)?fc\.weight", k)), None)
+    if fc is None or not any(k.startswith("layers.0.self_attn.") for k in bare):
+        return None
+    q = next((source.tensors[k] for k in source.tensors if k.endswith("layers.0.self_attn.q_proj.weight")), None)
+    return None if q is None else (int(fc.shape[0]), int(q.shape[1]))
+
+
 def read_eagle(source: Source, target: torch.nn.Module) -> EagleHead:
     where = source.describe()
     tensors = _strip_model_prefix(source.tensors)
@@ -122,12 +136,11 @@ def _same_as_target_head(tensors: dict[str, torch.Tensor], target: torch.nn.Modu
                      "head scores with the target's own")
 
 
-def read_eagle3(source: Source, target: torch.nn.Module, layout: str) -> Eagle3Head:
-    """``layout``: "eagle3" (midlayer.*, SGLang aux-id numbering) or "speculators" (layers.0.*, vLLM's;
-    P-EAGLE when its ``speculators_model_type`` says so)."""
+def read_eagle3(source: Source, target: torch.nn.Module, layout: str, peagle: bool = False) -> Eagle3Head:
+    """``layout``: "eagle3" (midlayer.*, SGLang aux-id numbering) or "speculators" (layers.0.*, vLLM's);
+    ``peagle``: a speculators P-EAGLE checkpoint (the P-EAGLE method's layout), read as P-EAGLE heads."""
     where = source.describe()
     tensors = _strip_model_prefix(source.tensors)
-    peagle = layout == "speculators" and source.config.get("speculators_model_type") == "peagle"
     if peagle:
         peagle_state = _peagle_tensors(tensors, source.config, target, where)
     else:

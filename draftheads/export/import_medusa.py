@@ -29,6 +29,16 @@ def strip_prefix(name: str) -> str:
     return name
 
 
+def medusa_layout(source: Source) -> str | None:
+    """"vllm-medusa" (blocks.{h}.layers.{l}.*), "medusa" (FasterDecoding's {h}.{l}.linear.*) or None."""
+    names = {strip_prefix(k) for k in source.tensors}
+    if any(VLLM_BLOCK.match(k) for k in names):
+        return "vllm-medusa"
+    if any(ORIGINAL_BLOCK.match(k) for k in names):
+        return "medusa"
+    return None
+
+
 def _count(indices: set[int], what: str, where: str) -> int:
     n = max(indices) + 1 if indices else 0
     if indices != set(range(n)):

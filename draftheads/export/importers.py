@@ -7,14 +7,11 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from pathlib import Path
 
 import torch
 
-from .import_dflash import read_dflash
-from .import_eagle import read_eagle, read_eagle3
-from .import_medusa import ORIGINAL_BLOCK, VLLM_BLOCK, read_medusa, strip_prefix
+from ..registry import ImportLayout, Method, methods
 from .formats import IMPORT_FORMATS
 from ..heads.folder import save_heads
 from .common import IMPORT_METADATA, check_output_folder, read_token_counts
@@ -22,62 +19,56 @@ from .sources import Source, read_source
 from .verifier_check import check_recorded_verifier
 
 
+def import_layouts() -> list[tuple[str, Method, ImportLayout]]:
+    """(format, method, layout) of every layout a method imports, in detection order."""
+    found = [(fmt, m, layout) for m in methods() for fmt, layout in m.imports.items()]
+    return sorted(found, key=lambda entry: entry[2].rank)
+
 
 def detect_format(source: Source) -> str:
-    names = {strip_prefix(k) for k in source.tensors}
-    bare = {k[len("model."):] if k.startswith("model.") else k for k in names}
-    cfg = source.config
-    if cfg.get("speculators_model_type") is not None:
-        if cfg["speculators_model_type"] == "dflash":
-            return "speculators-dflash"
-        if cfg["speculators_model_type"] not in ("eagle3", "peagle"):
-            raise ValueError(f"{source.path}: speculators_model_type {cfg['speculators_model_type']!r}: only eagle3, "
-                             "peagle and dflash import")
-        return "speculators"
-    if "dflash_config" in cfg or any(str(a).startswith("DFlash") for a in cfg.get("architectures") or []):
-        return "dflash"
-    if any(VLLM_BLOCK.match(k) for k in names):
-        return "vllm-medusa"
-    if any(ORIGINAL_BLOCK.match(k) for k in names):
-        return "medusa"
-    if any(k.startswith("midlayer.") for k in bare) or "d2t" in bare:
-        return "eagle3"
-    fc = next((source.tensors[k] for k in source.tensors if re.fullmatch(r"(model\.)?fc\.weight", k)), None)
-    if fc is not None and any(k.startswith("layers.0.self_attn.") for k in bare):
-        q = next(source.tensors[k] for k in source.tensors if k.endswith("layers.0.self_attn.q_proj.weight"))
-        # EAGLE-3's first layer attends over [embedding, fused] (2H); EAGLE-1's over the fused state (H).
-        return "eagle3" if q.shape[1] == 2 * fc.shape[0] else "eagle"
+    """The import format of ``source``: the first layout (in `import_layouts` order) that claims it."""
+    return _detected(source)[0]
+
+
+def _detected(source: Source) -> tuple[str, Method, ImportLayout]:
+    # A speculators checkpoint says what it is (speculators_model_type): only a layout that a config
+    # key names (rank 0) may claim it, never one guessing from its tensors.
+    named = source.config.get("speculators_model_type") is not None
+    for entry in import_layouts():
+        if (entry[2].rank == 0 or not named) and entry[2].detect(source):
+            return entry
     looked_for = "\n  - ".join(f"{k}: {v}" for k, v in IMPORT_FORMATS.items())
     sample = ", ".join(sorted(source.tensors)[:6])
-    raise ValueError(f"{source.describe()}: layout not recognised (tensors: {sample} ...). Looked for:\n  - {looked_for}")
+    kind = source.config.get("speculators_model_type")
+    what = f"speculators_model_type {kind!r} is no layout draftheads imports" if kind is not None else "layout not recognised"
+    raise ValueError(f"{source.describe()}: {what} (tensors: {sample} ...). Looked for:\n  - {looked_for}")
 
 
 def read_heads(src: str | os.PathLike, target: torch.nn.Module, format: str | None = None) -> torch.nn.Module:
-    """The checkpoint at ``src`` as draftheads heads bound to ``target`` (nothing written)."""
+    """The checkpoint at ``src`` as draftheads heads bound to ``target`` (nothing written).
+    ``format``: skip detection (when several methods read that format, the one that claims the
+    checkpoint reads it, else the first)."""
     return _read(src, target, format)[0]
 
 
 def _read(src: str | os.PathLike, target: torch.nn.Module, format: str | None) -> tuple[torch.nn.Module, str, Source]:
-    """(heads, the layout read, the source)."""
+    """(heads, the import format read, the source)."""
     if format is not None and format not in IMPORT_FORMATS:
         raise ValueError(f"unknown import format {format!r}; valid: {', '.join(IMPORT_FORMATS)}")
     source = read_source(src)
-    layout = format or detect_format(source)
-    if layout in ("medusa", "vllm-medusa"):
-        heads = read_medusa(source, target, layout)
-    elif layout == "eagle":
-        heads = read_eagle(source, target)
-    elif layout in ("dflash", "speculators-dflash"):
-        heads = read_dflash(source, target, layout)
+    if format is None:
+        format, _, layout = _detected(source)
     else:
-        heads = read_eagle3(source, target, layout)
+        readers = [entry[2] for entry in import_layouts() if entry[0] == format]
+        layout = next((r for r in readers if r.detect(source)), readers[0])
+    heads = layout.read(source, target)
     counts = read_token_counts(source.path, int(heads.token_counts.numel()))  # a draftheads export kept them
     if counts is not None:
         with torch.no_grad():
             heads.token_counts.copy_(counts)
     heads.bind_target(target)
     ref = target.get_output_embeddings().weight
-    return heads.to(device=ref.device).eval(), layout, source
+    return heads.to(device=ref.device).eval(), format, source
 
 
 def import_heads(

@@ -32,7 +32,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
         description="Upload a draftheads heads folder or a `draftheads export` folder with "
                     "huggingface_hub.upload_folder. A folder without README.md gets a model card first.",
     )
-    p.add_argument("folder", metavar="HEADS_OR_EXPORT_DIR", help="a heads folder (e.g. runs/demo/heads) or an export folder")
+    p.add_argument("folder", metavar="HEADS_OR_EXPORT_DIR", help="a heads folder (e.g. runs/smollm2/heads) or an export folder")
     p.add_argument("repo_id", metavar="REPO_ID", help="the Hub repo to create or update, org/name")
     p.add_argument("--private", action="store_true", help="create the repo private (an existing repo keeps its visibility)")
     p.add_argument("--revision", default=None, help="branch to push to (default: main)")

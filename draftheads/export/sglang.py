@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import torch
 
-from .formats import layouts_sentence
 from .common import EngineFolder, ExportError, check_tensors, dtype_name, llama_layer_config
 from .eagle_layers import engine_layer_tensors
 from .layouts import eagle1_shapes, sglang_aux_ids
-from .speculators import check_eagle3, eagle3_tensors, expected_eagle3
+from .speculators import eagle3_tensors, expected_eagle3
 
 FORMAT = "sglang"
 
@@ -36,7 +35,7 @@ def export_eagle(heads, *, verifier, verifier_cfg, num_speculative_tokens) -> En
 
 
 def export_eagle3(heads, *, verifier, verifier_cfg, num_speculative_tokens) -> EngineFolder:
-    check_eagle3(heads, FORMAT)
+    heads.check_vocab_mapping()
     cfg, ex = heads.config, heads.config.extra
     on = [key for key in ("norm_before_fc", "fc_norm", "norm_output") if ex.get(key)]
     if on:  # not seen in sglang/srt/models/llama_eagle3.py, which skips unknown tensors without a word
@@ -72,13 +71,3 @@ def export_eagle3(heads, *, verifier, verifier_cfg, num_speculative_tokens) -> E
     ])
     check_tensors(folder, expected_eagle3(heads, "midlayer", "hidden_norm"), "SGLang EAGLE-3")
     return folder
-
-
-LAYOUTS = {"eagle": export_eagle, "eagle3": export_eagle3}
-
-
-def export(heads, *, verifier, verifier_cfg, num_speculative_tokens) -> EngineFolder:
-    kind = heads.config.head_type
-    if kind not in LAYOUTS:
-        raise ExportError(f"{kind} heads have no SGLang layout: formats exist for {layouts_sentence()}")
-    return LAYOUTS[kind](heads, verifier=verifier, verifier_cfg=verifier_cfg, num_speculative_tokens=num_speculative_tokens)

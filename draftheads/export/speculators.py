@@ -57,21 +57,9 @@ def expected_eagle3(heads, layer0_prefix: str, later_norm: str) -> dict:
     return shapes
 
 
-def check_eagle3(heads, format_name: str, head_type: str = "eagle3") -> None:
-    if heads.config.head_type != head_type:
-        raise ExportError(
-            f"{format_name} holds EAGLE-3 heads; these are {heads.config.head_type!r} "
-            f"({'Medusa and EAGLE export with --format vllm' if heads.config.head_type != 'hydra' else 'Hydra has no engine format'})"
-        )
+def export_eagle3(heads, *, verifier: str | None, verifier_cfg: dict, num_speculative_tokens: int | None) -> EngineFolder:
+    """EAGLE-3 heads as a speculators folder."""
     heads.check_vocab_mapping()
-
-
-def export(heads, *, verifier: str | None, verifier_cfg: dict, num_speculative_tokens: int | None) -> EngineFolder:
-    """EAGLE-3 or P-EAGLE heads as a speculators folder."""
-    if heads.config.head_type == "peagle":
-        return export_peagle(heads, verifier=verifier, verifier_cfg=verifier_cfg,
-                             num_speculative_tokens=num_speculative_tokens)
-    check_eagle3(heads, FORMAT)
     return _eagle3_folder(heads, verifier=verifier, verifier_cfg=verifier_cfg,
                           num_speculative_tokens=num_speculative_tokens)
 
@@ -133,7 +121,7 @@ PEAGLE_UNFORWARDED = ("fc_norm", "norm_output")
 
 def export_peagle(heads, *, verifier: str | None, verifier_cfg: dict, num_speculative_tokens: int | None) -> EngineFolder:
     """P-EAGLE heads: the EAGLE-3 folder + mask token id, mask_hidden and the trained embedding."""
-    check_eagle3(heads, FORMAT, head_type="peagle")
+    heads.check_vocab_mapping()
     cfg, ex = heads.config, heads.config.extra
     depths = cfg.num_heads
     steps = int(num_speculative_tokens or depths)

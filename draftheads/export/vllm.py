@@ -3,15 +3,14 @@
 Medusa -> MedusaModel (vllm/model_executor/models/medusa.py); EAGLE -> vLLM's EAGLE-1 draft
 (llama_eagle.py: a LlamaForCausalLM-shaped config, fc without bias, no input_layernorm on layer 0,
 no final norm, the target's embedding and LM head); EAGLE-3 -> the speculators format; DFlash ->
-the z-lab layout (dflash.py).
+the z-lab layout (dflash.py). Each method declares which of these writes its heads
+(draftheads/methods/).
 vLLM's loader skips tensors it does not expect without a word, so every tensor draftheads has
 either lands on a vLLM parameter or the export is refused.
 """
 from __future__ import annotations
 
-from . import dflash, speculators
-from .formats import layouts_sentence
-from .common import EngineFolder, ExportError, check_tensors, drop_if_zero, dtype_name, llama_layer_config, verifier_lm_head
+from .common import EngineFolder, check_tensors, drop_if_zero, dtype_name, llama_layer_config, verifier_lm_head
 from .eagle_layers import engine_layer_tensors
 from .layouts import eagle1_shapes, medusa_vllm_shapes
 
@@ -67,14 +66,3 @@ def export_eagle(heads, *, verifier, verifier_cfg, num_speculative_tokens) -> En
     folder = EngineFolder(config, tensors, ["load with speculative_config={'method': 'eagle', 'model': DIR, ...}"])
     check_tensors(folder, eagle1_shapes(cfg, fc_bias=False), "vLLM EAGLE-1")
     return folder
-
-
-LAYOUTS = {"medusa": export_medusa, "eagle": export_eagle, "eagle3": speculators.export, "peagle": speculators.export,
-           "dflash": dflash.export}  # vLLM loads EAGLE-3 and P-EAGLE drafts in the speculators layout
-
-
-def export(heads, *, verifier, verifier_cfg, num_speculative_tokens) -> EngineFolder:
-    kind = heads.config.head_type
-    if kind not in LAYOUTS:
-        raise ExportError(f"{kind} heads have no vLLM layout: formats exist for {layouts_sentence()}")
-    return LAYOUTS[kind](heads, verifier=verifier, verifier_cfg=verifier_cfg, num_speculative_tokens=num_speculative_tokens)

@@ -35,6 +35,14 @@ class DraftHeads(nn.Module):
     init_options: tuple[str, ...] = ()
     #: config.json "extra" keys the head is built from (checked at load).
     required_extra: tuple[str, ...] = ()
+    #: One module per head: num_heads sizes the weights, so a folder continued from must have as
+    #: many (for a draft layer it only counts the steps or depths trained).
+    weights_per_head = False
+    #: Its own LM head covers a draft vocabulary that fresh heads take from the training data's
+    #: most frequent tokens (`set_draft_vocab`) before training.
+    own_draft_vocabulary = False
+    #: The target layers whose hidden states it reads (None: the last hidden state after the final norm).
+    feature_layers: list[int] | None = None
 
     def __init__(self, config: HeadsConfig) -> None:
         super().__init__()
@@ -75,6 +83,37 @@ class DraftHeads(nn.Module):
         heads.init_from_target(target)
         heads.bind_target(target)
         return heads.to(device=target.get_output_embeddings().weight.device)
+
+    @classmethod
+    def resolve_options(cls, options: dict, target: nn.Module, tokenizer) -> dict:
+        """The `HeadsSpec` options of fresh heads, with what is chosen from the target or the
+        tokenizer settled (default: as given)."""
+        return options
+
+    def set_draft_vocab(self, token_counts: torch.Tensor) -> None:
+        """Take the draft vocabulary from the training data's token counts (``own_draft_vocabulary``)."""
+        raise NotImplementedError(f"{self.head_type} heads have no draft vocabulary of their own")
+
+    def settle_tokenizer(self, tokenizer) -> str | None:
+        """Settle and check what these heads take from the tokenizer before training (a mask token);
+        returns a line for the run's log, or None when they take nothing."""
+        return None
+
+    def validate_loaded(self) -> None:
+        """Check weights just loaded from a folder (raise ValueError naming what is wrong)."""
+
+    @classmethod
+    def card_rows(cls, config: dict) -> list[tuple[str, object]]:
+        """What the model card's heads table says about heads of this type, from their config.json
+        (a draft layer's steps and geometry; Medusa-style heads say what differs for them)."""
+        extra = config.get("extra") or {}
+        rows: list[tuple[str, object]] = [("draft steps in training", config["num_heads"]),
+                                          ("decoder layers", config["num_layers"])]
+        for key in ("intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim", "feature_layers",
+                    "draft_vocab_size"):
+            if key in extra:
+                rows.append((key.replace("_", " "), extra[key]))
+        return rows
 
     def init_from_target(self, target: nn.Module) -> None:
         """Copy what a fresh head starts from out of the target (default: nothing)."""

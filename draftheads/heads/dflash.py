@@ -246,6 +246,9 @@ class DFlashHeads(DraftHeads):
         config = cls.target_config(target, block_size - 1, num_layers, "shared", extra)
         return cls.from_config_for(config, target)
 
+    def settle_tokenizer(self, tokenizer) -> str:
+        return f"mask token: id {self.choose_mask_token(tokenizer)}"
+
     def choose_mask_token(self, tokenizer) -> int:
         """Set (when unset) and check the mask token against the tokenizer: it must be an id whose
         embedding row ordinary text never produces, or a block's mask slots would look like a real

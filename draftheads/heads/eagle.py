@@ -226,6 +226,7 @@ class Eagle3Head(EagleHead):
     are refused when drafting, never silently treated as an identity."""
 
     head_type = "eagle3"
+    own_draft_vocabulary = True
     spec_options = ("feature_layers", "draft_vocab_size", "loss", "fc_norm", "norm_output", "norm_before_fc")
     init_options = ("lm_head_init",)  # see start_lm_head_from_target
     required_extra = EagleHead.required_extra + ("feature_layers", "draft_vocab_size")

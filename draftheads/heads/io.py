@@ -215,12 +215,10 @@ def load_heads(
     if bad:
         raise ValueError(f"{weights}: {bad}: these heads are unusable (exported from a diverged run, or damaged)")
     heads.load_state_dict(state, strict=True)
-    validate = getattr(heads, "validate_loaded", None)
-    if validate is not None:
-        try:
-            validate()
-        except ValueError as e:
-            raise ValueError(f"{weights}: {e}") from None
+    try:
+        heads.validate_loaded()
+    except ValueError as e:
+        raise ValueError(f"{weights}: {e}") from None
     attach_plans(heads, read_plans(path), path)  # tree.json, parsed once
     if target is not None:
         heads.bind_target(target)

@@ -31,6 +31,7 @@ class ResBlock(nn.Module):
 class MedusaHeads(DraftHeads):
     head_type = "medusa"
     spec_options: tuple[str, ...] = ("lm_head",)
+    weights_per_head = True
 
     def __init__(self, config: HeadsConfig) -> None:
         super().__init__(config)
@@ -46,6 +47,12 @@ class MedusaHeads(DraftHeads):
         )
 
     # -- construction -------------------------------------------------------------------------
+    @classmethod
+    def card_rows(cls, config: dict) -> list[tuple[str, object]]:
+        own = config.get("lm_head", "own")
+        return [("heads (draft positions)", config["num_heads"]), ("layers per head", config["num_layers"]),
+                ("LM head", f"{own} ({'a copy per head' if own == 'own' else 'the target' + chr(39) + 's, not stored'})")]
+
     @classmethod
     def for_target(
         cls,

@@ -11,6 +11,8 @@ from typing import Any
 
 import torch
 
+from ..registry import method_of
+
 DYNAMIC_KEYS = ("total_tokens", "depth", "top_k")
 
 
@@ -53,7 +55,7 @@ def tree_problem(heads: torch.nn.Module, tree: Any, draft_vocab_size: int | None
     kind = heads.config.head_type
     if draft_vocab_size is not None and (not _is_int(draft_vocab_size) or draft_vocab_size < 1):
         return f"draft_vocab_size must be a positive integer or null, got {draft_vocab_size!r}"
-    if getattr(heads, "dynamic_tree", False):
+    if not method_of(heads).tree.rank_paths:
         if not isinstance(tree, dict):
             return (
                 f"{kind} heads draft a dynamic tree: it must be settings {{\"total_tokens\": .., \"depth\": .., "

@@ -103,7 +103,7 @@ class SpeculativeDecoder:
     their tree, and the verifier accepts it with probability 1 - TV(target, draft)
     (`proposers.sampled`); False keeps their top-k tree (point masses, accepted with the target's
     probability of each candidate). Both are exact; drawn chains accept more tokens per step at
-    T = 0.7-1.0 on the demo ("Acceptance rules" in `git show 19f3628:benchmarks/README.md`). Greedy decoding is not
+    T = 0.7-1.0 on the earlier toy target ("Acceptance rules" in `git show 19f3628:benchmarks/README.md`). Greedy decoding is not
     affected; prompt lookup has no distribution to draw from and a draft model always samples."""
 
     def __init__(

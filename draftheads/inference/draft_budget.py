@@ -135,7 +135,7 @@ class OnlineDraftBudget(DraftBudget):
     - while a shallower cap wins, every ``probe_interval`` steps a probe takes the full draft to
       refresh what deep drafts earn; while plain steps win, a ``PROBE_FROM_PLAIN``-deep draft
       instead (a useless draft model's full 8-token probes cost 3-4 plain steps each, 9% of plain
-      speed on the demo), and the full draft only once one of those pays. A probe that beats the
+      speed on the earlier toy target), and the full draft only once one of those pays. A probe that beats the
       current cap's expected rate probes again at once (a good stretch of text is picked up within
       a few steps); a probe whose rate is below ``marginal`` x the winner's doubles the interval
       (up to ``max_probe_every``), which carries from one generation to the next.

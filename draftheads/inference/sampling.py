@@ -84,7 +84,7 @@ class SamplingParams:
     def _warper_calls(self) -> tuple:
         """`warpers` built once per settings, each called directly: `LogitsProcessorList.__call__`
         inspects every processor's signature on every call (a third of `probs`' time on the
-        demo target, which decoding calls several times per step)."""
+        earlier 5M toy target, which decoding calls several times per step)."""
         return tuple(self.warpers())
 
     def probs(self, logits: torch.Tensor) -> torch.Tensor:

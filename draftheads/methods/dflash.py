@@ -1,12 +1,18 @@
 """DFlash: a block of mask slots after the last accepted token, drafted in ONE forward of a small
 decoder reading fused target layers as context; trained on random blocks per row."""
 from ..export import dflash as dflash_layout
-from ..export.formats import IMPORT_FORMATS
 from ..export.import_dflash import read_dflash
 from ..heads.dflash import DFlashHeads
 from ..inference.proposers.dflash import dflash_proposer
 from ..registry import EngineLayout, ImportLayout, Method, TreeKind, register
 from ..train.dflash_loss import DFlashLoss
+
+
+def _is_zlab(source) -> bool:
+    """z-lab / SpecForge's layout: a dflash_config, or a DFlash architecture."""
+    cfg = source.config
+    return "dflash_config" in cfg or any(str(a).startswith("DFlash") for a in cfg.get("architectures") or [])
+
 
 METHOD = register(Method(
     name="dflash",
@@ -17,6 +23,11 @@ METHOD = register(Method(
     drafter=dflash_proposer,
     tree=TreeKind.ONE_FORWARD,
     exports={"vllm": EngineLayout("dflash", dflash_layout.export)},
-    imports={"dflash": ImportLayout(IMPORT_FORMATS["dflash"], read_dflash),
-             "speculators-dflash": ImportLayout(IMPORT_FORMATS["speculators-dflash"], read_dflash)},
+    imports={
+        "speculators-dflash": ImportLayout(
+            detect=lambda source: source.config.get("speculators_model_type") == "dflash",
+            read=lambda source, target: read_dflash(source, target, "speculators-dflash"), rank=0),
+        "dflash": ImportLayout(detect=_is_zlab, read=lambda source, target: read_dflash(source, target, "dflash"),
+                               rank=0),
+    },
 ))

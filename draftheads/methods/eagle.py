@@ -1,12 +1,18 @@
 """EAGLE-1/2: one draft decoder layer fed the target's feature and the next token, unrolled on its
 own outputs; drafts EAGLE-2's dynamic tree grown from its confidences (Li et al., 2024)."""
 from ..export import sglang, vllm
-from ..export.formats import IMPORT_FORMATS
-from ..export.import_eagle import read_eagle
+from ..export.import_eagle import draft_layer_widths, read_eagle
 from ..heads.eagle import EagleHead
 from ..inference.proposers.eagle import eagle_proposer
 from ..registry import EngineLayout, ImportLayout, Method, TreeKind, register
 from ..train.eagle_loss import EagleLoss
+
+
+def _is_eagle1(source) -> bool:
+    """fc + Llama layers whose first attention reads the fused state alone (H wide, not EAGLE-3's 2H)."""
+    widths = draft_layer_widths(source)
+    return widths is not None and widths[1] != 2 * widths[0]
+
 
 METHOD = register(Method(
     name="eagle",
@@ -17,5 +23,5 @@ METHOD = register(Method(
     drafter=eagle_proposer,
     tree=TreeKind.DYNAMIC,
     exports={"vllm": EngineLayout("eagle", vllm.export_eagle), "sglang": EngineLayout("EAGLE", sglang.export_eagle)},
-    imports={"eagle": ImportLayout(IMPORT_FORMATS["eagle"], lambda source, target, layout: read_eagle(source, target))},
+    imports={"eagle": ImportLayout(detect=_is_eagle1, read=read_eagle, rank=2)},
 ))

@@ -1,12 +1,22 @@
 """EAGLE-3: EAGLE's draft layer on several fused target layers with its own draft vocabulary,
 trained by training-time test; drafts EAGLE-2's dynamic tree (Li et al., 2025)."""
 from ..export import sglang, speculators
-from ..export.formats import IMPORT_FORMATS
-from ..export.import_eagle import read_eagle3
+from ..export.import_eagle import draft_layer_widths, read_eagle3
 from ..heads.eagle import Eagle3Head
 from ..inference.proposers.eagle import eagle_proposer
 from ..registry import EngineLayout, ImportLayout, Method, TreeKind, register
 from ..train.eagle_loss import EagleLoss
+
+
+def _is_eagle3(source) -> bool:
+    """SafeAILab / SpecForge / SGLang's layout: midlayer.* or a d2t table, or a first layer attending
+    over [embedding, fused] (2H wide)."""
+    bare = {k[len("model."):] if k.startswith("model.") else k for k in source.tensors}
+    if any(k.startswith("midlayer.") for k in bare) or "d2t" in bare:
+        return True
+    widths = draft_layer_widths(source)
+    return widths is not None and widths[1] == 2 * widths[0]
+
 
 METHOD = register(Method(
     name="eagle3",
@@ -16,9 +26,12 @@ METHOD = register(Method(
     loss=EagleLoss,
     drafter=eagle_proposer,
     tree=TreeKind.DYNAMIC,
-    exports={"vllm": EngineLayout("eagle3", speculators.export),  # vLLM loads the speculators layout
+    exports={"vllm": EngineLayout("eagle3", speculators.export_eagle3, serves_alone=True),  # vLLM loads the speculators layout
              "sglang": EngineLayout("EAGLE3", sglang.export_eagle3),
-             "speculators": EngineLayout("eagle3", speculators.export)},
-    imports={"eagle3": ImportLayout(IMPORT_FORMATS["eagle3"], read_eagle3),
-             "speculators": ImportLayout(IMPORT_FORMATS["speculators"], read_eagle3)},
+             "speculators": EngineLayout("eagle3", speculators.export_eagle3, serves_alone=True)},
+    imports={
+        "speculators": ImportLayout(detect=lambda source: source.config.get("speculators_model_type") == "eagle3",
+                                    read=lambda source, target: read_eagle3(source, target, "speculators"), rank=0),
+        "eagle3": ImportLayout(detect=_is_eagle3, read=lambda source, target: read_eagle3(source, target, "eagle3")),
+    },
 ))

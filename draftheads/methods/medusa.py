@@ -1,8 +1,7 @@
 """Medusa: K heads on the target's last hidden state, head k guessing token t+k+2, drafted as a
 static tree of rank paths searched from each head's per-rank acceptance (Cai et al., 2024)."""
 from ..export import vllm
-from ..export.formats import IMPORT_FORMATS
-from ..export.import_medusa import read_medusa
+from ..export.import_medusa import medusa_layout, read_medusa
 from ..heads.medusa import MedusaHeads
 from ..inference.proposers.medusa import MedusaProposer
 from ..registry import EngineLayout, ImportLayout, Method, TreeKind, register
@@ -17,6 +16,10 @@ METHOD = register(Method(
     drafter=MedusaProposer,
     tree=TreeKind.STATIC,
     exports={"vllm": EngineLayout("medusa", vllm.export_medusa)},
-    imports={"medusa": ImportLayout(IMPORT_FORMATS["medusa"], read_medusa),
-             "vllm-medusa": ImportLayout(IMPORT_FORMATS["vllm-medusa"], read_medusa)},
+    imports={
+        "vllm-medusa": ImportLayout(detect=lambda source: medusa_layout(source) == "vllm-medusa",
+                                    read=lambda source, target: read_medusa(source, target, "vllm-medusa")),
+        "medusa": ImportLayout(detect=lambda source: medusa_layout(source) == "medusa",
+                               read=lambda source, target: read_medusa(source, target, "medusa")),
+    },
 ))

@@ -1,7 +1,6 @@
 """P-EAGLE: EAGLE-3's draft layer drafting every depth in ONE forward (mask slots after the root),
 trained on COD-sampled depths; a static tree read off that forward's per-depth top-k."""
 from ..export import speculators
-from ..export.formats import IMPORT_FORMATS
 from ..export.import_eagle import read_eagle3
 from ..heads.peagle import PEagleHead
 from ..inference.proposers.peagle import peagle_proposer
@@ -16,7 +15,10 @@ METHOD = register(Method(
     loss=PEagleLoss,
     drafter=peagle_proposer,
     tree=TreeKind.ONE_FORWARD,
-    exports={"vllm": EngineLayout("eagle3", speculators.export, serve_extra={"parallel_drafting": True}),
-             "speculators": EngineLayout("peagle", speculators.export)},
-    imports={"speculators": ImportLayout(IMPORT_FORMATS["speculators"], read_eagle3)},
+    # vLLM serves P-EAGLE as EAGLE-3 with parallel drafting, from the speculators layout
+    exports={"vllm": EngineLayout("eagle3", speculators.export_peagle, serve_extra={"parallel_drafting": True}),
+             "speculators": EngineLayout("peagle", speculators.export_peagle)},
+    imports={"speculators": ImportLayout(
+        detect=lambda source: source.config.get("speculators_model_type") == "peagle",
+        read=lambda source, target: read_eagle3(source, target, "speculators", peagle=True), rank=0)},
 ))

@@ -11,7 +11,7 @@ import sys
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    parser.add_argument("--config", required=True, help="experiment YAML, e.g. configs/demo.yaml")
+    parser.add_argument("--config", required=True, help="experiment YAML, e.g. configs/smollm2.yaml")
     parser.add_argument("--resume", action="store_true", help="continue from the latest checkpoint (train.resume=auto)")
     parser.add_argument(
         "--overwrite", action="store_true",

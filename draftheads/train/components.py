@@ -12,9 +12,10 @@ from typing import Any
 import torch
 
 from ..config import HeadsSpec, TargetConfig
-from ..heads import head_types, load_heads
+from ..heads import load_heads
 from ..heads.eagle import target_final_norm
 from ..heads.init import apply_init
+from ..registry import method_named
 from ..target import load_target as load_target_model
 
 
@@ -35,11 +36,9 @@ def load_target(cfg: TargetConfig, accelerator=None, device: torch.device | None
 def build_heads(spec: HeadsSpec, target: torch.nn.Module, zero3: bool = False, tokenizer=None) -> torch.nn.Module:
     """Fresh heads of ``spec``'s type for ``target``; ``tokenizer`` settles options chosen from it
     (P-EAGLE's mask token)."""
-    cls = head_types()[spec.head_type]
+    cls = method_named(spec.head_type).heads
     options = {name: getattr(spec, name) for name in cls.spec_options}  # what this head type takes
-    resolve = getattr(cls, "resolve_options", None)
-    if resolve is not None:
-        options = resolve(options, target, tokenizer)
+    options = cls.resolve_options(options, target, tokenizer)
     with gathered([target.get_output_embeddings().weight], zero3):  # it sizes the heads and seeds some of them
         heads = cls.for_target(target, num_heads=spec.num_heads, num_layers=spec.num_layers, **options)
         return apply_init(heads, spec.init, target)  # heads.init (draftheads/heads/init.py)
@@ -92,7 +91,7 @@ def _init_from_differences(mine, theirs, path: str) -> list[str]:
         for name in ("head_type", "num_layers", "hidden_size", "vocab_size", "lm_head")
         if getattr(mine, name) != getattr(theirs, name)
     ]
-    if mine.head_type in ("medusa", "hydra") and mine.num_heads != theirs.num_heads:
+    if method_named(mine.head_type).heads.weights_per_head and mine.num_heads != theirs.num_heads:
         problems.append(f"num_heads: config has {mine.num_heads}, {path} has {theirs.num_heads}")
     for key in ("feature_layers", "draft_vocab_size", "fc_bias", "block_size", "mask_token_id", "fc_norm", "norm_output",
                 "norm_before_fc"):
@@ -158,9 +157,9 @@ def check_something_to_learn(model, dataset, collator, spec: HeadsSpec, batch_si
         counts = model.loss_counts(tensors["input_ids"], tensors.get("attention_mask"), tensors.get("loss_mask"))
         if bool(counts.sum() > 0):
             return
-    if spec.head_type == "dflash":
-        block = model.heads.block_size
-        why = (f"a dflash block (heads.block_size={block}) needs a trained token with {block - 1} more positions of its "
+    block = getattr(model.heads, "block_size", None)  # heads that draft a block in one forward (DFlash)
+    if block is not None:
+        why = (f"a {spec.head_type} block (heads.block_size={block}) needs a trained token with {block - 1} more positions of its "
                f"row after it, and the longest row here has {longest} tokens. Lower heads.block_size, or train on "
                "longer rows")
     else:

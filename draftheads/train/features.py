@@ -90,7 +90,7 @@ def tokenizer_fingerprint(tokenizer: Any) -> str:
 
 def reads_fingerprint(heads: torch.nn.Module) -> dict[str, Any]:
     """What the heads read from the target: the last hidden state, plus EAGLE-3's feature layers."""
-    layers = getattr(heads, "feature_layers", None)
+    layers = heads.feature_layers
     return {"head_type": heads.config.head_type, "feature_layers": list(layers) if layers else None}
 
 

@@ -13,7 +13,7 @@ of ``acc`` along the node's path, the same formula ``draftheads calibrate`` rank
 the loop keeps the heads with the best such figure.
 
 It differs from real greedy decoding (tests/test_simulated_acceptance.py bounds the gap; measured
-on the demo: "Simulated vs measured acceptance" in `git show 19f3628:benchmarks/README.md`) by two
+on the earlier toy target: "Simulated vs measured acceptance" in `git show 19f3628:benchmarks/README.md`) by two
 biases that partly cancel: independence
 ignores that heads tend to be right together, and averaging over every position overweights
 predictable stretches, which decoding crosses in few steps.
@@ -26,6 +26,7 @@ from typing import Sequence
 import torch
 
 from ..heads.acceptance import default_choices, expected_tokens_per_step
+from ..registry import method_of
 
 
 def chain_acceptance_length(top1: Sequence[float]) -> float:
@@ -46,7 +47,7 @@ BASE_ROWS = 4  # ce_sum, count, top1, topk
 def static_tree(heads: torch.nn.Module) -> list[list[int]] | None:
     """The static tree decoding will use with ``heads`` (the one they carry, else the default for
     their number of heads), or None for heads that draft dynamic trees (EAGLE)."""
-    if getattr(heads, "dynamic_tree", False):
+    if not method_of(heads).tree.rank_paths:
         return None
     tree = getattr(heads, "tree", None)
     if isinstance(tree, list):

@@ -168,7 +168,7 @@ class TargetWithHeads(nn.Module):
         """Everything the losses read from the target: (last hidden state, the heads' input
         features (= the hidden state unless EAGLE-3 fuses layers), the target's greedy labels).
         The offline feature cache stores exactly these (``features.py``)."""
-        layers = getattr(self.heads, "feature_layers", None)
+        layers = self.heads.feature_layers
         if layers:
             hidden, features = self.target_features(input_ids, attention_mask, layers, position_ids)
         else:
@@ -193,7 +193,7 @@ class TargetWithHeads(nn.Module):
         target's outputs from the feature cache (``data.features``); then the target is not run.
         ``position_ids``: a packed window's per-document positions (``data.packing``): the target
         and every loss keep its documents apart (``packing.py``)."""
-        layers = getattr(self.heads, "feature_layers", None)
+        layers = self.heads.feature_layers
         if hidden is None:
             if layers:
                 hidden, features = self.target_features(input_ids, attention_mask, layers, position_ids)

@@ -249,12 +249,13 @@ class Trainer:
         if cfg.heads.init_from:  # continue from saved or imported heads (their draft vocabulary included)
             heads = init_heads_from(heads, cfg.heads.init_from, target)
             say(f"heads initialised from {cfg.heads.init_from}")
-        if hasattr(heads, "choose_mask_token"):  # DFlash: its mask token, checked against the tokenizer
-            say(f"mask token: id {heads.choose_mask_token(self.tokenizer)}")
+        settled = heads.settle_tokenizer(self.tokenizer)  # e.g. a mask token, checked against the tokenizer
+        if settled:
+            say(settled)
         if getattr(heads, "mask_token_id", None) is not None:  # P-EAGLE, DFlash: never a token of the rows
             check_mask_token_absent(int(heads.mask_token_id), {"training": self.train_ds, "evaluation": self.eval_ds},
                                     self.tokenizer)
-        if not cfg.heads.init_from and hasattr(heads, "set_draft_vocab"):  # EAGLE-3: its own LM head covers the most frequent training tokens
+        if not cfg.heads.init_from and heads.own_draft_vocabulary:  # its own LM head covers the most frequent training tokens
             heads.set_draft_vocab(training_token_counts(self.train_ds, heads.config.vocab_size))
             say(f"draft vocabulary: the {heads.draft_to_target.numel()} most frequent training tokens")
             if cfg.heads.lm_head_init == "target":

@@ -27,8 +27,8 @@ from transformers import DynamicCache
 from ..heads.acceptance import expected_tokens_per_step, grow_tree  # noqa: F401 (re-exported)
 from ..heads.hydra import token_context
 from ..inference.decoder import SpeculativeDecoder
+from ..registry import TreeKind, method_of
 from ..inference.one_forward_tree import (
-    drafts_in_one_forward,
     one_forward_accuracy,
     one_forward_draft_seconds,
     one_forward_vocab_sizes,
@@ -251,7 +251,7 @@ def calibrate(
     device = str(target.device) + (f" ({torch.cuda.get_device_name()})" if target.device.type == "cuda" else "")
     # Draft vocabularies to try: the whole one, and the most frequent training tokens (cheaper
     # projections, fewer tokens that can be drafted). The measurements decide.
-    if drafts_in_one_forward(heads):  # DFlash, P-EAGLE: one draft forward drafts any tree
+    if method_of(heads).tree is TreeKind.ONE_FORWARD:  # one draft forward drafts any tree
         if temperature > 0:
             raise ValueError(f"{heads.head_type} heads: trees are measured for greedy decoding only (their table "
                              f"holds greedy hit rates, not the chance of acceptance at temperature {temperature:g})")

@@ -54,6 +54,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
+from ..registry import TreeKind, method_of
 from ..plans import CHOSEN_BY_TRAINING, PLAIN, SPECULATIVE, PlanEntry, TreePlans, parse_temperatures, write_plans
 from .batch_plan import PLAIN_MARGIN, BatchPlanResult, measure_batch_plan
 from .calibrate import (
@@ -64,7 +65,6 @@ from .calibrate import (
     measure_verify_times,
 )
 from ..inference.one_forward_tree import (
-    drafts_in_one_forward,
     one_forward_accuracy,
     one_forward_draft_seconds,
     one_forward_vocab_sizes,
@@ -75,7 +75,7 @@ VOCAB_SIZES = (4096, 2048, 1024, 512)  # draft vocabularies tried besides the wh
 BLOCK_VOCAB_ROW_TOKENS = 96  # tokens per held-out row measuring the hits a DFlash draft vocabulary keeps
 VERIFY_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 SAMPLE_ROWS = 8  # held-out rows for the vocabulary ratio / dynamic-tree timing
-DYNAMIC_PROMPTS = 6  # chain or tree depends on the text (demo, 19f3628:benchmarks/measurements/chains/): more rows, a choice tied less to a few
+DYNAMIC_PROMPTS = 6  # chain or tree depends on the text (toy target, 19f3628:benchmarks/measurements/chains/): more rows, a choice tied less to a few
 DYNAMIC_VOCAB_SIZE = 1024  # EAGLE (scored by the target's LM head) also tries ranking only these tokens
 DEFAULT_TEMPERATURES = (0.0, 0.7, 1.0)  # greedy, what most chat models ship, and the target's own law
 # The chosen tree against the target's generate (module docstring): prompts x rounds pairs of
@@ -88,7 +88,7 @@ VS_GENERATE_NEW_TOKENS = 48
 VS_GENERATE_PROMPT_LEN = 64
 VS_GENERATE_MAX_SECONDS = 20.0  # per temperature and batch size, warm-up excluded (at least batch_plan.MIN_PAIRS pairs)
 # Batch sizes timed against generate: a tree that pays for one sequence can lose at 8, where every
-# drafted token is verified 8 times (demo: Medusa's greedy tree 0.87x at batch 8, EAGLE's 0.98x), and
+# drafted token is verified 8 times (toy target: Medusa's greedy tree 0.87x at batch 8, EAGLE's 0.98x), and
 # a user who never runs calibrate decodes batches with training's plan.
 VS_GENERATE_BATCH_SIZES = (1, 4, 8)
 
@@ -102,7 +102,7 @@ def dynamic_grid(device_type: str, restrict_vocab: bool) -> list[dict]:
         base = [{"total_tokens": t, "depth": d, "top_k": 8} for t in (32, 64) for d in (5, 7)]
     else:
         # Chains too: on a CPU every verified token costs, and a confident draft's chain goes
-        # deeper for fewer tokens than a tree (demo EAGLE: chain of 5 1.90x vs 8-token tree 1.50x).
+        # deeper for fewer tokens than a tree (toy target, EAGLE: chain of 5 1.90x vs 8-token tree 1.50x).
         base = [{"total_tokens": t, "depth": d, "top_k": 3} for t in (8, 16) for d in (3, 5)] + CHAINS
     vocabs = (None, DYNAMIC_VOCAB_SIZE) if restrict_vocab else (None,)
     return [{**g, "draft_vocab_size": v} for g in base for v in vocabs]
@@ -238,11 +238,11 @@ def choose_export_tree(
     rows = [r.to(target.device) for r in rows if r.numel() >= 8][:SAMPLE_ROWS]
     if not rows:
         raise ValueError("no held-out rows of at least 8 tokens to choose a tree on")
-    was_training = heads.training
+    was_training, kind = heads.training, method_of(heads).tree
     try:
-        if getattr(heads, "dynamic_tree", False):
+        if kind is TreeKind.DYNAMIC:
             data = choose_dynamic(target, heads, rows, temperature, greedy_choice)
-        elif drafts_in_one_forward(heads):
+        elif kind is TreeKind.ONE_FORWARD:
             table = None if rank_accuracy is None else torch.tensor(rank_accuracy, dtype=torch.float32)
             if table is None or table.dim() != 2 or table.shape[0] != heads.config.num_heads:
                 raise ValueError(f"{heads.head_type} heads choose their tree from the final evaluation's acceptance "
@@ -270,7 +270,7 @@ def _drafting_as(heads: torch.nn.Module, data: dict[str, Any]) -> Iterator[None]
     given an explicit static tree drafts with the heads' own vocabulary, and the entry will carry
     this one), then back as they were. Dynamic trees carry their vocabulary in the tree itself."""
     before, was_training = heads.draft_vocab_size, heads.training
-    if not getattr(heads, "dynamic_tree", False):
+    if method_of(heads).tree.rank_paths:
         heads.draft_vocab_size = data.get("draft_vocab_size")
     heads.eval()
     try:
