@@ -161,9 +161,9 @@ class _Place:
 
 def row_places(path: str) -> RowPlaces:
     """The `RowPlaces` of the source ``load_source(path)`` reads (its local JSON files, in the
-    order they are read; none for a hub dataset, the demo corpus or parquet files)."""
+    order they are read; none for a hub dataset or parquet files)."""
     local = Path(path).expanduser()
-    if path == DEMO_PATH or not local.exists():
+    if not local.exists():
         return RowPlaces()
     try:
         files, builder = _local_files(local)
