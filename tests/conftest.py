@@ -164,3 +164,12 @@ def smollm2_dir() -> Path:
             pytest.fail(f"CI must run the real-model tests: {err}", pytrace=False)
         pytest.skip(str(err))
     return smollm2.ensure_smollm2()
+
+
+@pytest.fixture(scope="session")
+def smollm2_eagle3_heads(smollm2_dir: Path, tmp_path_factory) -> Path:
+    """EAGLE-3 heads trained a few steps on SmolLM2's own answers (tests/smollm2_heads.py): built
+    once per test session, shared by the xdist workers."""
+    from smollm2_heads import eagle3_heads
+
+    return eagle3_heads(tmp_path_factory)

@@ -15,7 +15,7 @@ import draftheads as dh
 from draftheads.heads.dflash import DFlashHeads, default_feature_layers
 from draftheads.inference.proposers.dflash import DFlashProposer
 from draftheads.inference.sampling import SamplingParams
-from draftheads.train.dflash_loss import anchor_candidates, block_mask, draw_anchors
+from draftheads.methods.dflash.loss import anchor_candidates, block_mask, draw_anchors
 from draftheads.train.model import TargetWithHeads
 
 from inference_utils import greedy_reference, tiny_target
@@ -447,7 +447,7 @@ def test_calibrate_measures_per_slot_acceptance_and_one_block_forward(trained):
 
 
 def _greedy_path_loss(target, heads, seq, loss_mask, greedy_path: bool):
-    from draftheads.train.dflash_loss import DFlashLoss
+    from draftheads.methods.dflash.loss import DFlashLoss
     from draftheads.train.head_loss import LossBatch
 
     heads.config.extra["greedy_path"] = greedy_path

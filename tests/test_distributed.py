@@ -101,7 +101,7 @@ def _eval_targets(out: Path) -> int:
 
     from draftheads.config import config_from_dict
     from draftheads.data import build_datasets
-    from draftheads.train.losses import medusa_target_counts
+    from draftheads.methods.medusa.loss import medusa_target_counts
 
     cfg = config_from_dict(json.loads((out / "config.json").read_text()))
     _, eval_ds, _ = build_datasets(cfg.data, AutoTokenizer.from_pretrained(cfg.target.name_or_path))

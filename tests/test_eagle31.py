@@ -4,7 +4,7 @@ What vLLM computes for these config keys (llama_eagle3.py; the docstring of head
 RMSNorm per captured layer before ``fc``, and the final norm's OUTPUT handed to the next draft step.
 Checked here, with each option on alone and both together:
 - the decoder's draft logits at depth 1 and 2 (per-sequence and batched proposers, top-k trees
-  and drawn chains) equal the training graph's unrolled steps (`train.eagle_loss.EagleLoss`) on the same inputs;
+  and drawn chains) equal the training graph's unrolled steps (`methods/eagle/loss.py`: `EagleLoss`) on the same inputs;
 - the same logits equal a hand computation from the exported vLLM folder (tests/engine_reference.py,
   written from vLLM's layout, not from draftheads), and that comparison FAILS when the decoder
   skips either norm;
@@ -23,7 +23,7 @@ import draftheads as dh
 from draftheads.config import ConfigError, HeadsSpec, config_from_dict
 from draftheads.export import ExportError, export_heads, import_heads, read_heads
 from draftheads.inference.sampling import SamplingParams
-from draftheads.train.eagle_loss import EagleLoss, _UnrolledBatch, _unroll_step
+from draftheads.methods.eagle.loss import EagleLoss, _UnrolledBatch, _unroll_step
 from draftheads.train.head_loss import LossBatch
 from engine_reference import eagle3_forward, eagle3_fuse, read_folder
 from inference_utils import greedy_reference, tiny_target

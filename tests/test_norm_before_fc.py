@@ -30,7 +30,7 @@ import draftheads as dh
 from draftheads.config import ConfigError, HeadsSpec, config_from_dict
 from draftheads.export import ExportError, export_heads, import_heads, read_heads
 from draftheads.inference.sampling import SamplingParams
-from draftheads.train.eagle_loss import EagleLoss
+from draftheads.methods.eagle.loss import EagleLoss
 from draftheads.train.head_loss import LossBatch
 from engine_reference import eagle3_forward, eagle3_fuse, read_folder
 from inference_utils import greedy_reference, tiny_target

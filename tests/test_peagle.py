@@ -17,7 +17,7 @@ import draftheads as dh
 from draftheads.heads.peagle import resolve_mask_token
 from draftheads.inference.sampling import SamplingParams
 from draftheads.train.model import TargetWithHeads
-from draftheads.train.peagle_loss import element_states, sample_chains
+from draftheads.methods.peagle.loss import element_states, sample_chains
 
 from inference_utils import greedy_reference, tiny_target
 from stats import law_pvalue
@@ -207,7 +207,7 @@ def test_save_load_round_trip_stores_its_own_embedding(trained, tmp_path):
 
 def test_speculators_export_writes_the_peagle_layout(tmp_path):
     from draftheads.export.common import ExportError
-    from draftheads.export.speculators import export_peagle as export
+    from draftheads.methods.peagle.export import export_peagle as export
 
     target = tiny_target("llama", layers=4)
     heads = peagle_for(target, feature_layers=[3, 0, 2])  # listed out of layer order on purpose
@@ -413,7 +413,7 @@ def test_calibrate_chooses_a_peagle_tree(trained, tmp_path):
 
 def _peagle_counts(target, heads, seq, loss_mask, greedy_path: bool):
     from draftheads.train.head_loss import LossBatch
-    from draftheads.train.peagle_loss import PEagleLoss
+    from draftheads.methods.peagle.loss import PEagleLoss
 
     heads.config.extra["greedy_path"] = greedy_path
     with torch.no_grad():

@@ -312,7 +312,10 @@ def test_loss_chunks_kept_or_recomputed_give_the_same_gradients_bit_for_bit(tiny
     """Several chunks per step (chunk size 7), every head type: the loss and every gradient are
     equal with checkpointed chunks and with kept ones, and only the first checkpoints."""
     from draftheads.config import config_from_dict
-    from draftheads.train import dflash_loss, eagle_loss, losses, peagle_loss
+    from draftheads.methods.dflash import loss as dflash_loss
+    from draftheads.methods.eagle import loss as eagle_loss
+    from draftheads.methods.medusa import loss as losses
+    from draftheads.methods.peagle import loss as peagle_loss
     from draftheads.train.components import build_heads
     from draftheads.train.model import TargetWithHeads
 

@@ -14,7 +14,7 @@ import draftheads as dh
 from draftheads.tune.calibrate import expected_tokens_per_step
 from draftheads.inference.tree import default_choices
 from draftheads.train.head_loss import LossBatch, LossSettings
-from draftheads.train.losses import IGNORE, MedusaLoss, medusa_targets, token_context
+from draftheads.methods.medusa.loss import IGNORE, MedusaLoss, medusa_targets, token_context
 from draftheads.train.metrics import EVAL_RANKS, HeadStats, ranks_for, static_tree
 from draftheads.train.model import TargetWithHeads
 from inference_utils import self_distilled_heads, tiny_target

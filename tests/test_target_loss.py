@@ -12,7 +12,7 @@ import torch.nn.functional as F
 import draftheads as dh
 from draftheads.config import ConfigError, HeadsSpec, config_from_dict
 from draftheads.schema import TARGET_LOSSES
-from draftheads.train.eagle_loss import EagleLoss
+from draftheads.methods.eagle.loss import EagleLoss
 from draftheads.train.head_loss import LossBatch, LossSettings
 from draftheads.train.target_loss import loss_of, row_losses
 from conftest import make_tiny_model

@@ -15,7 +15,7 @@ from train_utils import naive_medusa_loss
 from draftheads import MedusaHeads, load_heads
 from draftheads.config import config_from_dict
 from draftheads.train.head_loss import LossBatch, LossSettings
-from draftheads.train.losses import IGNORE, MedusaLoss, medusa_targets
+from draftheads.methods.medusa.loss import IGNORE, MedusaLoss, medusa_targets
 from draftheads.train.metrics import chain_acceptance_length
 from draftheads.train.model import TargetWithHeads
 

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 import draftheads as dh
 from draftheads.heads import unrolled_attention
 from draftheads.heads.unrolled_attention import UnrolledStepMask
-from draftheads.train.eagle_loss import EagleLoss, _UnrolledBatch
+from draftheads.methods.eagle.loss import EagleLoss, _UnrolledBatch
 from draftheads.train.head_loss import LossBatch
 from conftest import make_tiny_model
 

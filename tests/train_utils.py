@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 
 from draftheads.heads.hydra import token_context
-from draftheads.train.losses import IGNORE, medusa_targets
+from draftheads.methods.medusa.loss import IGNORE, medusa_targets
 
 
 def naive_medusa_loss(

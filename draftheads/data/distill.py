@@ -133,7 +133,6 @@ class DistillStats:
     rows_written: int = 0
     rows_resumed: int = 0  # already in the output when this run started
     rows_answered: int = 0  # rows (prompt sets) that got assistant turns appended
-    skipped_no_assistant: int = 0  # (kept for older sidecars: such rows are now answered)
     skipped_no_user: int = 0  # chat rows without a user turn to answer
     skipped_empty: int = 0
     skipped_too_long: int = 0  # a prompt + max_new_tokens would not fit the target's context

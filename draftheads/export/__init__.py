@@ -4,8 +4,9 @@
     export_heads("runs/smollm2/heads", "out/vllm-medusa", "vllm")
     import_heads("path/to/EAGLE3-checkpoint", "runs/imported", target)
 
-One module per engine layout (vllm, sglang, speculators; import_medusa, import_eagle); the tensor
-names and shapes of every layout are described once in `layouts`.
+Each method writes and reads its own layouts (e.g. methods/medusa/export.py and
+methods/medusa/imports.py); this package drives them and holds what they share: the tensor names and
+shapes of every layout (`layouts`), the engine folder (`common`), the sources read, the model card.
 """
 from .formats import EXPORT_FORMATS, IMPORT_FORMATS
 

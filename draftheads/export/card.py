@@ -5,8 +5,8 @@ A card says only what is known when the folder is written: the config (target, h
 the training run's data and budget, and the figures training's evaluation measured (held-out top-1
 per head, simulated acceptance). Nothing here times decoding, so a card never quotes a speedup: it
 gives the command that measures one. The serving snippets carry the exact ``speculative_config``
-this folder's export needs (the same shapes `draftheads export` writes: export/vllm.py,
-export/sglang.py, export/speculators.py).
+this folder's export needs (the same shapes `draftheads export` writes: each method's writer, e.g.
+methods/medusa/export.py).
 
 Sections between ``<!-- draftheads:NAME -->`` markers can be copied: an export of a heads folder
 that has a card repeats its training and measured sections, so the figures travel with the export.

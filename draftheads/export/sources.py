@@ -88,3 +88,23 @@ def read_source(src: str | Path) -> Source:
         except json.JSONDecodeError as e:
             raise ValueError(f"{config_file} is not valid JSON ({e})") from None
     return Source(path, config, tensors, files)
+
+
+def load_strict(heads: torch.nn.Module, state: dict[str, torch.Tensor], where: str) -> torch.nn.Module:
+    """Like `load_heads`: every tensor present and of the shape the target implies, else an error
+    naming it. Floats are cast to the heads' dtype (fp32)."""
+    expected = heads.state_dict()
+    missing = sorted(set(expected) - set(state))
+    wrong = sorted(k for k in set(expected) & set(state) if tuple(state[k].shape) != tuple(expected[k].shape))
+    if missing or wrong:
+        d = heads.config
+        raise ValueError(
+            f"{where} does not fit the target (hidden {d.hidden_size}, vocab {d.vocab_size}): "
+            + "; ".join(
+                ([f"missing {', '.join(missing[:6])}"] if missing else [])
+                + [f"{k}: {tuple(state[k].shape)} where the target needs {tuple(expected[k].shape)}" for k in wrong[:6]]
+            )
+        )
+    cast = {k: (v.to(expected[k].dtype) if v.is_floating_point() else v.to(expected[k].dtype)) for k, v in state.items()}
+    heads.load_state_dict(cast, strict=True)
+    return heads

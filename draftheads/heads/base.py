@@ -23,11 +23,9 @@ class DraftHeads(nn.Module):
     head_type: str = ""
     #: Whether head_states also takes the tokens before each head's target (Hydra).
     reads_tokens = False
-    #: Drafts a tree grown per step from draft confidences (EAGLE), not a fixed calibrated shape.
+    #: Deprecated: the method's `registry.TreeKind` says how its heads draft, and its loss how they
+    #: train (draftheads/methods/). Kept while the inference layer still reads them.
     dynamic_tree = False
-    #: "future_tokens": head k is trained on the token k+1 ahead (train/losses.py);
-    #: "draft_steps": draft steps unrolled on their own outputs (train/eagle_loss.py);
-    #: "block": random blocks drafted in one forward each (DFlash, train/dflash_loss.py).
     training_objective = "future_tokens"
     #: The `HeadsSpec` (config ``heads:``) fields that `for_target` takes besides num_heads/num_layers.
     spec_options: tuple[str, ...] = ()

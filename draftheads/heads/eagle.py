@@ -11,7 +11,7 @@ EAGLE-3, ``head_type: eagle3``: the input fuses the hidden states entering three
 (2d) while the residual stream carries the fused state; the output goes through the head's own
 norm and its own LM head over a reduced draft vocabulary (the N most frequent training tokens,
 mapped back to target ids by tensors stored with the weights). Deeper drafts feed the layer's own
-output back, and training unrolls those steps (training-time test, `train.eagle_loss`).
+output back, and training unrolls those steps (training-time test, methods/eagle/loss.py).
 
 EAGLE 3.1 options of EAGLE-3 heads (``extra.fc_norm``, ``extra.norm_output``; off by default and
 absent from heads saved before they existed), computed as vLLM's EAGLE-3 draft computes the config

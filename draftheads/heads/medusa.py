@@ -99,7 +99,7 @@ class MedusaHeads(DraftHeads):
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits of every head, stacked: [..., K, V]. Meant for a few positions at a time (the
-        decode loop); training computes per-head logits in chunks instead (train/losses.py)."""
+        decode loop); training computes per-head logits in chunks instead (methods/medusa/loss.py)."""
         return torch.stack([self.project(s, k) for k, s in enumerate(self.head_states(hidden))], dim=-2)
 
     def _param_dtype(self) -> torch.dtype:

@@ -13,7 +13,7 @@ P-EAGLE adds two learned inputs that stand for what a sequential draft would hav
 Drafting after the root: the usual EAGLE input for the committed positions (feature t, token
 t+1) ending with the root, then K-1 slots holding (mask token, fuse(mask_hidden)) at the next
 positions, under causal attention. The root's slot predicts draft 1, mask slot j draft j+1: K
-tokens from one forward, none of them fed back. Training (train/peagle_loss.py) samples which
+tokens from one forward, none of them fed back. Training (methods/peagle/loss.py) samples which
 depths each position learns (COD) and shows each element exactly what drafting shows it.
 
 The mask token id must never be a token the data holds (it would share the placeholder's
@@ -76,7 +76,7 @@ class PEagleHead(Eagle3Head):
     dynamic_tree = False  # a static tree (rank paths) over the per-depth top-k of one forward
     training_objective = "parallel_depths"
     # Not EAGLE 3.1's fc_norm / norm_output: vLLM's speculators P-EAGLE mapping does not forward
-    # them (export/speculators.py), so a P-EAGLE draft using them could not be served as trained.
+    # them (methods/peagle/export.py), so a P-EAGLE draft using them could not be served as trained.
     # norm_before_fc is taken: vLLM's mapping forwards it and normalises mask_hidden with the same
     # input_norm before fc, as this head does (see mask_input).
     spec_options = tuple(o for o in Eagle3Head.spec_options if o not in ("fc_norm", "norm_output")) + (

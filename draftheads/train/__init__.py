@@ -6,7 +6,6 @@ from ..lazy import lazy_exports
 if TYPE_CHECKING:
     from .loop import TrainResult, run
     from .head_loss import HeadLoss, HeadLossOutput, LossBatch, LossSettings
-    from .losses import MedusaLoss, medusa_targets
     from .metrics import HeadStats, chain_acceptance_length
     from .model import TargetWithHeads
     from .trainer import Trainer
@@ -21,8 +20,6 @@ __all__ = [
     "chain_acceptance_length",
     "LossBatch",
     "LossSettings",
-    "MedusaLoss",
-    "medusa_targets",
     "run",
 ]
 
@@ -30,7 +27,6 @@ __all__ = [
 # torch, accelerate and transformers load on first use: `draftheads train --help` needs none
 __getattr__, __dir__ = lazy_exports(__name__, {
     "HeadLoss": ".head_loss", "HeadLossOutput": ".head_loss", "LossBatch": ".head_loss", "LossSettings": ".head_loss",
-    "MedusaLoss": ".losses", "medusa_targets": ".losses",
     "HeadStats": ".metrics", "chain_acceptance_length": ".metrics",
     "TargetWithHeads": ".model", "run": ".loop", "TrainResult": ".loop", "Trainer": ".trainer",
 })

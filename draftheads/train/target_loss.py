@@ -142,3 +142,14 @@ class TargetRows:
             return (*self._compute(hidden)[:3], hidden)
         top, inside, p, _ = self.table
         return top[positions], inside[positions], None if p is None else p[positions], hidden
+
+
+@torch.no_grad()
+def greedy_follows(labels: TargetRows, input_ids: torch.Tensor) -> torch.Tensor:
+    """[B, S] bool: token p of the data is the target's greedy token after p-1 (position 0: False).
+    The greedy tokens come from ``labels`` (the same LM-head pass that scores the losses)."""
+    bsz, seq = input_ids.shape
+    greedy = labels.greedy_ids().view(bsz, seq)
+    follows = torch.zeros(bsz, seq, dtype=torch.bool, device=input_ids.device)
+    follows[:, 1:] = greedy[:, :-1] == input_ids[:, 1:]
+    return follows

@@ -21,9 +21,9 @@ from __future__ import annotations
 
 import torch
 
-from ..heads.config import HeadsConfig, TargetInfo
-from ..heads.dflash import DFlashHeads, check_dflash_feature_layers
-from .sources import Source
+from ...export.sources import Source
+from ...heads.config import HeadsConfig, TargetInfo
+from ...heads.dflash import DFlashHeads, check_dflash_feature_layers
 
 SLIDING = "sliding_attention"
 

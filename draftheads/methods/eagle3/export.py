@@ -1,25 +1,21 @@
-"""EAGLE-3 and P-EAGLE heads -> the speculators format (vllm-project/speculators), which vLLM loads directly.
+"""EAGLE-3 heads -> engine folders.
 
-vLLM reads it through vllm/transformers_utils/configs/speculators/{base,algos}.py: the draft layer's
-config is ``transformer_layer_config``; ``norm_before_residual`` defaults to TRUE there (draftheads'
-EAGLE-3 keeps the un-normed fused state on the residual stream: false), so it is always written.
-
-P-EAGLE (``speculators_model_type: peagle``) is the EAGLE-3 folder plus the mask token id (top
-level: vLLM's parallel drafting reads it as its placeholder token), ``mask_hidden`` (its fc
-input, so its columns follow fc's layer order) and the draft's own trained ``embed_tokens``
-(vLLM keeps a draft embedding that differs from the target's). vLLM maps it to ``eagle3`` with
-``parallel_drafting`` on, and forwards only some draft options (no ``fc_norm`` or
-``norm_output``): draftheads' P-EAGLE uses neither, and the export asserts it. ``norm_before_fc``
-is forwarded and exported as for EAGLE-3 (top-level key + ``input_norm.weight`` in fc's column
-order); vLLM normalises ``mask_hidden`` with it too (heads/peagle.py, ``mask_input``).
+speculators (vllm-project/speculators), which vLLM loads directly: vLLM reads it through
+vllm/transformers_utils/configs/speculators/{base,algos}.py: the draft layer's config is
+``transformer_layer_config``; ``norm_before_residual`` defaults to TRUE there (draftheads' EAGLE-3
+keeps the un-normed fused state on the residual stream: false), so it is always written.
+SGLang: ``LlamaForCausalLMEagle3`` (sglang/srt/models/llama_eagle3.py): layer 0 as ``midlayer.*``;
+a later layer's pre-attention norm is its ``hidden_norm``; explicit aux ids count "the output of
+layer j" (SGLang adds 1), one less than draftheads' feature layers. SGLang skips unknown tensor
+names silently, as vLLM does.
 """
 from __future__ import annotations
 
 import torch
 
-from .common import EngineFolder, ExportError, check_tensors, dtype_name, llama_layer_config
-from .eagle_layers import engine_layer_tensors
-from .layouts import d2t_offsets, eagle3_shapes, fc_column_order, t2d_mask, vllm_aux_ids
+from ...export.common import EngineFolder, ExportError, check_tensors, dtype_name, llama_layer_config
+from ...export.eagle_layers import engine_layer_tensors
+from ...export.layouts import d2t_offsets, eagle3_shapes, fc_column_order, sglang_aux_ids, t2d_mask, vllm_aux_ids
 
 FORMAT = "speculators"
 SPECULATORS_VERSION = "0.3.0"
@@ -57,14 +53,14 @@ def expected_eagle3(heads, layer0_prefix: str, later_norm: str) -> dict:
     return shapes
 
 
-def export_eagle3(heads, *, verifier: str | None, verifier_cfg: dict, num_speculative_tokens: int | None) -> EngineFolder:
+def export_speculators(heads, *, verifier: str | None, verifier_cfg: dict, num_speculative_tokens: int | None) -> EngineFolder:
     """EAGLE-3 heads as a speculators folder."""
     heads.check_vocab_mapping()
-    return _eagle3_folder(heads, verifier=verifier, verifier_cfg=verifier_cfg,
+    return eagle3_folder(heads, verifier=verifier, verifier_cfg=verifier_cfg,
                           num_speculative_tokens=num_speculative_tokens)
 
 
-def _eagle3_folder(heads, *, verifier: str | None, verifier_cfg: dict, num_speculative_tokens: int | None) -> EngineFolder:
+def eagle3_folder(heads, *, verifier: str | None, verifier_cfg: dict, num_speculative_tokens: int | None) -> EngineFolder:
     cfg, ex = heads.config, heads.config.extra
     if not verifier:
         raise ExportError(
@@ -114,43 +110,40 @@ def _eagle3_folder(heads, *, verifier: str | None, verifier_cfg: dict, num_specu
     return folder
 
 
-# vLLM's speculators P-EAGLE mapping forwards only these draft options; one set otherwise would
-# be dropped without a word (vllm/transformers_utils/configs/speculators/algos.py).
-PEAGLE_UNFORWARDED = ("fc_norm", "norm_output")
-
-
-def export_peagle(heads, *, verifier: str | None, verifier_cfg: dict, num_speculative_tokens: int | None) -> EngineFolder:
-    """P-EAGLE heads: the EAGLE-3 folder + mask token id, mask_hidden and the trained embedding."""
+def export_sglang(heads, *, verifier, verifier_cfg, num_speculative_tokens) -> EngineFolder:
     heads.check_vocab_mapping()
     cfg, ex = heads.config, heads.config.extra
-    depths = cfg.num_heads
-    steps = int(num_speculative_tokens or depths)
-    if steps > depths:
+    on = [key for key in ("norm_before_fc", "fc_norm", "norm_output") if ex.get(key)]
+    if on:  # not seen in sglang/srt/models/llama_eagle3.py, which skips unknown tensors without a word
         raise ExportError(
-            f"num_speculative_tokens {steps} exceeds the {depths} depths these P-EAGLE heads were trained for: vLLM "
-            f"would draft mask slots the draft never learned; pass --num-speculative-tokens 1..{depths}"
+            f"{', '.join(on)} (EAGLE 3.1): SGLang's LlamaForCausalLMEagle3 is not known to compute it, and it would "
+            "drop input_norm / fc_norm weights silently and serve another draft; export with --format vllm (or "
+            "speculators)"
         )
-    folder = _eagle3_folder(heads, verifier=verifier, verifier_cfg=verifier_cfg, num_speculative_tokens=steps)
-    config = folder.config
-    set_options = [k for k in PEAGLE_UNFORWARDED if config.get(k)]
-    if set_options:
-        raise ExportError(f"vLLM's P-EAGLE loader does not forward {', '.join(set_options)}: it would compute another draft")
-    for key in PEAGLE_UNFORWARDED:  # false, and not forwarded anyway: leave them out rather than suggest they count
-        config.pop(key, None)
-    config["architectures"] = ["PEagleSpeculator"]
-    config["speculators_model_type"] = "peagle"
-    config["speculators_config"]["algorithm"] = "peagle"
-    config["mask_token_id"] = int(ex["mask_token_id"])
-    config["embed_requires_grad"] = True
-    state = heads.state_dict()
-    order = fc_column_order(ex["feature_layers"], cfg.hidden_size)
-    folder.tensors["mask_hidden"] = state["mask_hidden"].detach().cpu().reshape(1, 1, -1)[..., order].contiguous()
-    folder.tensors["embed_tokens.weight"] = state["embed_tokens.weight"].detach().cpu()
-    folder.notes.append(f"P-EAGLE: mask token {ex['mask_token_id']}, trained {depths} depths; "
-                        f"launch with speculative_config={{'model': DIR, 'method': 'eagle3', 'parallel_drafting': True, "
-                        f"'num_speculative_tokens': {steps}}} or LLM(model=DIR)")
-    shapes = expected_eagle3(heads, "layers.0", "input_layernorm")
-    shapes["mask_hidden"] = (1, 1, cfg.hidden_size * len(ex["feature_layers"]))
-    shapes["embed_tokens.weight"] = (cfg.vocab_size, cfg.hidden_size)
-    check_tensors(folder, shapes, FORMAT)
+    n_target = cfg.target.num_hidden_layers if cfg.target else int(verifier_cfg.get("num_hidden_layers", 0))
+    ids = sglang_aux_ids(ex["feature_layers"], n_target)
+    if len(ids) == 1:
+        raise ExportError(
+            "EAGLE-3 heads fusing a single target layer: SGLang applies fc only when the input is wider than the "
+            "hidden size, so it would skip it; export with --format vllm"
+        )
+    tensors = eagle3_tensors(heads, "midlayer", "hidden_norm")
+    config = llama_layer_config(cfg, verifier_cfg, cfg.num_layers)
+    config.update({
+        "architectures": ["LlamaForCausalLMEagle3"],
+        "draft_vocab_size": ex["draft_vocab_size"],
+        "target_hidden_size": cfg.hidden_size,
+        "num_aux_hidden_states": len(ids),
+        "eagle_config": {"eagle_aux_hidden_state_layer_ids": ids, "use_aux_hidden_state": True},
+        "norm_before_residual": False,
+        "norm_before_fc": False,
+        "fc_norm": False,
+        "norm_output": False,
+        "bias": False,
+        "torch_dtype": dtype_name(tensors),
+    })
+    folder = EngineFolder(config, tensors, [
+        f"SGLang aux ids {ids} (output of layer j) from draftheads feature_layers {ex['feature_layers']} (input of layer f)"
+    ])
+    check_tensors(folder, expected_eagle3(heads, "midlayer", "hidden_norm"), "SGLang EAGLE-3")
     return folder

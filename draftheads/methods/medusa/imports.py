@@ -13,8 +13,9 @@ import warnings
 
 import torch
 
-from ..heads import HeadsConfig, MedusaHeads, TargetInfo
-from .sources import MEDUSA_PREFIXES, Source
+from ...heads import HeadsConfig, TargetInfo
+from ...export.sources import MEDUSA_PREFIXES, Source, load_strict
+from ...heads.medusa import MedusaHeads
 
 ORIGINAL_BLOCK = re.compile(r"^(\d+)\.(\d+)\.linear\.(weight|bias)$")
 ORIGINAL_HEAD = re.compile(r"^(\d+)\.(\d+)\.weight$")
@@ -120,22 +121,3 @@ def read_medusa(source: Source, target: torch.nn.Module, layout: str) -> MedusaH
     state["token_counts"] = torch.zeros(info.vocab_size, dtype=torch.long)
     return load_strict(heads, state, where)
 
-
-def load_strict(heads: torch.nn.Module, state: dict[str, torch.Tensor], where: str) -> torch.nn.Module:
-    """Like `load_heads`: every tensor present and of the shape the target implies, else an error
-    naming it. Floats are cast to the heads' dtype (fp32)."""
-    expected = heads.state_dict()
-    missing = sorted(set(expected) - set(state))
-    wrong = sorted(k for k in set(expected) & set(state) if tuple(state[k].shape) != tuple(expected[k].shape))
-    if missing or wrong:
-        d = heads.config
-        raise ValueError(
-            f"{where} does not fit the target (hidden {d.hidden_size}, vocab {d.vocab_size}): "
-            + "; ".join(
-                ([f"missing {', '.join(missing[:6])}"] if missing else [])
-                + [f"{k}: {tuple(state[k].shape)} where the target needs {tuple(expected[k].shape)}" for k in wrong[:6]]
-            )
-        )
-    cast = {k: (v.to(expected[k].dtype) if v.is_floating_point() else v.to(expected[k].dtype)) for k, v in state.items()}
-    heads.load_state_dict(cast, strict=True)
-    return heads

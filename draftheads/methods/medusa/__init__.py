@@ -1,11 +1,11 @@
 """Medusa: K heads on the target's last hidden state, head k guessing token t+k+2, drafted as a
 static tree of rank paths searched from each head's per-rank acceptance (Cai et al., 2024)."""
-from ..export import vllm
-from ..export.import_medusa import medusa_layout, read_medusa
-from ..heads.medusa import MedusaHeads
-from ..inference.proposers.medusa import MedusaProposer
-from ..registry import EngineLayout, ImportLayout, Method, TreeKind, register
-from ..train.losses import MedusaLoss
+from .export import export_medusa
+from .imports import medusa_layout, read_medusa
+from ...heads.medusa import MedusaHeads
+from ...inference.proposers.medusa import MedusaProposer
+from ...registry import EngineLayout, ImportLayout, Method, TreeKind, register
+from .loss import MedusaLoss
 
 METHOD = register(Method(
     name="medusa",
@@ -15,7 +15,7 @@ METHOD = register(Method(
     loss=MedusaLoss,
     drafter=MedusaProposer,
     tree=TreeKind.STATIC,
-    exports={"vllm": EngineLayout("medusa", vllm.export_medusa)},
+    exports={"vllm": EngineLayout("medusa", export_medusa)},
     imports={
         "vllm-medusa": ImportLayout(detect=lambda source: medusa_layout(source) == "vllm-medusa",
                                     read=lambda source, target: read_medusa(source, target, "vllm-medusa")),

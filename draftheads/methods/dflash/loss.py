@@ -10,7 +10,7 @@ shares the context's keys/values, so the whole row is one forward over
 ``T + anchors x B`` keys.
 
 Slot 0 (the anchor's own token) carries no loss. Slot k predicts token a+k against the target at
-a+k-1 with `heads.loss`, the one option every draft-layer loss shares (target_loss.py: soft CE
+a+k-1 with `heads.loss`, the one option every draft-layer loss shares (train/target_loss.py: soft CE
 against its distribution by default, KL = the same objective, CE on its greedy token, or LK),
 counted where a+k is a training token. Slot k's mean loss weighs
 w_k = exp(-(k-1)/gamma), and the weights are normalised to sum to 1 over the slots that had
@@ -38,9 +38,9 @@ from functools import partial
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from .head_loss import HeadLoss, HeadLossOutput, LossBatch
-from .target_loss import TargetRows, loss_of, row_losses
-from .packing import document_ids, positions_or_arange, within_document
+from ...train.head_loss import HeadLoss, HeadLossOutput, LossBatch
+from ...train.target_loss import TargetRows, greedy_follows, loss_of, row_losses
+from ...train.packing import document_ids, positions_or_arange, within_document
 
 
 def anchor_candidates(input_ids, loss_mask, attention_mask, block: int, position_ids=None) -> torch.Tensor:
@@ -88,17 +88,6 @@ def block_mask(
     own = torch.arange(n, device=anchors.device).repeat_interleave(block)
     same = (own[:, None] == own[None, :])[None].expand(bsz, -1, -1)
     return torch.cat([ctx, same], dim=-1)
-
-
-@torch.no_grad()
-def greedy_follows(labels: TargetRows, input_ids: torch.Tensor) -> torch.Tensor:
-    """[B, S] bool: token p of the data is the target's greedy token after p-1 (position 0: False).
-    The greedy tokens come from ``labels`` (the same LM-head pass that scores the losses)."""
-    bsz, seq = input_ids.shape
-    greedy = labels.greedy_ids().view(bsz, seq)
-    follows = torch.zeros(bsz, seq, dtype=torch.bool, device=input_ids.device)
-    follows[:, 1:] = greedy[:, :-1] == input_ids[:, 1:]
-    return follows
 
 
 def _chunk_terms(heads, labels: TargetRows, topk: int, ranks: int, kind: str, state, positions):

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import torch
 
-from .common import EngineFolder, ExportError, check_tensors, dtype_name, verifier_lm_head
+from ...export.common import EngineFolder, ExportError, check_tensors, dtype_name, verifier_lm_head
 
 FORMAT = "vllm"
 ARCHITECTURE = "DFlashDraftModel"

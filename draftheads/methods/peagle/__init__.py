@@ -1,11 +1,12 @@
 """P-EAGLE: EAGLE-3's draft layer drafting every depth in ONE forward (mask slots after the root),
 trained on COD-sampled depths; a static tree read off that forward's per-depth top-k."""
-from ..export import speculators
-from ..export.import_eagle import read_eagle3
-from ..heads.peagle import PEagleHead
-from ..inference.proposers.peagle import peagle_proposer
-from ..registry import EngineLayout, ImportLayout, Method, TreeKind, register
-from ..train.peagle_loss import PEagleLoss
+from ..eagle3.imports import read_eagle3
+from .export import export_peagle
+from .imports import PEagleReading
+from ...heads.peagle import PEagleHead
+from ...inference.proposers.peagle import peagle_proposer
+from ...registry import EngineLayout, ImportLayout, Method, TreeKind, register
+from .loss import PEagleLoss
 
 METHOD = register(Method(
     name="peagle",
@@ -16,9 +17,9 @@ METHOD = register(Method(
     drafter=peagle_proposer,
     tree=TreeKind.ONE_FORWARD,
     # vLLM serves P-EAGLE as EAGLE-3 with parallel drafting, from the speculators layout
-    exports={"vllm": EngineLayout("eagle3", speculators.export_peagle, serve_extra={"parallel_drafting": True}),
-             "speculators": EngineLayout("peagle", speculators.export_peagle)},
+    exports={"vllm": EngineLayout("eagle3", export_peagle, serve_extra={"parallel_drafting": True}),
+             "speculators": EngineLayout("peagle", export_peagle)},
     imports={"speculators": ImportLayout(
         detect=lambda source: source.config.get("speculators_model_type") == "peagle",
-        read=lambda source, target: read_eagle3(source, target, "speculators", peagle=True), rank=0)},
+        read=lambda source, target: read_eagle3(source, target, "speculators", PEagleReading()), rank=0)},
 ))

@@ -1,9 +1,9 @@
 """Hydra: Medusa heads that also read the tokens drafted before theirs (Ankner et al., 2024);
 trained by Medusa's loss, drafted as a static tree. No engine holds them."""
-from ..heads.hydra import HydraHeads
-from ..inference.proposers.hydra import HydraProposer
-from ..registry import Method, TreeKind, register
-from ..train.losses import MedusaLoss
+from ...heads.hydra import HydraHeads
+from ...inference.proposers.hydra import HydraProposer
+from ...registry import Method, TreeKind, register
+from ..medusa.loss import MedusaLoss
 
 METHOD = register(Method(
     name="hydra",

@@ -11,7 +11,7 @@ through its LM head), restricted to the draft vocabulary like EAGLE-3.
 With ``greedy_path`` (``heads.greedy_path: true``) depth d trains only where the data's tokens
 t+2..t+1+d are the target's own greedy tokens: drafting never sees the tokens before a mask slot,
 and verification accepts depth d only after the earlier depths matched the target's greedy
-tokens, so elsewhere the label answers a prefix drafting never has (see train/dflash_loss.py).
+tokens, so elsewhere the label answers a prefix drafting never has (see methods/dflash/loss.py).
 
 Which depths each position trains (COD sampling): depth 0 every position; depth d a random
 ``max(r^d, r_min)`` share of the positions (k_d = ceil of that times the row's supervised
@@ -29,11 +29,10 @@ from functools import partial
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from .dflash_loss import greedy_follows
-from .eagle_loss import eagle_target_counts
-from .head_loss import HeadLoss, HeadLossOutput, LossBatch
-from .target_loss import TargetRows, loss_of, row_losses
-from .packing import document_ids, positions_or_arange, within_document
+from ..eagle.loss import eagle_target_counts
+from ...train.head_loss import HeadLoss, HeadLossOutput, LossBatch
+from ...train.target_loss import TargetRows, greedy_follows, loss_of, row_losses
+from ...train.packing import document_ids, positions_or_arange, within_document
 
 
 def cod_sizes(ratio: float, floor: float, depths: int, supervised: int) -> list[int]:
@@ -105,7 +104,7 @@ def element_states(
 
 
 def _depth_terms(heads, labels: TargetRows, topk: int, ranks: int, state: torch.Tensor, positions: torch.Tensor):
-    """Summed `heads.loss` (target_loss.py) against the target at window ``positions``, restricted
+    """Summed `heads.loss` (train/target_loss.py) against the target at window ``positions``, restricted
     to the draft vocabulary, top-1 / top-k / per-rank hits of the target's argmax; rows whose
     argmax is outside the vocabulary are left out."""
     kind = loss_of(heads.config.extra)

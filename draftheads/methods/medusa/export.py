@@ -1,20 +1,12 @@
-"""Heads -> folders vLLM loads as ``speculative_config={"model": DIR, ...}``.
+"""Medusa heads -> the folder vLLM loads as ``MedusaModel`` (vllm/model_executor/models/medusa.py).
 
-Medusa -> MedusaModel (vllm/model_executor/models/medusa.py); EAGLE -> vLLM's EAGLE-1 draft
-(llama_eagle.py: a LlamaForCausalLM-shaped config, fc without bias, no input_layernorm on layer 0,
-no final norm, the target's embedding and LM head); EAGLE-3 -> the speculators format; DFlash ->
-the z-lab layout (dflash.py). Each method declares which of these writes its heads
-(draftheads/methods/).
 vLLM's loader skips tensors it does not expect without a word, so every tensor draftheads has
 either lands on a vLLM parameter or the export is refused.
 """
 from __future__ import annotations
 
-from .common import EngineFolder, check_tensors, drop_if_zero, dtype_name, llama_layer_config, verifier_lm_head
-from .eagle_layers import engine_layer_tensors
-from .layouts import eagle1_shapes, medusa_vllm_shapes
-
-FORMAT = "vllm"
+from ...export.common import EngineFolder, check_tensors, dtype_name, verifier_lm_head
+from ...export.layouts import medusa_vllm_shapes
 
 
 def export_medusa(heads, *, verifier, verifier_cfg, num_speculative_tokens) -> EngineFolder:
@@ -50,19 +42,4 @@ def export_medusa(heads, *, verifier, verifier_cfg, num_speculative_tokens) -> E
     folder = EngineFolder(config, tensors, notes)
     expected = medusa_vllm_shapes(cfg.num_heads, cfg.num_layers, cfg.hidden_size, cfg.vocab_size, bias=True, shared_lm_head=shared)
     check_tensors(folder, expected, "vLLM Medusa")
-    return folder
-
-
-def export_eagle(heads, *, verifier, verifier_cfg, num_speculative_tokens) -> EngineFolder:
-    cfg = heads.config
-    state = {k: v.detach().cpu() for k, v in heads.state_dict().items()}
-    if "fc.bias" in state:
-        drop_if_zero(state["fc.bias"], "fc.bias", "vLLM's EAGLE-1 draft", "its fc is Linear(2H, H, bias=False)")
-    tensors = {"fc.weight": state["fc.weight"]}
-    tensors.update(engine_layer_tensors(state, cfg.num_layers, [f"layers.{i}" for i in range(cfg.num_layers)]))
-    config = llama_layer_config(cfg, verifier_cfg, cfg.num_layers)
-    config["architectures"] = ["LlamaForCausalLM"]  # vLLM wraps it as EagleLlamaForCausalLM
-    config["torch_dtype"] = dtype_name(tensors)
-    folder = EngineFolder(config, tensors, ["load with speculative_config={'method': 'eagle', 'model': DIR, ...}"])
-    check_tensors(folder, eagle1_shapes(cfg, fc_bias=False), "vLLM EAGLE-1")
     return folder

@@ -1,11 +1,12 @@
 """EAGLE-3: EAGLE's draft layer on several fused target layers with its own draft vocabulary,
 trained by training-time test; drafts EAGLE-2's dynamic tree (Li et al., 2025)."""
-from ..export import sglang, speculators
-from ..export.import_eagle import draft_layer_widths, read_eagle3
-from ..heads.eagle import Eagle3Head
-from ..inference.proposers.eagle import eagle_proposer
-from ..registry import EngineLayout, ImportLayout, Method, TreeKind, register
-from ..train.eagle_loss import EagleLoss
+from ..eagle.imports import draft_layer_widths
+from .export import export_sglang, export_speculators
+from .imports import read_eagle3
+from ...heads.eagle import Eagle3Head
+from ...inference.proposers.eagle import eagle_proposer
+from ...registry import EngineLayout, ImportLayout, Method, TreeKind, register
+from ..eagle.loss import EagleLoss
 
 
 def _is_eagle3(source) -> bool:
@@ -26,9 +27,9 @@ METHOD = register(Method(
     loss=EagleLoss,
     drafter=eagle_proposer,
     tree=TreeKind.DYNAMIC,
-    exports={"vllm": EngineLayout("eagle3", speculators.export_eagle3, serves_alone=True),  # vLLM loads the speculators layout
-             "sglang": EngineLayout("EAGLE3", sglang.export_eagle3),
-             "speculators": EngineLayout("eagle3", speculators.export_eagle3, serves_alone=True)},
+    exports={"vllm": EngineLayout("eagle3", export_speculators, serves_alone=True),  # vLLM loads the speculators layout
+             "sglang": EngineLayout("EAGLE3", export_sglang),
+             "speculators": EngineLayout("eagle3", export_speculators, serves_alone=True)},
     imports={
         "speculators": ImportLayout(detect=lambda source: source.config.get("speculators_model_type") == "eagle3",
                                     read=lambda source, target: read_eagle3(source, target, "speculators"), rank=0),

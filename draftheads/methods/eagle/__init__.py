@@ -1,11 +1,11 @@
 """EAGLE-1/2: one draft decoder layer fed the target's feature and the next token, unrolled on its
 own outputs; drafts EAGLE-2's dynamic tree grown from its confidences (Li et al., 2024)."""
-from ..export import sglang, vllm
-from ..export.import_eagle import draft_layer_widths, read_eagle
-from ..heads.eagle import EagleHead
-from ..inference.proposers.eagle import eagle_proposer
-from ..registry import EngineLayout, ImportLayout, Method, TreeKind, register
-from ..train.eagle_loss import EagleLoss
+from .export import export_sglang, export_vllm
+from .imports import draft_layer_widths, read_eagle
+from ...heads.eagle import EagleHead
+from ...inference.proposers.eagle import eagle_proposer
+from ...registry import EngineLayout, ImportLayout, Method, TreeKind, register
+from .loss import EagleLoss
 
 
 def _is_eagle1(source) -> bool:
@@ -22,6 +22,6 @@ METHOD = register(Method(
     loss=EagleLoss,
     drafter=eagle_proposer,
     tree=TreeKind.DYNAMIC,
-    exports={"vllm": EngineLayout("eagle", vllm.export_eagle), "sglang": EngineLayout("EAGLE", sglang.export_eagle)},
+    exports={"vllm": EngineLayout("eagle", export_vllm), "sglang": EngineLayout("EAGLE", export_sglang)},
     imports={"eagle": ImportLayout(detect=_is_eagle1, read=read_eagle, rank=2)},
 ))

@@ -11,10 +11,10 @@ Losses per step, averaged over the rows whose predicted token is a training toke
   target (EAGLE-1), with uniform noise on the input features in training;
 - eagle3: the classification term against the target's distribution restricted to the draft
   vocabulary, counted where the target's argmax lies in it (EAGLE-3; no feature loss).
-The classification term is `heads.loss` (target_loss.py: soft cross-entropy by default, as both
+The classification term is `heads.loss` (train/target_loss.py: soft cross-entropy by default, as both
 papers; KL, CE on the target's greedy token, or LK's negative log acceptance). Step k is weighted
 ``decay``^k (`train.loss_decay`, 0.8 as EAGLE-3's trainer). The draft's vocab-sized logits are computed in
-checkpointed chunks, never for the whole batch at once (as in losses.py); the target's side of
+checkpointed chunks, never for the whole batch at once (as in methods/medusa/loss.py); the target's side of
 every step (`TargetRows`) once per window position, since step k+1 scores step k's positions
 shifted by one. The steps attend tile by tile (`heads/unrolled_attention.py`).
 """
@@ -26,10 +26,10 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from ..heads.unrolled_attention import UnrolledStepMask, first_visible
-from .head_loss import HeadLoss, HeadLossOutput, LossBatch
-from .target_loss import TargetRows, loss_of, row_losses
-from .packing import document_ids, positions_or_arange, within_document
+from ...heads.unrolled_attention import UnrolledStepMask, first_visible
+from ...train.head_loss import HeadLoss, HeadLossOutput, LossBatch
+from ...train.target_loss import TargetRows, loss_of, row_losses
+from ...train.packing import document_ids, positions_or_arange, within_document
 
 SOFT_CE_WEIGHT = 0.1  # EAGLE-1: the classification loss is ~10x the regression loss
 

@@ -1,11 +1,11 @@
 """DFlash: a block of mask slots after the last accepted token, drafted in ONE forward of a small
 decoder reading fused target layers as context; trained on random blocks per row."""
-from ..export import dflash as dflash_layout
-from ..export.import_dflash import read_dflash
-from ..heads.dflash import DFlashHeads
-from ..inference.proposers.dflash import dflash_proposer
-from ..registry import EngineLayout, ImportLayout, Method, TreeKind, register
-from ..train.dflash_loss import DFlashLoss
+from . import export
+from .imports import read_dflash
+from ...heads.dflash import DFlashHeads
+from ...inference.proposers.dflash import dflash_proposer
+from ...registry import EngineLayout, ImportLayout, Method, TreeKind, register
+from .loss import DFlashLoss
 
 
 def _is_zlab(source) -> bool:
@@ -22,7 +22,7 @@ METHOD = register(Method(
     loss=DFlashLoss,
     drafter=dflash_proposer,
     tree=TreeKind.ONE_FORWARD,
-    exports={"vllm": EngineLayout("dflash", dflash_layout.export)},
+    exports={"vllm": EngineLayout("dflash", export.export)},
     imports={
         "speculators-dflash": ImportLayout(
             detect=lambda source: source.config.get("speculators_model_type") == "dflash",

@@ -18,9 +18,9 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from ..heads.hydra import token_context  # noqa: F401 (re-exported: the tokens Hydra heads read)
-from .head_loss import HeadLoss, HeadLossOutput, LossBatch
-from .packing import within_document
+from ...heads.hydra import token_context  # noqa: F401 (re-exported: the tokens Hydra heads read)
+from ...train.head_loss import HeadLoss, HeadLossOutput, LossBatch
+from ...train.packing import within_document
 
 IGNORE = -100
 
