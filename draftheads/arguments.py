@@ -5,6 +5,18 @@ from __future__ import annotations
 import argparse
 
 
+class CommandError(ValueError):
+    """Bad input a command was given (a flag's value, a file or folder it names): ``draftheads``
+    prints the message as one ``error:`` line and exits 2, never a traceback."""
+
+
+def heads_error(path: object, error: BaseException) -> CommandError:
+    """A heads folder that cannot be used (missing, corrupt, another target's), as a `CommandError`
+    that names the folder."""
+    message = str(error)
+    return CommandError(message if str(path) in message else f"--heads {path}: {message}")
+
+
 def positive_int(text: str) -> int:
     """A whole number >= 1 (max new tokens, rounds, prompts...)."""
     try:

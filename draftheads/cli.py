@@ -19,16 +19,54 @@ import sys
 import time
 from pathlib import Path
 
-from .arguments import batch_sizes, positive_int
+from .arguments import CommandError, batch_sizes, heads_error, positive_int
 from .data.prompt_sets import DEFAULT_CALIBRATION_PROMPTS, describe_names
 
 
 def _pick_device(requested: str | None):
+    """``--device`` as a torch device, refused by name when torch cannot run on it here."""
     import torch
 
     from .device import default_device
 
-    return torch.device(requested) if requested else default_device()
+    if not requested:
+        return default_device()
+    try:
+        device = torch.device(requested)
+    except RuntimeError:
+        raise CommandError(f"--device {requested!r} is not a device torch knows: use cpu, cuda or cuda:N") from None
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise CommandError(
+                f"--device {requested}: this torch ({torch.__version__}) cannot use CUDA (a CPU build, or no GPU is "
+                "visible): pass --device cpu, or install a CUDA build of torch"
+            )
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise CommandError(f"--device {requested}: only {torch.cuda.device_count()} GPU(s) are visible "
+                               f"(cuda:0..cuda:{torch.cuda.device_count() - 1})")
+    return device
+
+
+def _load_heads(path: str, target, check_fingerprint: bool):
+    """``dh.load_heads`` for a command: a folder that cannot be used is a `CommandError` naming it."""
+    import draftheads as dh
+
+    try:
+        return dh.load_heads(path, target=target, check_fingerprint=check_fingerprint)
+    except (ValueError, OSError) as e:  # missing, corrupt, NaN, another target's, a bad tree.json: all named
+        raise heads_error(path, e) from None
+
+
+def _check_prompt(ids, max_new_tokens: int, max_positions: int | None) -> None:
+    """The encoded prompt fits: not empty, and with the new tokens within the model's positions."""
+    n = int(ids.shape[1])
+    if n == 0:
+        raise CommandError("--prompt is empty (with --no-chat-template it is fed as it is): give some text")
+    if max_positions is not None and n + max_new_tokens > max_positions:
+        fix = (f"lower --max-new-tokens to {max_positions - n} or shorten the prompt" if n < max_positions
+               else "shorten the prompt")
+        raise CommandError(f"the prompt is {n} tokens; with --max-new-tokens {max_new_tokens} that is "
+                           f"{n + max_new_tokens} positions, more than the model's {max_positions}: {fix}")
 
 
 def _load_target(name_or_path: str, device_name: str | None, dtype_name: str, trust_remote_code: bool):
@@ -55,8 +93,7 @@ def _proposer(args, target, tokenizer):
     if sum(chosen) != 1:
         raise SystemExit("error: give exactly one of --heads DIR, --draft-model PATH_OR_ID, --prompt-lookup")
     if args.heads:
-        heads = dh.load_heads(args.heads, target=target, check_fingerprint=not args.no_fingerprint_check)
-        return heads
+        return _load_heads(args.heads, target, not args.no_fingerprint_check)
     if args.prompt_lookup:
         return dh.PromptLookupProposer()
     draft, draft_tok = _load_target(args.draft_model, args.device, args.dtype, args.trust_remote_code)
@@ -73,6 +110,7 @@ def cmd_generate(args) -> int:
     options = {"draw_drafts": False} if args.top_k_drafts and args.heads else {}
     decoder = dh.SpeculativeDecoder(target, _proposer(args, target, tokenizer), **options)
     ids = _encode_prompt(tokenizer, args.prompt, not args.no_chat_template)
+    _check_prompt(ids, args.max_new_tokens, decoder.max_positions)
     streamer = None if args.quiet else TextStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True)
     generator = torch.Generator().manual_seed(args.seed)
     start = time.perf_counter()
@@ -236,7 +274,6 @@ def cmd_calibrate(args) -> int:
     """Measure the best tree per temperature (and batch size) on this device and save them in the
     heads' tree.json, replacing what was measured on this device type before and keeping the
     entries of other device types."""
-    import draftheads as dh
     from .plans import TreePlans, write_plans
     from .registry import TreeKind, method_of
 
@@ -247,7 +284,7 @@ def cmd_calibrate(args) -> int:
     if not args.dry_run:
         _check_writable(Path(args.heads))
     target, tokenizer = _load_target(args.target, args.device, args.dtype, args.trust_remote_code)
-    heads = dh.load_heads(args.heads, target=target, check_fingerprint=not args.no_fingerprint_check)
+    heads = _load_heads(args.heads, target, not args.no_fingerprint_check)
     prompts = _calibration_prompts(args, tokenizer)
     saved = heads.plans  # the file as loaded (read once), before calibration changes the heads
     entries, verify = [], None
@@ -380,13 +417,22 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except ValueError as e:  # a bad --target or sampling value: the message, not a traceback
+    except ValueError as e:  # a bad --target, heads folder, prompt or sampling value: the message, not a traceback
         from .target import TargetLoadError
 
-        if not isinstance(e, (TargetLoadError, *_user_errors())):
+        if not isinstance(e, (TargetLoadError, CommandError, *_user_errors())):
             raise
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {one_line(str(e))}", file=sys.stderr)
         return 2
+
+
+def one_line(message: str) -> str:
+    """A message as one line: its list items (``\n  - x``) joined with "; "."""
+    lines = [line.strip() for line in message.strip().splitlines() if line.strip()]
+    if not lines:
+        return message
+    first, rest = lines[0], [line.removeprefix("- ") for line in lines[1:]]
+    return first + (" " if first.endswith(":") else "; ") + "; ".join(rest) if rest else first
 
 
 def _user_errors() -> tuple[type, ...]:

@@ -382,6 +382,8 @@ def _explain(err: Any, sources: dict[str, str]) -> str:
     elif kind in _BOUNDS:
         op, name = _BOUNDS[kind]
         message = f"{key} must be {op} {err['ctx'][name]}{' or null' if _allows_none(tp) else ''}, got {value!r}"
+    elif kind == "finite_number":
+        message = f"{key} must be a finite number, got {value!r}"
     elif kind in ("dataclass_type", "dataclass_args_type"):
         message = f"{key or 'the config'} must be a mapping of keys, got {type(value).__name__} {value!r}"
     elif kind == "value_error":  # a dataclass's own __post_init__ check: its message names the key
@@ -480,6 +482,40 @@ def validate(cfg: ExperimentConfig) -> None:
                 f"heads.{name}={getattr(spec, name)!r} has no effect with heads.init_from ({spec.init_from}): the heads "
                 "start from that folder's weights; remove one of the two"
             )
+    def reads_labels(m) -> bool:  # heads that learn the data's (or the target's greedy) next tokens
+        return getattr(m.heads, "training_objective", "future_tokens") == "future_tokens"
+
+    if cfg.train.labels != TrainConfig().labels and not reads_labels(method):
+        users = sorted(m.name for m in methods() if reads_labels(m))
+        raise ConfigError(
+            f"train.labels is set ({cfg.train.labels!r}) but {spec.head_type} heads do not use it: they learn the "
+            f"target's own distribution at every position (heads.loss says how); it applies to {', '.join(users)} "
+            "heads only; remove it or change heads.head_type"
+        )
+    if "block_size" in method.options:  # a block longer than every row anchors nowhere: loss 0, eval NaN
+        block = spec.block_size if spec.block_size is not None else spec.num_heads + 1  # DFlashHeads.for_target's rule
+        if block > cfg.data.max_length:
+            given = (f"heads.block_size={block}" if spec.block_size is not None
+                     else f"heads.num_heads={spec.num_heads} (a block of {block}: the root + {spec.num_heads} slots)")
+            raise ConfigError(
+                f"{given} is longer than the rows (data.max_length={cfg.data.max_length}): no block fits in a row, so "
+                f"nothing would be trained. Set heads.block_size <= data.max_length (well below it: a block needs a "
+                "context before it)"
+            )
+    track = cfg.tracking
+    if track.report_to == "tensorboard":  # the name is a folder under train.output_dir: never a path out of it
+        key, name = ("run_name", track.run_name) if track.run_name is not None else ("project", track.project)
+        if not name.strip() or name.strip(".") == "" or any(sep in name for sep in ("/", "\\")) or "\0" in name:
+            raise ConfigError(
+                f"tracking.{key}={name!r}: with tracking.report_to=tensorboard it names the log folder inside "
+                f"train.output_dir, so it must be one plain folder name (no '/', '\\', '.' or '..'), e.g. "
+                f"{'medusa-run1'!r}"
+            )
+    if cfg.data.packing and cfg.train.group_by_length:  # before anything is loaded or written
+        raise ConfigError(
+            "data.packing and train.group_by_length are both on: packed windows have no padding to group away; "
+            "turn one of them off"
+        )
     if spec.feature_layers is not None and (not spec.feature_layers or min(spec.feature_layers) < 0):
         raise ConfigError(
             f"heads.feature_layers must be a non-empty list of target layer ids >= 0 (i = the hidden state entering "

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal, get_args
 
 from annotated_types import Ge
-from pydantic import BeforeValidator, ConfigDict, Strict
+from pydantic import AllowInfNan, BeforeValidator, ConfigDict, Strict
 
 
 def _float_literal(value: Any) -> Any:
@@ -26,7 +26,8 @@ CHECKED = ConfigDict(extra="forbid")  # an unknown key is an error, never ignore
 Str = Annotated[str, Strict()]
 Bool = Annotated[bool, Strict()]
 Int = Annotated[int, Strict()]
-Float = Annotated[float, BeforeValidator(_float_literal), Strict()]  # an int is accepted too
+# An int is accepted too; inf and NaN are not (``train.lr: .inf`` trained to NaN checkpoints).
+Float = Annotated[float, BeforeValidator(_float_literal), Strict(), AllowInfNan(False)]
 Positive = Annotated[int, Strict(), Ge(1)]
 NonNegative = Annotated[int, Strict(), Ge(0)]
 

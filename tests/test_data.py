@@ -316,9 +316,9 @@ def test_unknown_role_names_row_and_value(chatml_tok, tmp_path):
     rows = [_sharegpt(CONVERSATIONS[0]), bad]
     path = _write_jsonl(tmp_path / "bad.jsonl", rows)
     for num_proc in (None, 2):
-        with pytest.raises(ValueError, match=r"row 1, message 1: unknown 'from' value 'robot'"):
+        with pytest.raises(ValueError, match=r"bad.jsonl line 2, message 2: unknown 'from' value 'robot'"):
             build_datasets(_cfg(path, tmp_path, num_proc=num_proc), chatml_tok)
-    with pytest.raises(ValueError, match=r"row 3.*'tool'"):
+    with pytest.raises(ValueError, match=r"row 4, message 1.*'tool'"):  # index 3: the 4th row
         normalize_chat([{"role": "tool", "content": "x"}], "messages", 3)
 
 
@@ -344,7 +344,7 @@ def test_a_row_whose_text_field_has_another_name_is_an_error_not_an_empty_row(pl
     """It used to be counted as empty and dropped: training went on without it."""
     rows = [{"text": CORPUS[0]}, {"txt": CORPUS[1]}, {"text": ""}, {"text": CORPUS[2]}]
     path = _write_jsonl(tmp_path / "mixed.jsonl", rows)
-    with pytest.raises(ValueError, match=r"row 1 has no 'text' field .*holds 'txt'; set data.text_field=txt"):
+    with pytest.raises(ValueError, match=r"mixed.jsonl line 2 has no 'text' field .*holds 'txt'; set data.text_field=txt"):
         build_datasets(_cfg(path, tmp_path, eval_fraction=0), plain_tok)
     # a row that only lacks the text (its other fields are those every row has: metadata) is still
     # an empty row, counted
@@ -354,7 +354,7 @@ def test_a_row_whose_text_field_has_another_name_is_an_error_not_an_empty_row(pl
     # chat rows: a conversation under another key is named too
     chat = [{"messages": CONVERSATIONS[0]}, {"conversation": CONVERSATIONS[1]}]
     path = _write_jsonl(tmp_path / "chat.jsonl", chat)
-    with pytest.raises(ValueError, match=r"row 1 has no 'messages' field .*holds 'conversation'"):
+    with pytest.raises(ValueError, match=r"chat.jsonl line 2 has no 'messages' field .*holds 'conversation'"):
         build_datasets(_cfg(path, tmp_path, eval_fraction=0), chatml_tok)
 
 

@@ -1,4 +1,4 @@
-"""A broken local data file is named with the line (and row) where it breaks, at load time."""
+"""A broken local data file is named with the line (counted from 1) where it breaks, at load time."""
 from __future__ import annotations
 
 import gzip
@@ -18,14 +18,14 @@ def load(path, tmp_path):
 def test_malformed_jsonl_line_names_file_and_line(tmp_path):
     path = tmp_path / "bad.jsonl"
     path.write_bytes(GOOD + b"\n" + GOOD + b'{"text": broken}\n' + GOOD)
-    with pytest.raises(ValueError, match=re.escape(f"{path}: line 4 (row 3) is not valid JSON: Expecting value")):
+    with pytest.raises(ValueError, match=re.escape(f"{path}: line 4 is not valid JSON: Expecting value")):
         load(path, tmp_path)
 
 
 def test_jsonl_line_that_is_not_an_object_is_named(tmp_path):
     path = tmp_path / "list.jsonl"
     path.write_bytes(GOOD + b'["text", "x"]\n')
-    with pytest.raises(ValueError, match=re.escape(f"{path}: line 2 (row 2) is a JSON list, expected an object")):
+    with pytest.raises(ValueError, match=re.escape(f"{path}: line 2 is a JSON list, expected an object")):
         load(path, tmp_path)
 
 
@@ -42,7 +42,7 @@ def test_non_utf8_byte_names_file_and_row(tmp_path, name):
     path = tmp_path / name
     data = GOOD + GOOD + '{"text": "café"}\n'.encode("latin-1") + GOOD
     path.write_bytes(gzip.compress(data) if name.endswith(".gz") else data)
-    with pytest.raises(ValueError, match=re.escape(f"{path}: line 3 (row 3) is not valid UTF-8 (byte 0xe9")):
+    with pytest.raises(ValueError, match=re.escape(f"{path}: line 3 is not valid UTF-8 (byte 0xe9")):
         load(path, tmp_path)
 
 
@@ -51,7 +51,7 @@ def test_the_broken_file_of_a_folder_is_the_one_named(tmp_path):
     folder.mkdir()
     (folder / "a.jsonl").write_bytes(GOOD * 3)
     (folder / "b.jsonl").write_bytes(GOOD + b'{"text": "x"\n')
-    with pytest.raises(ValueError, match=re.escape(f"{folder / 'b.jsonl'}: line 2 (row 2) is not valid JSON")):
+    with pytest.raises(ValueError, match=re.escape(f"{folder / 'b.jsonl'}: line 2 is not valid JSON")):
         load(folder, tmp_path)
 
 

@@ -311,8 +311,12 @@ def test_existing_output_is_refused_unless_overwrite(tmp_path):
     (tmp_path / "out" / "keep.txt").write_text("mine")
     with pytest.raises(FileExistsError, match="overwrite"):
         export_heads(tmp_path / "heads", tmp_path / "out", "vllm")
+    with pytest.raises(FileExistsError, match="keep.txt"):  # not an earlier export: --overwrite keeps it too
+        export_heads(tmp_path / "heads", tmp_path / "out", "vllm", overwrite=True)
     assert (tmp_path / "out" / "keep.txt").read_text() == "mine"
+    (tmp_path / "out" / "keep.txt").unlink()  # an empty folder loses nothing
     export_heads(tmp_path / "heads", tmp_path / "out", "vllm", overwrite=True)
+    export_heads(tmp_path / "heads", tmp_path / "out", "vllm", overwrite=True)  # an earlier export is replaced
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["README.md", "config.json", "draftheads_export.json", "model.safetensors"]
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".out")] == []  # no temp folders left
 

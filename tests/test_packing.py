@@ -248,7 +248,10 @@ def test_packing_options_are_validated_by_name():
     assert config_from_dict(base).data.packing is False  # off unless asked for
     with pytest.raises(ConfigError, match="pack_overflow='cut' is not one of split, drop"):
         config_from_dict({**base, "data": {"path": "rows.jsonl", "packing": True, "pack_overflow": "cut"}})
-    both = config_from_dict({**base, "data": {"path": "rows.jsonl", "packing": True}, "train": {"group_by_length": True}})
+    with pytest.raises(ConfigError, match="data.packing and train.group_by_length are both on"):  # before any load
+        config_from_dict({**base, "data": {"path": "rows.jsonl", "packing": True}, "train": {"group_by_length": True}})
+    both = config_from_dict({**base, "data": {"path": "rows.jsonl", "packing": True}})
+    both.train.group_by_length = True  # set after the config check: packing still refuses it
     with pytest.raises(PackingError, match="data.packing and train.group_by_length are both on"):
         pack_for_training(both, None, [], Collator(PAD))
 

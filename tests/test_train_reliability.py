@@ -3,7 +3,7 @@ runs stop without exporting, and the shared `train` entry's error handling."""
 from __future__ import annotations
 
 import json
-import math
+import types
 from pathlib import Path
 
 import pytest
@@ -216,11 +216,29 @@ def test_guard_skips_a_single_bad_step_and_stops_after_three_in_a_row():
         guard.step_is_bad(_Acc, 5, 1e-3)
 
 
-def test_diverged_run_stops_nonzero_and_exports_nothing(tmp_path, tiny_target_dir, tiny_text_jsonl, capsys):
+def test_diverged_run_stops_nonzero_and_exports_nothing(tmp_path, tiny_target_dir, tiny_text_jsonl, capsys, monkeypatch):
+    from draftheads.train import trainer
     from draftheads.train.command import add_arguments, run_command
 
+    real_optimizer = trainer.build_optimizer
+
+    def poisoned(params, t):  # every update leaves NaN weights (what train.lr=.inf did; the config refuses it now)
+        optimizer = real_optimizer(params, t)
+        real_step = optimizer.step
+
+        def step(self, *args, **kwargs):
+            out = real_step(*args, **kwargs)
+            with torch.no_grad():
+                for group in self.param_groups:
+                    for p in group["params"]:
+                        p.fill_(float("nan"))
+            return out
+
+        optimizer.step = types.MethodType(step, optimizer)  # a bound method, as accelerate expects
+        return optimizer
+
+    monkeypatch.setattr(trainer, "build_optimizer", poisoned)
     cfg = _cfg(tmp_path, tiny_target_dir, tiny_text_jsonl, max_steps=8, eval_every=1, save_every=0)
-    cfg.train.lr = math.inf
     config_file = tmp_path / "diverge.yaml"
     config_file.write_text(yaml.safe_dump(cfg.to_dict()))
     import argparse

@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from ..arguments import heads_error
+
 DRAFT_MODEL = "draft-model"
 PROMPT_LOOKUP = "prompt-lookup"
 PLAIN = "plain"
@@ -115,7 +117,10 @@ def build_methods(
     for name in names:
         if name in heads_names:
             folder = heads_dirs[heads_names.index(name)]
-            heads = dh.load_heads(folder, target=target, check_fingerprint=check_fingerprint)
+            try:
+                heads = dh.load_heads(folder, target=target, check_fingerprint=check_fingerprint)
+            except (ValueError, OSError) as e:  # missing, corrupt, another target's: one error line (cli.main)
+                raise heads_error(folder, e) from None
             config = read_config(Path(folder))
             info = {"head_type": config.head_type, "num_heads": getattr(config, "num_heads", None),
                     "tree_source": tree_source(heads, target.device)}  # calibration / training / device default

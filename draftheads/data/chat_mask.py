@@ -41,7 +41,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .formats import Message
+from .formats import Message, row_label
 
 Span = tuple[int, int]
 Renderer = Callable[[Sequence[Message], bool], str]
@@ -81,9 +81,10 @@ def make_renderer(tokenizer: Any) -> Renderer:
 
 
 def assistant_char_spans(
-    render: Renderer, messages: Sequence[Message], specials: Sequence[str], row: int = -1
+    render: Renderer, messages: Sequence[Message], specials: Sequence[str], row: Any = "a row"
 ) -> tuple[str, list[Span]]:
-    """The rendered conversation and the character spans to train on (see the module docstring)."""
+    """The rendered conversation and the character spans to train on (see the module docstring).
+    ``row``: the row's place for messages (`formats.row_label`)."""
     full = render(messages, False)
     spans: list[Span] = []
     cursor = 0  # where the ordered content search continues (never past the true position)
@@ -98,7 +99,7 @@ def assistant_char_spans(
             span = _span_by_search(full, msg["content"], cursor, specials)
         if span is None:
             raise ValueError(
-                f"row {row}, message {i}: cannot find the assistant content in the rendered chat "
+                f"{row_label(row)}, message {i + 1}: cannot find the assistant content in the rendered chat "
                 f"template (content starts {msg['content'][:60]!r}); the template must copy "
                 "message content verbatim"
             )

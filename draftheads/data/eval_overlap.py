@@ -112,7 +112,7 @@ def eval_index() -> EvalIndex:
     return index
 
 
-def texts_to_check(value: Any, fmt: str, row: int) -> list[str]:
+def texts_to_check(value: Any, fmt: str, row: Any) -> list[str]:
     """Where an evaluation question could hide in a row: its user turns (chat rows) or its text."""
     if fmt in CHAT_FORMATS:
         return [m["content"] for m in normalize_chat(value, fmt, row) if m["role"] == "user"]

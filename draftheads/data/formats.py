@@ -58,8 +58,17 @@ def detect_format(columns: Iterable[str], requested: str = "auto", text_field: s
     )
 
 
-def normalize_chat(value: Any, fmt: str, row: int) -> list[Message]:
-    """A ShareGPT or messages row as ``[{"role", "content"}]`` with roles system/user/assistant."""
+def row_label(row: Any) -> str:
+    """How messages name a row: ``row N`` counted from 1 for a 0-based index, else the place as
+    its caller describes it (``FILE line N``; an object that works it out only when printed).
+    Messages inside a row are counted from 1 as well."""
+    return f"row {row + 1}" if isinstance(row, int) else str(row)
+
+
+def normalize_chat(value: Any, fmt: str, row: Any) -> list[Message]:
+    """A ShareGPT or messages row as ``[{"role", "content"}]`` with roles system/user/assistant.
+    ``row``: the row's place for messages (see `row_label`), read only when there is an error."""
+    where = _Where(row)
     if fmt == "sharegpt":
         role_key, content_key, roles = "from", "value", SHAREGPT_ROLES
     elif fmt == "messages":
@@ -69,23 +78,35 @@ def normalize_chat(value: Any, fmt: str, row: int) -> list[Message]:
     if value is None:
         return []
     if not isinstance(value, Sequence) or isinstance(value, (str, bytes)):
-        raise ValueError(f"row {row}: expected a list of {fmt} messages, got {type(value).__name__}")
+        raise ValueError(f"{where}: expected a list of {fmt} messages, got {type(value).__name__}")
     out: list[Message] = []
     for i, msg in enumerate(value):
         if not isinstance(msg, Mapping):
-            raise ValueError(f"row {row}, message {i}: expected a mapping, got {type(msg).__name__}")
+            raise ValueError(f"{where}, message {i + 1}: expected a mapping, got {type(msg).__name__}")
         raw_role = msg.get(role_key)
         role = roles.get(raw_role.strip().lower()) if isinstance(raw_role, str) else None
         if role is None:
             raise ValueError(
-                f"row {row}, message {i}: unknown {role_key!r} value {raw_role!r}; "
+                f"{where}, message {i + 1}: unknown {role_key!r} value {raw_role!r}; "
                 f"expected one of {sorted(roles)}"
             )
-        out.append({"role": role, "content": _content_text(msg.get(content_key), row, i)})
+        out.append({"role": role, "content": _content_text(msg.get(content_key), where, i)})
     return out
 
 
-def _content_text(content: Any, row: int, index: int) -> str:
+class _Where:
+    """`row_label` of a row, formatted when a message prints it."""
+
+    def __init__(self, row: Any) -> None:
+        self.row = row
+
+    def __str__(self) -> str:
+        return row_label(self.row)
+
+    __format__ = lambda self, spec: format(str(self), spec)  # noqa: E731
+
+
+def _content_text(content: Any, where: Any, index: int) -> str:
     """Message content as a string; OpenAI content-part lists are joined if all parts are text."""
     if isinstance(content, str):
         return content
@@ -96,7 +117,7 @@ def _content_text(content: Any, row: int, index: int) -> str:
                 parts.append(part["text"])
             else:
                 raise ValueError(
-                    f"row {row}, message {index}: only text content parts are supported, got {part!r}"
+                    f"{where}, message {index + 1}: only text content parts are supported, got {part!r}"
                 )
         return "".join(parts)
-    raise ValueError(f"row {row}, message {index}: content must be a string, got {content!r}")
+    raise ValueError(f"{where}, message {index + 1}: content must be a string, got {content!r}")

@@ -2,7 +2,8 @@
 
 ``datasets`` reports a malformed line as "An error occurred while generating the dataset", and
 pyarrow accepts bytes that are not UTF-8, so a Latin-1 byte only fails later, inside
-tokenization, with no file or row. These checks read the raw file once and name the place.
+tokenization, with no file or row. These checks read the raw file once and name the place: the
+file and its line number (counted from 1, as editors count), never a row index.
 """
 from __future__ import annotations
 
@@ -27,9 +28,8 @@ def utf8_problem(path: str | Path) -> str | None:
     except UnicodeDecodeError as e:
         line = data.count(b"\n", 0, e.start) + 1
         column = e.start - (data.rfind(b"\n", 0, e.start) + 1) + 1
-        row = _row_note(path, data, line)
         return (
-            f"{path}: line {line}{row} is not valid UTF-8 (byte 0x{data[e.start]:02x} at byte column {column}); "
+            f"{path}: line {line} is not valid UTF-8 (byte 0x{data[e.start]:02x} at byte column {column}); "
             "re-encode the file as UTF-8 (e.g. iconv -f latin1 -t utf-8) or fix that row"
         )
     return None
@@ -49,23 +49,37 @@ def json_problem(path: str | Path) -> str | None:
             if not all(ln.lstrip().startswith("{") for ln in lines):
                 return f"{path}: line {e.lineno}, column {e.colno}: not valid JSON ({e.msg})"
     # ... or JSON lines: one object per line.
-    row = 0
     for n, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
-        row += 1
         try:
             value = json.loads(line)
         except json.JSONDecodeError as e:
-            return f"{path}: line {n} (row {row}) is not valid JSON: {e.msg} at column {e.colno}"
+            return f"{path}: line {n} is not valid JSON: {e.msg} at column {e.colno}"
         if not isinstance(value, dict):
-            return f"{path}: line {n} (row {row}) is a JSON {type(value).__name__}, expected an object (one row per line)"
+            return f"{path}: line {n} is a JSON {type(value).__name__}, expected an object (one row per line)"
     return None
 
 
-def _row_note(path: Path, data: bytes, line: int) -> str:
-    """For JSON lines, the row number of ``line`` (blank lines are not rows)."""
-    if not path.name.lower().endswith((".jsonl", ".jsonl.gz")):
-        return ""
-    lines = data.split(b"\n", line)[: line]
-    return f" (row {sum(1 for ln in lines if ln.strip())})"
+def row_lines(path: str | Path) -> list[int] | None:
+    """The line number (from 1) of each row of a JSON-lines file, in order (blank lines are no
+    rows); None for a file that is one JSON document (a list of rows has no line per row)."""
+    text = _read_bytes(Path(path)).decode("utf-8", errors="replace")
+    if text.lstrip().startswith("["):
+        return None
+    return [n for n, line in enumerate(text.splitlines(), start=1) if line.strip()]
+
+
+def columns(path: str | Path) -> list[str]:
+    """The fields the rows of a JSON or JSON-lines file hold (their union, in first-seen order)."""
+    text = _read_bytes(Path(path)).decode("utf-8", errors="replace")
+    try:
+        rows = json.loads(text) if text.lstrip().startswith("[") else [
+            json.loads(line) for line in text.splitlines() if line.strip()]
+    except json.JSONDecodeError:
+        return []
+    seen: dict[str, None] = {}
+    for row in rows if isinstance(rows, list) else [rows]:
+        if isinstance(row, dict):
+            seen.update(dict.fromkeys(row))
+    return list(seen)

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Sequence
 from pathlib import Path
 
 import datasets
 
 from .config import DataConfig
-from .json_check import json_problem, utf8_problem
+from .json_check import columns as json_columns
+from .json_check import json_problem, row_lines, utf8_problem
 
 # File suffix -> the ``datasets`` packaged builder that reads it.
 _BUILDERS: dict[str, str] = {
@@ -95,6 +97,7 @@ def load_source(path: str, split: str = "train", *, cache_dir: str | None = None
             if "corresponds to no data" in str(err):  # how datasets reports a file with no rows
                 raise ValueError(f"the data {path!r} has 0 rows; point data.path at a non-empty dataset") from err
             problem = _first_problem(files, json_problem) if builder == "json" else None
+            problem = problem or _column_problem(files, builder)
             raise ValueError(
                 problem or f"cannot read {path!r} as {builder} ({type(err).__name__}: {err}); is the file corrupt?"
             ) from err
@@ -111,6 +114,87 @@ def load_source(path: str, split: str = "train", *, cache_dir: str | None = None
         )
     ds = datasets.load_dataset(path, split=split, cache_dir=cache_dir)
     return _as_dataset(ds, path)
+
+
+class RowPlaces:
+    """Where each row of a loaded source sits, for error messages: ``FILE line N`` (counted from
+    1, as editors count) for local JSON-lines files, else ``row N`` (from 1). The line numbers are
+    read only when a message needs one (an error), never for a healthy run."""
+
+    def __init__(self, files: Sequence[str] = ()) -> None:
+        self.files = list(files)
+        self._lines: list[list[int]] | None = None
+
+    def __call__(self, row: int) -> str:
+        if self.files:
+            if self._lines is None:
+                found = [row_lines(f) for f in self.files]
+                self._lines = [lines for lines in found if lines is not None] if all(found) else []
+            index = row
+            for file, lines in zip(self.files, self._lines):
+                if index < len(lines):
+                    return f"{file} line {lines[index]}"
+                index -= len(lines)
+        return f"row {row + 1}"
+
+    def at(self, row: int) -> "_Place":
+        """The place of ``row``, worked out only when printed."""
+        return _Place(self, row)
+
+    def __getstate__(self) -> dict:  # datasets hashes the tokenizing function: only the files count
+        return {"files": self.files}
+
+    def __setstate__(self, state: dict) -> None:
+        self.files, self._lines = state["files"], None
+
+
+class _Place:
+    def __init__(self, places: RowPlaces, row: int) -> None:
+        self.places, self.row = places, row
+
+    def __str__(self) -> str:
+        return self.places(self.row)
+
+    def __format__(self, spec: str) -> str:
+        return format(str(self), spec)
+
+
+def row_places(path: str) -> RowPlaces:
+    """The `RowPlaces` of the source ``load_source(path)`` reads (its local JSON files, in the
+    order they are read; none for a hub dataset or parquet files)."""
+    local = Path(path).expanduser()
+    if not local.exists():
+        return RowPlaces()
+    try:
+        files, builder = _local_files(local)
+    except (ValueError, FileNotFoundError):
+        return RowPlaces()
+    files = [f for f in files if os.path.getsize(f) > 0]
+    return RowPlaces(files if builder == "json" else ())
+
+
+def _column_problem(files: list[str], builder: str) -> str | None:
+    """Files of one folder whose rows hold different fields, named with their fields (None: one
+    set of fields, or a single file)."""
+    if len(files) < 2:
+        return None
+    if builder == "json":
+        found = {f: json_columns(f) for f in files}
+    else:
+        try:
+            import pyarrow.parquet as pq
+
+            found = {f: list(pq.read_schema(f).names) for f in files}
+        except Exception:  # noqa: BLE001 (an unreadable file: the caller's message covers it)
+            return None
+    kinds: dict[tuple[str, ...], list[str]] = {}
+    for file, cols in found.items():
+        kinds.setdefault(tuple(sorted(cols)), []).append(file)
+    if len(kinds) < 2:
+        return None
+    groups = [f"{', '.join(fs[:3])}{' ...' if len(fs) > 3 else ''} hold {sorted(cols)}" for cols, fs in kinds.items()]
+    return ("the data files do not share their fields: " + "; ".join(groups)
+            + ". Keep one format per data folder (or point data.path at one of the files)")
 
 
 def _first_problem(files: list[str], check) -> str | None:

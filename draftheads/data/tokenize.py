@@ -43,7 +43,7 @@ from .config import DataConfig
 from .formats import CHAT_FORMATS, Message, detect_format, normalize_chat
 from .eval_overlap import describe, first_match, texts_to_check
 from .exact_ids import TOKEN_IDS, IdsDoNotMatch, NotSpliceable, spliced_chat, text_ids
-from .load import load_raw_dataset
+from .load import RowPlaces, load_raw_dataset, row_places
 
 logger = logging.getLogger(__name__)
 
@@ -108,7 +108,7 @@ def tokenize_chat(
     max_length: int,
     *,
     specials: Sequence[str] | None = None,
-    row: int = -1,
+    row: Any = "a row",
 ) -> Example:
     """One conversation as ``(input_ids, loss_mask)``, truncated to ``max_length``."""
     render = make_renderer(tokenizer)
@@ -145,9 +145,10 @@ def text_windows(ids: list[int], max_length: int, *, chunk: bool = True) -> list
 class RowTokenizer:
     """The batched ``datasets.map`` function: a class (not a closure) so it pickles for num_proc."""
 
-    def __init__(self, tokenizer: Any, fmt: str, cfg: DataConfig) -> None:
+    def __init__(self, tokenizer: Any, fmt: str, cfg: DataConfig, places: RowPlaces | None = None) -> None:
         if fmt in CHAT_FORMATS:
             check_chat_template(tokenizer, cfg.path)
+        self.places = places or RowPlaces()  # where a row sits in its files, for messages
         self.tokenizer = tokenizer
         self.fmt = fmt
         self.column = {"sharegpt": "conversations", "messages": "messages", "text": cfg.text_field}[fmt]
@@ -160,7 +161,7 @@ class RowTokenizer:
         made (TEXT, EXACT: the target's ``stored`` ids, IDS_UNUSED: stored ids that could not be used)."""
         how = TEXT
         if self.fmt in CHAT_FORMATS:
-            messages = normalize_chat(value, self.fmt, row)
+            messages = normalize_chat(value, self.fmt, self.places.at(row))
             if not messages:
                 return EMPTY, [], how
             out: list[Example] | None = None
@@ -175,12 +176,13 @@ class RowTokenizer:
                         mask[0] = 0
                     out, how = [(ids, mask)], EXACT
             if out is None:
-                out = [tokenize_chat(self.tokenizer, messages, self.max_length, specials=self.specials, row=row)]
+                out = [tokenize_chat(self.tokenizer, messages, self.max_length, specials=self.specials,
+                                     row=self.places.at(row))]
         else:
             if value is None or (isinstance(value, str) and not value.strip()):
                 return EMPTY, [], how
             if not isinstance(value, str):
-                raise ValueError(f"row {row}: {self.column!r} must be a string, got {type(value).__name__}")
+                raise ValueError(f"{self.places(row)}: {self.column!r} must be a string, got {type(value).__name__}")
             out = None
             if stored is not None:
                 try:
@@ -206,7 +208,7 @@ class RowTokenizer:
         row = batch[ROW_COLUMN][i]
         hint = f"set data.text_field={others[0]} if that is its text, " if self.fmt == "text" else ""
         return (
-            f"row {row} has no {self.column!r} field (looked for {self.column!r}: data.format is {self.fmt}) but "
+            f"{self.places(row)} has no {self.column!r} field (looked for {self.column!r}: data.format is {self.fmt}) but "
             f"holds {', '.join(repr(c) for c in others)}; {hint}rename the field in that row, or remove the row"
         )
 
@@ -237,10 +239,12 @@ def _holds_content(value: Any) -> bool:
 
 
 def tokenize_dataset(
-    raw: datasets.Dataset, tokenizer: Any, cfg: DataConfig, fmt: str, *, source: str, desc: str = "tokenize"
+    raw: datasets.Dataset, tokenizer: Any, cfg: DataConfig, fmt: str, *, source: str, desc: str = "tokenize",
+    places: RowPlaces | None = None,
 ) -> tuple[datasets.Dataset, DataStats]:
-    """Map raw rows (with a ``_row`` column) to ``input_ids``/``loss_mask`` examples plus counts."""
-    fn = RowTokenizer(tokenizer, fmt, cfg)
+    """Map raw rows (with a ``_row`` column) to ``input_ids``/``loss_mask`` examples plus counts.
+    ``places``: where the source's rows sit in its files (errors name ``FILE line N``)."""
+    fn = RowTokenizer(tokenizer, fmt, cfg, places)
     mapped = raw.map(
         fn,
         batched=True,
@@ -304,14 +308,17 @@ def build_datasets(
         parts = raw_train.train_test_split(test_size=n_eval, seed=cfg.seed)
         raw_train, raw_eval = parts["train"], parts["test"]
 
-    train, stats = tokenize_dataset(raw_train, tokenizer, cfg, fmt, source=cfg.path, desc="tokenize train")
+    train_places = row_places(cfg.path)
+    train, stats = tokenize_dataset(raw_train, tokenizer, cfg, fmt, source=cfg.path, desc="tokenize train",
+                                    places=train_places)
     stats.dropped_eval_overlap = overlap_dropped
     _require_kept(stats, "train")
     eval_ds: datasets.Dataset | None = None
     if raw_eval is not None:
         eval_fmt = detect_format(raw_eval.column_names, cfg.format, cfg.text_field)
+        eval_places = row_places(cfg.eval_path) if cfg.eval_path else train_places if not cfg.has_eval_source else None
         eval_ds, stats.eval = tokenize_dataset(
-            raw_eval, tokenizer, cfg, eval_fmt, source=eval_source, desc="tokenize eval"
+            raw_eval, tokenizer, cfg, eval_fmt, source=eval_source, desc="tokenize eval", places=eval_places
         )
         if stats.eval.examples == 0:
             if cfg.has_eval_source:
@@ -329,9 +336,10 @@ def drop_eval_overlap(raw: datasets.Dataset, cfg: DataConfig, fmt: str) -> tuple
     (``data.eval_overlap``: refuse raises, warn keeps them; see ``eval_overlap``)."""
     column = {"sharegpt": "conversations", "messages": "messages", "text": cfg.text_field}[fmt]
     found = []
+    places = row_places(cfg.path)  # a malformed chat row is named by its file and line
     for batch in raw.select_columns([column, ROW_COLUMN]).iter(batch_size=1024):
         for value, row in zip(batch[column], batch[ROW_COLUMN]):
-            match = first_match(texts_to_check(value, fmt, row))
+            match = first_match(texts_to_check(value, fmt, places.at(row)))
             if match is not None:
                 found.append((row, match))
     if not found:

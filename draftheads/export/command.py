@@ -26,7 +26,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    help="EAGLE-3 heads in the speculators layout (--format vllm or speculators): draft tokens per "
                         "step written to the config (default: the heads' training draft steps); refused for exports "
                         "that do not record it (the engine takes it at serve time)")
-    p.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
+    p.add_argument("--overwrite", action="store_true", help="replace OUT if it exists (an earlier export or import)")
     p.set_defaults(func=cmd_export)
     return p
 
@@ -56,21 +56,28 @@ def add_import_parser(sub, add_target_args: Callable[[argparse.ArgumentParser], 
     p.add_argument("out", metavar="OUT", help="heads folder to write")
     add_target_args(p)
     p.add_argument("--format", choices=list(IMPORT_FORMATS), default=None, help="skip detection")
-    p.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
+    p.add_argument("--overwrite", action="store_true", help="replace OUT if it exists (an earlier import or export)")
+    p.add_argument("--allow-other-verifier", action="store_true",
+                   help="import even though SRC's config names another verifier than --target (you vouch that "
+                        "--target is that model, e.g. a local copy)")
     return p
 
 
 def run_import(args, load_model: Callable[[str], tuple]) -> int:
     from pathlib import Path
 
+    from .common import check_output_folder
     from .importers import import_heads
 
-    if Path(args.out).exists() and not args.overwrite:  # before loading the target: a typo costs a second
-        print(f"error: {args.out} exists: pass --overwrite to replace it", file=sys.stderr)
+    try:  # before loading the target: a typo costs a second
+        check_output_folder(Path(args.out), args.src, args.overwrite)
+    except FileExistsError as e:
+        print(f"error: {e}", file=sys.stderr)
         return 2
     target, _ = load_model(args.target)
     try:
-        out = import_heads(args.src, args.out, target, format=args.format, overwrite=args.overwrite)
+        out = import_heads(args.src, args.out, target, format=args.format, overwrite=args.overwrite,
+                           target_name=args.target, allow_other_verifier=args.allow_other_verifier)
     except (FileExistsError, FileNotFoundError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -18,6 +18,10 @@ from safetensors.torch import save_file
 from ..heads.io import write_folder_atomically
 
 EXPORT_METADATA = "draftheads_export.json"  # what was exported from where (for people, not engines)
+IMPORT_METADATA = "draftheads_import.json"  # what an imported heads folder was converted from
+# The heads' training-token counts (the draft vocabulary's source), which no engine layout has a
+# tensor for: kept beside the export so that importing it back restores them (not read by engines).
+TOKEN_COUNTS_NAME = "draftheads_token_counts.json"
 
 
 class ExportError(ValueError):
@@ -45,15 +49,74 @@ def check_tensors(folder: EngineFolder, expected: dict[str, tuple[int, ...]], fo
         )
 
 
-def write_engine_folder(
-    out_dir: str | os.PathLike, folder: EngineFolder, metadata: dict[str, Any], overwrite: bool, card: str | None = None
-) -> Path:
-    """``card``: the folder's README.md (export/card.py), written in the same atomic swap."""
+def check_output_folder(out_dir: str | os.PathLike, source: str | os.PathLike, overwrite: bool) -> None:
+    """Refuse an output folder whose replacement would lose something: the source itself, a folder
+    inside the source or holding it (replacing OUT replaces them), an existing OUT without
+    ``overwrite``, and, with it, an OUT that no export or import wrote (no `EXPORT_METADATA` /
+    `IMPORT_METADATA` marker): its files are named, and kept. An empty folder may be replaced."""
     out = Path(out_dir)
-    if out.exists() and not overwrite:
-        raise FileExistsError(f"{out} exists: pass overwrite=True (--overwrite) to replace it")
-    if out.exists() and not out.is_dir():
+    src = Path(source)
+    if src.exists():
+        a, b = out.absolute().resolve(), src.absolute().resolve()
+        if a == b or b in a.parents or a in b.parents:
+            where = "is the source" if a == b else "is inside the source" if b in a.parents else "holds the source"
+            raise FileExistsError(
+                f"{out} {where} {source}: writing there would replace the source itself; choose an OUT outside it"
+            )
+    if not (out.exists() or out.is_symlink()):
+        return
+    if not out.is_dir():
         raise FileExistsError(f"{out} exists and is not a folder")
+    if not overwrite:
+        raise FileExistsError(f"{out} exists: pass overwrite=True (--overwrite) to replace it")
+    entries = sorted(p.name + ("/" if p.is_dir() else "") for p in out.iterdir())
+    if not entries or (out / EXPORT_METADATA).is_file() or (out / IMPORT_METADATA).is_file():
+        return
+    shown = ", ".join(entries[:8]) + (f" and {len(entries) - 8} more" if len(entries) > 8 else "")
+    raise FileExistsError(
+        f"{out} holds {shown}, which draftheads export/import did not write (no {EXPORT_METADATA} or "
+        f"{IMPORT_METADATA}): --overwrite replaces only a folder an earlier export or import wrote. Choose another "
+        "OUT, or move those files away yourself"
+    )
+
+
+def token_counts_json(heads) -> str | None:
+    """The heads' training-token counts as `TOKEN_COUNTS_NAME`'s text (only the ids seen), or None
+    when there are none to keep (fresh heads)."""
+    counts = getattr(heads, "token_counts", None)
+    if counts is None or not bool((counts != 0).any()):
+        return None
+    ids = torch.nonzero(counts).flatten().tolist()
+    values = counts[ids].tolist()
+    return json.dumps({"vocab_size": int(counts.numel()), "counts": {str(i): int(v) for i, v in zip(ids, values)}}) + "\n"
+
+
+def read_token_counts(folder: Path, vocab_size: int) -> torch.Tensor | None:
+    """The counts an export kept (`token_counts_json`), when ``folder`` has them for this vocabulary."""
+    file = folder / TOKEN_COUNTS_NAME
+    if not folder.is_dir() or not file.is_file():
+        return None
+    try:
+        data = json.loads(file.read_text())
+        if int(data["vocab_size"]) != vocab_size:
+            return None
+        counts = torch.zeros(vocab_size, dtype=torch.long)
+        for key, value in data["counts"].items():
+            counts[int(key)] = int(value)
+    except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError) as e:
+        raise ValueError(f"{file} is not a token-count file draftheads export wrote ({type(e).__name__}: {e})") from None
+    return counts
+
+
+def write_engine_folder(
+    out_dir: str | os.PathLike, folder: EngineFolder, metadata: dict[str, Any], overwrite: bool, card: str | None = None,
+    extra_files: dict[str, str] | None = None,
+) -> Path:
+    """``card``: the folder's README.md (export/card.py); ``extra_files``: name -> text of files
+    for draftheads beside the engine's (`TOKEN_COUNTS_NAME`); all written in the same atomic swap.
+    Refuses what `check_output_folder` refuses (the exporter checked it first, before any work)."""
+    out = Path(out_dir)
+    check_output_folder(out, metadata.get("heads") or "", overwrite)
     tensors = {k: v.detach().contiguous().cpu() for k, v in folder.tensors.items()}
     files = {
         "config.json": lambda p: p.write_text(json.dumps(folder.config, indent=2) + "\n"),
@@ -62,6 +125,8 @@ def write_engine_folder(
     }
     if card is not None:
         files["README.md"] = lambda p: p.write_text(card, encoding="utf-8")
+    for name, text in (extra_files or {}).items():
+        files[name] = lambda p, text=text: p.write_text(text, encoding="utf-8")
     return write_folder_atomically(out, files)
 
 

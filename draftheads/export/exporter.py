@@ -8,7 +8,15 @@ from ..heads.hub import resolve_heads_folder
 from ..heads.io import load_heads
 from ..registry import EngineLayout, Method, TreeKind, method_of
 from .card import CARD_NAME, export_card
-from .common import ExportError, resolve_verifier, verifier_config, write_engine_folder
+from .common import (
+    TOKEN_COUNTS_NAME,
+    ExportError,
+    check_output_folder,
+    resolve_verifier,
+    token_counts_json,
+    verifier_config,
+    write_engine_folder,
+)
 from .formats import ENGINE_TITLES, EXPORT_FORMATS, layouts_sentence
 
 
@@ -74,8 +82,7 @@ def export_heads(
     if format not in EXPORT_FORMATS:
         raise ExportError(f"unknown export format {format!r}; valid: {', '.join(EXPORT_FORMATS)}")
     out = Path(out_dir)
-    if out.exists() and not overwrite:
-        raise FileExistsError(f"{out} exists: pass overwrite=True (--overwrite) to replace it")
+    check_output_folder(out, heads_dir, overwrite)  # never the heads themselves, nor someone's files
     heads = load_heads(heads_dir)
     layout = engine_layout(method_of(heads), format)
     check_no_sliding_window(heads, format)
@@ -92,7 +99,9 @@ def export_heads(
                 "num_speculative_tokens": num_speculative_tokens}
     card = export_card(folder.config, {**metadata, "notes": folder.notes}, heads.config.to_dict(), str(out),
                        source_card(heads_dir))
-    return write_engine_folder(out, folder, metadata, overwrite, card=card)
+    counts = token_counts_json(heads)  # no engine tensor holds them: kept for `draftheads import`
+    return write_engine_folder(out, folder, metadata, overwrite, card=card,
+                               extra_files={TOKEN_COUNTS_NAME: counts} if counts else None)
 
 
 def engine_layout(method: Method, format: str) -> EngineLayout:

@@ -5,6 +5,7 @@ The layout is detected from tensor names and config keys (or forced with ``forma
 """
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -12,7 +13,10 @@ import torch
 
 from ..registry import ImportLayout, Method, methods
 from .formats import IMPORT_FORMATS
+from ..heads.folder import save_heads
+from .common import IMPORT_METADATA, check_output_folder, read_token_counts
 from .sources import Source, read_source
+from .verifier_check import check_recorded_verifier
 
 
 def import_layouts() -> list[tuple[str, Method, ImportLayout]]:
@@ -44,18 +48,27 @@ def read_heads(src: str | os.PathLike, target: torch.nn.Module, format: str | No
     """The checkpoint at ``src`` as draftheads heads bound to ``target`` (nothing written).
     ``format``: skip detection (when several methods read that format, the one that claims the
     checkpoint reads it, else the first)."""
+    return _read(src, target, format)[0]
+
+
+def _read(src: str | os.PathLike, target: torch.nn.Module, format: str | None) -> tuple[torch.nn.Module, str, Source]:
+    """(heads, the import format read, the source)."""
     if format is not None and format not in IMPORT_FORMATS:
         raise ValueError(f"unknown import format {format!r}; valid: {', '.join(IMPORT_FORMATS)}")
     source = read_source(src)
     if format is None:
-        _, _, layout = _detected(source)
+        format, _, layout = _detected(source)
     else:
         readers = [entry[2] for entry in import_layouts() if entry[0] == format]
         layout = next((r for r in readers if r.detect(source)), readers[0])
     heads = layout.read(source, target)
+    counts = read_token_counts(source.path, int(heads.token_counts.numel()))  # a draftheads export kept them
+    if counts is not None:
+        with torch.no_grad():
+            heads.token_counts.copy_(counts)
     heads.bind_target(target)
     ref = target.get_output_embeddings().weight
-    return heads.to(device=ref.device).eval()
+    return heads.to(device=ref.device).eval(), format, source
 
 
 def import_heads(
@@ -65,11 +78,19 @@ def import_heads(
     *,
     format: str | None = None,
     overwrite: bool = False,
+    target_name: str | None = None,
+    allow_other_verifier: bool = False,
 ) -> Path:
     """Convert the checkpoint at ``src`` into a draftheads heads folder at ``out_dir`` (atomic;
-    refused if it exists unless ``overwrite``)."""
+    refused if it exists unless ``overwrite``, and then only over an earlier import or export: see
+    `check_output_folder`). The folder records what it was converted from (`IMPORT_METADATA`).
+
+    A checkpoint that names its verifier is imported only for that model (``target_name``: what
+    the user called ``target``, default its ``name_or_path``; see export/verifier_check.py) unless
+    ``allow_other_verifier``."""
     out = Path(out_dir)
-    if out.exists() and not overwrite:
-        raise FileExistsError(f"{out} exists: pass overwrite=True (--overwrite) to replace it")
-    heads = read_heads(src, target, format)
-    return heads.save_pretrained(out)
+    check_output_folder(out, src, overwrite)
+    heads, layout, source = _read(src, target, format)
+    check_recorded_verifier(source, target, target_name, allow_other_verifier)
+    provenance = {"source": str(Path(src).absolute()), "format": layout}
+    return save_heads(heads, out, extra_files={IMPORT_METADATA: json.dumps(provenance, indent=2) + "\n"})

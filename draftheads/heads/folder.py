@@ -42,10 +42,14 @@ def non_finite_tensors(state: dict[str, torch.Tensor]) -> str | None:
     return f"non-finite values (NaN/inf) in {', '.join(bad[:5])}{' ...' if len(bad) > 5 else ''} ({len(bad)} of {len(state)} tensors)"
 
 
-def save_heads(heads: torch.nn.Module, path: str | os.PathLike, tree: list[list[int]] | dict | None = None) -> Path:
+def save_heads(
+    heads: torch.nn.Module, path: str | os.PathLike, tree: list[list[int]] | dict | None = None,
+    extra_files: dict[str, str] | None = None,
+) -> Path:
     """Export heads only (never the target's weights) as a versioned safetensors folder, with
     their ``tree.json``: ``tree`` if given (used on any device), else the plans the heads were
-    loaded with (unless a tree was set on them by hand since, which is then saved), else none."""
+    loaded with (unless a tree was set on them by hand since, which is then saved), else none.
+    ``extra_files``: name -> text written in the same atomic swap (an import's provenance)."""
     state = {k: v.detach().contiguous().cpu() for k, v in heads.state_dict().items()}
     bad = non_finite_tensors(state)
     if bad:
@@ -61,6 +65,8 @@ def save_heads(heads: torch.nn.Module, path: str | os.PathLike, tree: list[list[
     }
     if plans is not None:
         files[TREE_NAME] = lambda p: p.write_text(plans_json(plans))
+    for name, text in (extra_files or {}).items():
+        files[name] = lambda p, text=text: p.write_text(text, encoding="utf-8")
     return write_folder_atomically(path, files)
 
 

@@ -40,12 +40,42 @@ def _not_heads_folder(path: Path, data: Any) -> str | None:
             "this is a training run folder (its config.json is the run's experiment config) and it holds no "
             f"exported heads yet: training writes them to {path / 'heads'} when it finishes"
         )
+    engine = _engine_export(path, data)
+    if engine:
+        return engine
     if isinstance(data, dict) and "head_type" not in data and ("model_type" in data or "architectures" in data):
         kind = data.get("model_type") or (data.get("architectures") or ["?"])[0]
         return (
             f"this is a model folder (a {kind} model's config.json), not a heads folder: pass the model as the "
             "target and the folder `draftheads train` exported (config.json with head_type) as heads"
         )
+    return None
+
+
+# What marks a draft model in an engine's layout (vLLM, SGLang, speculators, the papers' releases).
+_DRAFT_ARCHITECTURES = ("medusa", "eagle", "dflash", "speculator")
+
+
+def _engine_export(path: Path, data: Any) -> str | None:
+    """When ``path`` holds draft heads in an engine's layout (a `draftheads export`, or a public
+    Medusa / EAGLE / DFlash / speculators checkpoint): where its heads folder is, or how to make one."""
+    convert = f"convert it into a heads folder with `draftheads import {path} OUT --target TARGET`"
+    record = path / "draftheads_export.json"
+    if record.is_file():
+        try:
+            made = json.loads(record.read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+            made = {}
+        made = made if isinstance(made, dict) else {}
+        source = f"; it was exported from the heads folder {made['heads']}, which you can pass instead" if made.get("heads") else ""
+        return f"this is a `draftheads export` ({made.get('format', '?')} layout) for an engine, not a heads folder: {convert}{source}"
+    if not isinstance(data, dict) or "head_type" in data:
+        return None
+    names = [str(data.get("model_type") or ""), str(data.get("speculators_model_type") or "")]
+    names += [str(a) for a in data.get("architectures") or []]
+    if any(d in n.lower() for n in names for d in _DRAFT_ARCHITECTURES) or "medusa_num_heads" in data:
+        kind = next(n for n in names if n) if any(names) else "draft"
+        return f"this is a draft checkpoint in an engine's layout ({kind}), not a draftheads heads folder: {convert}"
     return None
 
 

@@ -4,8 +4,9 @@ A checkpoint is ``accelerator.save_state`` (heads weights, optimizer, scheduler,
 DeepSpeed its own sharded format) plus ``trainer_state.json`` (step, epoch, position in the epoch,
 the config), built in a temporary sibling of ``checkpoints/step-N`` and swapped into place only
 when complete (draftheads/atomic.py), so a crash mid-save never leaves a folder that
-``resume: auto`` would pick. A save that fails (disk full) removes its temporary and says so; the
-earlier checkpoints stay. On resume, a checkpoint that cannot be read (truncated files, an RNG
+``resume: auto`` would pick. A save that fails (disk full: an ``OSError``, or torch's
+``RuntimeError ... unexpected pos``) removes its temporary and says so, naming the disk, its free
+space and what a checkpoint needs; the earlier checkpoints stay. On resume, a checkpoint that cannot be read (truncated files, an RNG
 state that does not load) is reported, and ``resume: auto`` falls back to the previous one. The
 frozen target is not written (it is reloaded from its own source on resume), except under FSDP:
 accelerate's sharded FSDP state dict also holds the ignored (replicated) target's weights, once
@@ -28,6 +29,7 @@ from safetensors import safe_open
 from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
 from ..atomic import install_folder, recover, temp_folder
+from .disk import disk_note, folder_size, is_short_write
 
 CHECKPOINTS = "checkpoints"
 STATE_FILE = "trainer_state.json"
@@ -144,6 +146,10 @@ def save_checkpoint(accelerator, output_dir: str | os.PathLike, step: int, state
             (tmp / STATE_FILE).write_text(json.dumps(state, indent=2) + "\n")
     except OSError as e:
         error = e
+    except RuntimeError as e:  # torch's zip writer: a full disk reads "unexpected pos" (train/disk.py)
+        if not is_short_write(e):
+            raise
+        error = e
     _agree_or_fail(accelerator, error, final, tmp)
     if accelerator.is_main_process:
         try:
@@ -167,11 +173,24 @@ def _agree_or_fail(accelerator, error: BaseException | None, final: Path, tmp: P
         shutil.rmtree(tmp, ignore_errors=True)
     accelerator.wait_for_everyone()
     reason = f"{type(error).__name__}: {error}" if error is not None else "it failed on another process"
-    hint = " (the disk is full: free space or save elsewhere)" if getattr(error, "errno", None) == 28 else ""
+    hint = ""
+    if is_short_write(error):
+        hint = (f" (the disk is full: {disk_note(final.parent, _checkpoint_bytes(accelerator, final.parent))}; "
+                "free space there or set train.output_dir on another disk, then resume)")
     raise CheckpointError(
         f"could not write checkpoint {final}: {reason}{hint}; nothing was left half-written and the "
         f"earlier checkpoints in {final.parent} are intact"
     ) from error
+
+
+def _checkpoint_bytes(accelerator, root: Path) -> int:
+    """About how much one checkpoint takes: the last complete one, else the trainable weights and
+    AdamW's two moments of each (what ``save_state`` writes besides small RNG and schedule states)."""
+    done = list_checkpoints(root.parent)
+    if done:
+        return folder_size(done[-1])
+    params = [p for model in getattr(accelerator, "_models", []) for p in model.parameters() if p.requires_grad]
+    return 3 * sum(p.numel() * p.element_size() for p in params)
 
 
 def load_checkpoint(

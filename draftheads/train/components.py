@@ -7,6 +7,7 @@ read from the target.
 from __future__ import annotations
 
 import contextlib
+from typing import Any
 
 import torch
 
@@ -110,3 +111,60 @@ def training_token_counts(dataset, vocab_size: int) -> torch.Tensor:
         for ids, mask in zip(row["input_ids"], row["loss_mask"]):
             counts += torch.bincount(ids[mask.bool()].long(), minlength=vocab_size)[:vocab_size]
     return counts
+
+
+def check_mask_token_absent(mask_id: int, splits: dict[str, Any], tokenizer=None) -> None:
+    """Refuse a parallel drafter's mask token that occurs anywhere in the rendered rows (prompts and
+    chat-template headers included, not only the trained tokens): the draft reads its input
+    embeddings of the whole row, so a mask slot would look like that real token there."""
+    for split, dataset in splits.items():
+        if dataset is None or len(dataset) == 0:
+            continue
+        seen, rows, first = 0, 0, None
+        for start, batch in enumerate_batches(dataset):
+            for offset, ids in enumerate(batch["input_ids"]):
+                n = list(ids).count(mask_id)
+                if n:
+                    seen, rows = seen + n, rows + 1
+                    first = start + offset if first is None else first
+        if seen:
+            piece = ""
+            if tokenizer is not None and mask_id < len(tokenizer):
+                piece = f" ({tokenizer.convert_ids_to_tokens(int(mask_id))!r})"
+            raise ValueError(
+                f"heads.mask_token_id {mask_id}{piece} occurs {seen} time(s) in the rendered {split} rows ({rows} of "
+                f"{len(dataset)} rows, the first at tokenized row {first + 1}), prompts and chat-template headers "
+                "included: a mask slot would read as that real token. Set heads.mask_token_id to an id the data never "
+                "holds (a reserved special token, or an embedding row past the tokenizer's tokens)"
+            )
+
+
+def enumerate_batches(dataset, size: int = 1024):
+    """(first row index, batch of plain Python rows) over ``dataset`` in order."""
+    for start in range(0, len(dataset), size):
+        yield start, dataset[start : start + size]
+
+
+def check_something_to_learn(model, dataset, collator, spec: HeadsSpec, batch_size: int = 64) -> None:
+    """Refuse a run none of whose rows holds a position the heads are trained on (every loss 0,
+    every evaluation NaN, heads exported as if trained). Stops at the first row that has one: the
+    cost of a healthy run is one batch. ``model``: the `TargetWithHeads` (its ``loss_counts``)."""
+    longest = 0
+    for start, batch in enumerate_batches(dataset, batch_size):
+        rows = [{"input_ids": ids, "loss_mask": mask} for ids, mask in zip(batch["input_ids"], batch["loss_mask"])]
+        longest = max([longest] + [len(r["input_ids"]) for r in rows])
+        tensors = collator(rows)
+        counts = model.loss_counts(tensors["input_ids"], tensors.get("attention_mask"), tensors.get("loss_mask"))
+        if bool(counts.sum() > 0):
+            return
+    block = getattr(model.heads, "block_size", None)  # heads that draft a block in one forward (DFlash)
+    if block is not None:
+        why = (f"a {spec.head_type} block (heads.block_size={block}) needs a trained token with {block - 1} more positions of its "
+               f"row after it, and the longest row here has {longest} tokens. Lower heads.block_size, or train on "
+               "longer rows")
+    else:
+        why = (f"its rows (the longest has {longest} tokens) are too short for what {spec.head_type} heads predict "
+               f"(heads.num_heads={spec.num_heads}), or their loss masks hold no trained token. Use longer rows or "
+               "fewer heads")
+    raise ValueError(f"the training data has no position to train on: none of its {len(dataset)} rows does, so every "
+                     f"step's loss would be 0 and nothing learnt; {why}")

@@ -64,9 +64,32 @@ class RunLock:
             "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "command": " ".join(_argv())[:500],
         }
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, (json.dumps(record) + "\n").encode(), 0)
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, (json.dumps(record) + "\n").encode(), 0)
+        except OSError as e:  # a full disk (a resume after the checkpoint that filled it), a quota
+            os.close(fd)
+            raise RunFolderError(self._unwritable_message(e)) from None
         self.fd = fd
+
+    @property
+    def abandoned(self) -> bool:
+        """Whether the lock taken over was left by a process of this host that has died: the run
+        that held it is gone (a run on another host might still run where flock is not shared)."""
+        return bool(self.took_over) and self.took_over.get("host") == socket.gethostname()
+
+    def _unwritable_message(self, error: OSError) -> str:
+        from .checkpoint import latest_checkpoint
+        from .disk import disk_note, folder_size, is_short_write
+
+        folder = self.path.parent
+        if is_short_write(error):
+            latest = latest_checkpoint(folder)
+            note = disk_note(folder, folder_size(latest) if latest is not None else None)
+            return (f"train.output_dir {folder}: the disk is full ({note}); the run could not even write its lock "
+                    f"file {self.path.name}. Free space on that disk, or continue the run elsewhere (copy the folder "
+                    "and point train.output_dir at the copy)")
+        return f"train.output_dir {folder}: cannot write the run's lock file {self.path.name} ({error.strerror or error})"
 
     def release(self) -> None:
         if self.fd is None:

@@ -5,7 +5,9 @@ Read it top to bottom; each method is one stage and keeps what it builds on the 
     Trainer(cfg).run()
       check_run_folder  before loading anything: the output folder, its lock, what a resume finds
       setup             accelerator + seed + tracker, target + data, heads + wrapper + optimizer +
-                        schedule, data loaders, accelerator.prepare, resume from a checkpoint
+                        schedule, data loaders; then (every check passed) the folder's config.json;
+                        accelerator.prepare, resume from a checkpoint. A run that fails before it
+                        saved anything removes the config.json it wrote (``release_folder``)
       train             one optimizer step at a time (``train_step``): draw the step's micro-batches,
                         count their loss tokens over every process (the loss is the step's token
                         mean, however tokens fall), accumulate -> backward -> clip -> step (skipped,
@@ -52,7 +54,15 @@ from .checkpoint import (
     resume_candidates,
     save_checkpoint,
 )
-from .components import build_heads, init_heads_from, load_target, start_lm_head_from_target, training_token_counts
+from .components import (
+    build_heads,
+    check_mask_token_absent,
+    check_something_to_learn,
+    init_heads_from,
+    load_target,
+    start_lm_head_from_target,
+    training_token_counts,
+)
 from .distributed import Parallelism
 from .evaluation import BestHeads, EvalShard, evaluate_and_log
 from ..tune.training import SAMPLE_ROWS, write_export_tree
@@ -61,7 +71,16 @@ from .packing import pack_for_training
 from .model import TargetWithHeads
 from .optim import build_optimizer, build_scheduler
 from .progress import StageTimer, TrainWindow, main_print, progress_bar, train_line, write_line
-from .run_dir import RunFolderError, check_context, check_resume_config, check_writable, clear_run, guard_fresh_run
+from .run_dir import (
+    RunFolderError,
+    check_context,
+    check_is_run_folder,
+    check_resume_config,
+    check_writable,
+    clear_run,
+    existing_run,
+    guard_fresh_run,
+)
 from .run_lock import RunLock
 from .stability import MAX_NONFINITE_STEPS, NonFiniteGuard
 from .step import EpochShuffleSampler, data_position, merge_label_counts, noise_seed, step_denominators
@@ -91,33 +110,58 @@ class Trainer:
         self.step, self.epoch, self.batch_in_epoch = 0, 0, 0
         self.evals: list[dict[str, Any]] = []
         self.last_saved = -1
+        self.took_over_folder = False  # a folder whose earlier run never saved a step (check_run_folder)
 
     def run(self) -> TrainResult:
-        """Check, set up, train, finish; the run lock is released however the run ends."""
+        """Check, set up, train, finish; the run lock is released however the run ends, and a run
+        that ends before it saved anything leaves its folder as it found it (``release_folder``)."""
         with contextlib.ExitStack() as held:
             self.check_run_folder(held)
-            self.setup()
-            self.train()
-            return self.finish()
+            try:
+                self.setup()
+                self.train()
+                return self.finish()
+            except BaseException:
+                self.release_folder()
+                raise
 
     # -- 0. before loading anything ----------------------------------------------------------------
     def check_run_folder(self, held: contextlib.ExitStack) -> None:
         """Fail fast: a bad output folder, another run's files, a resume that does not fit."""
         t, cfg, output_dir = self.t, self.cfg, self.output_dir
         check_writable(output_dir)
+        check_is_run_folder(output_dir)  # a model, heads, a user's files: never written over nor removed
         check_eval_source(cfg.data)  # never evaluate (and pick best/) on the training rows
         if self.overwrite and t.resume is not None:
             raise RunFolderError("--overwrite and --resume (train.resume) contradict each other: choose one")
+        abandoned = False
         if int(os.environ.get("RANK", "0")) == 0:  # one lock per run: the main process holds it for all
             lock = held.enter_context(RunLock(output_dir))
             if lock.took_over:
                 main_print(f"took over the lock of an earlier run that no longer runs (pid {lock.took_over.get('pid')})")
+            abandoned = lock.abandoned
         self.candidates = resume_candidates(t.resume, output_dir)
         if self.candidates:
             with contextlib.suppress(CheckpointError):  # unreadable: load_checkpoint reports it and falls back
-                self.check_resume(self.candidates[0], read_state(self.candidates[0]))
-        elif not self.overwrite:
-            guard_fresh_run(output_dir, False, t.resume, cfg.to_dict())
+                state = read_state(self.candidates[0])
+                self.check_resume(self.candidates[0], state)
+                self.check_not_past(self.candidates[0], state.get("step"), t.max_steps)
+        elif not self.overwrite and guard_fresh_run(output_dir, False, t.resume, cfg.to_dict(), abandoned=abandoned):
+            self.took_over_folder = True  # its config.json is this run's from now on (release_folder)
+            main_print(f"{output_dir}: its earlier run never saved a step (only its config.json is there); "
+                       "this run takes the folder over")
+
+    def check_not_past(self, checkpoint: Path, step: Any, max_steps: int | None) -> None:
+        """Refuse to resume a checkpoint beyond the step budget: there is nothing to train, and
+        finishing would export the checkpoint's heads as if trained to ``max_steps``."""
+        if isinstance(step, int) and max_steps is not None and step > max_steps:
+            budget = f"train.max_steps={max_steps}" if self.t.max_steps is not None else f"{max_steps} steps ({self.t.num_epochs} epoch(s))"
+            raise RunFolderError(
+                f"{budget}, but the run in {self.output_dir} is already past it: its checkpoint {checkpoint} is at "
+                f"step {step}, so there is nothing to train. Its exported heads (if it finished) are in "
+                f"{self.output_dir / 'heads'}; to train on, raise train.max_steps above {step}; to train a "
+                "shorter run, start over (--overwrite, or another train.output_dir)"
+            )
 
     def check_resume(self, path: Path, state: dict[str, Any]) -> None:
         """Refuse a checkpoint written with another config (only the step budget may change)."""
@@ -129,10 +173,36 @@ class Trainer:
         self.load_target_and_data()
         self.build_heads_and_optimizer()
         self.build_data_loaders()
+        self.claim_folder()  # everything checkable has passed: only now does the run write its folder
         self.prepare_and_resume()
 
+    def claim_folder(self) -> None:
+        """Make the output folder this run's: clear the previous run's files (``--overwrite``) and
+        write config.json. Called once every check that needs the target, data and heads passed, so
+        a run refused for its settings has written nothing (and the run it would replace is intact)."""
+        accelerator, output_dir = self.accelerator, self.output_dir
+        accelerator.wait_for_everyone()  # every process has checked the folder before it changes
+        if accelerator.is_main_process:
+            output_dir.mkdir(parents=True, exist_ok=True)
+            if self.overwrite:
+                removed = clear_run(output_dir)
+                if removed:
+                    self.say(f"--overwrite: removed the previous run's {', '.join(removed)} from {output_dir}")
+            self.wrote_config = self.took_over_folder or not (output_dir / "config.json").is_file()
+            write_json_atomically(output_dir / "config.json", self.cfg.to_dict())
+        accelerator.wait_for_everyone()
+
+    def release_folder(self) -> None:
+        """After a failure: if this run wrote the folder's config.json and saved nothing else (no
+        checkpoint, heads, best/ or metrics), remove it, so that the folder does not read as a run
+        that a rerun must --resume or --overwrite."""
+        if not getattr(self, "wrote_config", False) or existing_run(self.output_dir) != ["config.json"]:
+            return
+        with contextlib.suppress(OSError):
+            (self.output_dir / "config.json").unlink()
+
     def setup_accelerator(self) -> None:
-        """The Accelerator (launcher-aware), the seed, the run folder's config.json."""
+        """The Accelerator (launcher-aware), the seed."""
         t, output_dir = self.t, self.output_dir
         log_with = prepare_tracker(self.cfg.tracking, announce=main_print)
         self.accelerator = accelerator = Accelerator(
@@ -151,14 +221,6 @@ class Trainer:
         self.parallel = Parallelism(accelerator)
         self.say = accelerator.print
         set_seed(t.seed)
-        accelerator.wait_for_everyone()  # every process has checked the folder before it changes
-        if accelerator.is_main_process:
-            output_dir.mkdir(parents=True, exist_ok=True)
-            if self.overwrite:
-                removed = clear_run(output_dir)
-                if removed:
-                    self.say(f"--overwrite: removed the previous run's {', '.join(removed)} from {output_dir}")
-            write_json_atomically(output_dir / "config.json", self.cfg.to_dict())
         threads = cpu_threads_for_single_process()
         if threads is not None:
             torch.set_num_threads(threads)
@@ -188,14 +250,17 @@ class Trainer:
         if cfg.heads.init_from:  # continue from saved or imported heads (their draft vocabulary included)
             heads = init_heads_from(heads, cfg.heads.init_from, target)
             say(f"heads initialised from {cfg.heads.init_from}")
-        elif heads.own_draft_vocabulary:  # its own LM head covers the most frequent training tokens
+        settled = heads.settle_tokenizer(self.tokenizer)  # e.g. a mask token, checked against the tokenizer
+        if settled:
+            say(settled)
+        if getattr(heads, "mask_token_id", None) is not None:  # P-EAGLE, DFlash: never a token of the rows
+            check_mask_token_absent(int(heads.mask_token_id), {"training": self.train_ds, "evaluation": self.eval_ds},
+                                    self.tokenizer)
+        if not cfg.heads.init_from and heads.own_draft_vocabulary:  # its own LM head covers the most frequent training tokens
             heads.set_draft_vocab(training_token_counts(self.train_ds, heads.config.vocab_size))
             say(f"draft vocabulary: the {heads.draft_to_target.numel()} most frequent training tokens")
             if cfg.heads.lm_head_init == "target":
                 say(start_lm_head_from_target(heads, target, zero3=self.parallel.zero3))
-        settled = heads.settle_tokenizer(self.tokenizer)  # e.g. a mask token, checked against the tokenizer
-        if settled:
-            say(settled)
         self.heads = heads
         self.model = TargetWithHeads(
             target, heads, loss_decay=t.loss_decay, loss_chunk_size=t.loss_chunk_size, topk=t.topk, labels=t.labels,
@@ -214,6 +279,7 @@ class Trainer:
         and the step budget they imply; the schedule over that budget."""
         cfg, t, accelerator = self.cfg, self.t, self.accelerator
         collator = Collator.from_tokenizer(self.tokenizer)
+        check_something_to_learn(self.model, self.train_ds, collator, cfg.heads)  # rows, as documents
         if cfg.data.features == AUTO:  # written here on first use, then reused (checkpoints keep "auto")
             cfg = self.build_auto_feature_cache(collator)
         if cfg.data.features:  # the target's features come from an offline cache (draftheads cache-features)
@@ -285,6 +351,10 @@ class Trainer:
         elif t.resume == "auto":
             self.say(f"resume=auto: no checkpoint in {self.output_dir / 'checkpoints'} yet, starting fresh")
         init_trackers(accelerator, self.cfg.tracking, self.cfg.to_dict(), self.output_dir)
+        if self.step >= self.max_steps:  # resumed at the last step (killed while finishing): finish only
+            self.say(f"the checkpoint is at step {self.step} = the step budget: nothing left to train; "
+                     "finishing the run (final evaluation, export)")
+            return
         self.say(
             f"training {self.max_steps} steps ({self.steps_per_epoch} per epoch): batch {t.batch_size} x accum "
             f"{t.grad_accum} x {accelerator.num_processes} process(es), lr {t.lr}, warmup {t.warmup_steps}, "
@@ -303,6 +373,7 @@ class Trainer:
         self.best.restore(state.get("best"))
         if state.get("num_processes", accelerator.num_processes) != accelerator.num_processes:
             self.say(f"warning: {checkpoint} was written by {state['num_processes']} processes; the data order will differ")
+        self.check_not_past(checkpoint, self.step, self.max_steps)  # a budget in epochs is known only now
         self.say(f"resumed from {checkpoint}: step {self.step}, epoch {self.epoch}, {self.batch_in_epoch} batches into the epoch")
         self.last_saved = self.step
         self.evals = list(state.get("evals") or [])
