@@ -482,11 +482,8 @@ def validate(cfg: ExperimentConfig) -> None:
                 f"heads.{name}={getattr(spec, name)!r} has no effect with heads.init_from ({spec.init_from}): the heads "
                 "start from that folder's weights; remove one of the two"
             )
-    def reads_labels(m) -> bool:  # heads that learn the data's (or the target's greedy) next tokens
-        return getattr(m.heads, "training_objective", "future_tokens") == "future_tokens"
-
-    if cfg.train.labels != TrainConfig().labels and not reads_labels(method):
-        users = sorted(m.name for m in methods() if reads_labels(m))
+    if cfg.train.labels != TrainConfig().labels and not method.learns_next_tokens:
+        users = sorted(m.name for m in methods() if m.learns_next_tokens)
         raise ConfigError(
             f"train.labels is set ({cfg.train.labels!r}) but {spec.head_type} heads do not use it: they learn the "
             f"target's own distribution at every position (heads.loss says how); it applies to {', '.join(users)} "

@@ -97,6 +97,12 @@ class Method:
         heads (not saved)."""
         return tuple(self.heads.spec_options) + tuple(self.heads.init_options)
 
+    @property
+    def learns_next_tokens(self) -> bool:
+        """Whether its heads learn the data's (or the target's greedy) next tokens, so that
+        ``train.labels`` applies; the others learn the target's distribution at every position."""
+        return self.heads.training_objective == "future_tokens"
+
     def __repr__(self) -> str:
         return f"Method({self.name!r})"
 

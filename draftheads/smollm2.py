@@ -42,8 +42,9 @@ class SmolLM2Error(RuntimeError):
     """The wheel or its GGUF file is missing or unreadable; the message says how to fix it."""
 
 
-def is_name(name: str) -> bool:
-    return name.strip().lower() in NAMES
+def is_name(name: object) -> bool:
+    """Whether ``name`` is one of this model's names (a path, even one spelled like a name, is not)."""
+    return isinstance(name, str) and name.strip().lower() in NAMES
 
 
 #: Names of the home-made targets and data this one replaced (a 5M-parameter code model trained on

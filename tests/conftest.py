@@ -113,6 +113,19 @@ def tiny_text_jsonl(tmp_path_factory) -> Path:
     return path
 
 
+@pytest.fixture(scope="session")
+def tiny_text_jsonl_without_unk(tmp_path_factory) -> Path:
+    """``tiny_text_jsonl``'s documents with their lines joined by spaces: the tiny tokenizer has no
+    newline, so the newline-joined rows hold ``<unk>`` (id 0), which DFlash tests use as the mask
+    token (a special token with a real embedding row), and a mask token must never occur in the rows."""
+    path = tmp_path_factory.mktemp("data") / "tiny-flat.jsonl"
+    lines = tiny_corpus(240, seed=2)
+    with path.open("w") as f:
+        for i in range(0, len(lines), 3):
+            f.write(json.dumps({"text": " ".join(lines[i : i + 3])}) + "\n")
+    return path
+
+
 @pytest.fixture(autouse=True)
 def _reset_accelerate_state():
     """accelerate keeps process-wide singletons; give every test a clean slate."""

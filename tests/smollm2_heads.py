@@ -58,7 +58,6 @@ train:
   eval_every: 0
   save_every: 0
   log_every: {TRAIN_STEPS}
-  labels: target
   choose_tree: false      # no timing on a loaded test machine: the decoder's default tree
   loss_checkpointing: false
   mixed_precision: "no"

@@ -135,6 +135,10 @@ class VLLMEngine:
         self.llm = LLM(model=model_path, dtype=dtype, seed=seed, enforce_eager=True)
         self.params_cls = SamplingParams
         self.context_length = int(self.llm.llm_engine.model_config.max_model_len)
+        # vLLM's CPU build cannot seed a request ("CPU Generator does not use offset"): there the
+        # engine's seed (above) drives every sampled answer, so a run is still reproducible as a whole.
+        from vllm.platforms import current_platform
+        self.seeds_requests = not current_platform.is_cpu()
         hf_eos = getattr(self.llm.llm_engine.model_config.hf_config, "eos_token_id", None)
         self.stop = stop_ids(hf_eos, tokenizer.eos_token_id)
 
@@ -142,7 +146,7 @@ class VLLMEngine:
         params = [
             self.params_cls(
                 temperature=s.temperature, top_p=1.0 if s.greedy else s.top_p, max_tokens=s.max_new_tokens,
-                seed=None if s.greedy else seed + i, stop_token_ids=sorted(self.stop),
+                seed=seed + i if self.seeds_requests and not s.greedy else None, stop_token_ids=sorted(self.stop),
             )
             for i, s in enumerate(sampling)
         ]
