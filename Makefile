@@ -4,6 +4,8 @@
 #   make test   set up, plus vLLM's CPU build in its own venv, then the test suite (what CI runs)
 # Other targets: make setup, make vllm-env, make train, make chat, make lint.
 
+# bash: the recipes time their slow steps with $SECONDS, which plain sh does not count.
+SHELL   := /bin/bash
 VENV    ?= .venv
 PY      := $(VENV)/bin/python
 CONFIG  ?= configs/smollm2.yaml

@@ -107,7 +107,7 @@ def measure_batch_plan(
         # The tree itself (no draft budget): the plan asks whether this tree beats plain decoding; the
         # budget then adapts within each generation at run time. With the budget on, its first steps
         # of a fresh decoder (the warm-up, the interleaved plain measurements) weighed on a 48-token
-        # check and sent heads plain that decode at 1.1-1.5x on the demo (the docstring above).
+        # check and sent heads plain that decode at 1.1-1.5x on the retired 5M demo target (the docstring above).
         SPECULATIVE: SpeculativeDecoder(target, heads, tree=tree, batch_plan=None, draft_budget=None, check_model=False),
         PLAIN: SpeculativeDecoder(target, heads, tree=tree, batch_plan={1: PLAIN}, check_model=False),
     }

@@ -19,7 +19,7 @@ deterministic picks (point masses), so sampling stays exact.
 ``draft_vocab_size`` (as for Medusa): the slots are scored by the target LM head's rows of the N
 most frequent training tokens only (`DraftHeads.draft_vocab`), and draft indices map back to
 target ids (``vocab_ids``). A vocabulary-sized LM head over K slots is a large share of a small
-draft's cost: about a quarter on the demo target, which N = 1024 saves
+draft's cost: about a quarter on the retired 5M demo target, which N = 1024 saves
 (commit 19f3628's benchmarks/measurements/dflash-vocab/README.md). The restriction only changes which tokens can be
 drafted, never the output. The target verifies every token, and drawn drafts carry their law over
 the target vocabulary, zero outside the draft vocabulary.
