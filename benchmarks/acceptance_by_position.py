@@ -150,7 +150,8 @@ def main() -> None:
         tree = device_default(heads, "cpu") if args.tree == "default" else None
         # draft_budget=None: always the full draft. The default online budget swaps in plain steps
         # when drafting does not pay at the measured speed, which on a loaded machine is timing, not acceptance.
-        decoder = dh.SpeculativeDecoder(target, heads, tree=tree, draft_budget=None)
+        # batch_plan=None: draft even where the heads' plan decodes plainly on this machine.
+        decoder = dh.SpeculativeDecoder(target, heads, tree=tree, draft_budget=None, batch_plan=None)
         decoders[name] = (decoder, {"path": path, "options": options,
                                                                            "tree": tree or "saved"})
 

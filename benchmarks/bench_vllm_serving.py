@@ -100,13 +100,16 @@ def draftheads_acceptance(target, heads_dir: str, prompts, args, counting) -> di
 
     heads = dh.load_heads(heads_dir, target=target)
     chain = dh.TreeShape.chain(args.k) if not heads.dynamic_tree else {"total_tokens": args.k + 1, "depth": args.k, "top_k": 1}
-    decoder = dh.SpeculativeDecoder(target, heads, tree=chain, draft_budget=None)  # full drafts, as vLLM runs them
+    # Full drafts at every step, as vLLM runs them: no draft budget, and no plan (heads whose plan
+    # decodes plainly on this machine would otherwise never draft here).
+    decoder = dh.SpeculativeDecoder(target, heads, tree=chain, draft_budget=None, batch_plan=None)
     if getattr(decoder.proposer, "vocab_ids", None) is not None and heads.config.head_type != "eagle3":
         raise SystemExit(f"{heads_dir}: the proposer drafts from a reduced vocabulary; vLLM drafts from the whole one")
     per_prompt, t0 = [], time.perf_counter()
     for ids in prompts:
-        out = decoder.generate(torch.tensor([ids]), max_new_tokens=counting.decode_budget(args.max_tokens, args.k),
-                               eos_token_id=[])
+        row = torch.tensor([ids])  # the mask says every token counts: a chat prompt holds the pad id (<|im_end|>)
+        out = decoder.generate(row, attention_mask=torch.ones_like(row),
+                               max_new_tokens=counting.decode_budget(args.max_tokens, args.k), eos_token_id=[])
         per_prompt.append(counting.vllm_counts(out.accept_lengths, args.max_tokens, args.k))
     return {"per_prompt": per_prompt, "seconds": time.perf_counter() - t0}
 

@@ -291,7 +291,7 @@ DYNAMIC_GRID = [
     for total in (6, 10, 16, 24)
     for depth in (3, 5)
     for top_k in (2, 4)
-] + [{"total_tokens": depth + 1, "depth": depth, "top_k": 1} for depth in (3, 5, 7)]  # chains: the fewest verified tokens
+] + [{"total_tokens": depth + 1, "depth": depth, "top_k": 1} for depth in (1, 2, 3, 5, 7)]  # chains: the fewest verified tokens
 # EAGLE (not EAGLE-3, whose own LM head is already small) also tries ranking only the most
 # frequent training tokens.
 DRAFT_VOCAB_SIZES = (None, 1024)

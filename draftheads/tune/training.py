@@ -94,6 +94,7 @@ VS_GENERATE_BATCH_SIZES = (1, 4, 8)
 
 
 CHAINS = [{"total_tokens": d + 1, "depth": d, "top_k": 1} for d in (5, 7)]  # top_k 1: one path
+SHORT_CHAINS = [{"total_tokens": d + 1, "depth": d, "top_k": 1} for d in (1, 2)]  # CPU only: verify cost climbs fast
 
 
 def dynamic_grid(device_type: str, restrict_vocab: bool) -> list[dict]:
@@ -102,8 +103,11 @@ def dynamic_grid(device_type: str, restrict_vocab: bool) -> list[dict]:
         base = [{"total_tokens": t, "depth": d, "top_k": 8} for t in (32, 64) for d in (5, 7)]
     else:
         # Chains too: on a CPU every verified token costs, and a confident draft's chain goes
-        # deeper for fewer tokens than a tree (toy target, EAGLE: chain of 5 1.90x vs 8-token tree 1.50x).
-        base = [{"total_tokens": t, "depth": d, "top_k": 3} for t in (8, 16) for d in (3, 5)] + CHAINS
+        # deeper for fewer tokens than a tree. Short chains for heads that are seldom right twice
+        # in a row: on SmolLM2 a chain of 1 is the one setting that beats plain decoding
+        # (docs/results.md).
+        base = ([{"total_tokens": t, "depth": d, "top_k": 3} for t in (8, 16) for d in (3, 5)]
+                + SHORT_CHAINS + CHAINS)
     vocabs = (None, DYNAMIC_VOCAB_SIZE) if restrict_vocab else (None,)
     return [{**g, "draft_vocab_size": v} for g in base for v in vocabs]
 
