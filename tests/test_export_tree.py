@@ -145,8 +145,8 @@ def test_dynamic_export_tree_is_timed_and_valid(tmp_path):
     eagle = dh.EagleHead.for_target(target)
     data = export_tree.choose_export_tree(target, eagle, rows)
     settings = {(c["total_tokens"], c["depth"], c["top_k"]) for c in data["calibration"]["candidates"]}
-    assert (1, 1, 1) in settings and len(settings) == 7  # plain decoding + the CPU grid (4 trees, 2 chains)
-    assert {(6, 5, 1), (8, 7, 1)} <= settings  # the chains of 5 and 7
+    assert (1, 1, 1) in settings and len(settings) == 9  # plain decoding + the CPU grid (4 trees, 4 chains)
+    assert {(2, 1, 1), (3, 2, 1), (6, 5, 1), (8, 7, 1)} <= settings  # the chains of 1, 2, 5 and 7
     eagle.save_pretrained(tmp_path / "e")
     (tmp_path / "e" / "tree.json").write_text(json.dumps(data))
     tree, _ = read_tree(tmp_path / "e")
