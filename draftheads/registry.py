@@ -56,6 +56,20 @@ class EngineLayout:
 
 
 @dataclass(frozen=True)
+class OneForwardSearch:
+    """What a tree search measures for a `TreeKind.ONE_FORWARD` method, as decoding drafts:
+    ``draft_seconds(heads, draft_vocab_size)`` -> seconds of drafting a tree of depth d (key d;
+    0 = plain); ``accuracy(target, heads, sequences, max_rank, skip_prompt, draft_vocab_size)`` ->
+    ``acc[d, r]``, how often depth d+1's rank-r candidate is the target's token. ``ranks_draft_vocab``:
+    the heads score with the target's LM head, so a search may also try ranking only a draft
+    vocabulary of its most frequent training tokens (DFlash; P-EAGLE has its own trained one)."""
+
+    draft_seconds: Callable[..., dict[int, float]]
+    accuracy: Callable[..., Any]
+    ranks_draft_vocab: bool = False
+
+
+@dataclass(frozen=True)
 class ImportLayout:
     """A public checkpoint layout that imports as this method's heads (its name and description
     are in `export.formats.IMPORT_FORMATS`): ``detect(source)`` says whether a checkpoint is in
@@ -77,7 +91,8 @@ class Method:
     way, ``loss(heads, batch) -> HeadLossOutput`` and ``loss.counts(heads, batch) -> [K]``.
     ``drafter(heads, tree=None, **options)`` is how decoding drafts with its heads. ``tree``: the
     kind of tree it drafts. ``exports``: export format -> `EngineLayout`; ``imports``: import
-    format -> `ImportLayout`. ``aliases``: head_type names older heads folders carry for it."""
+    format -> `ImportLayout`. ``aliases``: head_type names older heads folders carry for it.
+    ``one_forward``: what its tree search measures (`OneForwardSearch`), for ONE_FORWARD trees."""
 
     name: str
     title: str
@@ -89,6 +104,7 @@ class Method:
     exports: Mapping[str, EngineLayout] = field(default_factory=dict)
     imports: Mapping[str, ImportLayout] = field(default_factory=dict)
     aliases: tuple[str, ...] = ()
+    one_forward: OneForwardSearch | None = None
 
     @property
     def options(self) -> tuple[str, ...]:
@@ -145,6 +161,9 @@ def register(method: Method) -> Method:
     if getattr(method.heads, "head_type", None) != method.name:
         raise ValueError(f"method {method.name!r}: its heads class {method.heads.__name__} has head_type "
                          f"{getattr(method.heads, 'head_type', None)!r}, not {method.name!r}")
+    if (method.tree is TreeKind.ONE_FORWARD) != (method.one_forward is not None):
+        raise ValueError(f"method {method.name!r}: a {method.tree.value} tree "
+                         f"{'needs' if method.one_forward is None else 'takes no'} one_forward search measurements")
     for name in (method.name, *method.aliases):
         known = _METHODS.get(name) or _METHODS.get(_ALIASES.get(name, ""))
         if known is not None and known is not method:

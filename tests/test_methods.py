@@ -132,7 +132,7 @@ PROBED = {"training_objective", "dynamic_tree", "set_draft_vocab", "choose_mask_
 #: go down. The inference layer's are the drafters' (one typed tree spec).
 NOT_YET = {
     "heads/tree_check.py": 2, "tune/tables.py": 1, "tune/training.py": 2,  # isinstance(tree, dict): the typed tree spec
-    "inference/default_tree.py": 2, "inference/one_forward_tree.py": 4, "inference/planned.py": 2,
+    "inference/default_tree.py": 2, "inference/planned.py": 2,
     "inference/proposers/dflash.py": 1, "inference/proposers/peagle.py": 1,
 }
 
@@ -204,3 +204,23 @@ if getattr(heads, "dynamic_tree", False): pass
 resolve = getattr(cls, "resolve_options", None)
 '''
     assert method_dispatch_sites(source) == [2, 3, 4, 5, 6, 8, 9]
+
+
+def test_a_one_forward_method_must_declare_its_search_measurements():
+    """Training's tree choice and calibrate ask the method how to measure a one-forward tree (no
+    branch on its objective below methods/), so a method of that kind without them is refused."""
+    from draftheads.registry import OneForwardSearch, register
+
+    class Heads:
+        head_type = "one-forward-without-search"
+
+    bare = Method(name=Heads.head_type, title="x", heads=Heads, loss=None, drafter=None, tree=TreeKind.ONE_FORWARD)
+    with pytest.raises(ValueError, match="needs one_forward search measurements"):
+        register(bare)
+    search = OneForwardSearch(draft_seconds=lambda heads, vocab: {}, accuracy=lambda *a: None)
+    static = Method(name=Heads.head_type, title="x", heads=Heads, loss=None, drafter=None, tree=TreeKind.STATIC,
+                    one_forward=search)
+    with pytest.raises(ValueError, match="takes no one_forward search measurements"):
+        register(static)
+    for m in registry.methods():
+        assert (m.tree is TreeKind.ONE_FORWARD) == (m.one_forward is not None), m.name

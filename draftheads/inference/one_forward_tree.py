@@ -8,7 +8,8 @@ takes them:
 - the drafting cost by depth: one forward (DFlash always runs its whole block; P-EAGLE runs
   d - 1 mask slots for a tree d deep).
 `calibrate` and training's tree choice feed them to the same search Medusa trees use
-(``calibrate.choose_tree``).
+(``calibrate.choose_tree``). Each method declares how both are taken (`registry.OneForwardSearch`,
+in draftheads/methods/dflash and methods/peagle); this module only asks it.
 
 DFlash heads score their slots with the target's LM head, so they can also rank only a draft
 vocabulary (`one_forward_vocab_sizes`): both measurements then take ``draft_vocab_size`` (None: the whole
@@ -18,33 +19,29 @@ from __future__ import annotations
 
 import torch
 
-ONE_FORWARD_OBJECTIVES = ("block", "parallel_depths")  # DFlash, P-EAGLE
+from ..registry import OneForwardSearch, method_of
 
 
-def drafts_in_one_forward(heads: torch.nn.Module) -> bool:
-    """True for heads whose whole static tree comes from one draft forward."""
-    return getattr(heads, "training_objective", "") in ONE_FORWARD_OBJECTIVES
+def _search(heads: torch.nn.Module) -> OneForwardSearch:
+    search = method_of(heads).one_forward
+    if search is None:
+        raise ValueError(f"{heads.config.head_type} heads do not draft their whole tree in one forward")
+    return search
 
 
 def one_forward_vocab_sizes(heads: torch.nn.Module, sizes: tuple[int, ...]) -> list[int | None]:
-    """The draft vocabularies worth trying for these heads: the whole one (None), and for DFlash
-    heads with training token counts each of ``sizes`` below half the vocabulary (as for Medusa)."""
-    if heads.training_objective != "block" or int(heads.token_counts.sum()) == 0:
+    """The draft vocabularies worth trying for these heads: the whole one (None), and for heads
+    that rank with the target's LM head and have training token counts, each of ``sizes`` below
+    half the vocabulary (as for Medusa)."""
+    if not _search(heads).ranks_draft_vocab or int(heads.token_counts.sum()) == 0:
         return [None]
     return [None] + [n for n in sizes if n < heads.config.vocab_size // 2]
 
 
 def one_forward_draft_seconds(heads: torch.nn.Module, draft_vocab_size: int | None = None) -> dict[int, float]:
     """Seconds of drafting a tree of depth d (key d; 0 = plain, no draft) for these heads, over
-    ``draft_vocab_size`` tokens (DFlash; None: the whole vocabulary)."""
-    if heads.training_objective == "block":
-        from .proposers.dflash import measure_block_seconds
-
-        block = measure_block_seconds(heads, draft_vocab_size=draft_vocab_size)
-        return {0: 0.0, **{d: block for d in range(1, heads.config.num_heads + 1)}}
-    from .proposers.peagle import measure_draft_seconds
-
-    return measure_draft_seconds(heads)
+    ``draft_vocab_size`` tokens (None: the whole vocabulary)."""
+    return _search(heads).draft_seconds(heads, draft_vocab_size)
 
 
 def one_forward_accuracy(
@@ -52,12 +49,5 @@ def one_forward_accuracy(
     skip_prompt: list[int] | None = None, draft_vocab_size: int | None = None,
 ) -> torch.Tensor:
     """``acc[d, r]`` on ``sequences`` (the target's greedy continuations), drafted as decoding drafts
-    (DFlash: ranking ``draft_vocab_size`` tokens, None: the whole vocabulary)."""
-    if heads.training_objective == "block":
-        from .proposers.dflash import block_accuracy_table
-
-        return block_accuracy_table(target, heads, sequences, max_rank, skip_prompt=skip_prompt,
-                                    draft_vocab_size=draft_vocab_size)
-    from .proposers.peagle import depth_accuracy_table
-
-    return depth_accuracy_table(target, heads, sequences, max_rank, skip_prompt=skip_prompt)
+    (ranking ``draft_vocab_size`` tokens where the heads can; None: the whole vocabulary)."""
+    return _search(heads).accuracy(target, heads, sequences, max_rank, skip_prompt, draft_vocab_size)
