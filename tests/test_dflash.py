@@ -431,7 +431,7 @@ def test_init_from_takes_the_folders_mask_and_refuses_another_block(tmp_path):
 
 def test_calibrate_measures_per_slot_acceptance_and_one_block_forward(trained):
     from draftheads.tune.calibrate import calibrate
-    from draftheads.inference.proposers.dflash import block_accuracy_table
+    from draftheads.methods.dflash.search import block_accuracy_table
 
     _, target, heads, prompts, _, _ = trained
     seqs = [greedy_reference(target, prompts[i : i + 1], 24)[0] for i in range(2)]

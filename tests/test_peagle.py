@@ -363,7 +363,7 @@ def test_depth_table_is_what_decoding_accepts(trained):
     """The calibration table's rank-0 share at depth 1 is the share of chain-of-1 steps whose
     draft the verifier accepts, on the same greedy continuation (each root drafted as decoding
     drafts it)."""
-    from draftheads.inference.proposers.peagle import depth_accuracy_table
+    from draftheads.methods.peagle.search import depth_accuracy_table
 
     _, target, heads, prompts, _, _ = trained
     ids = prompts[:1]

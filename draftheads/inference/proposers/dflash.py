@@ -30,15 +30,11 @@ past its own context; catch-up projects every row's new positions in one call to
 """
 from __future__ import annotations
 
-import statistics
-import time
 
 import torch
 
-from ..sampling import SamplingParams
 from ..tree import TreeShape
 from .parallel import ParallelProposer, ParallelRows
-from .rank_table import rank_hit_table
 from .row_cache import RowCache
 
 
@@ -191,46 +187,3 @@ def dflash_proposer(heads: torch.nn.Module, tree: list[list[int]] | TreeShape | 
     """The proposer for dflash heads: ``tree`` (rank paths) if given, else the chain of block_size - 1;
     ``draft_vocab_size`` None: the heads' calibrated one."""
     return DFlashProposer(heads, tree=tree, draft_vocab_size=draft_vocab_size)
-
-
-def whole_or(heads: torch.nn.Module, draft_vocab_size: int | None) -> int:
-    """``draft_vocab_size`` as the proposer takes it where None must mean the WHOLE vocabulary
-    (measurements of a given size), not the heads' calibrated default."""
-    return int(heads.config.vocab_size) if draft_vocab_size is None else int(draft_vocab_size)
-
-
-def measure_block_seconds(heads: torch.nn.Module, context: int = 64, repeats: int = 10,
-                          draft_vocab_size: int | None = None) -> float:
-    """Median seconds of one drafting step (the block forward and its drafted slots' logits over
-    the draft vocabulary, None: the whole one) after ``context`` committed positions: the cost of
-    every tree these heads draft, whatever its shape."""
-    proposer = DFlashProposer(heads, draft_vocab_size=whole_or(heads, draft_vocab_size))
-    param = heads.fc.weight
-    features = torch.randn(context, heads.fc.in_features, device=param.device, dtype=param.dtype)
-    proposer.start(torch.zeros(context, dtype=torch.long), features, SamplingParams(), None)
-    samples = []
-    for rep in range(repeats + 1):
-        t0 = time.perf_counter()
-        proposer.slot_logits(0, heads.config.num_heads)
-        if param.device.type == "cuda":
-            torch.cuda.synchronize()
-        if rep:  # the first call also fills the context cache
-            samples.append(time.perf_counter() - t0)
-    return statistics.median(samples)
-
-
-def block_accuracy_table(
-    target: torch.nn.Module, heads: torch.nn.Module, sequences: list[torch.Tensor], max_rank: int = 10,
-    skip_prompt: list[int] | None = None, draft_vocab_size: int | None = None,
-) -> torch.Tensor:
-    """acc[k, r] = P(slot k+1's rank-r token == the token k+1 after the root) over the roots of
-    ``sequences`` (the target's own greedy continuations: "correct" = what verification accepts),
-    each block drafted exactly as decoding drafts it (the committed context before the root),
-    ranking the draft vocabulary of ``draft_vocab_size`` tokens (None: the whole vocabulary)."""
-    def ranked(proposer, token: int, ranks: int) -> torch.Tensor:
-        logits = proposer.block_logits(token)[1:]
-        return proposer.target_ids(logits.topk(min(ranks, logits.shape[-1]), dim=-1).indices)
-
-    size = whole_or(heads, draft_vocab_size)
-    return rank_hit_table(target, heads, sequences, lambda: DFlashProposer(heads, draft_vocab_size=size), ranked,
-                          max_rank, skip_prompt)

@@ -20,15 +20,11 @@ row's context, and the committed ones then move to the row's own end of the shar
 """
 from __future__ import annotations
 
-import statistics
-import time
 
 import torch
 
-from ..sampling import SamplingParams
 from ..tree import TreeShape
 from .parallel import ParallelProposer, ParallelRows
-from .rank_table import rank_hit_table
 from .row_cache import RowCache
 
 
@@ -151,44 +147,3 @@ class PEagleRows(ParallelRows):
             index = first[:, None] + torch.arange(depth, device=dev)
             read = state.gather(1, index[..., None].expand(-1, -1, state.shape[-1]))
         return head.logits(read).float()
-
-
-def measure_draft_seconds(head: torch.nn.Module, context: int = 64, repeats: int = 10) -> dict[int, float]:
-    """Median seconds of one drafting step by depth d (one forward over the newly committed
-    position and d - 1 mask slots, then its logits) after ``context`` committed positions. A tree
-    of depth d costs this whatever its width: every node comes from the same forward."""
-    param = head.fc.weight
-    features = torch.randn(context, head.fc.in_features, device=param.device, dtype=param.dtype)
-    ids = torch.zeros(context, dtype=torch.long)
-    times = {0: 0.0}
-    for depth in range(1, head.config.num_heads + 1):
-        proposer = PEagleProposer(head, tree=[[0] * d for d in range(1, depth + 1)])
-        proposer.start(ids, features, SamplingParams(), None)
-        proposer.draft_scores(0, depth)  # feeds the context (later calls feed one position each)
-        samples = []
-        for _ in range(repeats):
-            proposer.accepted(torch.zeros(1, dtype=torch.long), features[:1])
-            t0 = time.perf_counter()
-            proposer.draft_scores(0, depth)
-            if param.device.type == "cuda":
-                torch.cuda.synchronize()
-            samples.append(time.perf_counter() - t0)
-        times[depth] = statistics.median(samples)
-    return times
-
-
-def depth_accuracy_table(
-    target: torch.nn.Module, head: torch.nn.Module, sequences: list[torch.Tensor], max_rank: int = 10,
-    skip_prompt: list[int] | None = None,
-) -> torch.Tensor:
-    """acc[d, r] = P(depth d+1's rank-r token == the token d+1 after the root) over the roots of
-    ``sequences`` (the target's own greedy continuations: "correct" = what verification accepts),
-    each step drafted exactly as decoding drafts it (the committed context before the root)."""
-    depths = head.config.num_heads
-
-    def ranked(proposer, token: int, ranks: int) -> torch.Tensor:
-        scores = proposer.draft_scores(token, depths)
-        return proposer.vocab_ids[scores.topk(min(ranks, scores.shape[-1]), dim=-1).indices]
-
-    return rank_hit_table(target, head, sequences, lambda: PEagleProposer(head), ranked, max_rank, skip_prompt,
-                          host_tokens=True)

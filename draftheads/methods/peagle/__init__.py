@@ -1,21 +1,13 @@
 """P-EAGLE: EAGLE-3's draft layer drafting every depth in ONE forward (mask slots after the root),
 trained on COD-sampled depths; a static tree read off that forward's per-depth top-k."""
+from . import search
 from ..eagle3.imports import read_eagle3
 from .export import export_peagle
 from .imports import PEagleReading
 from ...heads.peagle import PEagleHead
-from ...inference.proposers.peagle import depth_accuracy_table, measure_draft_seconds, peagle_proposer
+from ...inference.proposers.peagle import peagle_proposer
 from ...registry import EngineLayout, ImportLayout, Method, OneForwardSearch, TreeKind, register
 from .loss import PEagleLoss
-
-def _draft_seconds(heads, draft_vocab_size=None) -> dict[int, float]:
-    """P-EAGLE ranks its own trained vocabulary: ``draft_vocab_size`` does not apply."""
-    return measure_draft_seconds(heads)
-
-
-def _accuracy(target, heads, sequences, max_rank, skip_prompt=None, draft_vocab_size=None):
-    return depth_accuracy_table(target, heads, sequences, max_rank, skip_prompt=skip_prompt)
-
 
 METHOD = register(Method(
     name="peagle",
@@ -25,7 +17,7 @@ METHOD = register(Method(
     loss=PEagleLoss,
     drafter=peagle_proposer,
     tree=TreeKind.ONE_FORWARD,
-    one_forward=OneForwardSearch(draft_seconds=_draft_seconds, accuracy=_accuracy),
+    one_forward=OneForwardSearch(draft_seconds=search.draft_seconds, accuracy=search.accuracy),
     # vLLM serves P-EAGLE as EAGLE-3 with parallel drafting, from the speculators layout
     exports={"vllm": EngineLayout("eagle3", export_peagle, serve_extra={"parallel_drafting": True}),
              "speculators": EngineLayout("peagle", export_peagle)},
