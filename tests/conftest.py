@@ -102,15 +102,19 @@ def tiny_target_dir(tmp_path_factory, tiny_tokenizer) -> Path:
     return path
 
 
-@pytest.fixture(scope="session")
-def tiny_text_jsonl(tmp_path_factory) -> Path:
-    """A small ``{"text": ...}`` jsonl file: a few hundred short pseudo-code documents."""
-    path = tmp_path_factory.mktemp("data") / "tiny.jsonl"
+def _tiny_documents(path: Path, line_separator: str) -> Path:
+    """A few hundred short pseudo-code documents of 3 lines each, one ``{"text": ...}`` row each."""
     lines = tiny_corpus(240, seed=2)
     with path.open("w") as f:
         for i in range(0, len(lines), 3):
-            f.write(json.dumps({"text": "\n".join(lines[i : i + 3])}) + "\n")
+            f.write(json.dumps({"text": line_separator.join(lines[i : i + 3])}) + "\n")
     return path
+
+
+@pytest.fixture(scope="session")
+def tiny_text_jsonl(tmp_path_factory) -> Path:
+    """A small ``{"text": ...}`` jsonl file: a few hundred short pseudo-code documents."""
+    return _tiny_documents(tmp_path_factory.mktemp("data") / "tiny.jsonl", "\n")
 
 
 @pytest.fixture(scope="session")
@@ -118,12 +122,7 @@ def tiny_text_jsonl_without_unk(tmp_path_factory) -> Path:
     """``tiny_text_jsonl``'s documents with their lines joined by spaces: the tiny tokenizer has no
     newline, so the newline-joined rows hold ``<unk>`` (id 0), which DFlash tests use as the mask
     token (a special token with a real embedding row), and a mask token must never occur in the rows."""
-    path = tmp_path_factory.mktemp("data") / "tiny-flat.jsonl"
-    lines = tiny_corpus(240, seed=2)
-    with path.open("w") as f:
-        for i in range(0, len(lines), 3):
-            f.write(json.dumps({"text": " ".join(lines[i : i + 3])}) + "\n")
-    return path
+    return _tiny_documents(tmp_path_factory.mktemp("data") / "tiny-flat.jsonl", " ")
 
 
 @pytest.fixture(autouse=True)
