@@ -30,7 +30,6 @@ past its own context; catch-up projects every row's new positions in one call to
 """
 from __future__ import annotations
 
-
 import torch
 
 from ..tree import TreeShape

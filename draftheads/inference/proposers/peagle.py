@@ -20,7 +20,6 @@ row's context, and the committed ones then move to the row's own end of the shar
 """
 from __future__ import annotations
 
-
 import torch
 
 from ..tree import TreeShape

@@ -1,7 +1,6 @@
 """DFlash: a block of mask slots after the last accepted token, drafted in ONE forward of a small
 decoder reading fused target layers as context; trained on random blocks per row."""
-from . import search
-from . import export
+from . import export, search
 from .imports import read_dflash
 from ...heads.dflash import DFlashHeads
 from ...inference.proposers.dflash import dflash_proposer

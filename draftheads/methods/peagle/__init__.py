@@ -9,6 +9,7 @@ from ...inference.proposers.peagle import peagle_proposer
 from ...registry import EngineLayout, ImportLayout, Method, OneForwardSearch, TreeKind, register
 from .loss import PEagleLoss
 
+
 METHOD = register(Method(
     name="peagle",
     title="P-EAGLE",
