@@ -286,12 +286,17 @@ def _best_tree(candidates, verify: dict[int, float], max_nodes: int, device: str
 
 
 # -- dynamic (EAGLE-2) trees: measured end to end -----------------------------------------------------
+def chain(depth: int) -> dict:
+    """EAGLE-2 settings that draft a chain of ``depth`` tokens (top-1 at every step: one path)."""
+    return {"total_tokens": depth + 1, "depth": depth, "top_k": 1}
+
+
 DYNAMIC_GRID = [
     {"total_tokens": total, "depth": depth, "top_k": top_k}
     for total in (6, 10, 16, 24)
     for depth in (3, 5)
     for top_k in (2, 4)
-] + [{"total_tokens": depth + 1, "depth": depth, "top_k": 1} for depth in (1, 2, 3, 5, 7)]  # chains: the fewest verified tokens
+] + [chain(depth) for depth in (1, 2, 3, 5, 7)]  # chains: the fewest verified tokens
 # EAGLE (not EAGLE-3, whose own LM head is already small) also tries ranking only the most
 # frequent training tokens.
 DRAFT_VOCAB_SIZES = (None, 1024)

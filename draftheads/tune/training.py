@@ -59,6 +59,7 @@ from ..plans import CHOSEN_BY_TRAINING, PLAIN, SPECULATIVE, PlanEntry, TreePlans
 from .batch_plan import PLAIN_MARGIN, BatchPlanResult, measure_batch_plan
 from .calibrate import (
     calibrate_dynamic_tree,
+    chain,
     choose_tree,
     head_accuracy_table,
     measure_draft_seconds,
@@ -93,8 +94,8 @@ VS_GENERATE_MAX_SECONDS = 20.0  # per temperature and batch size, warm-up exclud
 VS_GENERATE_BATCH_SIZES = (1, 4, 8)
 
 
-CHAINS = [{"total_tokens": d + 1, "depth": d, "top_k": 1} for d in (5, 7)]  # top_k 1: one path
-SHORT_CHAINS = [{"total_tokens": d + 1, "depth": d, "top_k": 1} for d in (1, 2)]  # CPU only: verify cost climbs fast
+CHAINS = [chain(d) for d in (5, 7)]
+SHORT_CHAINS = [chain(d) for d in (1, 2)]  # CPU only: verify cost climbs fast
 
 
 def dynamic_grid(device_type: str, restrict_vocab: bool) -> list[dict]:

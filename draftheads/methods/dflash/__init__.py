@@ -22,7 +22,8 @@ METHOD = register(Method(
     loss=DFlashLoss,
     drafter=dflash_proposer,
     tree=TreeKind.ONE_FORWARD,
-    one_forward=OneForwardSearch(draft_seconds=search.draft_seconds, accuracy=search.accuracy, ranks_draft_vocab=True),
+    one_forward=OneForwardSearch(draft_seconds=search.draft_seconds, accuracy=search.block_accuracy_table,
+                                 ranks_draft_vocab=True),
     exports={"vllm": EngineLayout("dflash", export.export)},
     imports={
         "speculators-dflash": ImportLayout(

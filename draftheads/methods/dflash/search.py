@@ -60,8 +60,3 @@ def draft_seconds(heads: torch.nn.Module, draft_vocab_size: int | None = None) -
     """DFlash runs its whole block whatever the tree: one cost for every depth (0: plain)."""
     block = measure_block_seconds(heads, draft_vocab_size=draft_vocab_size)
     return {0: 0.0, **{d: block for d in range(1, heads.config.num_heads + 1)}}
-
-
-def accuracy(target, heads, sequences, max_rank, skip_prompt=None, draft_vocab_size=None) -> torch.Tensor:
-    return block_accuracy_table(target, heads, sequences, max_rank, skip_prompt=skip_prompt,
-                                draft_vocab_size=draft_vocab_size)
