@@ -206,20 +206,24 @@ def _calibration_prompts(args, tokenizer) -> list:
     return [_encode_prompt(tokenizer, t, not args.no_chat_template)[:, -args.prompt_tokens :] for t in texts]
 
 
-def _calibrate_dynamic(args, target, heads, prompts, temperature: float) -> list:
-    """EAGLE heads: time each (token budget, depth, top-k) setting at ``temperature``; the
-    fastest as tree.json entries."""
-    from .tune.calibrate import calibrate_dynamic_tree
+def _calibrate_dynamic(args, target, heads, prompts, temperature: float, greedy_choice: dict | None) -> tuple[list, dict]:
+    """EAGLE heads: time each (token budget, depth, top-k) setting of the device's grid at
+    ``temperature`` (after a greedy choice, the short sampling grid beside it); the fastest as
+    tree.json entries, and the chosen setting."""
+    from .tune.calibrate import calibrate_dynamic_tree, dynamic_grid, restricts_vocab, sampling_grid
     from .tune.tables import dynamic_entries
 
-    result = calibrate_dynamic_tree(target, heads, prompts, new_tokens=args.new_tokens, temperature=temperature)
+    grid = dynamic_grid(target.device.type, restricts_vocab(heads))
+    if temperature > 0 and greedy_choice is not None:
+        grid = sampling_grid(grid, greedy_choice)
+    result = calibrate_dynamic_tree(target, heads, prompts, new_tokens=args.new_tokens, grid=grid, temperature=temperature)
     print("setting (total tokens, depth, top-k): tokens/s, tokens per step")
     for c in sorted(result.candidates, key=lambda c: -c["tokens_per_second"])[:8]:
         print(f"  {c['total_tokens']:3d} {c['depth']:2d} {c['top_k']:2d}: {c['tokens_per_second']:7.1f}  {c['mean_accept_length']:.2f}")
     print(f"chosen: {result.tree}, {result.mean_accept_length:.2f} tokens/step, "
           f"{result.expected_speedup:.2f}x our plain one-token steps")
     plan = _batch_plan(args, target, heads, result.tree, prompts, temperature)
-    return dynamic_entries(result, target.device.type, plan)
+    return dynamic_entries(result, target.device.type, plan), result.tree
 
 
 def _calibrate_static(args, target, heads, prompts, temperature: float, verify: dict | None) -> tuple[list, dict]:
@@ -287,12 +291,14 @@ def cmd_calibrate(args) -> int:
     heads = _load_heads(args.heads, target, not args.no_fingerprint_check)
     prompts = _calibration_prompts(args, tokenizer)
     saved = heads.plans  # the file as loaded (read once), before calibration changes the heads
-    entries, verify = [], None
+    entries, verify, greedy_choice = [], None, None
     for temperature in args.temperatures:
         if len(args.temperatures) > 1:
             print(f"-- temperature {temperature:g}{' (greedy)' if temperature == 0 else ''}")
         if method_of(heads).tree is TreeKind.DYNAMIC:
-            entries += _calibrate_dynamic(args, target, heads, prompts, temperature)
+            found, chosen = _calibrate_dynamic(args, target, heads, prompts, temperature, greedy_choice)
+            entries += found
+            greedy_choice = chosen if temperature == 0 else greedy_choice
         elif temperature > 0 and method_of(heads).tree is TreeKind.ONE_FORWARD:
             # Their table holds greedy hit rates; at T > 0 acceptance is the target's tempered
             # probability of each draft, which is not measured for them yet: no entry rather than

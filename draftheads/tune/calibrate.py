@@ -292,15 +292,45 @@ def chain(depth: int) -> dict:
     return {"total_tokens": depth + 1, "depth": depth, "top_k": 1}
 
 
-DYNAMIC_GRID = [
-    {"total_tokens": total, "depth": depth, "top_k": top_k}
-    for total in (6, 10, 16, 24)
-    for depth in (3, 5)
-    for top_k in (2, 4)
-] + [chain(depth) for depth in (1, 2, 3, 5, 7)]  # chains: the fewest verified tokens
-# EAGLE (not EAGLE-3, whose own LM head is already small) also tries ranking only the most
-# frequent training tokens.
-DRAFT_VOCAB_SIZES = (None, 1024)
+CHAINS = [chain(d) for d in (5, 7)]
+SHORT_CHAINS = [chain(d) for d in (1, 2)]  # CPU only: verify cost climbs fast
+# EAGLE (scored by the target's LM head, not a small one of its own as EAGLE-3's) also tries
+# ranking only the most frequent training tokens.
+DRAFT_VOCAB_SIZE = 1024
+
+
+def dynamic_grid(device_type: str, restrict_vocab: bool) -> list[dict]:
+    """A few EAGLE-2 settings sized for the device (small trees on CPU, large on CUDA): what
+    training's tree choice and `draftheads calibrate` both time."""
+    if device_type == "cuda":
+        base = [{"total_tokens": t, "depth": d, "top_k": 8} for t in (32, 64) for d in (5, 7)]
+    else:
+        # Chains too: on a CPU every verified token costs, and a confident draft's chain goes
+        # deeper for fewer tokens than a tree. Short chains for heads that are seldom right twice
+        # in a row: on SmolLM2 a chain of 1 is the one setting that beats plain decoding
+        # (docs/results.md).
+        base = ([{"total_tokens": t, "depth": d, "top_k": 3} for t in (8, 16) for d in (3, 5)]
+                + SHORT_CHAINS + CHAINS)
+    vocabs = (None, DRAFT_VOCAB_SIZE) if restrict_vocab else (None,)
+    return [{**g, "draft_vocab_size": v} for g in base for v in vocabs]
+
+
+def restricts_vocab(heads: torch.nn.Module) -> bool:
+    """Whether ranking only the most frequent training tokens is worth timing for ``heads``: they
+    rank the target's whole vocabulary and counted their training tokens."""
+    return (heads.vocab_ids() is None and int(heads.token_counts.sum()) > 0
+            and DRAFT_VOCAB_SIZE < heads.config.vocab_size // 2)
+
+
+def sampling_grid(grid: list[dict], greedy_choice: dict) -> list[dict]:
+    """At a sampling temperature, after the greedy choice: drawn drafts are chains as deep as the
+    tree, so only the greedy choice, the shallowest setting and the chain of 5 are timed (each
+    with the greedy choice's vocabulary); plain decoding is always timed beside them."""
+    vocab = {"draft_vocab_size": greedy_choice.get("draft_vocab_size")}
+    shallowest = {**min(grid, key=lambda g: (g["depth"], g["total_tokens"])), **vocab}
+    candidates = [dict(greedy_choice), shallowest, {**CHAINS[0], **vocab}]
+    candidates = [g for g in candidates if g.get("total_tokens", 1) > 1]
+    return [g for i, g in enumerate(candidates) if g not in candidates[:i]]
 
 
 @dataclass
@@ -340,8 +370,7 @@ def calibrate_dynamic_tree(
     same way, so the reported speedup is against our own one-token steps. At ``temperature`` > 0
     every setting samples, with the same seed per prompt and round."""
     if grid is None:
-        vocabs = DRAFT_VOCAB_SIZES if heads.vocab_ids() is None and int(heads.token_counts.sum()) > 0 else (None,)
-        grid = [{**g, "draft_vocab_size": v} for g in DYNAMIC_GRID for v in vocabs]
+        grid = dynamic_grid(target.device.type, restricts_vocab(heads))
     # First: plain decoding through the same loop (total_tokens=1 drafts nothing at all).
     settings = [{"total_tokens": 1, "depth": 1, "top_k": 1}] + list(grid)
     # batch_plan=None: a plan saved by an earlier calibration must not turn these timings into plain

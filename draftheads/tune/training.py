@@ -59,11 +59,13 @@ from ..plans import CHOSEN_BY_TRAINING, PLAIN, SPECULATIVE, PlanEntry, TreePlans
 from .batch_plan import PLAIN_MARGIN, BatchPlanResult, measure_batch_plan
 from .calibrate import (
     calibrate_dynamic_tree,
-    chain,
     choose_tree,
+    dynamic_grid,
     head_accuracy_table,
     measure_draft_seconds,
     measure_verify_times,
+    restricts_vocab,
+    sampling_grid,
 )
 from ..inference.one_forward_tree import (
     one_forward_accuracy,
@@ -77,7 +79,6 @@ BLOCK_VOCAB_ROW_TOKENS = 96  # tokens per held-out row measuring the hits a DFla
 VERIFY_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 SAMPLE_ROWS = 8  # held-out rows for the vocabulary ratio / dynamic-tree timing
 DYNAMIC_PROMPTS = 6  # chain or tree depends on the text (toy target, 19f3628:benchmarks/measurements/chains/): more rows, a choice tied less to a few
-DYNAMIC_VOCAB_SIZE = 1024  # EAGLE (scored by the target's LM head) also tries ranking only these tokens
 DEFAULT_TEMPERATURES = (0.0, 0.7, 1.0)  # greedy, what most chat models ship, and the target's own law
 # The chosen tree against the target's generate (module docstring): prompts x rounds pairs of
 # decodes per temperature, each of VS_GENERATE_NEW_TOKENS tokens after a VS_GENERATE_PROMPT_LEN
@@ -92,25 +93,6 @@ VS_GENERATE_MAX_SECONDS = 20.0  # per temperature and batch size, warm-up exclud
 # drafted token is verified 8 times (toy target: Medusa's greedy tree 0.87x at batch 8, EAGLE's 0.98x), and
 # a user who never runs calibrate decodes batches with training's plan.
 VS_GENERATE_BATCH_SIZES = (1, 4, 8)
-
-
-CHAINS = [chain(d) for d in (5, 7)]
-SHORT_CHAINS = [chain(d) for d in (1, 2)]  # CPU only: verify cost climbs fast
-
-
-def dynamic_grid(device_type: str, restrict_vocab: bool) -> list[dict]:
-    """A few EAGLE-2 settings sized for the device (small trees on CPU, large on CUDA)."""
-    if device_type == "cuda":
-        base = [{"total_tokens": t, "depth": d, "top_k": 8} for t in (32, 64) for d in (5, 7)]
-    else:
-        # Chains too: on a CPU every verified token costs, and a confident draft's chain goes
-        # deeper for fewer tokens than a tree. Short chains for heads that are seldom right twice
-        # in a row: on SmolLM2 a chain of 1 is the one setting that beats plain decoding
-        # (docs/results.md).
-        base = ([{"total_tokens": t, "depth": d, "top_k": 3} for t in (8, 16) for d in (3, 5)]
-                + SHORT_CHAINS + CHAINS)
-    vocabs = (None, DYNAMIC_VOCAB_SIZE) if restrict_vocab else (None,)
-    return [{**g, "draft_vocab_size": v} for g in base for v in vocabs]
 
 
 def _device_label(target: torch.nn.Module) -> str:
@@ -206,19 +188,12 @@ def choose_dynamic(target: torch.nn.Module, heads: torch.nn.Module, rows: list[t
     new_tokens = 48
     prompt_len = max(1, min(128, limit - new_tokens - 8))
     prompts = [row[:prompt_len][None] for row in rows[:DYNAMIC_PROMPTS]]
-    restrict = (heads.vocab_ids() is None and int(heads.token_counts.sum()) > 0
-                and DYNAMIC_VOCAB_SIZE < heads.config.vocab_size // 2)
-    grid = dynamic_grid(target.device.type, restrict)
+    grid = dynamic_grid(target.device.type, restricts_vocab(heads))
     if temperature > 0 and greedy_choice is not None:
         if greedy_choice.get("total_tokens") == 1:  # plain won greedily: sampling accepts less
             return {"tree": dict(greedy_choice), "calibration": {"skipped": "plain decoding won at temperature 0"},
                     "temperature": temperature}
-        # Drawn drafts (the default when sampling) are chains as deep as the tree: the greedy choice,
-        # the shallowest setting and the chain of 5, each with the greedy choice's vocabulary.
-        vocab = {"draft_vocab_size": greedy_choice.get("draft_vocab_size")}
-        shallowest = {**min(grid, key=lambda g: (g["depth"], g["total_tokens"])), **vocab}
-        candidates = [dict(greedy_choice), shallowest, {**CHAINS[0], **vocab}]
-        grid = [g for i, g in enumerate(candidates) if g not in candidates[:i]]
+        grid = sampling_grid(grid, greedy_choice)
     result = calibrate_dynamic_tree(target, heads, prompts, new_tokens=new_tokens, grid=grid, rounds=1,
                                     temperature=temperature)
     return {"tree": result.tree, "calibration": result.to_json(), "temperature": temperature}
