@@ -81,7 +81,7 @@ def profile(target, tokenizer, heads_dir: str, prompts, max_new: int, temperatur
     # batch_plan=None: the drafter is profiled even where the heads' plan would decode plain.
     decoder = SpeculativeDecoder(target, source, tree=tree if vocab is None else None, draft_budget=None, batch_plan=None)
     box = {"draft": 0.0}
-    cls = type(decoder.proposer.rows(decoder.compaction))  # the loop drafts through the batch form
+    cls = type(decoder.proposer)  # the drafter the loop drafts through
     original = _timed_propose(cls, box)
     sample = temperature > 0
     totals = {"steps": 0, "new": 0, "decode": 0.0, "verify": 0.0, "draft": 0.0, "plain": 0.0, "plain_new": 0}

@@ -18,7 +18,10 @@ set_loader(_register_methods)
 _HEADS = ("Eagle3Head", "EagleHead", "HeadsConfig", "HydraHeads", "MedusaHeads", "PEagleHead", "DFlashHeads", "TargetInfo", "load_heads",
           "save_heads")
 _INFERENCE = (
-    "DFlashProposer", "DraftModelProposer", "EagleProposer", "HydraProposer", "MedusaProposer", "PromptLookupProposer", "Proposer",
+    "DFlashDrafter", "DraftModelProposer", "Drafter", "EagleDrafter", "HydraDrafter", "MedusaDrafter", "PEagleDrafter",
+    "PromptLookupProposer", "Proposer",
+    # deprecated names of the head drafters: they warn and build the drafter
+    "DFlashProposer", "EagleProposer", "HydraProposer", "MedusaProposer",
     "SamplingParams", "SpeculativeDecoder", "SpeculativeOutput", "Tree", "TreeShape", "UnsupportedModelError",
     "check_same_tokenizer",
 )
@@ -29,11 +32,17 @@ if TYPE_CHECKING:
                         load_heads,
                         save_heads)
     from .inference import (
+        DFlashDrafter,
         DFlashProposer,
         DraftModelProposer,
+        Drafter,
+        EagleDrafter,
         EagleProposer,
+        HydraDrafter,
         HydraProposer,
+        MedusaDrafter,
         MedusaProposer,
+        PEagleDrafter,
         PromptLookupProposer,
         Proposer,
         SamplingParams,
@@ -48,18 +57,24 @@ if TYPE_CHECKING:
 __version__ = "0.1.0"
 
 __all__ = [
+    "DFlashDrafter",
     "DFlashHeads",
     "DFlashProposer",
     "DraftModelProposer",
+    "Drafter",
     "Eagle3Head",
+    "EagleDrafter",
     "EagleHead",
     "EagleProposer",
     "HeadsConfig",
+    "HydraDrafter",
     "HydraHeads",
     "HydraProposer",
+    "MedusaDrafter",
     "MedusaHeads",
-    "PEagleHead",
     "MedusaProposer",
+    "PEagleDrafter",
+    "PEagleHead",
     "PromptLookupProposer",
     "Proposer",
     "SamplingParams",

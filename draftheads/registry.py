@@ -89,7 +89,7 @@ class Method:
     a heads folder's config.json. ``heads`` is its `heads.base.DraftHeads` subclass. ``loss`` builds
     its training loss from the run's `train.head_loss.LossSettings`: every loss is called the same
     way, ``loss(heads, batch) -> HeadLossOutput`` and ``loss.counts(heads, batch) -> [K]``.
-    ``drafter(heads, tree=None, **options)`` is how decoding drafts with its heads. ``tree``: the
+    ``drafter(heads, tree=None, **options)`` builds the batch drafter decoding drafts with. ``tree``: the
     kind of tree it drafts. ``exports``: export format -> `EngineLayout`; ``imports``: import
     format -> `ImportLayout`. ``aliases``: head_type names older heads folders carry for it.
     ``one_forward``: what its tree search measures (`OneForwardSearch`), for ONE_FORWARD trees."""

@@ -1,5 +1,6 @@
-"""Drives a batch form (`RowProposer`) and one per-sequence proposer per row through the same
-steps, for the tests that hold the batch to each row's own proposer (EAGLE, DFlash, P-EAGLE).
+"""Drives a drafter over a batch and one drafter of the same settings per row (a batch of one)
+through the same steps, for the tests that hold the batch to each row drafted alone (EAGLE,
+DFlash, P-EAGLE); `OneRow` gives a drafter's batch-of-one calls one sequence's arguments.
 
 Rows of different prompt lengths (a ragged draft cache from the first step), random accepted
 paths (different counts per row), row 2 drafting shallower at step 2 (near its budget) and not at
@@ -28,20 +29,37 @@ def accepted_path(tree, gen: torch.Generator) -> torch.Tensor:
     return torch.tensor(path[::-1])
 
 
-def drive_alike(batched, proposer, feat: int, high: int, check: Callable, started: Callable | None = None) -> None:
-    """Step ``batched`` and a fork of ``proposer`` per row alike; after each step's trees,
-    ``check(step, row, pos, batched_tree, own_tree)`` for every active row (``row``: its original
-    index, ``pos``: its place in the batch now). Token ids are drawn in 3..high-1; ``started(forks)`` runs once the forks have started."""
+class OneRow:
+    """One sequence drafted by ``drafter`` as a batch of one row."""
+
+    def __init__(self, drafter) -> None:
+        self.drafter = drafter
+
+    def start(self, ids: torch.Tensor, hidden: torch.Tensor | None, params: SamplingParams = SamplingParams(),
+              generator: torch.Generator | None = None) -> "OneRow":
+        self.drafter.start([ids], [hidden], params, generator)
+        return self
+
+    def propose(self, root: int, max_depth: int):
+        return self.drafter.propose([root], [max_depth])[0]
+
+    def accepted(self, tokens: torch.Tensor, hidden: torch.Tensor | None) -> None:
+        self.drafter.accepted([tokens], [hidden])
+
+
+def drive_alike(batched, make: Callable, feat: int, high: int, check: Callable, started: Callable | None = None) -> None:
+    """Step ``batched`` and one ``make()`` drafter per row (alone: a batch of one) alike; after each
+    step's trees, ``check(step, row, pos, batched_tree, own_tree)`` for every active row (``row``:
+    its original index, ``pos``: its place in the batch now). Token ids are drawn in 3..high-1;
+    ``started(alone)`` runs once the per-row drafters have started."""
     gen = torch.Generator().manual_seed(3)
     prompts = [torch.randint(3, high, (n,), generator=gen) for n in PROMPT_LENGTHS]
     hidden = [torch.randn(n, feat, generator=gen, dtype=torch.float64) for n in PROMPT_LENGTHS]
     params = SamplingParams()
     batched.start(prompts, hidden, params, None)
-    forked = [proposer.fork() for _ in prompts]
-    for row, ids, h in zip(forked, prompts, hidden):
-        row.start(ids, h, params, None)
+    forked = [OneRow(make()).start(ids, h, params) for ids, h in zip(prompts, hidden)]
     if started is not None:
-        started(forked)
+        started([row.drafter for row in forked])
     alive = list(range(len(prompts)))  # original row of each batch position
     roots = [int(t) for t in torch.randint(3, high, (len(prompts),), generator=gen)]
     for step in range(STEPS):

@@ -61,7 +61,7 @@ def test_bench_end_to_end_writes_report_and_plots(tiny_target_dir, heads_dir, qu
     assert report["args"]["max_new_tokens"] == 8 and report["settings"]["seed"] == 3
     assert [m["name"] for m in report["methods"]] == ["medusa", "draft-model", "prompt-lookup"]
     medusa = report["methods"][0]
-    assert medusa["proposer"] == "MedusaProposer" and medusa["tree_nodes"] == len(medusa["tree"]) + 1
+    assert medusa["proposer"] == "MedusaDrafter" and medusa["tree_nodes"] == len(medusa["tree"]) + 1
     assert report["questions"]["categories"] == ["writing", "code"]
     assert report["questions"]["questions"] == 2 and report["questions"]["samples"] == 3
 

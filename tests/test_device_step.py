@@ -137,9 +137,9 @@ def test_hydra_drafts_without_reading_the_device(rows):
         shape, tokens = proposer.draft_rows(torch.tensor([7, 8, 9][:rows]), hidden, max_depth=3)
     assert syncs.total_outside == 0, dict(syncs.outside)
     assert tokens.shape == (rows, shape.size) and tokens[:, 0].tolist() == [7, 8, 9][:rows]
-    for r in range(rows):  # each row drafts what the per-sequence proposer drafts for it alone
-        proposer.start(None, hidden[r : r + 1], SamplingParams(), None)
-        assert torch.equal(proposer.propose([7, 8, 9][r], 3).tokens, tokens[r])
+    for r in range(rows):  # each row drafts what a batch of that row alone drafts
+        proposer.start([None], [hidden[r : r + 1]], SamplingParams(), None)
+        assert torch.equal(proposer.propose([[7, 8, 9][r]], [3])[0].tokens, tokens[r])
 
 
 def test_the_verifier_follows_the_target_device_and_dtype_it_holds():

@@ -3,7 +3,7 @@
 Heads are trained for a few seconds with `TargetWithHeads` (the loss `train.py` uses) on the
 target's greedy continuations, so exactness runs with drafts that are accepted often (asserted).
 The training path (all blocks of a row in one masked forward) must compute, for each block, what
-the proposer's cached single-block forward computes: that equality is what makes the loss train
+the drafter's cached single-block forward computes: that equality is what makes the loss train
 the drafter that decodes.
 """
 from __future__ import annotations
@@ -13,7 +13,7 @@ import torch
 
 import draftheads as dh
 from draftheads.heads.dflash import DFlashHeads, default_feature_layers
-from draftheads.inference.proposers.dflash import DFlashProposer
+from draftheads.inference.proposers.dflash import DFlashDrafter
 from draftheads.inference.sampling import SamplingParams
 from draftheads.methods.dflash.loss import anchor_candidates, block_mask, draw_anchors
 from draftheads.train.model import TargetWithHeads
@@ -129,7 +129,7 @@ def test_left_padded_batch_rows_match_generate(trained, tree):
 
 def test_training_blocks_compute_what_drafting_computes(trained):
     """One block of the training forward (masked, all blocks of the row at once) equals the
-    proposer's block over the cached context for the same anchor."""
+    drafter's block over the cached context for the same anchor."""
     _, target, heads, prompts, _, _ = trained
     with torch.no_grad():
         seq = greedy_reference(target, prompts[3:4], 20)
@@ -145,9 +145,9 @@ def test_training_blocks_compute_what_drafting_computes(trained):
         mask = block_mask(anchors, valid, torch.ones_like(seq, dtype=torch.bool), BLOCK)
         train_logits = heads.logits(heads.block_states(tokens, positions, kv, mask)).view(n, BLOCK, -1)
     for j, a in enumerate(anchors[0].tolist()):
-        proposer = DFlashProposer(heads)
-        proposer.start(seq[0, :a], features[0, :a], SamplingParams(), None)
-        got = proposer.block_logits(int(seq[0, a]))
+        drafter = DFlashDrafter(heads)
+        drafter.start([seq[0, :a]], [features[0, :a]], SamplingParams(), None)
+        got = drafter.block_logits([int(seq[0, a])])[0]
         assert torch.allclose(got, train_logits[j], atol=1e-4), f"anchor {a}: training block differs from drafting"
 
 
@@ -497,17 +497,18 @@ def test_a_step_scores_only_the_slots_its_tree_reads(trained):
     seq = greedy_reference(target, prompts[:1], 8)[0]
     with torch.no_grad():
         _, features, _ = TargetWithHeads(target, heads).target_outputs(seq[None])
-    proposer = DFlashProposer(heads, tree=[[0], [1], [0, 0]])
-    proposer.start(seq[:6], features[0, :6], SamplingParams(), None)
+    drafter = DFlashDrafter(heads, tree=[[0], [1], [0, 0]])
+    drafter.start([seq[:6]], [features[0, :6]], SamplingParams(), None)
     rows = []
     hook = heads.target_lm_head().register_forward_hook(lambda m, args, out: rows.append(args[0].reshape(-1, args[0].shape[-1]).shape[0]))
     try:
-        tree = proposer.propose(int(seq[6]), max_depth=3)
+        (tree,) = drafter.propose([int(seq[6])], [3])
     finally:
         hook.remove()
     assert rows == [2], f"the LM head scored {rows} rows for a tree 2 deep"
-    full = proposer.block_logits(int(seq[6]))
-    assert torch.allclose(proposer.slot_logits(int(seq[6]), 2), full[1:3], atol=1e-5)
+    full = drafter.block_logits([int(seq[6])])[0]
+    with torch.inference_mode():
+        assert torch.allclose(drafter.scores([int(seq[6])], [2])[0], full[1:3], atol=1e-5)
     ranks = full[1:3].topk(2, dim=-1).indices
     assert tree.tokens[1:].tolist() == [int(ranks[0, 0]), int(ranks[0, 1]), int(ranks[1, 0])]
 

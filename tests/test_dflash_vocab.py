@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 
 import draftheads as dh
 from draftheads.heads.dflash import DFlashHeads
-from draftheads.inference.proposers.dflash import DFlashProposer, DFlashRows
+from draftheads.inference.proposers.dflash import DFlashDrafter
 from draftheads.inference.sampling import SamplingParams
 
 from inference_utils import greedy_reference, tiny_target
@@ -43,10 +43,10 @@ def trained():
     return target, heads, prompts
 
 
-def started(heads, seq: torch.Tensor, features: torch.Tensor, size: int | None) -> DFlashProposer:
-    proposer = DFlashProposer(heads, tree=TREE, draft_vocab_size=size)
-    proposer.start(seq, features, SamplingParams(), None)
-    return proposer
+def started(heads, seq: torch.Tensor, features: torch.Tensor, size: int | None) -> DFlashDrafter:
+    drafter = DFlashDrafter(heads, tree=TREE, draft_vocab_size=size)
+    drafter.start([seq], [features], SamplingParams(), None)
+    return drafter
 
 
 def test_restricted_drafts_are_the_full_drafts_ranked_over_the_id_set(trained, one_torch_thread):
@@ -59,31 +59,31 @@ def test_restricted_drafts_are_the_full_drafts_ranked_over_the_id_set(trained, o
     small = started(heads, seq, features, SIZE)
     assert full.vocab_ids is None and torch.equal(small.vocab_ids, ids)
     root = int(seq[-1])
-    whole = full.block_logits(root)  # [block, V]
-    restricted = small.block_logits(root)  # [block, SIZE]
+    whole = full.block_logits([root])[0]  # [block, V]
+    restricted = small.block_logits([root])[0]  # [block, SIZE]
     assert restricted.shape == (heads.block_size, SIZE)
     assert torch.allclose(restricted, whole[:, ids], atol=1e-6)
     # by hand: node (depth d, rank r) = the r-th best of slot d's logits among the ids, as a target id
     ranked = ids[whole[1:, ids].argsort(dim=-1, descending=True)]
     expected = [root] + [int(ranked[len(path) - 1, path[-1]]) for path in TREE]
-    tree = small.propose(root, 3)
+    (tree,) = small.propose([root], [3])
     assert tree.tokens.tolist() == expected
     assert set(tree.tokens[1:].tolist()) <= set(ids.tolist())
 
 
 def test_default_is_the_heads_calibrated_size(trained):
     _, heads, _ = trained
-    assert DFlashProposer(heads).vocab_ids is None
+    assert DFlashDrafter(heads).vocab_ids is None
     heads.draft_vocab_size = SIZE
     try:
-        assert DFlashProposer(heads).vocab_ids.numel() == SIZE
-        assert DFlashProposer(heads, draft_vocab_size=heads.config.vocab_size).vocab_ids is None  # explicit whole
+        assert DFlashDrafter(heads).vocab_ids.numel() == SIZE
+        assert DFlashDrafter(heads, draft_vocab_size=heads.config.vocab_size).vocab_ids is None  # explicit whole
         with pytest.raises(ValueError, match="tree takes rank 30.*draft from 24 tokens"):
-            DFlashProposer(heads, tree=[[0], [30]])
+            DFlashDrafter(heads, tree=[[0], [30]])
     finally:
         heads.draft_vocab_size = None
     with pytest.raises(ValueError, match="positive integer"):
-        DFlashProposer(heads, draft_vocab_size=0)
+        DFlashDrafter(heads, draft_vocab_size=0)
 
 
 @pytest.mark.parametrize("tree", [None, TREE], ids=["chain", "tree"])
@@ -115,9 +115,8 @@ def test_batch_rows_draft_what_each_row_drafts_alone(one_torch_thread):
             p.add_(torch.randn_like(p) * 0.2)
         heads.token_counts.copy_(torch.arange(vocab).flip(0))  # the mask token (count 0) is never drafted
     heads = heads.double().eval()
-    proposer = heads.proposer(tree=TREE, draft_vocab_size=SIZE)
-    batched = proposer.rows()
-    assert isinstance(batched, DFlashRows) and torch.equal(batched.vocab_ids, heads.draft_vocab(SIZE))
+    batched = heads.proposer(tree=TREE, draft_vocab_size=SIZE)
+    assert isinstance(batched, DFlashDrafter) and torch.equal(batched.vocab_ids, heads.draft_vocab(SIZE))
     compared = 0
 
     def check(step, r, pos, mine, alone):
@@ -127,7 +126,8 @@ def test_batch_rows_draft_what_each_row_drafts_alone(one_torch_thread):
         assert all(0 <= t < SIZE for t in mine.tokens[1:].tolist()), "drafted outside the draft vocabulary"
         compared += mine.shape.size > 1
 
-    drive_alike(batched, proposer, heads.fc.weight.shape[1], vocab - 1, check)
+    drive_alike(batched, lambda: heads.proposer(tree=TREE, draft_vocab_size=SIZE), heads.fc.weight.shape[1], vocab - 1,
+                check)
     assert compared >= STEPS * 3
 
 
@@ -227,7 +227,7 @@ def test_vllm_export_carries_the_draft_vocabulary_and_import_gets_it_back(traine
     state = torch.randn(heads.block_size, heads.config.hidden_size)
     scattered = torch.full((heads.block_size, heads.config.vocab_size), float("-inf"))
     scattered[:, torch.arange(SIZE) + d2t] = state @ lm_head.T.float()
-    proposer = DFlashProposer(heads, draft_vocab_size=SIZE)
+    proposer = DFlashDrafter(heads, draft_vocab_size=SIZE)
     mine = proposer.logits(state)
     assert torch.allclose(scattered[:, ids], mine, atol=1e-5)
     assert torch.equal(scattered.argmax(-1), proposer.target_ids(mine.argmax(-1)))
@@ -238,10 +238,10 @@ def test_vllm_export_carries_the_draft_vocabulary_and_import_gets_it_back(traine
     assert loaded.draft_vocab_size == SIZE and torch.equal(loaded.draft_vocab(SIZE), ids)
     seq = greedy_reference(target, prompts[:1], 12)[0]
     features = torch.randn(seq.numel(), heads.fc.in_features)
-    a, b = DFlashProposer(heads, draft_vocab_size=SIZE), DFlashProposer(loaded)
+    a, b = DFlashDrafter(heads, draft_vocab_size=SIZE), DFlashDrafter(loaded)
     for p in (a, b):
-        p.start(seq, features, SamplingParams(), None)
-    assert torch.allclose(a.block_logits(int(seq[-1])), b.block_logits(int(seq[-1])), atol=1e-5)
+        p.start([seq], [features], SamplingParams(), None)
+    assert torch.allclose(a.block_logits([int(seq[-1])]), b.block_logits([int(seq[-1])]), atol=1e-5)
 
 
 def test_vllm_export_without_a_draft_vocabulary_ships_no_lm_head(trained, tmp_path):

@@ -18,8 +18,7 @@ import torch
 
 import draftheads as dh
 from draftheads.inference.draft_budget import CAPPED, FULL, PLAIN, DraftBudget, OnlineDraftBudget
-from draftheads.inference.proposers import EagleProposer, Proposer
-from draftheads.inference.proposers.eagle_rows import EagleRows
+from draftheads.inference.proposers import EagleDrafter, Proposer, as_drafter
 from draftheads.inference.sampling import SamplingParams
 from draftheads.inference.tree import Tree, TreeShape
 
@@ -110,15 +109,11 @@ def test_eagle_draft_cache_catches_up_on_the_tokens_of_plain_steps():
     heads, prompts = trained_heads(target, "eagle", steps=80)
     seen: list[tuple[int, int]] = []
 
-    class CheckedRows(EagleRows):  # the loop drafts EAGLE through its batch form, batch 1 included
+    class Checked(EagleDrafter):
         def _catch_up(self, roots, drafting):
             state = super()._catch_up(roots, drafting)
             seen.extend((int(self._lengths[r]), len(self._ids[r])) for r, d in enumerate(drafting) if d)
             return state
-
-    class Checked(EagleProposer):
-        def rows(self, compaction="auto"):
-            return CheckedRows(self, compaction=compaction)
 
     proposer = Checked(heads)
     ids = prompts[:1]
@@ -137,18 +132,18 @@ def test_eagle_draft_cache_catches_up_on_the_tokens_of_plain_steps():
 def test_every_proposer_drafts_nothing_at_max_depth_zero(method):
     arch_setup = ("llama", tiny_target("llama"), {})
     source, prompts = source_for(arch_setup, method)
-    proposer = source.proposer() if hasattr(source, "proposer") else source
+    proposer = as_drafter(source) or source.proposer()
     proposer.bind_target(arch_setup[1])
     with torch.no_grad():
         out = arch_setup[1](prompts[:1], output_hidden_states=True)
     features = out.hidden_states[-1][0] if proposer.feature_layers == (-1,) else None
     if proposer.feature_layers not in ((), (-1,)):
         features = torch.cat([out.hidden_states[i][0] for i in proposer.feature_layers], dim=-1)
-    proposer.start(prompts[0], features, SamplingParams(), None)
-    tree = proposer.propose(7, max_depth=0)
+    proposer.start([prompts[0]], [features], SamplingParams(), None)
+    (tree,) = proposer.propose([7], [0])
     assert tree.shape.size == 1 and tree.tokens.tolist() == [7]
-    if isinstance(proposer, EagleProposer):
-        assert proposer._cached == 0, "a plain step ran the EAGLE draft layer"
+    if isinstance(proposer, EagleDrafter):
+        assert proposer._lengths == [0], "a plain step ran the EAGLE draft layer"
 
 
 # -- sampling: the target's law with plain and capped steps mixed in --------------------------------------

@@ -17,7 +17,6 @@ import draftheads as dh
 import draftheads.inference.loop as loop
 import draftheads.inference.proposers.medusa as medusa_proposer
 from draftheads.heads.dflash import DFlashHeads
-from draftheads.inference.proposers.eagle import EagleProposer
 from draftheads.inference.sampling import SamplingParams
 
 from inference_utils import tiny_target
@@ -138,25 +137,6 @@ def test_top_k_trees_stay_available_and_greedy_is_unchanged(target, head_type, d
     plain = target.generate(prompt, max_new_tokens=6, do_sample=False, eos_token_id=None, pad_token_id=0)
     assert torch.equal(drawn.sequences, plain), "greedy decoding changed"
     assert all(t.draft_probs is None for t in drafted_trees), "greedy decoding drew drafts"
-
-
-def test_one_eagle_sequence_draws_what_its_batch_form_draws(target):
-    """`EagleProposer.propose` (one sequence) and `EagleRows` (the loop's form) draw the same chain
-    from the same generator state."""
-    build, _ = HEADS["eagle"]
-    torch.manual_seed(0)
-    head = build(target)
-    prompt = torch.tensor([1, 4, 3, 2])
-    with torch.no_grad():
-        hidden = target(prompt[None], output_hidden_states=True).hidden_states[-1][0]
-    params = SamplingParams(temperature=0.9, sample_drafts=True)
-    one = EagleProposer(head, total_tokens=4, depth=3, top_k=1)
-    one.start(prompt, hidden, params, torch.Generator().manual_seed(7))
-    rows = EagleProposer(head, total_tokens=4, depth=3, top_k=1).rows()
-    rows.start([prompt], [hidden], params, torch.Generator().manual_seed(7))
-    a, (b,) = one.propose(5, 3), rows.propose([5], [3])
-    assert a.shape.size == 4 and torch.equal(a.tokens.cpu(), b.tokens.cpu())
-    assert torch.allclose(a.draft_probs, b.draft_probs)
 
 
 def test_draw_drafts_must_be_a_bool(target):

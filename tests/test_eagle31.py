@@ -63,13 +63,12 @@ class Recorder:
 
 def decoder_logits(heads, prompts, feats, roots, *, batched: bool, params=SamplingParams(), seed=0):
     """The decoder's draft logits at depth 1 and 2 for each row (draft vocabulary), and the
-    depth-1 token each row drafted (target id): a chain of 2 from `EagleProposer` (one per row)
-    or `EagleRows` (every row at once); ``params`` drawing drafts makes it `draw_chain`'s."""
+    depth-1 token each row drafted (target id): a chain of 2 from `EagleDrafter`, one row at a
+    time or every row at once; ``params`` drawing drafts makes it `draw_chain`'s."""
     gen = torch.Generator().manual_seed(seed)
     if batched:
-        proposer = dh.EagleProposer(heads, total_tokens=3, depth=2, top_k=1)
-        rec = proposer._logits = Recorder(proposer._logits)
-        rows = proposer.rows()
+        rows = dh.EagleDrafter(heads, total_tokens=3, depth=2, top_k=1)
+        rec = rows._logits = Recorder(rows._logits)
         rows.start(prompts, feats, params, gen)
         trees = rows.propose(roots, [2] * len(roots))
         n = len(roots)
@@ -77,10 +76,10 @@ def decoder_logits(heads, prompts, feats, roots, *, batched: bool, params=Sampli
         return list(depth1), list(depth2), [int(t.tokens[1]) for t in trees]
     d1s, d2s, toks = [], [], []
     for prompt, feat, root in zip(prompts, feats, roots):
-        proposer = dh.EagleProposer(heads, total_tokens=3, depth=2, top_k=1)
-        rec = proposer._logits = Recorder(proposer._logits)
-        proposer.start(prompt, feat, params, gen)
-        tree = proposer.propose(root, 2)
+        drafter = dh.EagleDrafter(heads, total_tokens=3, depth=2, top_k=1)
+        rec = drafter._logits = Recorder(drafter._logits)
+        drafter.start([prompt], [feat], params, gen)
+        (tree,) = drafter.propose([root], [2])
         d1s.append(rec.calls[0].reshape(-1))
         d2s.append(rec.calls[1].reshape(-1))
         toks.append(int(tree.tokens[1]))

@@ -1,9 +1,9 @@
-"""Batched EAGLE drafting (`EagleRows`) grows, for every row, the tree that row's own forked
-`EagleProposer` grows: same shape, same tokens, step after step, with rows of different prompt
+"""Batched EAGLE drafting (`EagleDrafter` over a batch) grows, for every row, the tree the same
+drafter grows for that row alone (a batch of one): same shape, same tokens, step after step, with rows of different prompt
 lengths (holes in the shared draft cache from the first step), different accepted counts, rows
 drafting shallower near their token budget, and a row leaving the batch.
 
-The proposers are driven directly (random features and accepted paths), so every quantity the
+The drafters are driven directly (random features and accepted paths), so every quantity the
 draft cache holds is exercised without a target in the loop; the heads' weights are randomised
 (a fresh head's output projections are zero, which would make attention, and so the masks,
 irrelevant). float64 keeps reduction-order differences far from top-k ties.
@@ -15,7 +15,7 @@ import torch
 
 import draftheads as dh
 from draftheads.inference.host_syncs import HostSyncCounter
-from draftheads.inference.proposers.eagle_rows import EagleRows
+from draftheads.inference.proposers.eagle import EagleDrafter
 from draftheads.inference.sampling import SamplingParams
 
 from inference_utils import tiny_target
@@ -50,21 +50,20 @@ def target():
 @pytest.mark.parametrize("head_type", ["eagle", "eagle3"])
 def test_batched_trees_equal_forked_trees(target, head_type, compaction, one_torch_thread):
     heads = random_heads(head_type, target)
-    proposer = dh.EagleProposer(heads, **TREE)
     feat = heads.fc.weight.shape[1] - (0 if heads.fuses_layers else heads.config.hidden_size)
-    batched = EagleRows(proposer, compaction=compaction)
+    batched = dh.EagleDrafter(heads, **TREE, compaction=compaction)
     compared = shallow = 0
 
     def check(step, r, pos, mine, alone):
         nonlocal compared, shallow
         assert same_tree(mine, alone), (
             f"step {step}, row {r}: batched tree {mine.shape.parents} {mine.tokens.tolist()} differs "
-            f"from the row's own proposer's {alone.shape.parents} {alone.tokens.tolist()}"
+            f"from the row's drafted alone {alone.shape.parents} {alone.tokens.tolist()}"
         )
         compared += alone.shape.size > 1
         shallow += 1 < alone.shape.size and alone.shape.max_depth < TREE["depth"]
 
-    drive_alike(batched, proposer, feat, target.config.vocab_size, check)
+    drive_alike(batched, lambda: dh.EagleDrafter(heads, **TREE), feat, target.config.vocab_size, check)
     assert compared >= STEPS * 3 and shallow >= 1, "too few trees compared: the test would be vacuous"
     stats = batched.stats()["draft_cache"]
     if compaction == "never":
@@ -73,29 +72,31 @@ def test_batched_trees_equal_forked_trees(target, head_type, compaction, one_tor
         assert stats["compactions"] > 1
 
 
-def test_eagle_proposers_draft_rows_together(target):
-    """The batched decode loop gets `EagleRows` for EAGLE and EAGLE-3, not one fork per row."""
+def test_eagle_heads_draft_rows_together(target):
+    """EAGLE and EAGLE-3 heads draft through `EagleDrafter` (every row at once), not one fork per
+    row; the decoder hands it its compaction policy."""
     for head_type in ("eagle", "eagle3"):
-        assert isinstance(dh.EagleProposer(random_heads(head_type, target)).rows(), EagleRows)
+        decoder = dh.SpeculativeDecoder(target, random_heads(head_type, target).float(), compaction="always",
+                                        check_model=False)
+        assert isinstance(decoder.proposer, EagleDrafter) and decoder.proposer.compaction == "always"
 
 
 def test_bad_compaction_is_refused(target):
     with pytest.raises(ValueError, match="compaction"):
-        EagleRows(dh.EagleProposer(random_heads("eagle", target)), compaction="sometimes")
+        EagleDrafter(random_heads("eagle", target), compaction="sometimes")
 
 
 @pytest.mark.parametrize("compaction", ["auto", "always"])
 def test_batched_drafting_reads_the_device_once_per_step(compaction, one_torch_thread):
     """All rows' trees come to the host in one transfer per step, whatever the rows' lengths, a
     compaction or a row leaving: the draft cache's layout is planned from host bookkeeping (one
-    forked proposer per row reads the device once per row)."""
+    drafter per row would read the device once per row)."""
     target = tiny_target("llama")
     heads = random_heads("eagle", target).float()
-    proposer = dh.EagleProposer(heads, **TREE)
     feat = heads.config.hidden_size
     gen = torch.Generator().manual_seed(4)
     prompts = [torch.randint(3, 64, (n,), generator=gen) for n in PROMPT_LENGTHS]
-    batched = EagleRows(proposer, compaction=compaction)
+    batched = EagleDrafter(heads, **TREE, compaction=compaction)
     steps = 5
     with HostSyncCounter(target, heads) as syncs:
         hidden = [torch.randn(n, feat, generator=gen) for n in PROMPT_LENGTHS]

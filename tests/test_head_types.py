@@ -144,18 +144,18 @@ def test_eagle_tree_respects_budget_and_is_connected():
         prompt = torch.tensor([1, 7, 9, 4])
         with torch.no_grad():
             hidden = target(prompt[None], output_hidden_states=True).hidden_states[-1][0]
-        proposer.start(prompt, hidden, SamplingParams(), None)
-        tree = proposer.propose(root=11, max_depth=depth)
+        proposer.start([prompt], [hidden], SamplingParams(), None)
+        (tree,) = proposer.propose([11], [depth])
         assert tree.shape.size == min(total, 1 + top_k + (depth - 1) * top_k * top_k)
         assert tree.shape.max_depth <= depth and int(tree.tokens[0]) == 11
         check_is_a_tree_of_continuations(tree)
         # the first level is the draft's top_k after the root: a node hung under the wrong parent
         # (flattened, or re-indexed off by one) puts other tokens there
         first = heads.proposer(tree={"total_tokens": 1 + top_k, "depth": 1, "top_k": top_k})
-        first.start(prompt, hidden, SamplingParams(), None)
-        top = set(first.propose(root=11, max_depth=1).tokens[1:].tolist())
+        first.start([prompt], [hidden], SamplingParams(), None)
+        top = set(first.propose([11], [1])[0].tokens[1:].tolist())
         assert {int(tree.tokens[c]) for c in tree.shape.children[0]} <= top
-        assert proposer.propose(root=11, max_depth=0).shape.size == 1  # at the token limit: root only
+        assert proposer.propose([11], [0])[0].shape.size == 1  # at the token limit: root only
 
 
 def check_is_a_tree_of_continuations(tree) -> None:
@@ -279,8 +279,8 @@ def test_eagle_restricted_draft_vocabulary_drafts_only_frequent_tokens_and_stays
     ids = prompts[:1]
     with torch.no_grad():
         hidden = target(ids, output_hidden_states=True).hidden_states[-1][0]
-    proposer.start(ids[0], hidden, SamplingParams(), None)
-    tree = proposer.propose(root=5, max_depth=3)
+    proposer.start([ids[0]], [hidden], SamplingParams(), None)
+    (tree,) = proposer.propose([5], [3])
     assert set(tree.tokens[1:].tolist()) <= set(frequent.tolist())
     assert torch.equal(decoder.generate(ids, max_new_tokens=30, eos_token_id=[]).sequences, greedy_reference(target, ids, 30))
 

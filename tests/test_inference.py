@@ -143,16 +143,16 @@ def test_restricted_draft_vocab_drafts_only_frequent_tokens_and_stays_exact(arch
         counts[torch.where(counts > 0, counts, counts.max() + 1).argmin()] = 0
     heads.token_counts.copy_(counts)
     try:
-        proposer = dh.MedusaProposer(heads, draft_vocab_size=int((counts > 0).sum()))
+        proposer = dh.MedusaDrafter(heads, draft_vocab_size=int((counts > 0).sum()))
         allowed = set(proposer.vocab_ids.tolist())
         assert allowed == set(counts.nonzero().flatten().tolist())
         decoder = dh.SpeculativeDecoder(target, proposer)
         drafted = []
         original = proposer.propose
-        proposer.propose = lambda root, max_depth: drafted.append(t := original(root, max_depth)) or t
+        proposer.propose = lambda roots, depths: drafted.extend(trees := original(roots, depths)) or trees
         out = decoder.generate(ids, max_new_tokens=30, eos_token_id=[])
         assert torch.equal(out.sequences, ref), arch
-        assert all(set(t.tokens[1:].tolist()) <= allowed for t in drafted)
+        assert drafted and all(set(t.tokens[1:].tolist()) <= allowed for t in drafted)
         assert out.mean_accept_length > 1.3
     finally:
         heads.token_counts.zero_()

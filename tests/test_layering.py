@@ -207,7 +207,7 @@ def test_inner_rules_catch_a_loop_importing_a_proposer(tmp_path):
     (pkg / "inference" / "proposers").mkdir(parents=True)
     for init in (pkg, pkg / "inference", pkg / "inference" / "proposers"):
         (init / "__init__.py").write_text("")
-    (pkg / "inference" / "loop.py").write_text("def f():\n    from .proposers.medusa import MedusaProposer\n")
+    (pkg / "inference" / "loop.py").write_text("def f():\n    from .proposers.medusa import MedusaDrafter\n")
     (pkg / "inference" / "proposers" / "medusa.py").write_text("")
     assert forbidden_imports(import_graph(pkg), "draftheads.inference.loop", LOOP_MAY_NOT_IMPORT) == [
         "draftheads.inference.loop:2 imports draftheads.inference.proposers.medusa"

@@ -7,9 +7,9 @@ import torch
 
 import draftheads as dh
 import draftheads.inference.loop as loop
-from draftheads.inference.proposers.eagle_rows import EagleRows
-from draftheads.inference.proposers.medusa import MedusaRows
-from draftheads.inference.proposers.row_base import ForkedRows
+from draftheads.inference.proposers.eagle import EagleDrafter
+from draftheads.inference.proposers.medusa import MedusaDrafter
+from draftheads.inference.proposers.sequence import ForkedRows
 
 from inference_utils import greedy_reference, tiny_target
 
@@ -53,18 +53,33 @@ def test_a_batch_steps_through_the_same_loop(target, monkeypatch):
     assert calls and calls[0] == 2 and len(calls) == out.stats["steps"]
 
 
-def test_each_proposer_brings_its_batch_form(target):
+def test_the_loop_drafts_through_one_drafter_interface(target):
+    """Heads draft through their method's drafter; a per-sequence proposer is wrapped once."""
     medusa = dh.MedusaHeads.for_target(target, num_heads=2, num_layers=1)
-    assert isinstance(medusa.proposer(tree=None).rows(), MedusaRows)
-    assert isinstance(dh.EagleProposer(dh.EagleHead.for_target(target)).rows(), EagleRows)
-    assert isinstance(dh.PromptLookupProposer(num_tokens=3).rows(), ForkedRows)
+    assert isinstance(medusa.proposer(tree=None), MedusaDrafter)
+    assert isinstance(dh.SpeculativeDecoder(target, medusa, check_model=False).proposer, MedusaDrafter)
+    eagle = dh.EagleHead.for_target(target)
+    assert isinstance(dh.SpeculativeDecoder(target, eagle, check_model=False).proposer, EagleDrafter)
+    lookup = dh.SpeculativeDecoder(target, dh.PromptLookupProposer(num_tokens=3), check_model=False).proposer
+    assert isinstance(lookup, ForkedRows) and lookup.name == "PromptLookupProposer"
+    with pytest.raises(TypeError, match="expected heads, a Drafter or a Proposer"):
+        dh.SpeculativeDecoder(target, object(), check_model=False)
+
+
+def test_the_former_proposer_names_warn_and_build_the_drafter(target):
+    head = dh.EagleHead.for_target(target)
+    with pytest.warns(DeprecationWarning, match="EagleProposer is deprecated: use EagleDrafter"):
+        drafter = dh.EagleProposer(head, total_tokens=4, depth=2, top_k=2)
+    assert isinstance(drafter, EagleDrafter) and (drafter.total_tokens, drafter.depth) == (4, 2)
+    with pytest.warns(DeprecationWarning, match="MedusaProposer"):
+        assert isinstance(dh.MedusaProposer(dh.MedusaHeads.for_target(target, num_heads=2)), MedusaDrafter)
 
 
 @pytest.mark.parametrize("method", ["medusa", "eagle", "prompt-lookup"])
 def test_depth_zero_is_a_plain_step_and_stays_exact(target, monkeypatch, method):
     """The seam a per-step policy caps: depths of 0 make every step a plain one (one token)."""
     source = {"medusa": lambda: dh.MedusaHeads.for_target(target, num_heads=2, num_layers=1),
-              "eagle": lambda: dh.EagleProposer(dh.EagleHead.for_target(target)),
+              "eagle": lambda: dh.EagleDrafter(dh.EagleHead.for_target(target)),
               "prompt-lookup": lambda: dh.PromptLookupProposer(num_tokens=3)}[method]()
     monkeypatch.setattr(loop, "draft_depths", lambda rows, settings: [0] * len(rows.active))
     out = dh.SpeculativeDecoder(target, source).generate(IDS, max_new_tokens=NEW, eos_token_id=[])

@@ -1,10 +1,10 @@
 """A batch drafts every row in ONE draft forward for the parallel drafters (DFlash, P-EAGLE).
 
-`DFlashRows` / `PEagleRows` (what `Proposer.rows` gives the decode loop) must give each row the
-tree its own per-sequence proposer gives, step after step: rows of different prompt lengths (the
+`DFlashDrafter` / `PEagleDrafter` drafting a batch must give each row the tree the same drafter
+gives that row alone (a batch of one), step after step: rows of different prompt lengths (the
 shared draft cache is ragged from the first step), different accepted counts, a row drafting
 shallower near its budget, a row drafting nothing for a step (its context stays pending), and a
-row leaving the batch. The proposers are driven directly with random features and accepted paths,
+row leaving the batch. The drafters are driven directly with random features and accepted paths,
 on heads with randomised weights (a fresh head's small weights would make the masks barely
 matter), in float64 so that reduction-order differences stay far from top-k ties.
 
@@ -21,8 +21,8 @@ import draftheads as dh
 import draftheads.inference.loop as loop
 from draftheads.heads.dflash import DFlashHeads
 from draftheads.inference.host_syncs import HostSyncCounter
-from draftheads.inference.proposers.dflash import DFlashRows
-from draftheads.inference.proposers.peagle import PEagleRows
+from draftheads.inference.proposers.dflash import DFlashDrafter
+from draftheads.inference.proposers.peagle import PEagleDrafter
 from draftheads.inference.sampling import SamplingParams
 
 from inference_utils import greedy_reference, tiny_target
@@ -35,7 +35,7 @@ DEPTH = 4
 TREES = {"chain": None, "tree": [[0], [1], [0, 0], [1, 0], [0, 1], [0, 0, 0], [0, 0, 0, 0]]}
 
 
-# -- the rows form against the per-sequence proposer, row by row -----------------------------------
+# -- a batch against each row drafted alone, row by row -----------------------------------
 def random_heads(kind: str, target, dtype: torch.dtype = torch.float64) -> torch.nn.Module:
     torch.manual_seed(7)
     vocab = target.config.vocab_size
@@ -89,22 +89,21 @@ def double_target():
 @pytest.mark.parametrize("kind", ["dflash", "peagle"])
 def test_batched_trees_equal_each_rows_own_proposer(double_target, kind, tree, one_torch_thread):
     heads = random_heads(kind, double_target)
-    proposer = heads.proposer(tree=TREES[tree])
-    batched = poisoned(proposer.rows())
-    assert isinstance(batched, DFlashRows if kind == "dflash" else PEagleRows)
+    batched = poisoned(heads.proposer(tree=TREES[tree]))
+    assert isinstance(batched, DFlashDrafter if kind == "dflash" else PEagleDrafter)
     batch_scores = recording_scores(batched)
     alone_scores, read = {}, {}
     compared = shallow = 0
 
-    def started(forks):
-        for r, fork in enumerate(forks):
-            alone_scores[r], read[r] = recording_scores(fork._one), 0
+    def started(alone):
+        for r, drafter in enumerate(alone):
+            alone_scores[r], read[r] = recording_scores(drafter), 0
 
     def check(step, r, pos, mine, alone):
         nonlocal compared, shallow
         assert len(batch_scores) == step + 1, "not one draft forward for the whole batch"
         assert mine.shape.parents == alone.shape.parents and torch.equal(mine.tokens, alone.tokens), (
-            f"step {step}, row {r}: batched tree {mine.tokens.tolist()} differs from the row's own proposer's "
+            f"step {step}, row {r}: batched tree {mine.tokens.tolist()} differs from the row's drafted alone "
             f"{alone.tokens.tolist()}"
         )
         if len(alone_scores[r]) > read[r]:  # the row drafted: its scores, position by position
@@ -116,7 +115,7 @@ def test_batched_trees_equal_each_rows_own_proposer(double_target, kind, tree, o
         shallow += 1 < alone.shape.size and alone.shape.max_depth < DEPTH
 
     # vocab - 1 is the mask token: never a prompt token or a root
-    drive_alike(batched, proposer, heads.fc.weight.shape[1], double_target.config.vocab_size - 1, check, started)
+    drive_alike(batched, lambda: heads.proposer(tree=TREES[tree]), heads.fc.weight.shape[1], double_target.config.vocab_size - 1, check, started)
     assert compared >= STEPS * 3 and shallow >= 1, "too few trees compared: the test would be vacuous"
     assert not batched.cache.uniform, "the rows kept equal lengths: the ragged cache was not exercised"
     key = "dflash" if kind == "dflash" else "peagle"
@@ -267,7 +266,7 @@ def test_batched_drafting_reads_nothing_back_from_the_device(kind, draws, one_to
     trees once, per step, for all rows)."""
     target = tiny_target("llama", layers=3)
     heads = random_heads(kind, target, torch.float32)
-    batched = heads.proposer(tree=TREES["tree"]).rows()
+    batched = heads.proposer(tree=TREES["tree"])
     feat = heads.fc.weight.shape[1]
     gen = torch.Generator().manual_seed(4)
     prompts = [torch.randint(3, 60, (n,), generator=gen) for n in PROMPT_LENGTHS]

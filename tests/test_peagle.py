@@ -18,6 +18,7 @@ from draftheads.heads.peagle import resolve_mask_token
 from draftheads.inference.sampling import SamplingParams
 from draftheads.train.model import TargetWithHeads
 from draftheads.methods.peagle.loss import element_states, sample_chains
+from draftheads.methods.peagle.search import draft_scores
 
 from inference_utils import greedy_reference, tiny_target
 from stats import law_pvalue
@@ -117,12 +118,12 @@ def test_tree_drafts_each_positions_top_k_of_the_same_forward(trained):
     hidden = torch.cat([out.hidden_states[i] for i in heads.feature_layers], -1)[0]
     root = int(out.logits[0, -1].argmax())
     chain = heads.proposer(tree=[[0] * d for d in range(1, DEPTHS + 1)])
-    chain.start(prompt, hidden, SamplingParams(), None)
-    scores = chain.draft_scores(root, DEPTHS)
+    chain.start([prompt], [hidden], SamplingParams(), None)
+    scores = draft_scores(chain, root, DEPTHS)
     ranked = heads.vocab_ids()[scores.topk(2, dim=-1).indices]
     tree = heads.proposer(tree=TREE)
-    tree.start(prompt, hidden, SamplingParams(), None)
-    drafted = tree.propose(root, DEPTHS)
+    tree.start([prompt], [hidden], SamplingParams(), None)
+    (drafted,) = tree.propose([root], [DEPTHS])
     by_path = {tuple(p): int(t) for p, t in zip(sorted(map(tuple, TREE), key=lambda c: (len(c), c)), drafted.tokens[1:])}
     for path, token in by_path.items():
         assert token == int(ranked[len(path) - 1, path[-1]]), path
@@ -153,9 +154,9 @@ def check_training_elements_equal_drafting(heads, target) -> None:
         state, anchor, depth, _ = element_states(heads.eval(), features, seq, torch.ones_like(seq), everything)
         train_logits = heads.logits(state[0])
     for t in (0, 4, 9):
-        proposer = heads.proposer()
-        proposer.start(seq[0, : t + 1], features[0, : t + 1], SamplingParams(), None)
-        draft_logits = proposer.draft_scores(int(seq[0, t + 1]), DEPTHS)
+        drafter = heads.proposer()
+        drafter.start([seq[0, : t + 1]], [features[0, : t + 1]], SamplingParams(), None)
+        draft_logits = draft_scores(drafter, int(seq[0, t + 1]), DEPTHS)
         for d in range(DEPTHS):
             col = int(((anchor[0] == t) & (depth == d)).nonzero())
             assert torch.allclose(train_logits[col], draft_logits[d], atol=1e-4), f"anchor {t}, depth {d}"
@@ -376,7 +377,7 @@ def test_depth_table_is_what_decoding_accepts(trained):
     out = decoder.generate(ids, max_new_tokens=24, eos_token_id=[])
     assert torch.equal(out.sequences[0], seq)
     hits = []
-    proposer = decoder.proposer.fork()
+    drafter = heads.proposer(tree=[[0]])  # the decoder's drafter, afresh
     with torch.no_grad():
         from draftheads.inference.features import FeatureTap
 
@@ -385,10 +386,10 @@ def test_depth_table_is_what_decoding_accepts(trained):
             o = target(seq[None], **tap.forward_kwargs())
         feats = tap.features(got, o)[0]
     start = ids.shape[1]
-    proposer.start(seq[:start], feats[:start], SamplingParams(), None)
+    drafter.start([seq[:start]], [feats[:start]], SamplingParams(), None)
     for root in range(start, seq.numel() - 1):
-        hits.append(int(proposer.propose(int(seq[root]), 1).tokens[1]) == int(seq[root + 1]))
-        proposer.accepted(seq[root : root + 1], feats[root : root + 1])
+        hits.append(int(drafter.propose([int(seq[root])], [1])[0].tokens[1]) == int(seq[root + 1]))
+        drafter.accepted([seq[root : root + 1]], [feats[root : root + 1]])
     assert abs(float(table[0, 0]) - sum(hits) / len(hits)) < 1e-6
     # ... and at every root the decoder visited, it accepted the draft exactly when the table hit.
     position = 0

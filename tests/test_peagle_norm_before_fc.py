@@ -27,6 +27,7 @@ import draftheads as dh
 from draftheads.config import ConfigError, HeadsSpec, config_from_dict
 from draftheads.export import export_heads, import_heads, read_heads
 from draftheads.inference.sampling import SamplingParams
+from draftheads.methods.peagle.search import draft_scores
 from engine_reference import peagle_draft_logits, read_folder, rms
 from inference_utils import greedy_reference, tiny_target
 from test_batch import check_rows_exact
@@ -104,9 +105,9 @@ def _vllm_and_draftheads(heads, target, cfg, t, m, **ref_kw):
                   "norm_before_fc": cfg["norm_before_fc"], "mask_token_id": cfg["mask_token_id"]}
     with torch.no_grad():
         ref = peagle_draft_logits(engine_cfg, t, aux, ids[1 : m + 1], DEPTHS, **ref_kw, **KW)
-    proposer = heads.proposer()
-    proposer.start(ids[:m], feats, SamplingParams(), None)
-    mine = proposer.draft_scores(int(ids[m]), DEPTHS)
+    drafter = heads.proposer()
+    drafter.start([ids[:m]], [feats], SamplingParams(), None)
+    mine = draft_scores(drafter, int(ids[m]), DEPTHS)
     return ref[:, heads.vocab_ids()], mine
 
 

@@ -20,8 +20,8 @@ from draftheads.inference import accept, verify
 from draftheads.inference.sampling import sample as draw
 from draftheads.inference.draft_budget import PLAIN, DraftBudget
 from draftheads.inference.host_syncs import HostSyncCounter
-from draftheads.inference.proposers.eagle_rows import EagleRows
-from draftheads.inference.proposers.medusa import MedusaRows
+from draftheads.inference.proposers.eagle import EagleDrafter
+from draftheads.inference.proposers.medusa import MedusaDrafter
 from draftheads.inference.sampling import SamplingParams
 
 from inference_utils import greedy_reference, select_features, self_distilled_heads, tiny_target
@@ -120,7 +120,7 @@ def test_a_plain_step_takes_the_root_only_path(target, monkeypatch):
 
 
 # -- the proposer after plain steps ---------------------------------------------------------------------
-ROWS = {"medusa": MedusaRows, "eagle": EagleRows, "eagle3": EagleRows}
+ROWS = {"medusa": MedusaDrafter, "eagle": EagleDrafter, "eagle3": EagleDrafter}
 
 
 @pytest.mark.parametrize("kind", ["medusa", "eagle", "eagle3"])

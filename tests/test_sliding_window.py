@@ -6,10 +6,10 @@ import torch
 
 import draftheads as dh
 from draftheads.heads.draft_layer import within_window
-from draftheads.inference.proposers.eagle_rows import EagleRows
 from draftheads.inference.sampling import SamplingParams
 
 from inference_utils import greedy_reference, tiny_target
+from rows_driver import OneRow
 from test_eagle_rows import accepted_path, random_heads, same_tree
 
 WINDOW = 4
@@ -76,18 +76,15 @@ def test_windowed_batched_trees_equal_each_rows_own(one_torch_thread):
     target = tiny_target("llama").double()
     heads = _head("eagle", target, WINDOW)
     tree = {"total_tokens": 10, "depth": 4, "top_k": 3}
-    proposer = dh.EagleProposer(heads, **tree)
     feat = heads.fc.weight.shape[1] - heads.config.hidden_size
     gen = torch.Generator().manual_seed(3)
     vocab = target.config.vocab_size
     lengths = [5, 9, 3]
     prompts = [torch.randint(3, vocab, (n,), generator=gen) for n in lengths]
     hidden = [torch.randn(n, feat, generator=gen, dtype=torch.float64) for n in lengths]
-    batched = EagleRows(proposer, compaction="never")
+    batched = dh.EagleDrafter(heads, **tree, compaction="never")
     batched.start(prompts, hidden, SamplingParams(), None)
-    forked = [proposer.fork() for _ in prompts]
-    for row, ids, h in zip(forked, prompts, hidden):
-        row.start(ids, h, SamplingParams(), None)
+    forked = [OneRow(dh.EagleDrafter(heads, **tree)).start(ids, h) for ids, h in zip(prompts, hidden)]
     roots = [int(t) for t in torch.randint(3, vocab, (len(prompts),), generator=gen)]
     for step in range(5):
         trees = batched.propose(roots, [64] * len(prompts))

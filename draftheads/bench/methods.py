@@ -30,8 +30,12 @@ class Method:
 
     def describe(self) -> dict[str, Any]:
         """What the report records about the method: the proposer and the tree it drafts."""
+        from ..inference.proposers.sequence import ForkedRows  # torch: only once a decoder exists
+
         proposer = self.decoder.proposer
-        out: dict[str, Any] = {"name": self.name, "proposer": type(proposer).__name__, "source": self.source, **self.info}
+        out: dict[str, Any] = {"name": self.name, "proposer": proposer.name, "source": self.source, **self.info}
+        if isinstance(proposer, ForkedRows):  # a per-sequence drafter: its settings are its own
+            proposer = proposer.proposer
         shape = getattr(proposer, "shape", None)
         choices = getattr(shape, "choices", None)
         if choices is not None:

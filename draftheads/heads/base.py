@@ -142,7 +142,8 @@ class DraftHeads(nn.Module):
         return module
 
     def proposer(self, tree: list[list[int]] | dict | None = None, **options):
-        """The drafting strategy for these heads: the drafter their method declares (draftheads/methods/)."""
+        """The drafter for these heads (an `inference.proposers.drafter.Drafter`): the one their
+        method declares (draftheads/methods/)."""
         return method_of(self).drafter(self, tree=tree, **options)
 
     # -- vocabulary -----------------------------------------------------------------------------

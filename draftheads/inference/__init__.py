@@ -1,6 +1,8 @@
-"""Inference: trees, the verifier, proposers and the decode loop."""
+"""Inference: trees, the verifier, drafters and the decode loop."""
 from .decoder import SpeculativeDecoder, SpeculativeOutput
-from .proposers import DFlashProposer, DraftModelProposer, EagleProposer, HydraProposer, MedusaProposer, PromptLookupProposer, Proposer
+from .proposers import (DFlashDrafter, DFlashProposer, DraftModelProposer, Drafter, EagleDrafter, EagleProposer,
+                        HydraDrafter, HydraProposer, MedusaDrafter, MedusaProposer, PEagleDrafter, PromptLookupProposer,
+                        Proposer)
 from .sampling import SamplingParams
 from .tokenizer_check import check_same_tokenizer
 from .tree import Tree, TreeShape, default_choices
@@ -10,11 +12,17 @@ from .probe import check_tree_attention
 from .verify import TreeVerifier
 
 __all__ = [
+    "DFlashDrafter",
     "DFlashProposer",
     "DraftModelProposer",
+    "Drafter",
+    "EagleDrafter",
     "EagleProposer",
+    "HydraDrafter",
     "HydraProposer",
+    "MedusaDrafter",
     "MedusaProposer",
+    "PEagleDrafter",
     "PromptLookupProposer",
     "Proposer",
     "SamplingParams",

@@ -1,7 +1,7 @@
 """When a cache shared by rows that advance unevenly gets its holes removed (one gather of it).
 
 The target's ragged cache (`kv.ragged.RaggedKV`) and EAGLE's batched draft cache
-(`proposers.eagle_rows.EagleRows`) follow the same policy, passed to the decoder as
+(`proposers.eagle.EagleDrafter`) follow the same policy, passed to the decoder as
 ``compaction``:
 - "never": holes stay masked (attention runs over them);
 - "always": whenever there is a hole (no holes, a cache copy per step that made one);

@@ -24,13 +24,11 @@ from .draft_budget import DraftBudget, resolve_budget
 from .plain import generate_plain
 from .planned import PlannedDrafts
 from .probe import check_tree_attention
-from .proposers import Proposer
-from .proposers.row_base import RowProposer
+from .proposers.drafter import Drafter
+from .proposers.sequence import Proposer, as_drafter
 from .sampling import SamplingParams, resolve_generator, resolve_sampling, warn_unapplied_settings
 from .tree import TreeShape
 from .verify import TreeVerifier
-
-PROPOSERS = (Proposer, RowProposer)
 
 
 def _whole_number(value: Any, name: str) -> int:
@@ -56,7 +54,9 @@ def _headroom(proposers: list) -> int | None:
 
 
 class SpeculativeDecoder:
-    """Lossless speculative decoding of ``target`` with any proposer (or heads, wrapped as one).
+    """Lossless speculative decoding of ``target`` with heads (drafting through the drafter their
+    method declares), any `Drafter`, or a per-sequence `Proposer` (prompt lookup, a draft model:
+    wrapped once, `proposers.sequence.ForkedRows`).
 
     ``check_model`` probes once that the target honours a 4D tree mask and raises
     ``UnsupportedModelError`` otherwise, instead of decoding garbage.
@@ -109,7 +109,7 @@ class SpeculativeDecoder:
     def __init__(
         self,
         target: torch.nn.Module,
-        proposer: Proposer | torch.nn.Module,
+        proposer: Drafter | Proposer | torch.nn.Module,
         tree: list[list[int]] | TreeShape | None = None,
         check_model: bool = True,
         cache: str = "dynamic",
@@ -139,18 +139,21 @@ class SpeculativeDecoder:
         self.draft_budget = resolve_budget(draft_budget)  # the first request's (see `_budget`)
         self._budget_given = isinstance(draft_budget, DraftBudget)
         self._budgets: dict[tuple, DraftBudget] = {}
-        if not isinstance(proposer, PROPOSERS):
+        drafter = as_drafter(proposer)  # None: heads
+        if drafter is None:
             bind = getattr(proposer, "bind_target", None)
             if bind is None:
-                raise TypeError(f"expected heads or a Proposer, got {type(proposer).__name__}")
+                raise TypeError(f"expected heads, a Drafter or a Proposer, got {type(proposer).__name__}")
             bind(target)  # refuses heads trained for another target
             # The saved plans' trees (or this device type's default): each head type drafts its own way.
             self.drafts = PlannedDrafts(proposer, _device_of(target), tree, batch_plan=batch_plan)
         elif tree is not None:
-            raise ValueError("`tree` applies to heads; a Proposer brings its own tree")
+            raise ValueError("`tree` applies to heads; a drafter brings its own tree")
         else:
-            proposer.bind_target(target)
-            self.drafts = PlannedDrafts(proposer, _device_of(target), is_heads=False, batch_plan=batch_plan)
+            drafter.bind_target(target)
+            self.drafts = PlannedDrafts(drafter, _device_of(target), is_heads=False, batch_plan=batch_plan)
+        for each in self.drafts.proposers:
+            each.use_compaction(self.compaction)
         proposer = self.drafts.default
         self.batch_plan: BatchPlan | None = self.drafts.batch_plan()
         self.target = target.eval()
@@ -229,7 +232,7 @@ class SpeculativeDecoder:
             store = (StaticKV if self.cache == "static" else SequenceKV)(self.verifier, max_new_tokens)
         settings = Settings(max_new_tokens, params, self.target.device, set(eos), pad, acceptance, generator, streamer,
                             self._budget(run.proposer, params))
-        out = decode(store, run.proposer.rows(self.compaction), input_ids, settings)
+        out = decode(store, run.proposer, input_ids, settings)
         out.stats = {"mode": SPECULATIVE, "plan": run.stats, **out.stats}
         return out
 

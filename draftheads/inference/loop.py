@@ -2,8 +2,8 @@
 
 Batch 1 is a batch of one row; a streamer sees that row's tokens as they are committed. The
 loop knows neither the cache layout (a `kv.base.KVStore`: `SequenceKV` or `StaticKV` for one
-unpadded row, `RaggedKV` for a batch) nor how a method drafts (a
-`proposers.row_base.RowProposer`, the batch form of every proposer). Each piece is a small
+unpadded row, `RaggedKV` for a batch) nor how a method drafts (a `proposers.drafter.Drafter`,
+the one drafter interface). Each piece is a small
 function; `decode` strings them together.
 """
 from __future__ import annotations

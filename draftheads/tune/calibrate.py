@@ -211,14 +211,15 @@ def measure_draft_seconds(
     target with a large vocabulary is as much as the target's own LM head)."""
     times = {0: 0.0}
     for depth in range(1, heads.config.num_heads + 1):
-        proposer = heads.proposer(tree=[[0] * d for d in range(1, depth + 1)], draft_vocab_size=draft_vocab_size)
+        drafter = heads.proposer(tree=[[0] * d for d in range(1, depth + 1)], draft_vocab_size=draft_vocab_size)
         param = next(heads.parameters())
         hidden = torch.randn(1, heads.config.hidden_size, device=param.device, dtype=param.dtype)
-        proposer.start(torch.zeros(1, dtype=torch.long), hidden, SamplingParams(), None)  # drafts from this state
+        # One row, through the drafter interface the decode loop drafts through.
+        drafter.start([torch.zeros(1, dtype=torch.long)], [hidden], SamplingParams(), None)  # drafts from this state
         samples = []
         for rep in range(repeats + 1):
             t0 = time.perf_counter()
-            proposer.propose(0, max_depth=depth)
+            drafter.propose([0], [depth])
             if param.device.type == "cuda":
                 torch.cuda.synchronize()
             if rep:

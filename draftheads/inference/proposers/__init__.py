@@ -1,15 +1,21 @@
-"""Drafting strategies. Each returns a candidate Tree; one verifier checks them all.
+"""Drafting strategies behind ONE interface (`drafter.Drafter`, batch-first); one verifier checks
+every tree they return.
 
-Which proposer drafts which heads is declared by each method (draftheads/methods/), so that
-``heads.proposer()`` finds it through draftheads.registry.
+Which drafter drafts which heads is declared by each method (draftheads/methods/), so that
+``heads.proposer()`` finds it through draftheads.registry. Per-sequence drafters (prompt lookup,
+a draft model) are written as `sequence.Proposer` and wrapped once (`sequence.ForkedRows`).
 """
-from .base import Proposer
-from .dflash import DFlashProposer
+from .deprecated import DFlashProposer, EagleProposer, HydraProposer, MedusaProposer, PEagleProposer
+from .dflash import DFlashDrafter
 from .draft_model import DraftModelProposer
-from .eagle import EagleProposer
-from .hydra import HydraProposer
-from .medusa import MedusaProposer
-from .peagle import PEagleProposer
+from .drafter import Drafter
+from .eagle import EagleDrafter
+from .hydra import HydraDrafter
+from .medusa import MedusaDrafter
+from .peagle import PEagleDrafter
 from .prompt_lookup import PromptLookupProposer
+from .sequence import ForkedRows, Proposer, as_drafter
 
-__all__ = ["DFlashProposer", "DraftModelProposer", "EagleProposer", "HydraProposer", "MedusaProposer", "PEagleProposer", "PromptLookupProposer", "Proposer"]
+__all__ = ["DFlashDrafter", "DFlashProposer", "DraftModelProposer", "Drafter", "EagleDrafter", "EagleProposer",
+           "ForkedRows", "HydraDrafter", "HydraProposer", "MedusaDrafter", "MedusaProposer", "PEagleDrafter",
+           "PEagleProposer", "PromptLookupProposer", "Proposer", "as_drafter"]

@@ -1,4 +1,4 @@
-"""DFlash proposer: one draft forward per step fills a block; its slots give a chain or a tree.
+"""DFlash drafting: one draft forward per step fills a block; its slots give a chain or a tree.
 
 Each step:
 1. catch up: the newly committed positions' target features become context (fc, hidden_norm,
@@ -24,7 +24,7 @@ draft's cost: about a quarter on the retired 5M demo target, which N = 1024 save
 drafted, never the output. The target verifies every token, and drawn drafts carry their law over
 the target vocabulary, zero outside the draft vocabulary.
 
-A batch runs every row's block in that ONE forward (`DFlashRows`): the rows' contexts share one
+A batch runs every row's block in that ONE forward (`DFlashDrafter`): the rows' contexts share one
 cache, each row's entries from slot 0 (`row_cache`), and a row's block is masked off the slots
 past its own context; catch-up projects every row's new positions in one call too.
 """
@@ -33,7 +33,7 @@ from __future__ import annotations
 import torch
 
 from ..tree import TreeShape
-from .parallel import ParallelProposer, ParallelRows
+from .parallel import ParallelDrafter
 from .row_cache import RowCache
 
 
@@ -42,14 +42,21 @@ def chain_choices(length: int) -> list[list[int]]:
     return [[0] * d for d in range(1, length + 1)]
 
 
-class DFlashProposer(ParallelProposer):
-    """Per-sequence face (calibration tables, benchmarks); the decode loop drafts through `rows`."""
+class DFlashDrafter(ParallelDrafter):
+    """Every row's block in one forward, over a shared context cache (`row_cache.RowCache`)."""
 
     def __init__(self, heads: torch.nn.Module, tree: list[list[int]] | TreeShape | None = None,
                  draft_vocab_size: int | None = None) -> None:
         """``draft_vocab_size``: None = the heads' calibrated one (``heads.draft_vocab_size``),
         else the whole vocabulary; >= the vocabulary: the whole of it."""
         self.heads = heads.eval()
+        ex, w = heads.config.extra, heads.fc.weight
+
+        def empty(capacity: int, rows: int):
+            shape = (rows, ex["num_key_value_heads"], capacity, ex["head_dim"])
+            return [(w.new_empty(shape), w.new_empty(shape)) for _ in heads.layers]
+
+        super().__init__(RowCache(empty))
         slots = heads.config.num_heads
         if isinstance(tree, dict):
             raise ValueError(
@@ -87,14 +94,10 @@ class DFlashProposer(ParallelProposer):
         heads.mask_token_id  # noqa: B018 - refuses heads without a mask token now, not in the first step
         self.feature_layers = tuple(heads.feature_layers)
         self.vocab_size = heads.config.vocab_size
-        self._layouts = {}
 
     @property
     def device(self) -> torch.device:
         return self.heads.fc.weight.device
-
-    def rows(self, compaction: str = "auto") -> "DFlashRows":
-        return DFlashRows(self)
 
     def describe(self, forwards: int) -> dict:
         return {"dflash": {"block_size": self.heads.block_size, "tree_nodes": self.shape.size, "draft_forwards": forwards,
@@ -113,35 +116,12 @@ class DFlashProposer(ParallelProposer):
         return indices if self.vocab_ids is None else self.vocab_ids.to(indices.device)[indices]
 
     @torch.inference_mode()
-    def block_logits(self, root: int) -> torch.Tensor:
-        """[block_size, V'] logits (V' = the draft vocabulary, `target_ids` maps it) of one block
-        rooted at ``root`` after the committed context (row 0, the root's slot, is not a draft)."""
-        self._one.forwards += 1
-        return self.logits(self._one.block_states([root], [True])[0])
-
-    @torch.inference_mode()
-    def slot_logits(self, root: int, depth: int) -> torch.Tensor:
-        """[depth, V'] logits of slots 1..depth only: the whole block still runs (its attention is
-        bidirectional), but the vocabulary-sized LM head, most of a small draft's cost, scores only
-        the slots a tree of that depth reads."""
-        self._one.forwards += 1
-        return self._one.scores([root], [depth])[0]
-
-
-class DFlashRows(ParallelRows):
-    """Every row's block in one forward, over a shared context cache (`row_cache.RowCache`)."""
-
-    def __init__(self, proposer: DFlashProposer) -> None:
-        heads = proposer.heads
-        ex, w = heads.config.extra, heads.fc.weight
-
-        def empty(capacity: int, rows: int):
-            shape = (rows, ex["num_key_value_heads"], capacity, ex["head_dim"])
-            return [(w.new_empty(shape), w.new_empty(shape)) for _ in heads.layers]
-
-        super().__init__(proposer, RowCache(empty))
-        self.heads = heads
-        self.vocab_ids = proposer.vocab_ids
+    def block_logits(self, roots: list[int]) -> torch.Tensor:
+        """[rows, block_size, V'] logits (V' = the draft vocabulary, `target_ids` maps it) of every
+        row's block after its committed context (slot 0, the root's, is not a draft): what the
+        acceptance tables rank."""
+        self.forwards += 1
+        return self.logits(self.block_states(roots, [True] * len(roots)))
 
     def _catch_up(self, drafting: list[bool]) -> None:
         """The context keys/values of the drafting rows' newly committed positions, each at its own
@@ -178,11 +158,5 @@ class DFlashRows(ParallelRows):
         """The whole block runs (its attention is bidirectional: fewer mask slots would change every
         slot), the LM head scores only slots 1..D."""
         states = self.block_states(roots, [d > 0 for d in depths])
-        return self.proposer.logits(states[:, 1 : max(depths) + 1])
+        return self.logits(states[:, 1 : max(depths) + 1])
 
-
-def dflash_proposer(heads: torch.nn.Module, tree: list[list[int]] | TreeShape | None = None,
-                    draft_vocab_size: int | None = None) -> DFlashProposer:
-    """The proposer for dflash heads: ``tree`` (rank paths) if given, else the chain of block_size - 1;
-    ``draft_vocab_size`` None: the heads' calibrated one."""
-    return DFlashProposer(heads, tree=tree, draft_vocab_size=draft_vocab_size)

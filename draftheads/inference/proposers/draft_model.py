@@ -31,7 +31,7 @@ from ..sampling import SamplingParams, sample
 from ..tokenizer_check import check_same_tokenizer, tokenizer_size
 from ..tree import Tree, chain_shape
 from ..verify import cache_kwarg
-from .base import Proposer
+from .sequence import Proposer
 
 
 def _logits_rows(model: torch.nn.Module) -> int:

@@ -1,4 +1,5 @@
-"""EAGLE-2 proposer: a dynamic draft tree grown by the EAGLE draft layer, pruned to a token budget.
+"""EAGLE-2 drafting: a dynamic draft tree grown by the EAGLE draft layer, pruned to a token budget,
+for every row of a batch at once (one draft-layer forward per depth for all rows).
 
 Each step:
 1. catch up: run the draft layer over the positions committed since the last step (their real
@@ -13,18 +14,28 @@ The tree's KV entries are dropped after each step; only committed positions stay
 are deterministic top-k picks (point masses for the verifier), so sampling stays exact; when the
 request samples with drawn drafts (`SamplingParams.draws_drafts`), a chain is drawn instead
 (`eagle_tree.draw_chain`).
+
+Rows share one draft KV cache [rows, kv, slots, hd], because drafting row by row would run
+rows x depths small forwards per step, where kernel launches, not FLOPs, set the cost:
+- catch-up: each row feeds the positions committed since its last step (a different number per
+  row: accepted counts differ, prompts differ at the first step), padded to the longest; the
+  padding slots become holes that the row's mask hides (``visible`` [rows, slots]). Positions are
+  per row (each row's own committed count), so holes never shift RoPE.
+- expansion: `eagle_tree.grow` with every row's visibility mask; each row gets the tree it would
+  get drafted alone (a batch of one: same code, only the cache layout differs).
+- holes are removed (one gather of the draft cache, each row's entries then contiguous from slot
+  0: right-padded with per-row lengths) when rows leave the batch, and by the ``compaction``
+  policy (`inference.compaction`, the decoder's ``compaction``).
 """
 from __future__ import annotations
 
 import torch
 
-from ..sampling import SamplingParams
+from ..compaction import check_compaction, wants_compaction
 from ..tree import Tree, chain_shape
-from .base import Proposer
 from .draft_cache import grown
-from .eagle_rows import EagleRows
-from .row_base import RowProposer
-from .eagle_tree import draw_chain, grow, select
+from .eagle_tree import draw_chain, grow, nodes_up_to, select
+from .feed import FeedRows
 from .sampled import chains
 
 # Small enough to pay off on a CPU, where verify cost grows quickly with tree size; `draftheads
@@ -34,7 +45,7 @@ DEFAULT_DEPTH = 5
 DEFAULT_TOP_K = 4
 
 
-def eagle_proposer(head: torch.nn.Module, tree: dict | None = None) -> "EagleProposer":
+def eagle_drafter(head: torch.nn.Module, tree: dict | None = None) -> "EagleDrafter":
     """EAGLE-2's dynamic tree for ``head`` (settings: ``tree`` dict, else the calibrated ones, else defaults)."""
     settings = tree if tree is not None else (head.tree or {})
     if not isinstance(settings, dict):
@@ -42,10 +53,15 @@ def eagle_proposer(head: torch.nn.Module, tree: dict | None = None) -> "EaglePro
             f"{head.head_type} heads draft a dynamic tree: pass tree={{'total_tokens': .., 'depth': .., 'top_k': ..}}, "
             "not a static list of paths"
         )
-    return EagleProposer(head, **settings)
+    return EagleDrafter(head, **settings)
 
 
-class EagleProposer(Proposer):
+class EagleDrafter(FeedRows):
+    """EAGLE / EAGLE-3 heads drafting EAGLE-2 trees (module docstring). ``draft_vocab_size``:
+    rank only the N most frequent training tokens (EAGLE, whose head scores with the target's LM
+    head); ``compaction``: when the draft cache's holes are removed (the decoder hands its own,
+    `use_compaction`)."""
+
     def __init__(
         self,
         head: torch.nn.Module,
@@ -53,6 +69,7 @@ class EagleProposer(Proposer):
         depth: int = DEFAULT_DEPTH,
         top_k: int = DEFAULT_TOP_K,
         draft_vocab_size: int | None = None,
+        compaction: str = "auto",
     ) -> None:
         settings = (("total_tokens", total_tokens), ("depth", depth), ("top_k", top_k))
         if draft_vocab_size is not None:
@@ -83,74 +100,121 @@ class EagleProposer(Proposer):
         if top_k > drafted:  # topk would fail in the first decode step
             raise ValueError(f"EAGLE tree setting top_k {top_k} exceeds the {drafted} tokens the head drafts from")
         self._vocab_ids_dev = None if ids is None else ids.to(self.device)
+        self.use_compaction(compaction)
         self._cache: list[tuple[torch.Tensor, torch.Tensor]] | None = None
-        self._cached = 0  # draft-cache rows: positions whose (feature, next token) were fed
+        self.compactions = 0
+        self.max_excess = 0
 
     @property
     def device(self) -> torch.device:
         return self.head.fc.weight.device
 
-    def start(self, input_ids, hidden, params: SamplingParams, generator) -> None:
-        self._ids = input_ids.tolist()
-        self._pending = [hidden]  # target features of committed positions not yet fed to the draft
-        self._cached = 0
-        self._ensure_capacity(input_ids.numel() + 256)
+    def use_compaction(self, policy: str) -> None:
+        self.compaction = check_compaction(policy, "EAGLE draft-cache compaction")
+
+    def start(self, prompts, hidden, params, generator) -> None:
+        self.start_feed(prompts, hidden)
+        # Committed draft-cache positions per row: host ints, also each row's visible slots (holes excluded).
+        self._lengths = [0] * len(prompts)
+        # [rows, slots] on the host: the layout is host bookkeeping (no device reads to plan a step)
+        self._visible = torch.zeros(len(prompts), 0, dtype=torch.bool)
+        self._cache = None
+        self.compactions = 0
+        self.max_excess = 0
+        self._reserve(max(len(ids) for ids in self._ids) + 256)
         self._params, self._generator = params, generator
 
-    def fork(self) -> "EagleProposer":
-        """Its own draft KV buffers (`start` reuses them when large enough)."""
-        clone = super().fork()
-        clone._cache, clone._cached = None, 0
-        return clone
-
-    def accepted(self, tokens, hidden) -> None:
-        self._ids.extend(tokens.tolist())
-        self._pending.append(hidden)
-
-    def rows(self, compaction: str = "auto") -> RowProposer:
-        """Every row drafted with one draft-layer forward per depth over a shared draft cache."""
-        return EagleRows(self, compaction=compaction)
+    def keep(self, rows: list[int]) -> None:
+        """Drop the rows that left; the same copy of the draft cache removes the holes."""
+        self.keep_feed(rows)
+        self._lengths = [self._lengths[r] for r in rows]
+        self._gather(torch.tensor(rows, dtype=torch.long))
 
     def stats(self) -> dict:
         return {"eagle_tree": {"total_tokens": self.total_tokens, "depth": self.depth, "top_k": self.top_k,
-                               "draft_vocab_size": self.draft_vocab_size}}
+                               "draft_vocab_size": self.draft_vocab_size},
+                "draft_cache": {"compaction": self.compaction, "compactions": self.compactions,
+                                "max_excess_slots": self.max_excess}}
 
-    def _ensure_capacity(self, rows: int) -> None:
-        """Room for ``rows`` committed rows plus one step's tree, in preallocated buffers."""
+    # -- the draft cache --------------------------------------------------------------------------
+    def _reserve(self, slots: int) -> None:
+        """Room for ``slots`` slots in the preallocated buffers (doubling, keeping the used ones)."""
         w = self.head.fc.weight
-        self._cache = grown(self._cache, self._cached, rows + self.top_k * self.depth + 1,
-                            lambda capacity: self.head.new_cache(capacity, w.device, w.dtype))
+        rows = self._visible.shape[0]
+        self._cache = grown(self._cache, self._visible.shape[1], slots,
+                            lambda capacity: self.head.new_cache(capacity, w.device, w.dtype, rows=rows))
+
+    def _gather(self, rows: torch.Tensor | None = None) -> None:
+        """Keep ``rows`` (all when None) with their visible slots moved to the front, in order:
+        the cache becomes as long as the longest row, with no holes inside any row."""
+        visible = self._visible if rows is None else self._visible[rows]
+        counts = visible.sum(dim=1)
+        width = int(counts.max()) if visible.shape[0] else 0
+        # Stable sort: visible slots first, in their order; then the holes.
+        order = torch.sort((~visible).long(), dim=1, stable=True).indices[:, :width]
+        capacity = self._cache[0][0].shape[2]
+        new = self.head.new_cache(capacity, self._cache[0][0].device, self._cache[0][0].dtype, rows=visible.shape[0])
+        for (nk, nv), (ok, ov) in zip(new, self._cache):
+            for dst, src in ((nk, ok), (nv, ov)):
+                if rows is not None:
+                    src = src.index_select(0, rows.to(src.device))
+                idx = order.to(src.device)[:, None, :, None].expand(-1, src.shape[1], -1, src.shape[3])
+                dst[:, :, :width] = src.gather(2, idx)
+        self._cache = new
+        self._visible = torch.arange(width)[None] < counts[:, None]
+        self.compactions += 1
+
+    def _excess(self) -> int:
+        """Slots a compaction would remove: the cache is longer than its longest row."""
+        return self._visible.shape[1] - max(self._lengths, default=0)
 
     # -- one step ---------------------------------------------------------------------------------
-    def _catch_up(self, root: int) -> torch.Tensor:
-        """Feed the newly committed positions; return the draft state at the last one [d]."""
-        feats = torch.cat(self._pending).to(self.device)
-        self._pending = []
-        m, start = feats.shape[0], self._cached
-        self._ensure_capacity(start + m)
-        nxt = torch.tensor(self._ids[start + 1 :] + [root], device=self.device)
-        g, attn_in = self.head.first_input(feats[None], nxt[None])
-        positions = torch.arange(start, start + m, device=self.device)[None]
-        mask = torch.ones(m, start + m, dtype=torch.bool, device=self.device)
-        mask[:, start:] = torch.ones(m, m, dtype=torch.bool, device=self.device).tril()
-        state, _ = self.head.run_layers(g, attn_in, positions, mask[None], cache=self._cache, cache_length=start)
-        self._cached = start + m
-        return state[0, -1]
+    def _catch_up(self, roots: list[int], drafting: list[bool]) -> torch.Tensor:
+        """Feed each drafting row's newly committed positions (rows not drafting feed none and keep
+        theirs pending, as they would drafted alone); return the draft state at each row's root [rows, d]."""
+        dev, rows = self.device, len(roots)
+        feats, counts = self.take_pending(drafting, dev)  # padded to the longest (a row's padding: holes)
+        if any(d and not c for d, c in zip(drafting, counts)):
+            raise RuntimeError("EAGLE drafting again before `accepted`: a row has no new position to feed")
+        m, prefix = max(counts), self._visible.shape[1]
+        self._reserve(prefix + m + self.top_k * self.depth + 1)
+        # Per row the token after each fed position (the root after the last), and each position's
+        # number, built on the host as lists: one tensor each, not a tensor op per row.
+        nxt = [self._ids[r][self._lengths[r] + 1 :] + [roots[r]] if c else [] for r, c in enumerate(counts)]
+        nxt = torch.tensor([row + [0] * (m - len(row)) for row in nxt])
+        g, attn_in = self.head.first_input(feats, nxt.to(dev))
+        positions = torch.tensor([list(range(length, length + m)) for length in self._lengths]).to(dev)
+        causal = torch.ones(m, m, dtype=torch.bool, device=dev).tril()  # padding never precedes a real position
+        visible = self._visible.to(dev, non_blocking=True)
+        mask = torch.cat([visible[:, None].expand(rows, m, prefix), causal.expand(rows, m, m)], dim=2)
+        state, _ = self.head.run_layers(g, attn_in, positions, mask, cache=self._cache, cache_length=prefix)
+        new = torch.tensor([[j < c for j in range(m)] for c in counts], dtype=torch.bool)
+        self._visible = torch.cat([self._visible, new], dim=1)
+        self._lengths = [length + c for length, c in zip(self._lengths, counts)]
+        last = torch.tensor([max(c - 1, 0) for c in counts]).to(dev, non_blocking=True)
+        return state[torch.arange(rows, device=dev), last]
 
     @torch.inference_mode()
-    def propose(self, root: int, max_depth: int) -> Tree:
-        depth = min(self.depth, max_depth)
-        if depth < 1 or self.total_tokens == 1:  # nothing to draft (total_tokens=1 = plain decoding)
-            return Tree(chain_shape(0), torch.tensor([root]))
-        root_state = self._catch_up(root)
-        prefix = self._cached
-        visible = torch.ones(1, prefix, dtype=torch.bool, device=self.device)
-        first_pos = torch.full((1,), prefix, dtype=torch.long, device=self.device)
+    def propose(self, roots: list[int], max_depths: list[int]) -> list[Tree]:
+        depths = [0 if self.total_tokens == 1 else min(self.depth, d) for d in max_depths]
+        drafting = [d >= 1 for d in depths]
+        if not any(drafting):  # nothing to draft (total_tokens=1 = plain decoding)
+            return [Tree(chain_shape(0), torch.tensor([root])) for root in roots]
+        root_states = self._catch_up(roots, drafting)
+        excess = self._excess()
+        self.max_excess = max(self.max_excess, excess)
+        if wants_compaction(self.compaction, excess, self._visible.shape[1]):
+            self._gather()
+        visible = self._visible.to(self.device, non_blocking=True)
+        first_pos = torch.tensor(self._lengths).to(self.device, non_blocking=True)
         if self._params.draws_drafts:  # a drawn chain (`sampled`) as deep as the tree, within its token budget
-            depth = min(depth, self.total_tokens - 1)
+            depths = [min(d, self.total_tokens - 1) for d in depths]
             drafts, laws = draw_chain(self.head, self._logits, self._vocab_ids_dev, self._cache, visible, first_pos,
-                                      root_state[None], depth, self._params, self._generator)
-            return chains([root], drafts, laws, [depth])[0]
+                                      root_states, max(depths), self._params, self._generator)
+            return chains(roots, drafts, laws, depths)
         tokens, parents, scores = grow(self.head, self._logits, self._vocab_ids_dev, self._cache, visible, first_pos,
-                                       root_state[None], depth, self.top_k)
-        return select([root], tokens, parents, scores, [tokens.shape[1]], self.total_tokens, self._vocab_ids_dev)[0]
+                                       root_states, max(depths), self.top_k)
+        # A row drafting shallower keeps only its first levels' nodes (what it grows drafted alone).
+        nodes = [nodes_up_to(max(d, 1), self.top_k) for d in depths]
+        trees = select(roots, tokens, parents, scores, nodes, self.total_tokens, self._vocab_ids_dev)
+        return [tree if d >= 1 else Tree(chain_shape(0), torch.tensor([root])) for tree, d, root in zip(trees, depths, roots)]

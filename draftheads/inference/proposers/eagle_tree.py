@@ -1,5 +1,5 @@
-"""EAGLE-2's tree growth and rerank for a batch of rows, shared by `EagleProposer` (one row) and
-`EagleRows` (every row of a batch in one draft-layer forward per depth).
+"""EAGLE-2's tree growth and rerank for a batch of rows, for `eagle.EagleDrafter` (every row of a
+batch in one draft-layer forward per depth; a batch of one is one sequence).
 
 Every row expands exactly ``top_k`` nodes per depth, so the rows stay aligned: the same number
 of nodes, the same cache slots for the tree part, different tokens and parents. Only each row's

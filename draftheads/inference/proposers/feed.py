@@ -1,15 +1,15 @@
 """Rows that feed the target's features of committed positions to a draft model of their own
 (EAGLE's draft layer, the parallel drafters): per row its tokens so far and the features it has
 not fed yet, which a row's next drafting step takes (rows that do not draft keep theirs pending,
-as their own per-sequence proposer would)."""
+as they would drafted alone)."""
 from __future__ import annotations
 
 import torch
 
-from .row_base import RowProposer
+from .drafter import Drafter
 
 
-class FeedRows(RowProposer):
+class FeedRows(Drafter):
     """The bookkeeping; subclasses own the draft cache the features go into."""
 
     _ids: list[list[int]]

@@ -1,4 +1,4 @@
-"""Hydra proposer: the static tree filled depth by depth, each head told its path's tokens.
+"""Hydra drafting: the static tree filled depth by depth, each head told its path's tokens.
 
 Depth d's candidates come from head d-1 run on the target's hidden state and the tokens on the
 path to their parent (root first). All parents at one depth go through the head together, so
@@ -15,7 +15,7 @@ import torch
 
 from ..sampling import SamplingParams
 from ..tree import Tree, TreeShape
-from .medusa import MedusaProposer
+from .medusa import MedusaDrafter
 from .sampled import chains, draw
 
 
@@ -41,7 +41,7 @@ def path_nodes(shape: TreeShape, node: int) -> list[int]:
 
 
 def levels(shape: TreeShape, device: torch.device) -> list[Level]:
-    """Per depth 1..max_depth of ``shape``, what `HydraProposer.draft_rows` fills there."""
+    """Per depth 1..max_depth of ``shape``, what `HydraDrafter.draft_rows` fills there."""
     out = []
     depth = shape.depth.tolist()
     for d in range(1, shape.max_depth + 1):
@@ -57,7 +57,9 @@ def levels(shape: TreeShape, device: torch.device) -> list[Level]:
     return out
 
 
-class HydraProposer(MedusaProposer):
+class HydraDrafter(MedusaDrafter):
+    """Hydra heads drafting all rows at once: each depth runs every row's parents through its head."""
+
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self._level_cache: dict[int, list[Level]] = {}
@@ -70,7 +72,7 @@ class HydraProposer(MedusaProposer):
 
     @torch.no_grad()
     def draft_rows(self, roots: torch.Tensor, hidden: torch.Tensor, max_depth: int) -> tuple[TreeShape, torch.Tensor]:
-        """Batched `propose`: ``roots`` [B], ``hidden`` [B, H] -> the shape and tokens [B, n] (on the
+        """`MedusaDrafter.draft_rows` for Hydra: ``roots`` [B], ``hidden`` [B, H] -> the shape and tokens [B, n] (on the
         heads' device); every depth runs all rows' parents through its head at once."""
         shape, per_depth = self._levels(max_depth)
         device = self.heads_device
@@ -94,7 +96,7 @@ class HydraProposer(MedusaProposer):
     @torch.no_grad()
     def draw_chains(self, roots: list[int], hidden: torch.Tensor, max_depths: list[int], params: SamplingParams,
                     generator: torch.Generator | None) -> list[Tree]:
-        """`MedusaProposer.draw_chains` for Hydra: head k reads the root and the k drafts drawn
+        """`MedusaDrafter.draw_chains` for Hydra: head k reads the root and the k drafts drawn
         before it, so the depths are drawn one after another."""
         depths = [min(d, self.shape.max_depth) for d in max_depths]
         device = self.heads_device

@@ -1,8 +1,9 @@
-"""Medusa proposer: each head's top-k, from one hidden state, fills a static tree shape.
+"""Medusa drafting: each head's top-k, from one hidden state per row, fills a static tree shape.
 
-The hidden state is the target's at the last position in its cache, which the verify forward
-already computed: drafting costs K small MLPs and K vocab projections on ONE position, never
-an extra target forward.
+The hidden state is the target's at the row's last position in its cache, which the verify
+forward already computed: drafting costs K small MLPs and K vocab projections on ONE position per
+row, for every row at once, never an extra target forward. The only per-row state is that hidden
+state.
 """
 from __future__ import annotations
 
@@ -10,13 +11,14 @@ import torch
 
 from ..sampling import SamplingParams
 from ..tree import Tree, TreeShape, default_choices
-from .base import Proposer
-from .row_base import RowProposer
+from .drafter import Drafter
 from .sampled import chains, draw
 
 
-class MedusaProposer(Proposer):
-    """``draft_vocab_size``: project the heads onto only the N most frequent training tokens
+class MedusaDrafter(Drafter):
+    """Medusa heads drafting all rows at once from each row's last hidden state.
+
+    ``draft_vocab_size``: project the heads onto only the N most frequent training tokens
     (default: the calibrated value saved with the heads, else the whole vocabulary). Drafting
     gets N/V times cheaper; tokens outside that set are never drafted, which costs acceptance
     but never correctness (the verifier decides every token)."""
@@ -51,7 +53,7 @@ class MedusaProposer(Proposer):
                 f"({'the whole vocabulary' if self.vocab_ids is None else 'draft_vocab_size'}): ranks are 0..{drafted - 1}"
             )
         self._projections = [self._projection(k) for k in range(heads.config.num_heads)]
-        self._last_hidden: torch.Tensor | None = None
+        self._last: torch.Tensor | None = None  # [rows, H]
         self._index_cache: dict[int, tuple[TreeShape, torch.Tensor, torch.Tensor, int, int]] = {}
 
     def _layout(self, max_depth: int) -> tuple[TreeShape, torch.Tensor, torch.Tensor, int, int]:
@@ -80,27 +82,25 @@ class MedusaProposer(Proposer):
         # several times per step. `Module.to` moves a parameter's data in place, so it follows.
         return self._a_parameter.device
 
-    def start(self, input_ids, hidden, params: SamplingParams, generator) -> None:
-        self._last_hidden = hidden[-1]
+    def start(self, prompts, hidden, params: SamplingParams, generator) -> None:
+        self._last = torch.stack([h[-1] for h in hidden])
         self._params, self._generator = params, generator
 
-    def propose(self, root: int, max_depth: int) -> Tree:
-        """One sequence's tree: `draft_rows` for a batch of one (the same drafts the loop gets)."""
+    def propose(self, roots: list[int], max_depths: list[int]) -> list[Tree]:
         if self._params.draws_drafts:
-            return self.draw_chains([root], self._last_hidden[None], [max_depth], self._params, self._generator)[0]
-        shape, tokens = self.draft_rows(torch.tensor([root]), self._last_hidden[None], max_depth)
-        return Tree(shape, tokens[0])
+            return self.draw_chains(roots, self._last, max_depths, self._params, self._generator)
+        shape, tokens = self.draft_rows(torch.tensor(roots), self._last, max(max_depths))
+        return [truncate(Tree(shape, tokens[r]), d) for r, d in enumerate(max_depths)]
 
     def accepted(self, tokens, hidden) -> None:
-        self._last_hidden = hidden[-1]
+        self._last = hidden[0][-1:] if len(hidden) == 1 else torch.stack([h[-1] for h in hidden])
 
-    def rows(self, compaction: str = "auto") -> "MedusaRows":
-        """Every row drafted in one call (`draft_rows`): the only per-sequence state is a hidden state."""
-        return MedusaRows(self)
+    def keep(self, rows: list[int]) -> None:
+        self._last = self._last[rows]
 
     @torch.no_grad()
     def draft_rows(self, roots: torch.Tensor, hidden: torch.Tensor, max_depth: int) -> tuple[TreeShape, torch.Tensor]:
-        """Batched `propose` for a batch of sequences: ``roots`` [B], ``hidden`` [B, H] (each row's
+        """The static tree for a batch of rows: ``roots`` [B], ``hidden`` [B, H] (each row's
         last committed hidden state) -> the shape and its tokens [B, n], every row one tree."""
         shape, head, rank, top, used = self._layout(max_depth)
         roots = roots.reshape(-1, 1).cpu()
@@ -143,31 +143,3 @@ def truncate(tree: Tree, max_depth: int) -> Tree:
         return tree
     keep = tree.shape.depth <= max_depth
     return Tree(tree.shape.truncated(max_depth), tree.tokens[keep])
-
-
-class MedusaRows(RowProposer):
-    """Medusa or Hydra heads drafting all rows at once from each row's last hidden state."""
-
-    def __init__(self, proposer: MedusaProposer) -> None:
-        self.proposer = proposer
-        self.feature_layers = proposer.feature_layers
-        self._last: torch.Tensor | None = None  # [rows, H]
-
-    def start(self, prompts, hidden, params, generator) -> None:
-        self._last = torch.stack([h[-1] for h in hidden])
-        self._params, self._generator = params, generator
-
-    def propose(self, roots: list[int], max_depths: list[int]) -> list[Tree]:
-        if self._params.draws_drafts:
-            return self.proposer.draw_chains(roots, self._last, max_depths, self._params, self._generator)
-        shape, tokens = self.proposer.draft_rows(torch.tensor(roots), self._last, max(max_depths))
-        return [truncate(Tree(shape, tokens[r]), d) for r, d in enumerate(max_depths)]
-
-    def accepted(self, tokens, hidden) -> None:
-        self._last = hidden[0][-1:] if len(hidden) == 1 else torch.stack([h[-1] for h in hidden])
-
-    def keep(self, rows: list[int]) -> None:
-        self._last = self._last[rows]
-
-    def stats(self) -> dict:
-        return self.proposer.stats()

@@ -1,7 +1,7 @@
 """What the parallel drafters (DFlash, P-EAGLE: every draft position from ONE draft forward)
 share: per-row bookkeeping, the batch-wide step, and reading each row's tree off the slot scores.
 
-A drafter supplies one method, `ParallelRows.scores`: ONE draft forward over every row of the
+A drafter supplies one method, `ParallelDrafter.scores`: ONE draft forward over every row of the
 batch (each row's newly committed context caught up in the same call), giving per row the scores
 of draft positions 1..D. The rest is common:
 - a static tree of rank paths (Medusa's format): node (depth d, rank r) takes position d's r-th
@@ -11,21 +11,17 @@ of draft positions 1..D. The rest is common:
   position d's law;
 - rows that leave the batch (`keep`): their entries leave the draft cache (`row_cache.RowCache`).
 
-Batch 1 is a batch of one row: the per-sequence face (`ParallelProposer`: `propose(root, depth)`,
-what calibration tables and benchmarks call) runs the same rows form with one row, so there is
-one implementation of each drafter's forward, and the batch differs from one row only by its
-padding and masks (tests/test_parallel_rows.py compares them row by row).
+Batch 1 is a batch of one row (what calibration tables and benchmarks drive), so there is one
+implementation of each drafter's forward, and the batch differs from one row only by its padding
+and masks (tests/test_parallel_rows.py compares them row by row).
 """
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
 
 import torch
 
-from ..sampling import SamplingParams
 from ..tree import Tree, TreeShape
-from .base import Proposer
 from .feed import FeedRows
 from .row_cache import RowCache
 from .sampled import drawn_blocks
@@ -42,22 +38,25 @@ class Layout:
     top: int
 
 
-class ParallelProposer(Proposer):
-    """Per-sequence face of a parallel drafter: its rows form with one row. Subclasses set
-    ``shape`` (the static tree), ``feature_layers``, and `rows`."""
+class ParallelDrafter(FeedRows):
+    """The rows' feed (`feed.FeedRows`), the shared draft cache, the step. Subclasses set
+    ``shape`` (the static tree), ``feature_layers``, ``vocab_size`` and ``device``, and give
+    `scores` and `describe`."""
 
     shape: TreeShape
     vocab_size: int  # the target's
-    _one: "ParallelRows | None" = None  # the one-row form `start` drives
-    _layouts: dict
+    #: Slots a step writes past the committed context besides the newly committed positions.
+    step_slots: int = 0
+    #: Target id of each draft-vocabulary index (None: the target's vocabulary itself).
+    vocab_ids: torch.Tensor | None = None
+
+    def __init__(self, cache: RowCache) -> None:
+        self.cache = cache  # kept between generations: its buffers are reused when large enough
+        self.forwards = 0  # draft forwards so far (one per step that drafts, whatever the rows)
+        self._layouts: dict[int, Layout] = {}
 
     @property
     def device(self) -> torch.device:
-        raise NotImplementedError
-
-    def rows(self, compaction: str = "auto") -> "ParallelRows":
-        """Every row drafted with one forward per step (no draft-cache holes: ``compaction`` has
-        nothing to do here, see `row_cache`)."""
         raise NotImplementedError
 
     def layout(self, max_depth: int) -> Layout:
@@ -70,50 +69,6 @@ class ParallelProposer(Proposer):
             self._layouts[depth] = Layout(shape, position, rank, max(shape.ranks[1:], default=0) + 1)
         return self._layouts[depth]
 
-    def start(self, input_ids, hidden, params: SamplingParams, generator) -> None:
-        if self._one is None:  # kept between sequences: its buffers are reused when large enough
-            self._one = self.rows()
-        self._one.start([input_ids], [hidden], params, generator)
-        self._params, self._generator = params, generator
-
-    def accepted(self, tokens, hidden) -> None:
-        self._one.accepted([tokens], [hidden])
-
-    def propose(self, root: int, max_depth: int) -> Tree:
-        return self._one.propose([root], [max_depth])[0]
-
-    def fork(self) -> "ParallelProposer":
-        """Its own draft cache."""
-        clone = copy.copy(self)
-        clone._one = None
-        return clone
-
-    def stats(self) -> dict:
-        return self.describe(0 if self._one is None else self._one.forwards)
-
-    def describe(self, forwards: int) -> dict:
-        """The output's stats for a run of ``forwards`` draft forwards."""
-        raise NotImplementedError
-
-
-class ParallelRows(FeedRows):
-    """The batch form: the rows' feed (`feed.FeedRows`), the shared draft cache, the step."""
-
-    def __init__(self, proposer: ParallelProposer, cache: RowCache) -> None:
-        self.proposer = proposer
-        self.feature_layers = proposer.feature_layers
-        self.cache = cache
-        self.forwards = 0  # draft forwards so far (one per step that drafts, whatever the rows)
-
-    #: Slots a step writes past the committed context besides the newly committed positions.
-    step_slots: int = 0
-    #: Target id of each draft-vocabulary index (None: the target's vocabulary itself).
-    vocab_ids: torch.Tensor | None = None
-
-    @property
-    def device(self) -> torch.device:
-        return self.proposer.device
-
     def start(self, prompts, hidden, params, generator) -> None:
         self.start_feed(prompts, hidden)
         self.cache.start(len(prompts), max(len(ids) for ids in self._ids) + 256 + self.step_slots)
@@ -125,7 +80,11 @@ class ParallelRows(FeedRows):
         self.cache.keep(rows)
 
     def stats(self) -> dict:
-        return self.proposer.describe(self.forwards)
+        return self.describe(self.forwards)
+
+    def describe(self, forwards: int) -> dict:
+        """The output's stats for a run of ``forwards`` draft forwards."""
+        raise NotImplementedError
 
     # -- one step ---------------------------------------------------------------------------------
     def scores(self, roots: list[int], depths: list[int]) -> torch.Tensor:
@@ -136,7 +95,7 @@ class ParallelRows(FeedRows):
 
     @torch.inference_mode()
     def propose(self, roots: list[int], max_depths: list[int]) -> list[Tree]:
-        layouts = [self.proposer.layout(d) for d in max_depths]
+        layouts = [self.layout(d) for d in max_depths]
         drafting = [r for r, lay in enumerate(layouts) if lay.shape.size > 1]
         trees = [None if lay.shape.size > 1 else Tree(lay.shape, torch.tensor([root]))  # plain steps: the root
                  for lay, root in zip(layouts, roots)]
@@ -167,4 +126,4 @@ class ParallelRows(FeedRows):
     def _drawn(self, roots: list[int], scores: torch.Tensor, layouts: list[Layout]) -> list[Tree]:
         """Each row's drawn chain, as deep as its tree."""
         return drawn_blocks(roots, scores, [lay.shape.max_depth for lay in layouts], self._params, self._generator,
-                            self.vocab_ids, self.proposer.vocab_size)
+                            self.vocab_ids, self.vocab_size)

@@ -1,4 +1,4 @@
-"""P-EAGLE proposer: one draft forward per step gives the top-k of every draft position.
+"""P-EAGLE drafting: one draft forward per step gives the top-k of every draft position.
 
 Each step runs the draft layers ONCE over
   [the positions committed since the last step (target feature t, token t+1), the root last,
@@ -13,7 +13,7 @@ rank r takes position d's r-th best token. Mask slots never see the tokens draft
 so siblings' subtrees hold the same tokens: the tree only adds guesses, never a forward. Drafts
 are deterministic picks (point masses for the verifier), so sampling stays exact.
 
-A batch runs every row's step in that ONE forward (`PEagleRows`): rows feed different numbers of
+A batch runs every row's step in that ONE forward (`PEagleDrafter`): rows feed different numbers of
 committed positions, so each row's entries are padded to the longest, written after the longest
 row's context, and the committed ones then move to the row's own end of the shared cache
 (`row_cache`); a row attends to its own context only.
@@ -23,26 +23,29 @@ from __future__ import annotations
 import torch
 
 from ..tree import TreeShape
-from .parallel import ParallelProposer, ParallelRows
+from .parallel import ParallelDrafter
 from .row_cache import RowCache
 
 
-def peagle_proposer(head: torch.nn.Module, tree=None, draft_vocab_size: int | None = None) -> "PEagleProposer":
+def peagle_drafter(head: torch.nn.Module, tree=None, draft_vocab_size: int | None = None) -> "PEagleDrafter":
+    """The drafter for peagle heads (a ``draft_vocab_size`` option is refused: their vocabulary is trained)."""
     if draft_vocab_size is not None:
         raise ValueError(
             "peagle heads draft from their own trained vocabulary (draft_vocab_size in config.json); "
             "a draft_vocab_size option does not apply to them"
         )
-    return PEagleProposer(head, tree=tree)
+    return PEagleDrafter(head, tree=tree)
 
 
-class PEagleProposer(ParallelProposer):
-    """``tree``: rank paths or a TreeShape; None = the tree saved with the heads, else the chain
-    of all trained depths. The per-sequence face (calibration tables, benchmarks); the decode
-    loop drafts through `rows`."""
+class PEagleDrafter(ParallelDrafter):
+    """Every row's catch-up and mask slots in one causal forward over a shared draft cache.
+    ``tree``: rank paths or a TreeShape; None = the tree saved with the heads, else the chain of
+    all trained depths."""
 
     def __init__(self, head: torch.nn.Module, tree: list[list[int]] | TreeShape | None = None) -> None:
         self.head = head.eval()
+        w = head.fc.weight
+        super().__init__(RowCache(lambda capacity, rows: head.new_cache(capacity, w.device, w.dtype, rows=rows)))
         head.check_vocab_mapping()
         depths = head.config.num_heads
         if tree is None:
@@ -64,35 +67,14 @@ class PEagleProposer(ParallelProposer):
             raise ValueError(f"the tree takes rank {rank}, but the heads draft from {self.vocab_ids.numel()} tokens")
         self.feature_layers = tuple(head.feature_layers)
         self.vocab_size = head.config.vocab_size
-        self._layouts = {}
+        self.step_slots = self.shape.max_depth
 
     @property
     def device(self) -> torch.device:
         return self.head.fc.weight.device
 
-    def rows(self, compaction: str = "auto") -> "PEagleRows":
-        return PEagleRows(self)
-
     def describe(self, forwards: int) -> dict:
         return {"peagle": {"tree_nodes": self.shape.size, "depth": self.shape.max_depth, "draft_forwards": forwards}}
-
-    @torch.inference_mode()
-    def draft_scores(self, root: int, depth: int) -> torch.Tensor:
-        """Logits [depth, draft vocab] of draft positions 1..depth, from one forward over the newly
-        committed positions (root last) and ``depth - 1`` mask slots."""
-        self._one.forwards += 1
-        return self._one.scores([root], [depth])[0]
-
-
-class PEagleRows(ParallelRows):
-    """Every row's catch-up and mask slots in one causal forward over a shared draft cache."""
-
-    def __init__(self, proposer: PEagleProposer) -> None:
-        head, w = proposer.head, proposer.head.fc.weight
-        super().__init__(proposer, RowCache(lambda capacity, rows: head.new_cache(capacity, w.device, w.dtype, rows=rows)))
-        self.head = head
-        self.vocab_ids = proposer.vocab_ids
-        self.step_slots = proposer.shape.max_depth
 
     def _inputs(self, roots: list[int], drafting: list[bool], depth: int) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
         """(residual stream, attention input) [rows, m + depth - 1, ..] of every row's step: its

@@ -16,7 +16,7 @@ import torch
 
 from ..sampling import SamplingParams
 from ..tree import Tree, chain_shape
-from .base import Proposer
+from .sequence import Proposer
 
 
 class PromptLookupProposer(Proposer):

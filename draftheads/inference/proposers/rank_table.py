@@ -17,15 +17,16 @@ def rank_hit_table(
     target: torch.nn.Module,
     heads: torch.nn.Module,
     sequences: list[torch.Tensor],
-    new_proposer: Callable[[], object],
+    new_drafter: Callable[[], object],
     ranked: Callable[[object, int, int], torch.Tensor],
     max_rank: int = 10,
     skip_prompt: list[int] | None = None,
     host_tokens: bool = False,
 ) -> torch.Tensor:
     """acc[d, r] = P(depth d+1's rank-r token == the token d+1 after the root) over the roots of
-    ``sequences``. ``ranked(proposer, root_token, max_rank)`` gives [depths, <= max_rank] candidate token ids;
-    ``host_tokens``: the proposer takes its committed tokens on the host."""
+    ``sequences``, one sequence at a time (a batch of one row). ``ranked(drafter, root_token, max_rank)``
+    gives [depths, <= max_rank] candidate token ids; ``host_tokens``: the drafter takes its
+    committed tokens on the host."""
     depths = heads.config.num_heads
     hits, totals = torch.zeros(depths, max_rank), torch.zeros(depths)
     tap = FeatureTap(target, heads.feature_layers)
@@ -36,15 +37,15 @@ def rank_hit_table(
         with tap.capture() as got:
             out = target(seq[None], **tap.forward_kwargs())
         features = tap.features(got, out)[0]
-        proposer = new_proposer()
+        drafter = new_drafter()
         start = max(1, skip_prompt[i] if skip_prompt else 1)
-        proposer.start(tokens[:start], features[:start], SamplingParams(), None)
+        drafter.start([tokens[:start]], [features[:start]], SamplingParams(), None)
         for root in range(start, seq.numel() - 1):
-            ranks = ranked(proposer, int(seq[root]), max_rank)
+            ranks = ranked(drafter, int(seq[root]), max_rank)
             for d in range(min(depths, seq.numel() - 1 - root)):
                 totals[d] += 1
                 hit = (ranks[d] == seq[root + 1 + d]).nonzero()
                 if hit.numel():
                     hits[d, int(hit[0])] += 1
-            proposer.accepted(tokens[root : root + 1], features[root : root + 1])
+            drafter.accepted([tokens[root : root + 1]], [features[root : root + 1]])
     return hits / totals.clamp(min=1)[:, None]

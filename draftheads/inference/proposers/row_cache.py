@@ -6,8 +6,8 @@ for every row: a draft layer writes its inputs' keys/values there in place), the
 committed ones move to its own end (`settle`: one scatter per layer). So a row's cache is always
 [its committed entries, then slots it never reads], the rows are right-padded to the longest,
 and a row attends to its first ``length`` slots (`visible`). There are no holes to compact
-(EAGLE's `eagle_rows` keeps holes instead), and a row leaving the batch is one row selection.
-The parallel drafters (`parallel.ParallelRows`) keep their context here.
+(EAGLE's `eagle.EagleDrafter` keeps holes instead), and a row leaving the batch is one row selection.
+The parallel drafters (`parallel.ParallelDrafter`) keep their context here.
 """
 from __future__ import annotations
 

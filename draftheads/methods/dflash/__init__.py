@@ -3,7 +3,7 @@ decoder reading fused target layers as context; trained on random blocks per row
 from . import export, search
 from .imports import read_dflash
 from ...heads.dflash import DFlashHeads
-from ...inference.proposers.dflash import dflash_proposer
+from ...inference.proposers.dflash import DFlashDrafter
 from ...registry import EngineLayout, ImportLayout, Method, OneForwardSearch, TreeKind, register
 from .loss import DFlashLoss
 
@@ -20,7 +20,7 @@ METHOD = register(Method(
     summary="a block of mask slots drafted in one forward over fused target layers",
     heads=DFlashHeads,
     loss=DFlashLoss,
-    drafter=dflash_proposer,
+    drafter=DFlashDrafter,
     tree=TreeKind.ONE_FORWARD,
     one_forward=OneForwardSearch(draft_seconds=search.draft_seconds, accuracy=search.block_accuracy_table,
                                  ranks_draft_vocab=True),

@@ -8,13 +8,13 @@ import time
 
 import torch
 
-from ...inference.proposers.dflash import DFlashProposer
+from ...inference.proposers.dflash import DFlashDrafter
 from ...inference.proposers.rank_table import rank_hit_table
 from ...inference.sampling import SamplingParams
 
 
 def whole_or(heads: torch.nn.Module, draft_vocab_size: int | None) -> int:
-    """``draft_vocab_size`` as the proposer takes it where None must mean the WHOLE vocabulary
+    """``draft_vocab_size`` as the drafter takes it where None must mean the WHOLE vocabulary
     (measurements of a given size), not the heads' calibrated default."""
     return int(heads.config.vocab_size) if draft_vocab_size is None else int(draft_vocab_size)
 
@@ -24,14 +24,15 @@ def measure_block_seconds(heads: torch.nn.Module, context: int = 64, repeats: in
     """Median seconds of one drafting step (the block forward and its drafted slots' logits over
     the draft vocabulary, None: the whole one) after ``context`` committed positions: the cost of
     every tree these heads draft, whatever its shape."""
-    proposer = DFlashProposer(heads, draft_vocab_size=whole_or(heads, draft_vocab_size))
+    drafter = DFlashDrafter(heads, draft_vocab_size=whole_or(heads, draft_vocab_size))
     param = heads.fc.weight
     features = torch.randn(context, heads.fc.in_features, device=param.device, dtype=param.dtype)
-    proposer.start(torch.zeros(context, dtype=torch.long), features, SamplingParams(), None)
+    drafter.start([torch.zeros(context, dtype=torch.long)], [features], SamplingParams(), None)
     samples = []
     for rep in range(repeats + 1):
         t0 = time.perf_counter()
-        proposer.slot_logits(0, heads.config.num_heads)
+        with torch.inference_mode():
+            drafter.scores([0], [heads.config.num_heads])  # the forward every tree drafts from
         if param.device.type == "cuda":
             torch.cuda.synchronize()
         if rep:  # the first call also fills the context cache
@@ -47,12 +48,12 @@ def block_accuracy_table(
     ``sequences`` (the target's own greedy continuations: "correct" = what verification accepts),
     each block drafted exactly as decoding drafts it (the committed context before the root),
     ranking the draft vocabulary of ``draft_vocab_size`` tokens (None: the whole vocabulary)."""
-    def ranked(proposer, token: int, ranks: int) -> torch.Tensor:
-        logits = proposer.block_logits(token)[1:]
-        return proposer.target_ids(logits.topk(min(ranks, logits.shape[-1]), dim=-1).indices)
+    def ranked(drafter, token: int, ranks: int) -> torch.Tensor:
+        logits = drafter.block_logits([token])[0, 1:]
+        return drafter.target_ids(logits.topk(min(ranks, logits.shape[-1]), dim=-1).indices)
 
     size = whole_or(heads, draft_vocab_size)
-    return rank_hit_table(target, heads, sequences, lambda: DFlashProposer(heads, draft_vocab_size=size), ranked,
+    return rank_hit_table(target, heads, sequences, lambda: DFlashDrafter(heads, draft_vocab_size=size), ranked,
                           max_rank, skip_prompt)
 
 

@@ -3,7 +3,7 @@ own outputs; drafts EAGLE-2's dynamic tree grown from its confidences (Li et al.
 from .export import export_sglang, export_vllm
 from .imports import draft_layer_widths, read_eagle
 from ...heads.eagle import EagleHead
-from ...inference.proposers.eagle import eagle_proposer
+from ...inference.proposers.eagle import eagle_drafter
 from ...registry import EngineLayout, ImportLayout, Method, TreeKind, register
 from .loss import EagleLoss
 
@@ -20,7 +20,7 @@ METHOD = register(Method(
     summary="a draft layer on the last hidden state, unrolled; EAGLE-2's dynamic tree",
     heads=EagleHead,
     loss=EagleLoss,
-    drafter=eagle_proposer,
+    drafter=eagle_drafter,
     tree=TreeKind.DYNAMIC,
     exports={"vllm": EngineLayout("eagle", export_vllm), "sglang": EngineLayout("EAGLE", export_sglang)},
     imports={"eagle": ImportLayout(detect=_is_eagle1, read=read_eagle, rank=2)},

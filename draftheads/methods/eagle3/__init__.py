@@ -4,7 +4,7 @@ from ..eagle.imports import draft_layer_widths
 from .export import export_sglang, export_speculators
 from .imports import read_eagle3
 from ...heads.eagle import Eagle3Head
-from ...inference.proposers.eagle import eagle_proposer
+from ...inference.proposers.eagle import eagle_drafter
 from ...registry import EngineLayout, ImportLayout, Method, TreeKind, register
 from ..eagle.loss import EagleLoss
 
@@ -25,7 +25,7 @@ METHOD = register(Method(
     summary="a draft layer on fused target layers, its own vocabulary; EAGLE-2's dynamic tree",
     heads=Eagle3Head,
     loss=EagleLoss,
-    drafter=eagle_proposer,
+    drafter=eagle_drafter,
     tree=TreeKind.DYNAMIC,
     exports={"vllm": EngineLayout("eagle3", export_speculators, serves_alone=True),  # vLLM loads the speculators layout
              "sglang": EngineLayout("EAGLE3", export_sglang),

@@ -1,7 +1,7 @@
 """Hydra: Medusa heads that also read the tokens drafted before theirs (Ankner et al., 2024);
 trained by Medusa's loss, drafted as a static tree. No engine holds them."""
 from ...heads.hydra import HydraHeads
-from ...inference.proposers.hydra import HydraProposer
+from ...inference.proposers.hydra import HydraDrafter
 from ...registry import Method, TreeKind, register
 from ..medusa.loss import MedusaLoss
 
@@ -11,6 +11,6 @@ METHOD = register(Method(
     summary="Medusa heads that read the drafted tokens before theirs; a static tree",
     heads=HydraHeads,
     loss=MedusaLoss,
-    drafter=HydraProposer,
+    drafter=HydraDrafter,
     tree=TreeKind.STATIC,
 ))

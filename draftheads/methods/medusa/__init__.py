@@ -3,7 +3,7 @@ static tree of rank paths searched from each head's per-rank acceptance (Cai et 
 from .export import export_medusa
 from .imports import medusa_layout, read_medusa
 from ...heads.medusa import MedusaHeads
-from ...inference.proposers.medusa import MedusaProposer
+from ...inference.proposers.medusa import MedusaDrafter
 from ...registry import EngineLayout, ImportLayout, Method, TreeKind, register
 from .loss import MedusaLoss
 
@@ -13,7 +13,7 @@ METHOD = register(Method(
     summary="K heads on the last hidden state; a static tree of rank paths",
     heads=MedusaHeads,
     loss=MedusaLoss,
-    drafter=MedusaProposer,
+    drafter=MedusaDrafter,
     tree=TreeKind.STATIC,
     exports={"vllm": EngineLayout("medusa", export_medusa)},
     imports={

@@ -5,7 +5,7 @@ from ..eagle3.imports import read_eagle3
 from .export import export_peagle
 from .imports import PEagleReading
 from ...heads.peagle import PEagleHead
-from ...inference.proposers.peagle import peagle_proposer
+from ...inference.proposers.peagle import peagle_drafter
 from ...registry import EngineLayout, ImportLayout, Method, OneForwardSearch, TreeKind, register
 from .loss import PEagleLoss
 
@@ -16,7 +16,7 @@ METHOD = register(Method(
     summary="EAGLE-3's draft layer, every depth in one forward; a static tree off its top-k",
     heads=PEagleHead,
     loss=PEagleLoss,
-    drafter=peagle_proposer,
+    drafter=peagle_drafter,
     tree=TreeKind.ONE_FORWARD,
     one_forward=OneForwardSearch(draft_seconds=search.draft_seconds, accuracy=search.accuracy),
     # vLLM serves P-EAGLE as EAGLE-3 with parallel drafting, from the speculators layout

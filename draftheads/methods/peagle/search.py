@@ -8,9 +8,16 @@ import time
 
 import torch
 
-from ...inference.proposers.peagle import PEagleProposer
+from ...inference.proposers.peagle import PEagleDrafter
 from ...inference.proposers.rank_table import rank_hit_table
 from ...inference.sampling import SamplingParams
+
+
+@torch.inference_mode()
+def draft_scores(drafter: PEagleDrafter, root: int, depth: int) -> torch.Tensor:
+    """Logits [depth, draft vocab] of draft positions 1..depth for one row (the batch of one the
+    measurements drive), from the one forward a drafting step runs."""
+    return drafter.scores([root], [depth])[0]
 
 
 def measure_draft_seconds(head: torch.nn.Module, context: int = 64, repeats: int = 10) -> dict[int, float]:
@@ -22,14 +29,14 @@ def measure_draft_seconds(head: torch.nn.Module, context: int = 64, repeats: int
     ids = torch.zeros(context, dtype=torch.long)
     times = {0: 0.0}
     for depth in range(1, head.config.num_heads + 1):
-        proposer = PEagleProposer(head, tree=[[0] * d for d in range(1, depth + 1)])
-        proposer.start(ids, features, SamplingParams(), None)
-        proposer.draft_scores(0, depth)  # feeds the context (later calls feed one position each)
+        drafter = PEagleDrafter(head, tree=[[0] * d for d in range(1, depth + 1)])
+        drafter.start([ids], [features], SamplingParams(), None)
+        draft_scores(drafter, 0, depth)  # feeds the context (later calls feed one position each)
         samples = []
         for _ in range(repeats):
-            proposer.accepted(torch.zeros(1, dtype=torch.long), features[:1])
+            drafter.accepted([torch.zeros(1, dtype=torch.long)], [features[:1]])
             t0 = time.perf_counter()
-            proposer.draft_scores(0, depth)
+            draft_scores(drafter, 0, depth)
             if param.device.type == "cuda":
                 torch.cuda.synchronize()
             samples.append(time.perf_counter() - t0)
@@ -46,11 +53,11 @@ def depth_accuracy_table(
     each step drafted exactly as decoding drafts it (the committed context before the root)."""
     depths = head.config.num_heads
 
-    def ranked(proposer, token: int, ranks: int) -> torch.Tensor:
-        scores = proposer.draft_scores(token, depths)
-        return proposer.vocab_ids[scores.topk(min(ranks, scores.shape[-1]), dim=-1).indices]
+    def ranked(drafter, token: int, ranks: int) -> torch.Tensor:
+        scores = draft_scores(drafter, token, depths)
+        return drafter.vocab_ids[scores.topk(min(ranks, scores.shape[-1]), dim=-1).indices]
 
-    return rank_hit_table(target, head, sequences, lambda: PEagleProposer(head), ranked, max_rank, skip_prompt,
+    return rank_hit_table(target, head, sequences, lambda: PEagleDrafter(head), ranked, max_rank, skip_prompt,
                           host_tokens=True)
 
 
