@@ -51,16 +51,17 @@ def per_temperature(device_type="cpu"):
 
 
 def recording(decoder) -> list:
-    """Which of the decoder's proposers each call drafts with (by its tree)."""
+    """Which of the decoder's drafters each call drafts with (by its tree): each generation starts
+    the drafter it uses, once."""
     used = []
-    for proposer in decoder.drafts.proposers:
-        rows = proposer.rows
+    for drafter in decoder.drafts.proposers:
+        start = drafter.start
 
-        def spy(*args, _rows=rows, _proposer=proposer, **kwargs):
-            used.append(sorted(map(list, _proposer.shape.choices)))
-            return _rows(*args, **kwargs)
+        def spy(*args, _start=start, _drafter=drafter, **kwargs):
+            used.append(sorted(map(list, _drafter.shape.choices)))
+            return _start(*args, **kwargs)
 
-        proposer.rows = spy
+        drafter.start = spy
     return used
 
 
