@@ -90,8 +90,9 @@ def _proposer(args, target, tokenizer):
     import draftheads as dh
 
     chosen = [bool(args.heads), bool(getattr(args, "draft_model", None)), bool(getattr(args, "prompt_lookup", False))]
-    if sum(chosen) != 1:
-        raise SystemExit("error: give exactly one of --heads DIR, --draft-model PATH_OR_ID, --prompt-lookup")
+    if sum(chosen) != 1 and chosen != [True, False, True]:
+        raise SystemExit("error: give one of --heads DIR, --draft-model PATH_OR_ID, --prompt-lookup "
+                         "(or --heads DIR --prompt-lookup: lookup first, the heads where it finds no match)")
     if args.heads:
         return _load_heads(args.heads, target, not args.no_fingerprint_check)
     if args.prompt_lookup:
@@ -108,6 +109,8 @@ def cmd_generate(args) -> int:
 
     target, tokenizer = _load_target(args.target, args.device, args.dtype, args.trust_remote_code)
     options = {"draw_drafts": False} if args.top_k_drafts and args.heads else {}
+    if args.heads and args.prompt_lookup:
+        options["prompt_lookup"] = True
     decoder = dh.SpeculativeDecoder(target, _proposer(args, target, tokenizer), **options)
     ids = _encode_prompt(tokenizer, args.prompt, not args.no_chat_template)
     _check_prompt(ids, args.max_new_tokens, decoder.max_positions)
@@ -361,7 +364,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_target_args(p)
     p.add_argument("--heads", help="heads folder")
     p.add_argument("--draft-model", help="a small LM with the same tokenizer (classic speculative sampling)")
-    p.add_argument("--prompt-lookup", action="store_true", help="draft by n-gram lookup in the prompt")
+    p.add_argument("--prompt-lookup", action="store_true",
+                   help="draft by n-gram lookup in the prompt (with --heads: lookup where the text repeats, the heads elsewhere)")
     p.add_argument("--prompt", required=True)
     p.add_argument("--max-new-tokens", type=positive_int, default=256)
     p.add_argument("--temperature", type=float, help="0 = greedy; default: the model's generation config, as generate()")

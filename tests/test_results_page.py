@@ -94,6 +94,48 @@ def test_a_run_that_fails_is_pending_and_its_old_report_is_not_shown(tmp_path, r
     assert "a script that fails** (the command exited with 3)" in text
 
 
+def test_a_run_whose_report_is_gone_keeps_what_the_page_showed(tmp_path, results):
+    """A new checkout has no results/ folder: re-rendering keeps the figures an earlier render showed
+    (rows and section, with their dates), and renders the runs that reported again from their reports."""
+    (tmp_path / "greedy").mkdir()
+    (tmp_path / "greedy" / "report.json").write_text(json.dumps(fake_report()))
+    spec = write_spec(tmp_path, f"""
+  - name: greedy
+    title: heads on MT-Bench, greedy
+    command: draftheads bench --target smollm2 --heads runs/h --out {tmp_path}/greedy
+  - name: script
+    title: a script's table
+    command: python benchmarks/x.py
+    markdown: {tmp_path}/script.md
+  - name: other
+    title: heads on MT-Bench
+    command: draftheads bench --target smollm2 --heads runs/h --out {tmp_path}/other
+""")
+    (tmp_path / "script.md").write_text("# Its own heading\n\n| a | b |\n|---|---|\n| 1 | 2 |\n\n# Another\n\ntext\n")
+    page = tmp_path / "results.md"
+    assert results.main(["--spec", str(spec), "--out", str(page), "--from-reports"]) == 0
+    first = page.read_text()
+    (tmp_path / "greedy" / "report.json").rename(tmp_path / "other.json")  # greedy's report is gone
+    (tmp_path / "script.md").unlink()  # and the script's table
+    assert results.main(["--spec", str(spec), "--out", str(page), "--from-reports"]) == 0
+    assert page.read_text() == first  # nothing reported since: the same page
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "report.json").write_text(json.dumps(fake_report(temperature=0.7)))
+    assert results.main(["--spec", str(spec), "--out", str(page), "--from-reports"]) == 0
+    text = page.read_text()
+    kept = [line for line in first.splitlines() if line.startswith("| heads on MT-Bench, greedy | ")]
+    assert len(kept) == 2 and all(line in text for line in kept)
+    assert "| math | 1.20x (2.20) | - |" in text and "## Pending" not in text
+    assert "| heads on MT-Bench | eagle3 | 0.7 |" in text  # the prefix of the other title is not mistaken for it
+    section = text.split("## heads on MT-Bench, greedy\n")[1].split("\n## ")[0]
+    assert f"--out {tmp_path}/greedy" in section and "2026-11-30" in section
+    # A run that fails now is pending, whatever the page showed before.
+    spec.write_text(spec.read_text().replace(f"draftheads bench --target smollm2 --heads runs/h --out {tmp_path}/greedy",
+                                             'python -c "raise SystemExit(3)"\n    markdown: ' + str(tmp_path / "g.md")))
+    assert results.main(["--spec", str(spec), "--out", str(page), "--only", "greedy"]) == 1
+    assert "| heads on MT-Bench, greedy | " not in page.read_text()
+
+
 def test_a_script_runs_markdown_table_is_included(tmp_path, results):
     table = tmp_path / "table.md"
     table.write_text("# Training throughput\n\n| variant | tokens/s |\n|---|---|\n| base | 123 (120-126) |\n")

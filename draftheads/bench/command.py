@@ -34,7 +34,8 @@ def add_parser(sub, add_target_args: Callable[[argparse.ArgumentParser], None]) 
     p.add_argument("--draft-model", metavar="PATH_OR_ID", help="a small LM with the target's tokenizer (method draft-model)")
     p.add_argument("--prompt-lookup", action="store_true", help="add prompt-lookup drafting (method prompt-lookup)")
     p.add_argument("--compare", type=_csv, default=None, metavar="A,B,...",
-                   help="methods to run, in order (default: every one configured by --heads/--draft-model/--prompt-lookup)")
+                   help="methods to run, in order (default: every one configured by --heads/--draft-model/--prompt-lookup; "
+                        "NAME+lookup, e.g. eagle3+lookup: those heads behind prompt lookup)")
     p.add_argument("--questions", default=DEFAULT_QUESTIONS, metavar="NAME_OR_FILE",
                    help=f"a set shipped in the package ({describe_names()}), a Spec-Bench .jsonl (question_id, "
                         f"category, turns) or a text file with one prompt per line (default: {DEFAULT_QUESTIONS}, "

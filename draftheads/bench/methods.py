@@ -15,6 +15,7 @@ from ..arguments import heads_error
 DRAFT_MODEL = "draft-model"
 PROMPT_LOOKUP = "prompt-lookup"
 PLAIN = "plain"
+WITH_LOOKUP = "+lookup"  # "eagle3+lookup": those heads behind prompt lookup (`proposers.hybrid`)
 
 
 class MethodError(ValueError):
@@ -30,10 +31,13 @@ class Method:
 
     def describe(self) -> dict[str, Any]:
         """What the report records about the method: the proposer and the tree it drafts."""
-        from ..inference.proposers.sequence import ForkedRows  # torch: only once a decoder exists
+        from ..inference.proposers.hybrid import LookupThenHeads  # torch: only once a decoder exists
+        from ..inference.proposers.sequence import ForkedRows
 
         proposer = self.decoder.proposer
         out: dict[str, Any] = {"name": self.name, "proposer": proposer.name, "source": self.source, **self.info}
+        if isinstance(proposer, LookupThenHeads):  # the heads' tree and vocabulary; the lookup is the default one
+            proposer = proposer.heads
         if isinstance(proposer, ForkedRows):  # a per-sequence drafter: its settings are its own
             proposer = proposer.proposer
         shape = getattr(proposer, "shape", None)
@@ -78,7 +82,7 @@ def resolve_compare(
         if not configured:
             raise MethodError("nothing to compare: give --heads DIR, --draft-model PATH or --prompt-lookup")
         return configured
-    available = list(heads_names) + [DRAFT_MODEL, PROMPT_LOOKUP]
+    available = list(heads_names) + [name + WITH_LOOKUP for name in heads_names] + [DRAFT_MODEL, PROMPT_LOOKUP]
     chosen: list[str] = []
     for name in compare:
         if name == PLAIN:
@@ -119,8 +123,9 @@ def build_methods(
 
     methods = []
     for name in names:
-        if name in heads_names:
-            folder = heads_dirs[heads_names.index(name)]
+        heads_name = name[: -len(WITH_LOOKUP)] if name.endswith(WITH_LOOKUP) else name
+        if heads_name in heads_names:
+            folder = heads_dirs[heads_names.index(heads_name)]
             try:
                 heads = dh.load_heads(folder, target=target, check_fingerprint=check_fingerprint)
             except (ValueError, OSError) as e:  # missing, corrupt, another target's: one error line (cli.main)
@@ -129,7 +134,10 @@ def build_methods(
             info = {"head_type": config.head_type, "num_heads": getattr(config, "num_heads", None),
                     "tree_source": tree_source(heads, target.device)}  # calibration / training / device default
             info["draw_drafts"] = draw_drafts
-            methods.append(Method(name, dh.SpeculativeDecoder(target, heads, draw_drafts=draw_drafts), folder, info))
+            lookup = name.endswith(WITH_LOOKUP)
+            info["prompt_lookup"] = lookup
+            decoder = dh.SpeculativeDecoder(target, heads, draw_drafts=draw_drafts, prompt_lookup=lookup)
+            methods.append(Method(name, decoder, folder, info))
         elif name == DRAFT_MODEL:
             draft, draft_tok = load_model(draft_model)
             proposer = dh.DraftModelProposer(draft, gamma="auto", target_tokenizer=tokenizer, draft_tokenizer=draft_tok)

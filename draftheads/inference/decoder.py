@@ -6,6 +6,7 @@ anything else in a ragged batch cache (`kv.RaggedKV`); all through the same loop
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import operator
 from typing import Any, Mapping
@@ -25,6 +26,8 @@ from .plain import generate_plain
 from .planned import PlannedDrafts
 from .probe import check_tree_attention
 from .proposers.drafter import Drafter
+from .proposers.hybrid import LookupThenHeads
+from .proposers.prompt_lookup import PromptLookupProposer
 from .proposers.sequence import Proposer, as_drafter
 from .sampling import SamplingParams, resolve_generator, resolve_sampling, warn_unapplied_settings
 from .tree import TreeShape
@@ -104,7 +107,11 @@ class SpeculativeDecoder:
     (`proposers.sampled`); False keeps their top-k tree (point masses, accepted with the target's
     probability of each candidate). Both are exact; drawn chains accept more tokens per step at
     T = 0.7-1.0 on the earlier toy target ("Acceptance rules" in `git show 19f3628:benchmarks/README.md`). Greedy decoding is not
-    affected; prompt lookup has no distribution to draw from and a draft model always samples."""
+    affected; prompt lookup has no distribution to draw from and a draft model always samples.
+
+    ``prompt_lookup`` (heads only; True or a configured `PromptLookupProposer`): each step a row
+    whose text matches an earlier n-gram (n >= 2) drafts the copy, and the heads draft the other
+    rows (`proposers.hybrid.LookupThenHeads`); steps the plan marks plain stay plain."""
 
     def __init__(
         self,
@@ -119,6 +126,7 @@ class SpeculativeDecoder:
         compaction: str = "auto",
         draft_budget: str | DraftBudget | None = "auto",
         draw_drafts: bool = True,
+        prompt_lookup: bool | PromptLookupProposer = False,
     ) -> None:
         self.compaction = check_compaction(compaction)
         if not isinstance(draw_drafts, bool):
@@ -147,6 +155,14 @@ class SpeculativeDecoder:
             bind(target)  # refuses heads trained for another target
             # The saved plans' trees (or this device type's default): each head type drafts its own way.
             self.drafts = PlannedDrafts(proposer, _device_of(target), tree, batch_plan=batch_plan)
+            if prompt_lookup is not False:
+                lookup = prompt_lookup if isinstance(prompt_lookup, PromptLookupProposer) else None
+                if prompt_lookup is not True and lookup is None:
+                    raise ValueError(f"prompt_lookup must be True, False or a PromptLookupProposer, got {prompt_lookup!r}")
+                self.drafts.wrap(lambda drafter: LookupThenHeads(drafter, copy.copy(lookup) if lookup else None))
+        elif prompt_lookup is not False:
+            raise ValueError("prompt_lookup=... goes with heads (lookup first, the heads where it finds no match); "
+                             "to draft by lookup alone pass a PromptLookupProposer as the proposer")
         elif tree is not None:
             raise ValueError("`tree` applies to heads; a drafter brings its own tree")
         else:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import torch
 
@@ -88,6 +88,13 @@ class PlannedDrafts:
         self.explicit_tree = tree is not None
         self.override = _resolve_override(batch_plan)
         self.always_speculate = batch_plan is None
+
+    def wrap(self, wrapper: Callable[[Any], Any]) -> None:
+        """Replace every proposer ``p`` by ``wrapper(p)`` (e.g. prompt lookup in front of the heads'
+        drafters, `proposers.hybrid`); the plan's choices stay the same."""
+        wrapped = {id(p): wrapper(p) for p in self.proposers}
+        self.default = wrapped[id(self.default)]
+        self._by_tree = {key: wrapped[id(p)] for key, p in self._by_tree.items()}
 
     @property
     def proposers(self) -> list[Any]:
