@@ -56,7 +56,7 @@ def test_lookup_then_heads_greedy_equals_generate(arch, head_type):
             out = decoder.generate(ids, max_new_tokens=new, eos_token_id=[])
             ref = greedy_reference(target, ids, new)
             assert out.sequences.tolist() == ref.tolist(), (head_type, arch, ids.tolist(), new)
-            drafted.update({k: v for k, v in out.stats["drafted_by"].items() if k != "min_ngram"})
+            drafted.update(out.stats["drafted_by"])
     # Both sources drafted, so both paths (and their hand-over) were checked.
     assert drafted["lookup"] > 0 and drafted["heads"] > 0, drafted
 
@@ -88,7 +88,7 @@ def test_lookup_then_heads_samples_the_target_distribution():
         out = decoder.generate(prompt, max_new_tokens=4, temperature=PARAMS.temperature, top_k=PARAMS.top_k,
                                eos_token_id=[], generator=gen)
         counts[tuple(out.sequences[0, prompt.shape[1]: prompt.shape[1] + 3].tolist())] += 1
-        sources.update({k: v for k, v in out.stats["drafted_by"].items() if k != "min_ngram"})
+        sources.update(out.stats["drafted_by"])
     pvalue = law_pvalue(counts, exact_distribution(target, prompt, PARAMS))
     assert pvalue > 1e-3, f"chi-square p-value {pvalue:.2g}: not the target's distribution"
     assert sources["lookup"] >= 100 and sources["heads"] >= 100, sources
@@ -102,11 +102,30 @@ def test_lookup_then_heads_bad_settings_are_named():
     with pytest.raises(ValueError, match="prompt_lookup=... goes with heads"):
         dh.SpeculativeDecoder(target, dh.PromptLookupProposer(), prompt_lookup=True)
     drafter = heads.proposer(tree=[[0]])
-    with pytest.raises(ValueError, match=r"min_ngram \(4\) exceeds the lookup's max_ngram \(3\)"):
-        LookupThenHeads(drafter, dh.PromptLookupProposer(max_ngram=3), min_ngram=4)
     with pytest.raises(TypeError, match="lookup must be a PromptLookupProposer"):
         LookupThenHeads(drafter, drafter)
-    # A configured lookup is used as given (its own n-gram lengths and draft length).
+    # By default a match needs 2 tokens; a configured lookup is used as given (its own n-grams and length).
+    default = dh.SpeculativeDecoder(target, heads, tree=[[0]], prompt_lookup=True).proposer.lookup.proposer
+    assert (default.min_ngram, default.max_ngram) == (2, 3)
     decoder = dh.SpeculativeDecoder(target, heads, tree=[[0]],
-                                    prompt_lookup=dh.PromptLookupProposer(max_ngram=4, num_tokens=3))
-    assert decoder.proposer.lookup.proposer.num_tokens == 3
+                                    prompt_lookup=dh.PromptLookupProposer(max_ngram=4, min_ngram=1, num_tokens=3))
+    lookup = decoder.proposer.lookup.proposer
+    assert (lookup.min_ngram, lookup.max_ngram, lookup.num_tokens) == (1, 4, 3)
+
+
+def test_a_one_token_match_drafts_the_copy_only_when_the_lookup_allows_it():
+    """The hand-over rule: with min_ngram 2 a row whose last bigram is new drafts with the heads,
+    even where its last token alone occurred before; with min_ngram 1 it drafts the copy."""
+    target = tiny_target("llama", seed=1, vocab=64, hidden=32, layers=2)
+    params = SamplingParams()
+    for min_ngram, source in ((2, "heads"), (1, "lookup")):
+        drafter = LookupThenHeads(medusa_heads(target).proposer(tree=[[0]]),
+                                  dh.PromptLookupProposer(max_ngram=3, min_ngram=min_ngram))
+        prompt = torch.tensor([5, 6, 7, 8])
+        with torch.no_grad():
+            hidden = target(prompt[None], output_hidden_states=True).hidden_states[-1][0]
+        drafter.start([prompt], [hidden], params, None)
+        (tree,) = drafter.propose([6], [3])  # (8, 6) never occurred; 6 did, followed by 7 8 6
+        assert drafter.stats()["drafted_by"][source] == 1
+        if source == "lookup":
+            assert tree.tokens.tolist() == [6, 7, 8, 6]

@@ -110,8 +110,8 @@ class SpeculativeDecoder:
     affected; prompt lookup has no distribution to draw from and a draft model always samples.
 
     ``prompt_lookup`` (heads only; True or a configured `PromptLookupProposer`): each step a row
-    whose text matches an earlier n-gram (n >= 2) drafts the copy, and the heads draft the other
-    rows (`proposers.hybrid.LookupThenHeads`); steps the plan marks plain stay plain."""
+    whose text matches an earlier n-gram (True: n from 3 down to 2) drafts the copy, and the heads
+    draft the other rows (`proposers.hybrid.LookupThenHeads`); steps the plan marks plain stay plain."""
 
     def __init__(
         self,

@@ -5,8 +5,8 @@ The two are good at different text. Prompt lookup copies: when the output repeat
 itself (extraction, code edits, quoted context, lists), a copied run is accepted many tokens deep
 and costs no model at all; everywhere else it has no match and drafts nothing. Heads predict: they
 draft a token or two on any text, but rarely more than that on a small real target. So each
-step, for each row, a lookup match of at least ``min_ngram`` tokens drafts that row (a copied
-chain, up to ``num_tokens`` deep), and the heads draft every other row.
+step, for each row, a lookup match (of at least 2 tokens by default) drafts that row (a copied
+chain, up to the lookup's ``num_tokens`` deep), and the heads draft every other row.
 
 The heads still see every committed token: a row the lookup drafted asks its heads for a
 root-only step (depth 0), exactly as a plain step of the draft budget does, so the heads' caches
@@ -26,23 +26,17 @@ from .sequence import ForkedRows
 
 
 class LookupThenHeads(Drafter):
-    """``heads`` (a head drafter) behind prompt lookup: a row whose suffix matches an earlier
-    ``min_ngram``-gram or longer drafts the copy (``lookup``, up to its ``num_tokens``), the
+    """``heads`` (a head drafter) behind prompt lookup: a row whose suffix matches an earlier n-gram
+    (n from ``lookup``'s ``max_ngram`` down to its ``min_ngram``; by default 3 down to 2, as a single
+    token's last occurrence predicts little) drafts the copy, up to ``lookup``'s ``num_tokens``; the
     others draft with ``heads`` (module docstring)."""
 
-    def __init__(self, heads: Drafter, lookup: PromptLookupProposer | None = None, min_ngram: int = 2) -> None:
-        lookup = lookup if lookup is not None else PromptLookupProposer()
+    def __init__(self, heads: Drafter, lookup: PromptLookupProposer | None = None) -> None:
+        lookup = lookup if lookup is not None else PromptLookupProposer(max_ngram=3, min_ngram=2)
         if not isinstance(lookup, PromptLookupProposer):
             raise TypeError(f"lookup must be a PromptLookupProposer, got {type(lookup).__name__}")
-        if not isinstance(min_ngram, int) or isinstance(min_ngram, bool) or min_ngram < lookup.min_ngram:
-            raise ValueError(f"min_ngram must be a whole number >= the lookup's min_ngram ({lookup.min_ngram}), "
-                             f"got {min_ngram!r}")
-        if min_ngram > lookup.max_ngram:
-            raise ValueError(f"min_ngram ({min_ngram}) exceeds the lookup's max_ngram ({lookup.max_ngram}): "
-                             "no match would ever be long enough")
         self.heads = heads
         self.lookup = ForkedRows(lookup)
-        self.min_ngram = min_ngram
         self.feature_layers = heads.feature_layers  # the lookup reads tokens only
         self._steps = {"lookup": 0, "heads": 0}
 
@@ -63,8 +57,7 @@ class LookupThenHeads(Drafter):
 
     def propose(self, roots: list[int], max_depths: list[int]) -> list[Tree]:
         copied = self.lookup.propose(roots, max_depths)
-        use_copy = [tree.shape.size > 1 and row.last_ngram >= self.min_ngram
-                    for tree, row in zip(copied, self.lookup.forks)]
+        use_copy = [tree.shape.size > 1 for tree in copied]  # the lookup matched: a copy to draft
         drafted = self.heads.propose(roots, [0 if copy else d for copy, d in zip(use_copy, max_depths)])
         for copy, depth in zip(use_copy, max_depths):
             if depth > 0:
@@ -81,4 +74,4 @@ class LookupThenHeads(Drafter):
 
     def stats(self) -> dict:
         return {**self.heads.stats(), "lookup": self.lookup.stats(),
-                "drafted_by": {**self._steps, "min_ngram": self.min_ngram}}
+                "drafted_by": dict(self._steps)}

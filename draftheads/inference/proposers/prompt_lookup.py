@@ -37,7 +37,6 @@ class PromptLookupProposer(Proposer):
         # _next[n][ngram] = j: tokens[j - n : j] == ngram, and tokens[j] exists (latest such j)
         self._next: dict[int, dict[tuple[int, ...], int]] = {}
         self._root_pending = False
-        self.last_ngram = 0  # the n of the last step's match (0: none), for `hybrid.LookupThenHeads`
         self._reset_stats()
 
     def _reset_stats(self) -> None:
@@ -91,7 +90,6 @@ class PromptLookupProposer(Proposer):
         self._root_pending = True
         self._steps += 1
         draft, n = self.lookup(min(self.num_tokens, max_depth)) if max_depth > 0 else ([], 0)
-        self.last_ngram = n
         if draft:
             self._matched += 1
             self._drafted += len(draft)
