@@ -201,10 +201,10 @@ def render(intro: str, runs: list[Run], failures: dict[str, str] | None = None, 
     failures = failures or {}
     reports = {r.name: json.loads(r.report.read_text()) for r in runs if r.report is not None and r.report.is_file()}
     tables = {r.name: r.markdown.read_text() for r in runs if r.markdown is not None and r.markdown.is_file()}
-    kept = {}
+    kept, titles = {}, [run.title for run in runs]
     for r in runs:
         if r.name not in reports and r.name not in tables and r.name not in failures:
-            rows, section = earlier(previous, r.title, [run.title for run in runs])
+            rows, section = earlier(previous, r.title, titles)
             if section:
                 kept[r.name] = (rows, section)
     done = [r for r in runs if (r.name in reports or r.name in tables or r.name in kept) and r.name not in failures]

@@ -123,7 +123,8 @@ def build_methods(
 
     methods = []
     for name in names:
-        heads_name = name[: -len(WITH_LOOKUP)] if name.endswith(WITH_LOOKUP) else name
+        lookup = name.endswith(WITH_LOOKUP)
+        heads_name = name[: -len(WITH_LOOKUP)] if lookup else name
         if heads_name in heads_names:
             folder = heads_dirs[heads_names.index(heads_name)]
             try:
@@ -134,7 +135,6 @@ def build_methods(
             info = {"head_type": config.head_type, "num_heads": getattr(config, "num_heads", None),
                     "tree_source": tree_source(heads, target.device)}  # calibration / training / device default
             info["draw_drafts"] = draw_drafts
-            lookup = name.endswith(WITH_LOOKUP)
             info["prompt_lookup"] = lookup
             decoder = dh.SpeculativeDecoder(target, heads, draw_drafts=draw_drafts, prompt_lookup=lookup)
             methods.append(Method(name, decoder, folder, info))

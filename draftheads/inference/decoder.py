@@ -6,7 +6,6 @@ anything else in a ragged batch cache (`kv.RaggedKV`); all through the same loop
 """
 from __future__ import annotations
 
-import copy
 import dataclasses
 import operator
 from typing import Any, Mapping
@@ -129,6 +128,8 @@ class SpeculativeDecoder:
         prompt_lookup: bool | PromptLookupProposer = False,
     ) -> None:
         self.compaction = check_compaction(compaction)
+        if not isinstance(prompt_lookup, (bool, PromptLookupProposer)):
+            raise ValueError(f"prompt_lookup must be True, False or a PromptLookupProposer, got {prompt_lookup!r}")
         if not isinstance(draw_drafts, bool):
             raise ValueError(f"draw_drafts must be True or False, got {draw_drafts!r}")
         self.draw_drafts = draw_drafts
@@ -155,12 +156,11 @@ class SpeculativeDecoder:
             bind(target)  # refuses heads trained for another target
             # The saved plans' trees (or this device type's default): each head type drafts its own way.
             self.drafts = PlannedDrafts(proposer, _device_of(target), tree, batch_plan=batch_plan)
-            if prompt_lookup is not False:
-                lookup = prompt_lookup if isinstance(prompt_lookup, PromptLookupProposer) else None
-                if prompt_lookup is not True and lookup is None:
-                    raise ValueError(f"prompt_lookup must be True, False or a PromptLookupProposer, got {prompt_lookup!r}")
-                self.drafts.wrap(lambda drafter: LookupThenHeads(drafter, copy.copy(lookup) if lookup else None))
-        elif prompt_lookup is not False:
+            if prompt_lookup is True:
+                self.drafts.wrap(LookupThenHeads)
+            elif prompt_lookup:  # each drafter its own fork of the configured lookup
+                self.drafts.wrap(lambda drafter: LookupThenHeads(drafter, prompt_lookup.fork()))
+        elif prompt_lookup:
             raise ValueError("prompt_lookup=... goes with heads (lookup first, the heads where it finds no match); "
                              "to draft by lookup alone pass a PromptLookupProposer as the proposer")
         elif tree is not None:
