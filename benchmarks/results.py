@@ -28,6 +28,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from draftheads.atomic import write_text_atomically  # noqa: E402  (the page is also the next render's input)
 from draftheads.bench.metrics import OVERALL  # noqa: E402  (the key of every method's overall figures)
 
 SPEC = ROOT / "benchmarks" / "results.yaml"
@@ -275,7 +276,7 @@ def main(argv: list[str] | None = None) -> int:
                     failures[run.name] = why
     args.out.parent.mkdir(parents=True, exist_ok=True)
     previous = args.out.read_text() if args.out.is_file() else ""
-    args.out.write_text(render(intro, runs, failures, previous))
+    write_text_atomically(args.out, render(intro, runs, failures, previous))  # a kill leaves the old page whole
     print(f"wrote {args.out} ({datetime.date.today()}); {len(failures)} run(s) failed", flush=True)
     for name, why in failures.items():
         print(f"failed: {name}: {why}", file=sys.stderr)
