@@ -25,7 +25,9 @@ _INFERENCE = (
     "SamplingParams", "SpeculativeDecoder", "SpeculativeOutput", "Tree", "TreeShape", "UnsupportedModelError",
     "check_same_tokenizer",
 )
-__getattr__, __dir__ = lazy_exports(__name__, {**dict.fromkeys(_HEADS, ".heads"), **dict.fromkeys(_INFERENCE, ".inference")})
+_PLANS = ("DynamicTree", "StaticTree")  # the typed tree a decoder drafts (`tree=`) and tree.json holds
+__getattr__, __dir__ = lazy_exports(__name__, {**dict.fromkeys(_HEADS, ".heads"), **dict.fromkeys(_INFERENCE, ".inference"),
+                                               **dict.fromkeys(_PLANS, ".plans")})
 
 if TYPE_CHECKING:
     from .heads import (DFlashHeads, Eagle3Head, EagleHead, HeadsConfig, HydraHeads, MedusaHeads, PEagleHead, TargetInfo,
@@ -53,6 +55,7 @@ if TYPE_CHECKING:
         UnsupportedModelError,
         check_same_tokenizer,
     )
+    from .plans import DynamicTree, StaticTree
 
 __version__ = "0.1.0"
 
@@ -62,6 +65,7 @@ __all__ = [
     "DFlashProposer",
     "DraftModelProposer",
     "Drafter",
+    "DynamicTree",
     "Eagle3Head",
     "EagleDrafter",
     "EagleHead",
@@ -80,6 +84,7 @@ __all__ = [
     "SamplingParams",
     "SpeculativeDecoder",
     "SpeculativeOutput",
+    "StaticTree",
     "TargetInfo",
     "Tree",
     "TreeShape",

@@ -26,9 +26,9 @@ def _choices(decoder) -> list[list[int]]:
 
 
 def read_tree(folder):
-    """The greedy batch-1 tree and draft vocabulary of a folder's tree.json."""
+    """The greedy batch-1 tree (as JSON holds it) and draft vocabulary of a folder's tree.json."""
     entry = primary(read_plans(folder))
-    return entry.tree, entry.draft_vocab_size
+    return entry.tree.to_json(), entry.draft_vocab_size
 
 
 def _sorted(tree):
@@ -44,13 +44,14 @@ def test_the_default_tree_depends_on_the_device_type():
     target = tiny_target("llama")
     medusa = dh.MedusaHeads.for_target(target, num_heads=3, num_layers=1)
     eagle = dh.EagleHead.for_target(target)
-    assert resolve_tree(medusa, "cpu") == default_choices(3)
+    assert resolve_tree(medusa, "cpu").to_json() == default_choices(3)
     big = resolve_tree(medusa, torch.device("cuda"))
-    assert big == large_static_choices(3) and len(big) + 1 > 4 * (len(default_choices(3)) + 1)
-    assert max(len(p) for p in big) == 3  # one depth per head, never deeper
-    dh.SpeculativeDecoder(target, medusa, tree=big)  # a valid tree for these heads
+    assert big.to_json() == large_static_choices(3) and big.nodes > 4 * (len(default_choices(3)) + 1)
+    assert big.depth == 3  # one depth per head, never deeper
+    dh.SpeculativeDecoder(target, medusa, tree=big)  # a valid tree for these heads (a spec, as resolved)
+    dh.SpeculativeDecoder(target, medusa, tree=big.to_json())  # and as JSON holds it
     assert resolve_tree(eagle, "cpu") == DYNAMIC_DEFAULTS["cpu"]
-    assert resolve_tree(eagle, "cuda:0")["total_tokens"] > 2 * DYNAMIC_DEFAULTS["cpu"]["total_tokens"]
+    assert resolve_tree(eagle, "cuda:0").total_tokens > 2 * DYNAMIC_DEFAULTS["cpu"].total_tokens
 
 
 def test_a_tree_chosen_by_training_applies_on_its_device_type_only(tmp_path):
@@ -65,14 +66,14 @@ def test_a_tree_chosen_by_training_applies_on_its_device_type_only(tmp_path):
     loaded = dh.load_heads(tmp_path / "h", target=target)
     assert _choices(dh.SpeculativeDecoder(target, loaded)) == _sorted(default_choices(3))  # chosen for a GPU
     assert tree_source(loaded, "cpu") == "device default" and tree_source(loaded, "cuda") == "training"
-    assert resolve_tree(loaded, "cuda") == chosen
+    assert resolve_tree(loaded, "cuda").to_json() == chosen
 
     tree_file.write_text(json.dumps({"tree": chosen, "chosen_by": "training", "device_type": "cpu"}))
     assert _choices(dh.SpeculativeDecoder(target, dh.load_heads(tmp_path / "h", target=target))) == chosen
 
     tree_file.write_text(json.dumps({"tree": chosen}))  # calibrated: used whatever the device
     loaded = dh.load_heads(tmp_path / "h", target=target)
-    assert resolve_tree(loaded, "cuda") == chosen and resolve_tree(loaded, "cpu") == chosen
+    assert resolve_tree(loaded, "cuda").to_json() == chosen and resolve_tree(loaded, "cpu").to_json() == chosen
     assert tree_source(loaded, "cuda") == "calibration"
 
 
@@ -81,8 +82,8 @@ def test_a_dynamic_tree_for_another_device_keeps_its_draft_vocabulary():
     eagle = dh.EagleHead.for_target(target)
     eagle.tree = {"total_tokens": 6, "depth": 2, "top_k": 2, "draft_vocab_size": 32}
     eagle.tree_origin = {"chosen_by": "training", "device_type": "cpu"}
-    assert resolve_tree(eagle, "cuda") == {**DYNAMIC_DEFAULTS["cuda"], "draft_vocab_size": 32}
-    assert resolve_tree(eagle, "cpu") == eagle.tree
+    assert resolve_tree(eagle, "cuda").to_json() == {**DYNAMIC_DEFAULTS["cuda"].to_json(), "draft_vocab_size": 32}
+    assert resolve_tree(eagle, "cpu").to_json() == eagle.tree
 
 
 # ---------------------------------------------------------------------------------------------

@@ -17,6 +17,7 @@ import draftheads as dh
 from draftheads.config import ConfigError, config_from_dict
 from draftheads.heads.eagle import default_feature_layers
 from draftheads.inference.sampling import SamplingParams
+from draftheads.registry import TreeKind, method_of
 from draftheads.train.model import TargetWithHeads
 
 from inference_utils import greedy_reference, tiny_target
@@ -263,7 +264,7 @@ def test_dynamic_tree_calibration_is_saved_and_used(tmp_path):
     proposer = dh.SpeculativeDecoder(target, loaded).proposer
     assert (proposer.total_tokens, proposer.depth, proposer.top_k) == tuple(result.tree[k] for k in ("total_tokens", "depth", "top_k"))
     (tmp_path / "h" / TREE_NAME).write_text(json.dumps({"tree": {"total_tokens": 0, "depth": 3}}))
-    with pytest.raises(ValueError, match="positive integers"):
+    with pytest.raises(ValueError, match="total_tokens must be a positive integer"):
         dh.load_heads(tmp_path / "h", target=target)
 
 
@@ -319,7 +320,7 @@ def test_every_head_type_declares_its_traits():
     for name, cls in head_types().items():
         assert set(cls.spec_options) <= fields, name
         assert cls.training_objective in ("future_tokens", "draft_steps", "parallel_depths", "block"), name
-        assert cls.dynamic_tree == (cls.training_objective == "draft_steps"), name
+        assert (method_of(cls).tree is TreeKind.DYNAMIC) == (cls.training_objective == "draft_steps"), name
     target = tiny_target("llama")
     heads = build_heads(HeadsSpec(head_type="eagle3", num_heads=2, feature_layers=[0, 1], draft_vocab_size=16), target)
     assert heads.feature_layers == [0, 1] and heads.draft_to_target.numel() == 16

@@ -128,13 +128,9 @@ PROBES = {"training_objective", "head_type", "dynamic_tree"}
 #: Attributes only some head types had, probed with hasattr/getattr to tell them apart.
 PROBED = {"training_objective", "dynamic_tree", "set_draft_vocab", "choose_mask_token", "resolve_options",
           "validate_loaded"}
-#: Dispatch sites not moved into a method yet, per file (the goal is none): this number may only
-#: go down. The inference layer's are the drafters' (one typed tree spec).
-NOT_YET = {
-    "heads/tree_check.py": 2, "tune/tables.py": 1, "tune/training.py": 2,  # isinstance(tree, dict): the typed tree spec
-    "inference/default_tree.py": 2, "inference/planned.py": 2,
-    "inference/proposers/dflash.py": 1, "inference/proposers/peagle.py": 1,
-}
+#: Dispatch sites not moved into a method yet, per file: none left, and none may come back (a tree
+#: is told apart by its typed spec, `plans.trees`, and heads by their method's declarations).
+NOT_YET: dict[str, int] = {}
 
 
 def method_dispatch_sites(source: str) -> list[int]:

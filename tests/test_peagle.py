@@ -270,7 +270,7 @@ def test_bad_trees_and_layers_are_refused():
     heads.set_draft_vocab(torch.arange(64).index_fill(0, torch.tensor([MASK]), 0))
     with pytest.raises(ValueError, match=r"the tree is 5 deep but these peagle heads were trained for 4 depths"):
         heads.proposer(tree=[[0] * d for d in range(1, 6)])
-    with pytest.raises(ValueError, match=r"static tree from one forward"):
+    with pytest.raises(ValueError, match=r"peagle heads take a static tree"):
         heads.proposer(tree={"total_tokens": 4, "depth": 3, "top_k": 1})
     with pytest.raises(ValueError, match=r"draft from their own trained vocabulary"):
         heads.proposer(tree=[[0]], draft_vocab_size=16)

@@ -216,13 +216,13 @@ def test_the_batch_size_follows_the_nearest_measured_size_at_or_below():
 
 def test_entries_of_another_device_type_are_ignored():
     t = table()
-    assert select(t, "cuda", 1, 0.7).entry.tree == [[0], [0, 0]]  # cuda has only greedy: nearest is 0
+    assert select(t, "cuda", 1, 0.7).entry.tree.to_json() == [[0], [0, 0]]  # cuda has only greedy: nearest is 0
     only_gpu = TreePlans((PlanEntry(tree=[[0]], device_type="cuda"),))
     choice = select(only_gpu, "cpu", 1, 0.0)
     assert choice.entry is None and choice.ignored == ("cuda",)
     anywhere = TreePlans((PlanEntry(tree=[[1]]), PlanEntry(tree=[[0]], device_type="cuda")))
-    assert select(anywhere, "cpu", 1, 0.0).entry.tree == [[1]]  # any-device entries where none is this type's
-    assert select(anywhere, "cuda", 1, 0.0).entry.tree == [[0]]  # this type's own entries win
+    assert select(anywhere, "cpu", 1, 0.0).entry.tree.to_json() == [[1]]  # any-device entries where none is this type's
+    assert select(anywhere, "cuda", 1, 0.0).entry.tree.to_json() == [[0]]  # this type's own entries win
 
 
 def test_measuring_one_device_type_keeps_the_others():
@@ -230,7 +230,7 @@ def test_measuring_one_device_type_keeps_the_others():
                      PlanEntry(tree=[[0]], device_type="cpu", temperature=1.0)))
     new = TreePlans((PlanEntry(tree=[[0], [1]], device_type="cpu"),))
     merged = old.merged(new)
-    assert [(e.device_type, e.tree) for e in merged.entries] == [("cpu", [[0], [1]]), ("cuda", [[0]])]
+    assert [(e.device_type, e.tree.to_json()) for e in merged.entries] == [("cpu", [[0], [1]]), ("cuda", [[0]])]
 
 
 def test_temperatures_compare_as_numbers():

@@ -163,7 +163,7 @@ def test_each_temperature_goes_plain_where_its_tree_loses_to_generate(setup, mon
     by_temp = {e.temperature: e for e in plans.entries}
     assert [(e.temperature, e.batch_size, e.mode) for e in plans.entries] == [
         (0.0, 1, SPECULATIVE), (0.7, 1, PLAIN), (1.0, 1, PLAIN)]
-    assert by_temp[0.7].tree == TREE  # a plain entry keeps the tree that lost
+    assert by_temp[0.7].tree.to_json() == TREE  # a plain entry keeps the tree that lost
     for t, entry in by_temp.items():  # what was measured is kept in the entry, as calibrate keeps it
         batch = entry.measured["batch"]
         assert math.isclose(batch["speedup_median"], sorted(ratios[t])[1] / 2 + sorted(ratios[t])[2] / 2)

@@ -23,9 +23,8 @@ class DraftHeads(nn.Module):
     head_type: str = ""
     #: Whether head_states also takes the tokens before each head's target (Hydra).
     reads_tokens = False
-    #: Deprecated: the method's `registry.TreeKind` says how its heads draft, and its loss how they
-    #: train (draftheads/methods/). Kept while the inference layer still reads them.
-    dynamic_tree = False
+    #: Which targets the heads learn (`registry.Method.learns_next_tokens` reads it); how they draft
+    #: is their method's `registry.TreeKind`.
     training_objective = "future_tokens"
     #: The `HeadsSpec` (config ``heads:``) fields that `for_target` takes besides num_heads/num_layers.
     spec_options: tuple[str, ...] = ()

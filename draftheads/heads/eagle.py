@@ -78,7 +78,6 @@ class EagleHead(DraftHeads):
     teacher-forced recipe); ``config.num_layers`` the number of decoder layers (1 in EAGLE)."""
 
     head_type = "eagle"
-    dynamic_tree = True
     training_objective = "draft_steps"
     spec_options: tuple[str, ...] = ("noise", "fc_bias", "loss")
     #: config.json "extra" keys the draft layer is built from (checked at load).

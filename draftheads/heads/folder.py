@@ -19,6 +19,7 @@ from ..plans import (
     CHOSEN_BY_TRAINING,
     TREE_NAME,
     TreePlans,
+    TreeSpec,
     from_json,
     given_tree,
     greedy_batch_plan,
@@ -26,6 +27,7 @@ from ..plans import (
     plan_to_json,
     plans_json,
     primary,
+    tree_json,
 )
 from .config import FORMAT_VERSION
 
@@ -43,7 +45,7 @@ def non_finite_tensors(state: dict[str, torch.Tensor]) -> str | None:
 
 
 def save_heads(
-    heads: torch.nn.Module, path: str | os.PathLike, tree: list[list[int]] | dict | None = None,
+    heads: torch.nn.Module, path: str | os.PathLike, tree: TreeSpec | list[list[int]] | dict | None = None,
     extra_files: dict[str, str] | None = None,
 ) -> Path:
     """Export heads only (never the target's weights) as a versioned safetensors folder, with
@@ -79,7 +81,7 @@ def plans_view(plans: TreePlans | None) -> dict[str, Any]:
     origin = {}
     if entry is not None and entry.chosen_by == CHOSEN_BY_TRAINING:
         origin = {"chosen_by": CHOSEN_BY_TRAINING, **({"device_type": entry.device_type} if entry.device_type else {})}
-    return {"tree": None if entry is None else entry.tree,
+    return {"tree": None if entry is None else tree_json(entry.tree),
             "draft_vocab_size": None if entry is None else entry.draft_vocab_size,
             "tree_origin": origin, "batch_plan": greedy_batch_plan(plans)}
 

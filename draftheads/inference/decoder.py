@@ -12,7 +12,7 @@ from typing import Any, Mapping
 
 import torch
 
-from ..plans import PLAIN, SPECULATIVE, BatchPlan
+from ..plans import PLAIN, SPECULATIVE, BatchPlan, TreeSpec
 from ..heads.config import text_config
 from .accept import ACCEPTANCE
 from .compaction import check_compaction
@@ -73,6 +73,9 @@ class SpeculativeDecoder:
     as the default dynamic cache; whether it is faster depends on the device: measure it
     (benchmarks/gpu.sh, its static_cache section).
 
+    ``tree`` (heads only) drafts one tree for every request: a `StaticTree` or rank paths such
+    as ``[[0], [1], [0, 0]]`` (Medusa, Hydra, P-EAGLE, DFlash), a `DynamicTree` or its settings
+    such as ``{"total_tokens": 12, "depth": 5, "top_k": 4}`` (EAGLE, EAGLE-3) (`plans.trees`).
     Heads without a ``tree`` follow the table saved with them (tree.json, `draftheads.plans`):
     what to run per device type x batch size x temperature, a tree or plain decoding (the
     target's own `generate`). Each request runs the entry for this decoder's device type, the
@@ -116,7 +119,7 @@ class SpeculativeDecoder:
         self,
         target: torch.nn.Module,
         proposer: Drafter | Proposer | torch.nn.Module,
-        tree: list[list[int]] | TreeShape | None = None,
+        tree: TreeSpec | list[list[int]] | dict | TreeShape | None = None,
         check_model: bool = True,
         cache: str = "dynamic",
         compile: bool | str = False,

@@ -14,13 +14,15 @@ import torch
 
 from ..heads.acceptance import default_choices, grow_tree
 from ..heads.folder import saved_plans
-from ..plans import CHOSEN_BY_TRAINING, PlanEntry, TreePlans, select
+from ..plans import CHOSEN_BY_TRAINING, DynamicTree, PlanEntry, StaticTree, TreePlans, TreeSpec, primary, select
+from ..plans import tree_spec
+from ..registry import method_of
 
 # EAGLE-2 dynamic-tree settings. CPU: small trees (verify cost grows fast with tokens there).
 # CUDA: the EAGLE-2 paper's defaults (60 tokens, depth 6, top-10), the GPU is nearly flat up to ~64.
-DYNAMIC_DEFAULTS: dict[str, dict[str, int]] = {
-    "cpu": {"total_tokens": 12, "depth": 5, "top_k": 4},
-    "cuda": {"total_tokens": 60, "depth": 6, "top_k": 10},
+DYNAMIC_DEFAULTS: dict[str, DynamicTree] = {
+    "cpu": DynamicTree(total_tokens=12, depth=5, top_k=4),
+    "cuda": DynamicTree(total_tokens=60, depth=6, top_k=10),
 }
 LARGE_STATIC_NODES = 48  # drafted nodes of the GPU default static tree (Medusa's own default has 63)
 
@@ -38,16 +40,16 @@ def large_static_choices(num_heads: int, nodes: int = LARGE_STATIC_NODES) -> lis
     return [list(path) for path, _ in grow_tree(_prior_accuracy(max(num_heads, 1)), nodes)]
 
 
-def device_default(heads: torch.nn.Module, device: torch.device | str) -> list[list[int]] | dict:
+def device_default(heads: torch.nn.Module, device: torch.device | str) -> TreeSpec:
     """The default tree for ``heads`` on ``device``: small on CPU (and anything not CUDA), large on CUDA."""
     kind = torch.device(device).type
     own = getattr(heads, "default_tree", None)
     if callable(own):  # a head type with its own default (DFlash: the chain of its block)
-        return own(kind)
-    if getattr(heads, "dynamic_tree", False):
-        return dict(DYNAMIC_DEFAULTS["cuda" if kind == "cuda" else "cpu"])
+        return tree_spec(own(kind))
+    if not method_of(heads).tree.rank_paths:
+        return DYNAMIC_DEFAULTS["cuda" if kind == "cuda" else "cpu"]
     num_heads = heads.config.num_heads
-    return large_static_choices(num_heads) if kind == "cuda" else default_choices(num_heads)
+    return StaticTree.parse(large_static_choices(num_heads) if kind == "cuda" else default_choices(num_heads))
 
 
 def heads_plans(heads: torch.nn.Module) -> TreePlans | None:
@@ -68,19 +70,19 @@ def tree_source(heads: torch.nn.Module, device: torch.device | str) -> str:
     return source_of(select(heads_plans(heads), torch.device(device).type, 1, 0.0).entry)
 
 
-def default_for(heads: torch.nn.Module, device: torch.device | str) -> list[list[int]] | dict:
+def default_for(heads: torch.nn.Module, device: torch.device | str) -> TreeSpec:
     """This device type's default tree for ``heads``. For dynamic trees the saved draft
     vocabulary restriction is kept (it trades acceptance for drafting cost and does not depend on
     the tree's size)."""
-    saved = getattr(heads, "tree", None)
     tree = device_default(heads, device)
-    if isinstance(tree, dict) and isinstance(saved, dict) and saved.get("draft_vocab_size"):
-        tree["draft_vocab_size"] = saved["draft_vocab_size"]
+    saved = primary(heads_plans(heads))
+    if isinstance(tree, DynamicTree) and saved is not None and isinstance(saved.tree, DynamicTree):
+        return tree.with_draft_vocab(saved.tree.draft_vocab_size or tree.draft_vocab_size)
     return tree
 
 
 def resolve_tree(heads: torch.nn.Module, device: torch.device | str, batch_size: int = 1,
-                 temperature: float = 0.0) -> list[list[int]] | dict:
+                 temperature: float = 0.0) -> TreeSpec:
     """The tree ``heads`` should draft on ``device`` for a request of ``batch_size`` rows at
     ``temperature`` when the caller gave none: the tree.json entry that `plans.select` picks
     (never one measured on another device type), else the device default."""

@@ -13,7 +13,6 @@ settings, never on what the target produces, so decoding stays lossless.
 """
 from __future__ import annotations
 
-import json
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
@@ -21,7 +20,7 @@ from typing import Any, Callable, Mapping
 import torch
 
 from ..plans import PLAIN, SPECULATIVE, BatchPlan, PlanEntry, greedy_batch_plan, mode_for, parse_batch_plan, select
-from ..plans import usable_entries
+from ..plans import DynamicTree, TreeSpec, usable_entries
 from .default_tree import default_for, heads_plans, source_of
 
 #: How the decoder follows the table (its ``batch_plan`` argument).
@@ -38,16 +37,15 @@ class PlannedRun:
     stats: dict = field(default_factory=dict)
 
 
-def _tree_key(tree: Any, draft_vocab_size: int | None) -> str:
-    return json.dumps([tree, draft_vocab_size], sort_keys=True, default=str)
+def _tree_key(tree: TreeSpec, draft_vocab_size: int | None) -> tuple[TreeSpec, int | None]:
+    return (tree, draft_vocab_size)
 
 
-def _proposer_for(heads: torch.nn.Module, tree: Any, draft_vocab_size: int | None) -> Any:
-    """``heads``' proposer for an entry's tree, with the entry's own draft vocabulary (static
-    heads: the whole vocabulary when the entry has none, whatever the heads' default is)."""
-    if isinstance(tree, dict) or getattr(heads, "dynamic_tree", False):
-        return heads.proposer(tree=tree)
-    if draft_vocab_size is None and getattr(heads, "draft_vocab_size", None) is None:
+def _proposer_for(heads: torch.nn.Module, tree: TreeSpec, draft_vocab_size: int | None) -> Any:
+    """``heads``' proposer for an entry's tree, with the entry's own draft vocabulary. A static
+    tree's vocabulary is the entry's (the whole vocabulary when the entry has none, whatever the
+    heads' default is); a dynamic tree carries its own."""
+    if isinstance(tree, DynamicTree) or (draft_vocab_size is None and getattr(heads, "draft_vocab_size", None) is None):
         return heads.proposer(tree=tree)
     size = draft_vocab_size if draft_vocab_size is not None else int(heads.config.vocab_size)  # >= vocab: all of it
     return heads.proposer(tree=tree, draft_vocab_size=size)

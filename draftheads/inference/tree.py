@@ -13,6 +13,7 @@ from functools import cached_property, lru_cache
 import torch
 
 from ..heads.acceptance import DEFAULT_CHOICES, default_choices  # noqa: F401 (re-exported)
+from ..plans import StaticTree
 
 
 @dataclass(frozen=True, eq=False)
@@ -144,6 +145,14 @@ def chain_shape(length: int) -> TreeShape:
     length for every proposer that drafts chains: the topology it derives (masks, paths, its
     device copies) is built once, not every step."""
     return TreeShape.chain(length)
+
+
+def static_shape(tree: "TreeShape | StaticTree | list", who: str) -> TreeShape:
+    """The topology of a static tree given as a shape, a `plans.StaticTree` or rank paths;
+    a ValueError naming ``who`` (the heads) for dynamic-tree settings."""
+    if isinstance(tree, TreeShape):
+        return tree
+    return TreeShape.from_choices(StaticTree.parse(tree, who).paths)
 
 
 @dataclass

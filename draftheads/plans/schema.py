@@ -33,6 +33,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
 from .batch_sizes import MODES, SPECULATIVE, batch_size, parse_batch_plan
+from .trees import TreeSpec, tree_spec
 
 FORMAT_VERSION = 2
 CHOSEN_BY_CALIBRATION = "calibrate"
@@ -46,9 +47,10 @@ ENTRY_KEYS = ("device_type", "batch_size", "temperature", "mode", "tree", "draft
 @dataclass(frozen=True)
 class PlanEntry:
     """What to run for requests on ``device_type`` (None: any) from ``batch_size`` rows up at
-    ``temperature``: ``tree`` speculatively, or plain decoding (``mode`` "plain")."""
+    ``temperature``: ``tree`` speculatively, or plain decoding (``mode`` "plain"). ``tree`` may be
+    given as JSON holds it (rank paths or settings): it is kept as its `trees.TreeSpec`."""
 
-    tree: list | dict | None
+    tree: TreeSpec | None
     temperature: float = 0.0
     batch_size: int = 1
     device_type: str | None = None
@@ -56,6 +58,10 @@ class PlanEntry:
     draft_vocab_size: int | None = None
     chosen_by: str = CHOSEN_BY_CALIBRATION
     measured: dict = field(default_factory=dict, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.tree is not None:
+            object.__setattr__(self, "tree", tree_spec(self.tree))
 
     @property
     def key(self) -> tuple[str | None, int, float]:
@@ -70,7 +76,7 @@ class PlanEntry:
         data = {"device_type": self.device_type, "batch_size": self.batch_size, "temperature": self.temperature,
                 "mode": self.mode}
         if self.tree is not None:  # a plain entry keeps the tree that was timed (and lost) there
-            data["tree"] = self.tree
+            data["tree"] = self.tree.to_json()
             data["draft_vocab_size"] = self.draft_vocab_size
         data["chosen_by"] = self.chosen_by
         if self.measured:
@@ -202,7 +208,7 @@ def _entry(item: Any, where: str) -> PlanEntry:
     measured = item.get("measured", {})
     if not isinstance(measured, Mapping):
         raise ValueError(f"{where}: measured must be an object, got {type(measured).__name__}")
-    return PlanEntry(tree=tree, temperature=temperature, batch_size=size,
+    return PlanEntry(tree=_tree(tree, where), temperature=temperature, batch_size=size,
                      device_type=device, mode=mode, draft_vocab_size=item.get("draft_vocab_size"),
                      chosen_by=chosen_by, measured=dict(measured))
 
@@ -215,7 +221,7 @@ def _from_version_1(data: Mapping, where: str) -> TreePlans:
     device = data.get("device_type") if by_training and isinstance(data.get("device_type"), str) else None
     chosen_by = CHOSEN_BY_TRAINING if by_training else CHOSEN_BY_CALIBRATION
     measured = {k: v for k, v in data.items() if k not in LEGACY_CONTENT}
-    base = PlanEntry(tree=data["tree"], device_type=device, draft_vocab_size=data.get("draft_vocab_size"),
+    base = PlanEntry(tree=_tree(data["tree"], where), device_type=device, draft_vocab_size=data.get("draft_vocab_size"),
                      chosen_by=chosen_by, measured=measured)
     if "batch_plan" not in data:
         return TreePlans((base,), version=1)
@@ -231,6 +237,15 @@ def _from_version_1(data: Mapping, where: str) -> TreePlans:
     return TreePlans(tuple(entries), version=1)
 
 
-def given_tree(tree: list | dict, draft_vocab_size: int | None = None) -> TreePlans:
+def _tree(value: Any, where: str) -> TreeSpec | None:
+    """An entry's tree as its spec; a ValueError naming ``where`` for one that is no tree at all
+    (whether it fits the heads is checked when they load it, `heads.tree_check`)."""
+    try:
+        return None if value is None else tree_spec(value)
+    except ValueError as e:
+        raise ValueError(f"{where}: {e}") from None
+
+
+def given_tree(tree: TreeSpec | list | dict, draft_vocab_size: int | None = None) -> TreePlans:
     """The file for a tree saved by hand (``save_pretrained(tree=...)``): used on any device."""
     return TreePlans((PlanEntry(tree=tree, draft_vocab_size=draft_vocab_size, chosen_by=CHOSEN_BY_HAND),))

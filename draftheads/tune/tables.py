@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..plans import CHOSEN_BY_CALIBRATION, PLAIN, SPECULATIVE, PlanEntry
+from ..plans import CHOSEN_BY_CALIBRATION, PLAIN, SPECULATIVE, PlanEntry, tree_spec
 from .batch_plan import BatchPlanResult
 
 #: Result fields that are the entry itself, not its measurements.
@@ -38,9 +38,7 @@ def entries_for(tree: Any, draft_vocab_size: int | None, measured: dict[str, Any
 
 def drafts_nothing(tree: Any) -> bool:
     """A chosen tree with no draft node: static rank paths ``[]``, or EAGLE settings of one token."""
-    if isinstance(tree, dict):
-        return int(tree.get("total_tokens", 2)) <= 1
-    return tree is not None and len(tree) == 0
+    return tree is not None and tree_spec(tree).drafts_nothing
 
 
 def static_entries(result: Any, device_type: str, batch: BatchPlanResult | None = None,

@@ -55,7 +55,8 @@ from typing import Any, Callable, Iterator
 import torch
 
 from ..registry import TreeKind, method_of
-from ..plans import CHOSEN_BY_TRAINING, PLAIN, SPECULATIVE, PlanEntry, TreePlans, parse_temperatures, write_plans
+from ..plans import CHOSEN_BY_TRAINING, PLAIN, SPECULATIVE, DynamicTree, PlanEntry, TreePlans, parse_temperatures, tree_spec
+from ..plans import write_plans
 from .batch_plan import PLAIN_MARGIN, BatchPlanResult, measure_batch_plan
 from .calibrate import (
     calibrate_dynamic_tree,
@@ -428,20 +429,20 @@ def describe(data: dict[str, Any]) -> dict[str, Any]:
 
 def _describe_tree(data: dict[str, Any]) -> dict[str, Any]:
     """The tree itself: its size, vocabulary and what the cost model expected of it."""
-    tree = data["tree"]
-    if tree == [] or (isinstance(tree, dict) and tree.get("total_tokens") == 1):  # root-only: plain steps
+    tree = tree_spec(data["tree"])
+    if tree.drafts_nothing:  # root-only: plain steps
         return {"text": "plain decoding (no tree paid for its drafting and verification on this device)",
                 "nodes": 1, "draft_vocab_size": None}
-    if isinstance(tree, dict):
+    if isinstance(tree, DynamicTree):
         calibration = data.get("calibration", {})
-        vocab = tree.get("draft_vocab_size")
+        vocab = tree.draft_vocab_size
         speedup = calibration.get("tokens_per_second", 0) / max(calibration.get("plain_tokens_per_second", 0), 1e-9)
-        text = (f"dynamic tree {tree['total_tokens']} tokens, depth {tree['depth']}, top-{tree['top_k']}, "
+        text = (f"dynamic tree {tree.total_tokens} tokens, depth {tree.depth}, top-{tree.top_k}, "
                 f"{'whole vocabulary' if not vocab else f'{vocab}-token draft vocabulary'}, "
                 f"{speedup:.2f}x the decode loop's one-token steps measured")
-        return {"text": text, "tree": tree, "draft_vocab_size": vocab, "measured_speedup": speedup}
+        return {"text": text, "tree": tree.to_json(), "draft_vocab_size": vocab, "measured_speedup": speedup}
     vocab = data.get("draft_vocab_size")
-    text = (f"static tree of {len(tree) + 1} nodes, {'whole vocabulary' if not vocab else f'{vocab}-token draft vocabulary'}, "
+    text = (f"static tree of {tree.nodes} nodes, {'whole vocabulary' if not vocab else f'{vocab}-token draft vocabulary'}, "
             f"expected {data['expected_tokens_per_step']:.2f} tokens/step, {data['expected_speedup']:.2f}x one-token steps")
-    return {"text": text, "nodes": len(tree) + 1, "draft_vocab_size": vocab,
+    return {"text": text, "nodes": tree.nodes, "draft_vocab_size": vocab,
             "expected_tokens_per_step": data["expected_tokens_per_step"], "expected_speedup": data["expected_speedup"]}

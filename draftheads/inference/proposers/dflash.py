@@ -32,7 +32,8 @@ from __future__ import annotations
 
 import torch
 
-from ..tree import TreeShape
+from ...plans import StaticTree
+from ..tree import TreeShape, static_shape
 from .parallel import ParallelDrafter
 from .row_cache import RowCache
 
@@ -45,7 +46,7 @@ def chain_choices(length: int) -> list[list[int]]:
 class DFlashDrafter(ParallelDrafter):
     """Every row's block in one forward, over a shared context cache (`row_cache.RowCache`)."""
 
-    def __init__(self, heads: torch.nn.Module, tree: list[list[int]] | TreeShape | None = None,
+    def __init__(self, heads: torch.nn.Module, tree: StaticTree | list[list[int]] | TreeShape | None = None,
                  draft_vocab_size: int | None = None) -> None:
         """``draft_vocab_size``: None = the heads' calibrated one (``heads.draft_vocab_size``),
         else the whole vocabulary; >= the vocabulary: the whole of it."""
@@ -58,14 +59,7 @@ class DFlashDrafter(ParallelDrafter):
 
         super().__init__(RowCache(empty))
         slots = heads.config.num_heads
-        if isinstance(tree, dict):
-            raise ValueError(
-                "dflash heads draft a static tree from one block's per-slot ranks: pass a list of rank paths such as "
-                "[[0], [0, 0], [1]], not dynamic-tree settings"
-            )
-        if tree is None:
-            tree = chain_choices(slots)
-        self.shape = tree if isinstance(tree, TreeShape) else TreeShape.from_choices(tree)
+        self.shape = static_shape(chain_choices(slots) if tree is None else tree, "dflash heads")
         if self.shape.max_depth > slots:
             raise ValueError(
                 f"the tree is {self.shape.max_depth} deep but these dflash heads draft {slots} tokens per block "

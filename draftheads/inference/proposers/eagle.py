@@ -31,6 +31,8 @@ from __future__ import annotations
 
 import torch
 
+from ...plans import DynamicTree
+from ...plans.trees import DEFAULT_DEPTH, DEFAULT_TOP_K, DEFAULT_TOTAL_TOKENS
 from ..compaction import check_compaction, wants_compaction
 from ..tree import Tree, chain_shape
 from .draft_cache import grown
@@ -38,22 +40,12 @@ from .eagle_tree import draw_chain, grow, nodes_up_to, select
 from .feed import FeedRows
 from .sampled import chains
 
-# Small enough to pay off on a CPU, where verify cost grows quickly with tree size; `draftheads
-# calibrate` measures better values for the device.
-DEFAULT_TOTAL_TOKENS = 12
-DEFAULT_DEPTH = 5
-DEFAULT_TOP_K = 4
 
-
-def eagle_drafter(head: torch.nn.Module, tree: dict | None = None) -> "EagleDrafter":
-    """EAGLE-2's dynamic tree for ``head`` (settings: ``tree`` dict, else the calibrated ones, else defaults)."""
-    settings = tree if tree is not None else (head.tree or {})
-    if not isinstance(settings, dict):
-        raise ValueError(
-            f"{head.head_type} heads draft a dynamic tree: pass tree={{'total_tokens': .., 'depth': .., 'top_k': ..}}, "
-            "not a static list of paths"
-        )
-    return EagleDrafter(head, **settings)
+def eagle_drafter(head: torch.nn.Module, tree: DynamicTree | dict | None = None) -> "EagleDrafter":
+    """EAGLE-2's dynamic tree for ``head``: ``tree`` (settings, missing ones the defaults), else
+    the calibrated ones saved with the heads, else the defaults (`plans.DynamicTree`)."""
+    spec = DynamicTree.parse(tree if tree is not None else (head.tree or {}), f"{head.head_type} heads")
+    return EagleDrafter(head, spec.total_tokens, spec.depth, spec.top_k, spec.draft_vocab_size)
 
 
 class EagleDrafter(FeedRows):

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import torch
 
+from ...plans import StaticTree
 from ..sampling import SamplingParams
-from ..tree import Tree, TreeShape, default_choices
+from ..tree import Tree, TreeShape, default_choices, static_shape
 from .drafter import Drafter
 from .sampled import chains, draw
 
@@ -26,7 +27,7 @@ class MedusaDrafter(Drafter):
     def __init__(
         self,
         heads: torch.nn.Module,
-        tree: list[list[int]] | TreeShape | None = None,
+        tree: StaticTree | list[list[int]] | TreeShape | None = None,
         draft_vocab_size: int | None = None,
     ) -> None:
         self.heads = heads.eval()
@@ -34,7 +35,7 @@ class MedusaDrafter(Drafter):
         if tree is None:  # the calibrated tree saved with the heads, else a default
             tree = getattr(heads, "tree", None)
             tree = default_choices(heads.config.num_heads) if tree is None else tree
-        self.shape = tree if isinstance(tree, TreeShape) else TreeShape.from_choices(tree)
+        self.shape = static_shape(tree, f"{heads.head_type} heads")
         if self.shape.max_depth > heads.config.num_heads:
             raise ValueError(
                 f"the tree is {self.shape.max_depth} deep but the heads have only {heads.config.num_heads} "

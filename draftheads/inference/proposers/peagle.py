@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import torch
 
-from ..tree import TreeShape
+from ...plans import StaticTree
+from ..tree import TreeShape, static_shape
 from .parallel import ParallelDrafter
 from .row_cache import RowCache
 
@@ -42,20 +43,15 @@ class PEagleDrafter(ParallelDrafter):
     ``tree``: rank paths or a TreeShape; None = the tree saved with the heads, else the chain of
     all trained depths."""
 
-    def __init__(self, head: torch.nn.Module, tree: list[list[int]] | TreeShape | None = None) -> None:
+    def __init__(self, head: torch.nn.Module, tree: StaticTree | list[list[int]] | TreeShape | None = None) -> None:
         self.head = head.eval()
         w = head.fc.weight
         super().__init__(RowCache(lambda capacity, rows: head.new_cache(capacity, w.device, w.dtype, rows=rows)))
         head.check_vocab_mapping()
         depths = head.config.num_heads
         if tree is None:
-            tree = head.tree if isinstance(head.tree, list) else [[0] * d for d in range(1, depths + 1)]
-        if isinstance(tree, dict):
-            raise ValueError(
-                "peagle heads draft a static tree from one forward: pass rank paths such as [[0], [0, 0], [0, 0, 0]] "
-                "(a chain of 3), not dynamic-tree settings"
-            )
-        self.shape = tree if isinstance(tree, TreeShape) else TreeShape.from_choices(tree)
+            tree = head.tree if head.tree is not None else StaticTree.chain(depths)
+        self.shape = static_shape(tree, "peagle heads")
         if self.shape.max_depth > depths:
             raise ValueError(
                 f"the tree is {self.shape.max_depth} deep but these peagle heads were trained for {depths} depths: "
