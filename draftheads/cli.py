@@ -109,8 +109,8 @@ def cmd_generate(args) -> int:
 
     target, tokenizer = _load_target(args.target, args.device, args.dtype, args.trust_remote_code)
     options = {"draw_drafts": False} if args.top_k_drafts and args.heads else {}
-    if args.heads and args.prompt_lookup:
-        options["prompt_lookup"] = True
+    if args.heads and args.prompt_lookup is not None:  # else the heads' plan decides
+        options["prompt_lookup"] = args.prompt_lookup
     decoder = dh.SpeculativeDecoder(target, _proposer(args, target, tokenizer), **options)
     ids = _encode_prompt(tokenizer, args.prompt, not args.no_chat_template)
     _check_prompt(ids, args.max_new_tokens, decoder.max_positions)
@@ -263,7 +263,7 @@ def _batch_plan(args, target, heads, tree, prompts, temperature: float = 0.0):
     from .tune.batch_plan import measure_batch_plan
 
     result = measure_batch_plan(target, heads, tree, prompts, args.batch_sizes, new_tokens=args.new_tokens,
-                                temperature=temperature)
+                                temperature=temperature, try_lookup=args.prompt_lookup)
     print("\n".join(result.lines()))
     return result
 
@@ -364,8 +364,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_target_args(p)
     p.add_argument("--heads", help="heads folder")
     p.add_argument("--draft-model", help="a small LM with the same tokenizer (classic speculative sampling)")
-    p.add_argument("--prompt-lookup", action="store_true",
-                   help="draft by n-gram lookup in the prompt (with --heads: lookup where the text repeats, the heads elsewhere)")
+    p.add_argument("--prompt-lookup", action=argparse.BooleanOptionalAction, default=None,
+                   help="draft by n-gram lookup in the prompt. With --heads: lookup where the text repeats, the heads "
+                        "elsewhere, for every request; --no-prompt-lookup: the heads alone (default: as the heads' "
+                        "tree.json says, where it measured faster)")
     p.add_argument("--prompt", required=True)
     p.add_argument("--max-new-tokens", type=positive_int, default=256)
     p.add_argument("--temperature", type=float, help="0 = greedy; default: the model's generation config, as generate()")
@@ -393,6 +395,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also time the chosen tree against plain decoding at these batch sizes and save a per-size "
                         "plan (tree.json entries per batch size): SpeculativeDecoder decodes plainly where speculation "
                         "loses")
+    p.add_argument("--prompt-lookup", action=argparse.BooleanOptionalAction, default=True,
+                   help="with --batch-sizes: also time the tree behind prompt lookup and save it where it is faster "
+                        "(tree.json prompt_lookup; default: on)")
     p.add_argument("--temperatures", type=_temperatures, default=[0.0], metavar="0,0.7,1.0",
                    help="measure a tree (and the batch plan) at each of these sampling temperatures (0 = greedy); "
                         "the decoder runs the one nearest a request's temperature (default: 0)")

@@ -155,6 +155,10 @@ class TrainConfig:
     # machine and write heads/tree.json. false: skip it (the decoder uses its device default; run
     # `draftheads calibrate` on the machine that will serve, whose timings are the ones that count).
     choose_tree: Bool = True
+    # With choose_tree: also time each chosen tree behind prompt lookup (a row whose text repeats an
+    # earlier n-gram drafts the copy, the heads the others) and save it in tree.json where it is
+    # faster; the decoder follows (SpeculativeDecoder's prompt_lookup=None). false: heads alone.
+    choose_prompt_lookup: Bool = True
 
     def __post_init__(self) -> None:
         betas = self.adam_betas

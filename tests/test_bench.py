@@ -178,18 +178,21 @@ def test_method_names_follow_head_types(heads_dir, tmp_path):
     assert resolve_compare(None, ["medusa"], None, True) == ["medusa", "prompt-lookup"]
     assert resolve_compare(["plain", "prompt-lookup", "medusa"], ["medusa"], None, False) == ["prompt-lookup", "medusa"]
     assert resolve_compare(["medusa+lookup", "medusa"], ["medusa"], None, False) == ["medusa+lookup", "medusa"]
+    assert resolve_compare(["medusa-lookup"], ["medusa"], None, False) == ["medusa-lookup"]
 
 
 def test_bench_heads_behind_prompt_lookup(tiny_target_dir, heads_dir, questions_file, tmp_path):
-    """NAME+lookup benches those heads with prompt lookup in front, exact like every method."""
+    """NAME+lookup benches those heads with prompt lookup in front, NAME-lookup the heads alone and
+    NAME as their tree.json says (it holds no lookup here): exact like every method."""
     out = tmp_path / "r"
-    assert _bench(tiny_target_dir, "--heads", heads_dir, "--compare", "medusa+lookup,medusa", "--questions",
-                  questions_file, "--warmup", "0", "--out", out) == 0
+    assert _bench(tiny_target_dir, "--heads", heads_dir, "--compare", "medusa+lookup,medusa,medusa-lookup",
+                  "--questions", questions_file, "--warmup", "0", "--out", out) == 0
     report = json.loads((out / "report.json").read_text())
-    hybrid, medusa = report["methods"]
+    hybrid, medusa, alone = report["methods"]
     assert hybrid["name"] == "medusa+lookup" and hybrid["prompt_lookup"] is True
     assert hybrid["proposer"] == "MedusaDrafter+PromptLookup" and hybrid["tree"] == medusa["tree"]
-    assert medusa["prompt_lookup"] is False
+    assert medusa["prompt_lookup"] == "as tree.json says" and medusa["proposer"] == "MedusaDrafter"
+    assert alone["prompt_lookup"] is False and alone["proposer"] == "MedusaDrafter"
     assert report["all_exact"] is True
 
 

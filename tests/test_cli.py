@@ -68,13 +68,15 @@ def test_generate_needs_exactly_one_proposer(tiny_target_dir):
 def test_generate_with_heads_and_prompt_lookup_is_exact(tiny_target_dir, heads_dir, tiny_tokenizer, capsys):
     """--heads DIR --prompt-lookup: lookup where the text repeats, the heads elsewhere; greedy text is generate's."""
     prompt = "for x in y: for x in y: for x in"
-    main(["generate", "--target", str(tiny_target_dir), "--heads", str(heads_dir), "--prompt-lookup", "--prompt", prompt,
-          "--max-new-tokens", "12", "--no-chat-template", "--quiet", "--temperature", "0"])
     target = AutoModelForCausalLM.from_pretrained(tiny_target_dir)
     ids = tiny_tokenizer(prompt, return_tensors="pt").input_ids
     ref = target.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=12,
                           pad_token_id=tiny_tokenizer.pad_token_id)
-    assert capsys.readouterr().out.strip() == tiny_tokenizer.decode(ref[0, ids.shape[1]:], skip_special_tokens=True).strip()
+    expected = tiny_tokenizer.decode(ref[0, ids.shape[1]:], skip_special_tokens=True).strip()
+    for flag in ("--prompt-lookup", "--no-prompt-lookup"):  # every request behind lookup; the heads alone
+        main(["generate", "--target", str(tiny_target_dir), "--heads", str(heads_dir), flag, "--prompt", prompt,
+              "--max-new-tokens", "12", "--no-chat-template", "--quiet", "--temperature", "0"])
+        assert capsys.readouterr().out.strip() == expected, flag
 
 
 def test_calibrate_writes_tree_json(tiny_target_dir, heads_dir, tmp_path, capsys):

@@ -11,6 +11,7 @@ import torch
 
 import draftheads as dh
 from draftheads.plans import primary, read_plans
+from draftheads.inference.proposers.hybrid import LookupThenHeads
 from draftheads.inference.default_tree import DYNAMIC_DEFAULTS, large_static_choices, resolve_tree, tree_source
 from draftheads.inference.tree import default_choices
 from draftheads.tune import training as export_tree
@@ -22,7 +23,9 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _choices(decoder) -> list[list[int]]:
-    return sorted([list(c) for c in decoder.proposer.shape.choices], key=lambda c: (len(c), c))
+    """The tree a greedy request drafts (the heads' drafter's, where the plan puts lookup in front)."""
+    drafter = decoder.proposer.heads if isinstance(decoder.proposer, LookupThenHeads) else decoder.proposer
+    return sorted([list(c) for c in drafter.shape.choices], key=lambda c: (len(c), c))
 
 
 def read_tree(folder):
@@ -178,14 +181,22 @@ def test_training_exports_heads_with_a_tree_chosen_by_training(tmp_path, tiny_ta
     result = run(cfg)
     saved = json.loads((result.heads_dir / "tree.json").read_text())
     assert (result.heads_dir / "tree.json").stat().st_mode & 0o044 == 0o044  # readable like the weights
-    assert saved["format_version"] == 2
+    assert saved["format_version"] == 3
     # greedy, 0.7 and 1.0, chosen by training for its device type, each timed against generate at
     # batch sizes 1, 4 and 8 (a tree that drafts nothing is plain without timing: batch 1 only)
     assert [e["temperature"] for e in saved["plans"] if e["batch_size"] == 1] == [0.0, 0.7, 1.0]
+
+    def verdict(entry):
+        """What the rule says: the better median of the heads alone and behind prompt lookup must
+        beat generate; prompt_lookup where the lookup's was the better one and did."""
+        batch = entry["measured"]["batch"]
+        alone, behind = batch["speedup_median"], batch["prompt_lookup"]["speedup_median"]
+        mode = "speculative" if max(alone, behind) > batch["min_speedup"] else "plain"
+        return mode, mode == "speculative" and behind > alone
+
     for entry in saved["plans"]:
         if entry["batch_size"] > 1:
-            batch = entry["measured"]["batch"]
-            assert entry["mode"] == ("speculative" if batch["speedup_median"] > batch["min_speedup"] else "plain")
+            assert (entry["mode"], entry.get("prompt_lookup", False)) == verdict(entry)
     timed = {e["temperature"] for e in saved["plans"] if e["tree"]}
     assert {(e["temperature"], e["batch_size"]) for e in saved["plans"] if e["temperature"] in timed} == {
         (t, size) for t in timed for size in (1, 4, 8)}
@@ -198,8 +209,9 @@ def test_training_exports_heads_with_a_tree_chosen_by_training(tmp_path, tiny_ta
         assert said["mode"] == entry["mode"]  # metrics.json says what tree.json decided
         if entry["tree"]:  # a tree that drafts something was timed; the verdict follows the median
             batch = entry["measured"]["batch"]
-            assert entry["mode"] == ("speculative" if batch["speedup_median"] > batch["min_speedup"] else "plain")
+            assert (entry["mode"], entry.get("prompt_lookup", False)) == verdict(entry)
             assert said["vs_generate"]["median"] == batch["speedup_median"]
+            assert said["vs_generate_behind_lookup"]["median"] == batch["prompt_lookup"]["speedup_median"]
         else:
             assert entry["mode"] == "plain"
     assert final["tree"]["plain_temperatures"] == [e["temperature"] for e in saved["plans"] if e["mode"] == "plain"]

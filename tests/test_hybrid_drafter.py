@@ -97,7 +97,7 @@ def test_lookup_then_heads_samples_the_target_distribution():
 def test_lookup_then_heads_bad_settings_are_named():
     target = tiny_target("llama", seed=1, vocab=64, hidden=32, layers=2)
     heads = medusa_heads(target)
-    with pytest.raises(ValueError, match="prompt_lookup must be True, False or a PromptLookupProposer"):
+    with pytest.raises(ValueError, match="prompt_lookup must be None .*, True, False or a PromptLookupProposer"):
         dh.SpeculativeDecoder(target, heads, prompt_lookup="yes")
     with pytest.raises(ValueError, match="prompt_lookup=... goes with heads"):
         dh.SpeculativeDecoder(target, dh.PromptLookupProposer(), prompt_lookup=True)

@@ -76,7 +76,8 @@ def test_each_request_runs_the_entry_of_its_temperature(setup, tmp_path):
     assert used == [GREEDY_TREE, sorted(WARM_TREE)]
     hot = decoder.generate(prompts[:1], max_new_tokens=8, eos_token_id=[], temperature=1.3, seed=0)
     assert hot.stats["mode"] == "plain" and hot.stats["plan"]["entry"] == {
-        "device_type": "cpu", "batch_size": 1, "temperature": 1.0, "mode": "plain", "chosen_by": "calibrate"}
+        "device_type": "cpu", "batch_size": 1, "temperature": 1.0, "mode": "plain", "prompt_lookup": False,
+        "chosen_by": "calibrate"}
     assert len(used) == 2  # the plain request drafted nothing
     assert decoder.mode_for(1, 0.9) == "plain" and decoder.mode_for(1, 0.8) == "speculative"
 
@@ -186,7 +187,14 @@ def test_calibrate_measures_each_temperature_and_keeps_other_device_types(tiny_t
     assert cpu == [(0.0, 1), (0.0, 2), (0.7, 1), (0.7, 2)]  # the old cpu entry is replaced
     assert [e for e in saved.entries if e.device_type == "cuda"] == [gpu]  # another device type's is kept
     assert all("batch" in e.measured for e in saved.entries if e.device_type == "cpu")
-    assert json.loads((heads_dir / "tree.json").read_text())["format_version"] == 2
+    assert json.loads((heads_dir / "tree.json").read_text())["format_version"] == 3
+    # each size also timed behind prompt lookup (the default), its figures beside the heads alone's
+    assert "behind prompt lookup: per batch" in printed
+    assert all("speedup_median" in e.measured["batch"]["prompt_lookup"] for e in saved.entries if e.device_type == "cpu")
+    assert _calibrate(tiny_target_dir, heads_dir, prompts, "--batch-sizes", "1", "--no-prompt-lookup") == 0
+    assert "behind prompt lookup" not in capsys.readouterr().out
+    greedy = [e for e in read_plans(heads_dir).entries if e.device_type == "cpu"]
+    assert greedy and all("prompt_lookup" not in e.measured["batch"] and not e.prompt_lookup for e in greedy)
 
 
 @pytest.mark.parametrize("value, message", [

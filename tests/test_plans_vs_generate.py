@@ -15,7 +15,8 @@ import torch
 import draftheads as dh
 from draftheads.plans import PLAIN, SPECULATIVE, TreePlans, read_plans, write_plans
 from draftheads.tune import training
-from draftheads.tune.batch_plan import measure_batch_plan
+from draftheads.inference.proposers.hybrid import LookupThenHeads
+from draftheads.tune.batch_plan import LOOKUP, measure_batch_plan
 
 from inference_utils import greedy_reference, self_distilled_heads, tiny_target
 
@@ -41,35 +42,45 @@ def setup():
 class ScriptedClock:
     """A clock for `measure_batch_plan` whose decodes last what the script says: each decode takes
     the next of ``seconds[mode]``, the mode told apart by whether ``target.generate`` ran (what a
-    plain decode calls; speculative decoding never does). ``modes`` records the order they ran."""
+    plain decode calls; speculative decoding never does) or a `LookupThenHeads` started (the tree
+    behind prompt lookup). ``modes`` records the order they ran."""
 
-    def __init__(self, target, monkeypatch, spec: list[float], plain: list[float]):
-        self.seconds = {SPECULATIVE: list(spec), PLAIN: list(plain)}
-        self.now, self.generate_calls, self.started_at_call = 0.0, 0, None
+    def __init__(self, target, monkeypatch, spec: list[float], plain: list[float], lookup: list[float] = ()):
+        self.seconds = {SPECULATIVE: list(spec), PLAIN: list(plain), LOOKUP: list(lookup)}
+        self.now, self.calls, self.started_at = 0.0, {PLAIN: 0, LOOKUP: 0}, None
         self.modes: list[str] = []
-        real = target.generate
+        real, real_start = target.generate, LookupThenHeads.start
 
         def counted(*args, **kwargs):
-            self.generate_calls += 1
+            self.calls[PLAIN] += 1
             return real(*args, **kwargs)
 
+        def counted_start(drafter, *args, **kwargs):
+            self.calls[LOOKUP] += 1
+            return real_start(drafter, *args, **kwargs)
+
         monkeypatch.setattr(target, "generate", counted)
+        monkeypatch.setattr(LookupThenHeads, "start", counted_start)
 
     def __call__(self) -> float:
-        if self.started_at_call is None:  # a decode starts
-            self.started_at_call = self.generate_calls
+        if self.started_at is None:  # a decode starts
+            self.started_at = dict(self.calls)
             return self.now
-        mode = PLAIN if self.generate_calls > self.started_at_call else SPECULATIVE
-        self.started_at_call = None
+        ran = [m for m in (PLAIN, LOOKUP) if self.calls[m] > self.started_at[m]]
+        mode = ran[0] if ran else SPECULATIVE
+        self.started_at = None
         self.modes.append(mode)
         self.now += self.seconds[mode].pop(0)
         return self.now
 
 
-def scripted(target, monkeypatch, ratios: list[float]) -> ScriptedClock:
+def scripted(target, monkeypatch, ratios: list[float], lookup: list[float] | None = None) -> ScriptedClock:
     """A clock where prompt i's speculative decode is ``ratios[i]`` times as fast as generate's
-    (both decode the same number of tokens), after one warm-up decode per mode."""
-    return ScriptedClock(target, monkeypatch, spec=[1.0] + [1.0 / r for r in ratios], plain=[1.0] + [1.0] * len(ratios))
+    (both decode the same number of tokens), after one warm-up decode per mode; the tree behind
+    prompt lookup ``lookup[i]`` times as fast (default: half as fast, so it never wins)."""
+    lookup = lookup if lookup is not None else [0.5] * len(ratios)
+    return ScriptedClock(target, monkeypatch, spec=[1.0] + [1.0 / r for r in ratios], plain=[1.0] + [1.0] * len(ratios),
+                         lookup=[1.0] + [1.0 / r for r in lookup])
 
 
 # -- the timing rule itself ---------------------------------------------------------------------
@@ -136,13 +147,16 @@ def fixed_trees(monkeypatch, trees: dict[float, object], fail_above: float | Non
     return asked
 
 
-def scripted_measure(target, monkeypatch, ratios: dict[float, list[float]], calls: list | None = None):
-    """`measure_batch_plan` with each temperature's scripted per-prompt ratios."""
+def scripted_measure(target, monkeypatch, ratios: dict[float, list[float]], calls: list | None = None,
+                     lookup: dict[float, list[float]] | None = None):
+    """`measure_batch_plan` with each temperature's scripted per-prompt ratios (``lookup``: the
+    tree behind prompt lookup's; default: half as fast as generate)."""
 
     def measure(*args, temperature, **kwargs):
         if calls is not None:
             calls.append((temperature, args[2], args[4], kwargs))
-        clock = scripted(target, monkeypatch, ratios[temperature] * kwargs["rounds"])
+        behind = lookup[temperature] * kwargs["rounds"] if lookup and temperature in lookup else None
+        clock = scripted(target, monkeypatch, ratios[temperature] * kwargs["rounds"], behind)
         return measure_batch_plan(*args, temperature=temperature, clock=clock, **kwargs)
 
     return measure
@@ -152,6 +166,7 @@ def test_each_temperature_goes_plain_where_its_tree_loses_to_generate(setup, mon
     target, heads, rows = setup
     asked = fixed_trees(monkeypatch, {0.0: TREE, 0.7: TREE, 1.0: [[0]]})
     monkeypatch.setattr(training, "VS_GENERATE_NEW_TOKENS", 4)
+    monkeypatch.setattr(training, "VS_GENERATE_MAX_SECONDS", 60.0)  # 8 pairs of ~1 s decodes + 2 s lookup ones: uncut
     calls: list = []
     ratios = {0.0: [1.5, 1.4, 1.6, 1.5], 0.7: [0.8, 0.9, 1.2, 0.7], 1.0: [0.97, 0.98, 1.0, 1.03]}
     plans, chosen = training.choose_export_plans(target, heads, rows, measure=scripted_measure(target, monkeypatch,
@@ -191,6 +206,62 @@ def test_each_temperature_goes_plain_where_its_tree_loses_to_generate(setup, mon
     greedy = decoder.generate(prompt, max_new_tokens=12, temperature=0, eos_token_id=[])
     assert greedy.stats["mode"] == SPECULATIVE
     assert torch.equal(greedy.sequences, greedy_reference(target, prompt, 12))
+
+
+def test_where_the_tree_behind_prompt_lookup_is_faster_the_entry_says_so(setup, monkeypatch, tmp_path):
+    """Each tree is timed alone and behind prompt lookup in the same rounds: greedy, lookup wins
+    (1.6x against 1.2x), at 0.7 the heads alone (1.1x against 0.9x), at 1.0 neither beats generate.
+    The decoder then drafts lookup-first for greedy requests only, and stays exact."""
+    target, heads, rows = setup
+    fixed_trees(monkeypatch, {0.0: TREE, 0.7: TREE, 1.0: TREE})
+    monkeypatch.setattr(training, "VS_GENERATE_NEW_TOKENS", 4)
+    ratios = {0.0: [1.2] * 4, 0.7: [1.1] * 4, 1.0: [0.9] * 4}
+    lookup = {0.0: [1.6] * 4, 0.7: [0.9] * 4, 1.0: [0.95] * 4}
+    calls: list = []
+    plans, chosen = training.choose_export_plans(target, heads, rows,
+                                                 measure=scripted_measure(target, monkeypatch, ratios, calls, lookup))
+    assert all(kw["try_lookup"] is True for *_, kw in calls)
+    assert [(e.temperature, e.mode, e.prompt_lookup) for e in plans.entries] == [
+        (0.0, SPECULATIVE, True), (0.7, SPECULATIVE, False), (1.0, PLAIN, False)]
+    greedy = plans.entries[0].measured["batch"]
+    assert greedy["speedup_median"] == pytest.approx(1.2) and greedy["prompt_lookup"]["speedup_median"] == pytest.approx(1.6)
+    assert greedy["chosen"] == "heads behind prompt lookup"
+    text = training.describe(chosen[0])["text"]
+    assert "behind prompt lookup; measured 1.20x target.generate" in text and "behind prompt lookup 1.60x" in text
+    assert training.describe(chosen[0])["prompt_lookup"] is True
+
+    heads.save_pretrained(tmp_path / "h")
+    write_plans(tmp_path / "h", plans)
+    assert json.loads((tmp_path / "h" / "tree.json").read_text())["plans"][0]["prompt_lookup"] is True
+    loaded = dh.load_heads(tmp_path / "h", target=target)
+    decoder = dh.SpeculativeDecoder(target, loaded)
+    assert isinstance(decoder.proposer, LookupThenHeads)  # what one greedy sequence runs
+    prompt = torch.cat([rows[0][:6], rows[0][:6]])[None]  # a repeat for the lookup to find
+    out = decoder.generate(prompt, max_new_tokens=12, temperature=0, eos_token_id=[])
+    assert out.stats["plan"]["prompt_lookup"] == "tree.json" and out.stats["plan"]["entry"]["prompt_lookup"] is True
+    assert torch.equal(out.sequences, greedy_reference(target, prompt, 12))
+    warm = decoder.generate(prompt, max_new_tokens=4, temperature=0.7, seed=0, eos_token_id=[])
+    assert warm.stats["mode"] == SPECULATIVE and "prompt_lookup" not in warm.stats["plan"]
+    alone = dh.SpeculativeDecoder(target, loaded, prompt_lookup=False)  # the argument overrides the plan
+    assert not isinstance(alone.proposer, LookupThenHeads)
+    out = alone.generate(prompt, max_new_tokens=12, temperature=0, eos_token_id=[])
+    assert "prompt_lookup" not in out.stats["plan"] and torch.equal(out.sequences, greedy_reference(target, prompt, 12))
+    everywhere = dh.SpeculativeDecoder(target, loaded, prompt_lookup=True)
+    warm = everywhere.generate(prompt, max_new_tokens=4, temperature=0.7, seed=0, eos_token_id=[])
+    assert warm.stats["plan"]["prompt_lookup"] == "prompt_lookup argument"
+
+
+def test_training_without_prompt_lookup_times_the_heads_alone(setup, monkeypatch):
+    target, heads, rows = setup
+    fixed_trees(monkeypatch, {0.0: TREE})
+    monkeypatch.setattr(training, "VS_GENERATE_NEW_TOKENS", 4)
+    calls: list = []
+    measure = scripted_measure(target, monkeypatch, {0.0: [1.2] * 4}, calls, {0.0: [2.0] * 4})
+    plans, chosen = training.choose_export_plans(target, heads, rows, temperatures=(0.0,), measure=measure,
+                                                 try_lookup=False)
+    assert calls[0][3]["try_lookup"] is False
+    assert [(e.mode, e.prompt_lookup) for e in plans.entries] == [(SPECULATIVE, False)]
+    assert "prompt_lookup" not in plans.entries[0].measured["batch"]
 
 
 def test_a_greedy_tree_that_loses_is_plain_too(setup, monkeypatch):

@@ -15,7 +15,10 @@ from ..arguments import heads_error
 DRAFT_MODEL = "draft-model"
 PROMPT_LOOKUP = "prompt-lookup"
 PLAIN = "plain"
-WITH_LOOKUP = "+lookup"  # "eagle3+lookup": those heads behind prompt lookup (`proposers.hybrid`)
+WITH_LOOKUP = "+lookup"  # "eagle3+lookup": those heads behind prompt lookup for every request (`proposers.hybrid`)
+WITHOUT_LOOKUP = "-lookup"  # "eagle3-lookup": those heads alone, whatever their tree.json says
+#: NAME alone decodes as a user's SpeculativeDecoder(target, heads) does: lookup where the plan says.
+LOOKUP_SUFFIXES = {WITH_LOOKUP: True, WITHOUT_LOOKUP: False}
 
 
 class MethodError(ValueError):
@@ -82,7 +85,8 @@ def resolve_compare(
         if not configured:
             raise MethodError("nothing to compare: give --heads DIR, --draft-model PATH or --prompt-lookup")
         return configured
-    available = list(heads_names) + [name + WITH_LOOKUP for name in heads_names] + [DRAFT_MODEL, PROMPT_LOOKUP]
+    available = list(heads_names) + [name + suffix for suffix in LOOKUP_SUFFIXES for name in heads_names]
+    available += [DRAFT_MODEL, PROMPT_LOOKUP]
     chosen: list[str] = []
     for name in compare:
         if name == PLAIN:
@@ -100,6 +104,15 @@ def resolve_compare(
     if not chosen:
         raise MethodError("--compare names no method besides plain")
     return chosen
+
+
+def split_lookup(name: str) -> tuple[str, bool | None]:
+    """A method name as (heads name, `SpeculativeDecoder`'s prompt_lookup): "eagle3+lookup" ->
+    ("eagle3", True), "eagle3-lookup" -> ("eagle3", False), "eagle3" -> ("eagle3", None)."""
+    for suffix, lookup in LOOKUP_SUFFIXES.items():
+        if name.endswith(suffix):
+            return name[: -len(suffix)], lookup
+    return name, None
 
 
 def build_methods(
@@ -123,8 +136,7 @@ def build_methods(
 
     methods = []
     for name in names:
-        lookup = name.endswith(WITH_LOOKUP)
-        heads_name = name[: -len(WITH_LOOKUP)] if lookup else name
+        heads_name, lookup = split_lookup(name)
         if heads_name in heads_names:
             folder = heads_dirs[heads_names.index(heads_name)]
             try:
@@ -135,7 +147,7 @@ def build_methods(
             info = {"head_type": config.head_type, "num_heads": getattr(config, "num_heads", None),
                     "tree_source": tree_source(heads, target.device)}  # calibration / training / device default
             info["draw_drafts"] = draw_drafts
-            info["prompt_lookup"] = lookup
+            info["prompt_lookup"] = "as tree.json says" if lookup is None else lookup
             decoder = dh.SpeculativeDecoder(target, heads, draw_drafts=draw_drafts, prompt_lookup=lookup)
             methods.append(Method(name, decoder, folder, info))
         elif name == DRAFT_MODEL:

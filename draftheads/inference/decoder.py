@@ -25,7 +25,6 @@ from .plain import generate_plain
 from .planned import PlannedDrafts
 from .probe import check_tree_attention
 from .proposers.drafter import Drafter
-from .proposers.hybrid import LookupThenHeads
 from .proposers.prompt_lookup import PromptLookupProposer
 from .proposers.sequence import Proposer, as_drafter
 from .sampling import SamplingParams, resolve_generator, resolve_sampling, warn_unapplied_settings
@@ -111,9 +110,11 @@ class SpeculativeDecoder:
     T = 0.7-1.0 on the earlier toy target ("Acceptance rules" in `git show 19f3628:benchmarks/README.md`). Greedy decoding is not
     affected; prompt lookup has no distribution to draw from and a draft model always samples.
 
-    ``prompt_lookup`` (heads only; True or a configured `PromptLookupProposer`): each step a row
-    whose text matches an earlier n-gram (True: n from 3 down to 2) drafts the copy, and the heads
-    draft the other rows (`proposers.hybrid.LookupThenHeads`); steps the plan marks plain stay plain."""
+    ``prompt_lookup`` (heads only): prompt lookup in front of the heads. Each step a row whose text
+    matches an earlier n-gram (by default n from 3 down to 2) drafts the copy, and the heads draft
+    the other rows (`proposers.hybrid.LookupThenHeads`). None (the default) does so where the
+    heads' plan says it measured faster (tree.json's ``prompt_lookup``); True (or a configured
+    `PromptLookupProposer`) for every request, False never. Steps the plan marks plain stay plain."""
 
     def __init__(
         self,
@@ -128,11 +129,12 @@ class SpeculativeDecoder:
         compaction: str = "auto",
         draft_budget: str | DraftBudget | None = "auto",
         draw_drafts: bool = True,
-        prompt_lookup: bool | PromptLookupProposer = False,
+        prompt_lookup: bool | PromptLookupProposer | None = None,
     ) -> None:
         self.compaction = check_compaction(compaction)
-        if not isinstance(prompt_lookup, (bool, PromptLookupProposer)):
-            raise ValueError(f"prompt_lookup must be True, False or a PromptLookupProposer, got {prompt_lookup!r}")
+        if prompt_lookup is not None and not isinstance(prompt_lookup, (bool, PromptLookupProposer)):
+            raise ValueError(f"prompt_lookup must be None (the heads' plan decides), True, False or a "
+                             f"PromptLookupProposer, got {prompt_lookup!r}")
         if not isinstance(draw_drafts, bool):
             raise ValueError(f"draw_drafts must be True or False, got {draw_drafts!r}")
         self.draw_drafts = draw_drafts
@@ -158,11 +160,8 @@ class SpeculativeDecoder:
                 raise TypeError(f"expected heads, a Drafter or a Proposer, got {type(proposer).__name__}")
             bind(target)  # refuses heads trained for another target
             # The saved plans' trees (or this device type's default): each head type drafts its own way.
-            self.drafts = PlannedDrafts(proposer, _device_of(target), tree, batch_plan=batch_plan)
-            if prompt_lookup is True:
-                self.drafts.wrap(LookupThenHeads)
-            elif prompt_lookup:  # each drafter its own fork of the configured lookup
-                self.drafts.wrap(lambda drafter: LookupThenHeads(drafter, prompt_lookup.fork()))
+            self.drafts = PlannedDrafts(proposer, _device_of(target), tree, batch_plan=batch_plan,
+                                        prompt_lookup=prompt_lookup)
         elif prompt_lookup:
             raise ValueError("prompt_lookup=... goes with heads (lookup first, the heads where it finds no match); "
                              "to draft by lookup alone pass a PromptLookupProposer as the proposer")
@@ -173,7 +172,7 @@ class SpeculativeDecoder:
             self.drafts = PlannedDrafts(drafter, _device_of(target), is_heads=False, batch_plan=batch_plan)
         for each in self.drafts.proposers:
             each.use_compaction(self.compaction)
-        proposer = self.drafts.default
+        proposer = self.drafts.proposers[0]  # what one greedy sequence runs
         self.batch_plan: BatchPlan | None = self.drafts.batch_plan()
         self.target = target.eval()
         self.proposer = proposer

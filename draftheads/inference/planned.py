@@ -7,6 +7,8 @@ request, which entry runs (`plans.select`: this device type's entries, the neare
 temperature, the largest measured batch size at or below the request's). Entries measured on
 another device type are ignored (warned once): the device default tree is drafted instead.
 
+An entry may also put prompt lookup in front of the heads (``prompt_lookup``: it measured faster
+there): that request runs the entry's drafter behind `proposers.hybrid.LookupThenHeads`.
 A tree passed to the decoder, and proposers that are not heads (prompt lookup, a draft model),
 have no table: one proposer serves every request. The choice depends only on the request's
 settings, never on what the target produces, so decoding stays lossless.
@@ -15,13 +17,15 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
 
 import torch
 
 from ..plans import PLAIN, SPECULATIVE, BatchPlan, PlanEntry, greedy_batch_plan, mode_for, parse_batch_plan, select
 from ..plans import DynamicTree, TreeSpec, usable_entries
 from .default_tree import default_for, heads_plans, source_of
+from .proposers.hybrid import LookupThenHeads
+from .proposers.prompt_lookup import PromptLookupProposer
 
 #: How the decoder follows the table (its ``batch_plan`` argument).
 FOLLOW_HEADS = "heads"
@@ -52,17 +56,25 @@ def _proposer_for(heads: torch.nn.Module, tree: TreeSpec, draft_vocab_size: int 
 
 
 class PlannedDrafts:
-    """The proposers a decoder may run and the rule picking one per request (module docstring)."""
+    """The proposers a decoder may run and the rule picking one per request (module docstring).
+
+    ``prompt_lookup``: None follows each entry's ``prompt_lookup`` (heads behind prompt lookup
+    where that measured faster); True (or a configured `PromptLookupProposer`) puts lookup in
+    front of the heads for every request, False never does."""
 
     def __init__(self, proposer: Any, device: torch.device, tree: Any = None, is_heads: bool = True,
-                 batch_plan: str | Mapping[int | str, str] | None = FOLLOW_HEADS) -> None:
+                 batch_plan: str | Mapping[int | str, str] | None = FOLLOW_HEADS,
+                 prompt_lookup: bool | PromptLookupProposer | None = None) -> None:
         self.device_type = torch.device(device).type
         self.plans = heads_plans(proposer) if is_heads else None
         self.entries: list[PlanEntry] = []
-        self._by_tree: dict[str, Any] = {}
+        self._by_tree: dict[tuple, Any] = {}
+        self._behind_lookup: dict[int, LookupThenHeads] = {}  # id(heads drafter) -> it behind prompt lookup
+        self._lookup = prompt_lookup
         self.ignored: tuple[str, ...] = ()
         if is_heads:  # the table decides plain decoding even under an explicit tree
             self.entries, self.ignored = usable_entries(self.plans, self.device_type)
+        first = select(self.plans, self.device_type, 1, 0.0).entry if self.entries else None
         if not is_heads:
             self.default = proposer  # a Proposer brings its own drafts
         elif tree is not None:
@@ -73,7 +85,6 @@ class PlannedDrafts:
                     key = _tree_key(entry.tree, entry.draft_vocab_size)
                     if key not in self._by_tree:
                         self._by_tree[key] = _proposer_for(proposer, entry.tree, entry.draft_vocab_size)
-            first = select(self.plans, self.device_type, 1, 0.0).entry
             if first is not None and first.tree is not None:
                 self.default = self._by_tree[_tree_key(first.tree, first.draft_vocab_size)]
             else:  # nothing applies here: this device type's default tree
@@ -83,21 +94,44 @@ class PlannedDrafts:
                     f"the heads' tree.json holds plans measured on {', '.join(self.ignored)} only; this decoder runs "
                     f"on {self.device_type}, so they are IGNORED and the {self.device_type} default tree is drafted "
                     f"(run `draftheads calibrate` on this device to measure plans for it)", stacklevel=3)
+        if is_heads:  # every drafter a request may run behind lookup, built now (compaction, cache headroom)
+            for entry in [first, *self.entries]:
+                if self._uses_lookup(entry):
+                    self._behind(self._heads_drafter(entry))
+        self._first = first
         self.explicit_tree = tree is not None
         self.override = _resolve_override(batch_plan)
         self.always_speculate = batch_plan is None
 
-    def wrap(self, wrapper: Callable[[Any], Any]) -> None:
-        """Replace every proposer ``p`` by ``wrapper(p)`` (e.g. prompt lookup in front of the heads'
-        drafters, `proposers.hybrid`); the plan's choices stay the same."""
-        wrapped = {id(p): wrapper(p) for p in self.proposers}
-        self.default = wrapped[id(self.default)]
-        self._by_tree = {key: wrapped[id(p)] for key, p in self._by_tree.items()}
+    def _uses_lookup(self, entry: PlanEntry | None) -> bool:
+        if self._lookup is None:
+            return entry is not None and entry.prompt_lookup
+        return bool(self._lookup)
+
+    def _heads_drafter(self, entry: PlanEntry | None) -> Any:
+        if entry is None or entry.tree is None or not self._by_tree:  # no table, or an explicit tree
+            return self.default
+        return self._by_tree[_tree_key(entry.tree, entry.draft_vocab_size)]
+
+    def _drafter_for(self, entry: PlanEntry | None) -> Any:
+        """What a request ``entry`` applies to drafts with: its tree's drafter, behind lookup or not."""
+        drafter = self._heads_drafter(entry)
+        return self._behind(drafter) if self._behind_lookup and self._uses_lookup(entry) else drafter
+
+    def _behind(self, drafter: Any) -> LookupThenHeads:
+        """``drafter`` behind prompt lookup: one wrapper per drafter (the configured lookup forked
+        for each, else the default one)."""
+        if id(drafter) not in self._behind_lookup:
+            lookup = self._lookup.fork() if isinstance(self._lookup, PromptLookupProposer) else None
+            self._behind_lookup[id(drafter)] = LookupThenHeads(drafter, lookup)
+        return self._behind_lookup[id(drafter)]
 
     @property
     def proposers(self) -> list[Any]:
-        """Every proposer this decoder may run (the default first)."""
-        return [self.default] + [p for p in self._by_tree.values() if p is not self.default]
+        """Every proposer this decoder may run (the one a greedy request runs first)."""
+        first = self._drafter_for(self._first)
+        every = [self.default, *self._by_tree.values(), *self._behind_lookup.values()]
+        return [first] + [p for i, p in enumerate(every) if p is not first and all(p is not q for q in every[:i])]
 
     def batch_plan(self) -> BatchPlan | None:
         """The greedy modes by batch size this decoder follows (for reports): the override, else
@@ -111,9 +145,7 @@ class PlannedDrafts:
     def run_for(self, batch_size: int, temperature: float) -> PlannedRun:
         """What a request of ``batch_size`` rows at ``temperature`` (0: greedy) runs."""
         entry = select(self.plans, self.device_type, batch_size, temperature).entry if self.entries else None
-        proposer = self.default
-        if entry is not None and entry.tree is not None and not self.explicit_tree:
-            proposer = self._by_tree[_tree_key(entry.tree, entry.draft_vocab_size)]
+        proposer = self._drafter_for(entry)
         if self.override is not None:
             mode, source = mode_for(self.override, batch_size), "batch_plan argument"
         elif self.always_speculate:
@@ -128,6 +160,8 @@ class PlannedDrafts:
             stats["mode_from"] = source if source != "tree.json" else "no plan (speculative)"
         if self.ignored and not self.entries:
             stats["ignored_device_types"] = list(self.ignored)
+        if isinstance(proposer, LookupThenHeads):
+            stats["prompt_lookup"] = "tree.json" if self._lookup is None else "prompt_lookup argument"
         return PlannedRun(PLAIN if mode == PLAIN else SPECULATIVE, proposer, stats)
 
 

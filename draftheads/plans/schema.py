@@ -1,13 +1,13 @@
 """The format of a heads folder's ``tree.json``: one table of what to run where.
 
-Version 2 (written since plans per temperature exist)::
+Version 3 (written since plans choose prompt lookup in front of the heads)::
 
     {
-      "format_version": 2,
+      "format_version": 3,
       "plans": [
         {"device_type": "cpu", "batch_size": 1, "temperature": 0.0, "mode": "speculative",
-         "tree": [[0], [1], [0, 0]], "draft_vocab_size": 1024, "chosen_by": "calibrate",
-         "measured": {...}},
+         "tree": [[0], [1], [0, 0]], "draft_vocab_size": 1024, "prompt_lookup": true,
+         "chosen_by": "calibrate", "measured": {...}},
         {"device_type": "cpu", "batch_size": 1, "temperature": 0.7, "mode": "speculative", ...},
         {"device_type": "cpu", "batch_size": 4, "temperature": 0.0, "mode": "plain", ...}
       ]
@@ -17,11 +17,14 @@ Each entry says, for requests on ``device_type`` ("cpu", "cuda", ...; null: any 
 ``batch_size`` rows up and at ``temperature`` (0: greedy), which ``tree`` to draft (rank paths for
 static heads, settings for dynamic ones) with which ``draft_vocab_size``, or that ``mode``
 "plain" decoding is faster there (a plain entry may keep the tree that lost, which a decoder told
-to always speculate drafts). ``chosen_by`` says who measured it ("calibrate", "training",
+to always speculate drafts). ``prompt_lookup`` (false when absent): a row whose text repeats an
+earlier n-gram drafts the copy and the heads draft the others (`inference.proposers.hybrid`),
+because that measured faster there. ``chosen_by`` says who measured it ("calibrate", "training",
 "given" for a tree saved by hand); ``measured`` keeps the figures that decided it (free-form,
 for people; the decoder never reads it). How a request picks its entry is `plans.select`.
 
-Version 1 is every file written before: one top-level ``tree`` (+ ``draft_vocab_size``), the
+Version 2 is version 3 without ``prompt_lookup``: it loads as it is. Version 1 is every file
+written before: one top-level ``tree`` (+ ``draft_vocab_size``), the
 measurements beside it, optionally ``chosen_by``/``device_type`` (trees chosen by training) and
 ``batch_plan`` (``{"1": "speculative", "4": "plain"}``). It still loads: `from_json` turns it
 into greedy entries (device type null unless training named one, as those files were used).
@@ -35,20 +38,22 @@ from typing import Any, Mapping
 from .batch_sizes import MODES, SPECULATIVE, batch_size, parse_batch_plan
 from .trees import TreeSpec, tree_spec
 
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 CHOSEN_BY_CALIBRATION = "calibrate"
 CHOSEN_BY_TRAINING = "training"
 CHOSEN_BY_HAND = "given"
 #: Keys of a version-1 file that are its content, not its measurements.
 LEGACY_CONTENT = ("tree", "draft_vocab_size", "chosen_by", "device_type", "batch_plan")
-ENTRY_KEYS = ("device_type", "batch_size", "temperature", "mode", "tree", "draft_vocab_size", "chosen_by", "measured")
+ENTRY_KEYS = ("device_type", "batch_size", "temperature", "mode", "tree", "draft_vocab_size", "prompt_lookup", "chosen_by",
+              "measured")
 
 
 @dataclass(frozen=True)
 class PlanEntry:
     """What to run for requests on ``device_type`` (None: any) from ``batch_size`` rows up at
-    ``temperature``: ``tree`` speculatively, or plain decoding (``mode`` "plain"). ``tree`` may be
-    given as JSON holds it (rank paths or settings): it is kept as its `trees.TreeSpec`."""
+    ``temperature``: ``tree`` speculatively (behind prompt lookup when ``prompt_lookup``), or plain
+    decoding (``mode`` "plain"). ``tree`` may be given as JSON holds it (rank paths or settings):
+    it is kept as its `trees.TreeSpec`."""
 
     tree: TreeSpec | None
     temperature: float = 0.0
@@ -58,6 +63,7 @@ class PlanEntry:
     draft_vocab_size: int | None = None
     chosen_by: str = CHOSEN_BY_CALIBRATION
     measured: dict = field(default_factory=dict, compare=False)
+    prompt_lookup: bool = False
 
     def __post_init__(self) -> None:
         if self.tree is not None:
@@ -70,7 +76,7 @@ class PlanEntry:
     def describe(self) -> dict[str, Any]:
         """The entry without its measurements (for ``out.stats`` and logs)."""
         return {"device_type": self.device_type, "batch_size": self.batch_size, "temperature": self.temperature,
-                "mode": self.mode, "chosen_by": self.chosen_by}
+                "mode": self.mode, "prompt_lookup": self.prompt_lookup, "chosen_by": self.chosen_by}
 
     def to_json(self) -> dict[str, Any]:
         data = {"device_type": self.device_type, "batch_size": self.batch_size, "temperature": self.temperature,
@@ -78,6 +84,8 @@ class PlanEntry:
         if self.tree is not None:  # a plain entry keeps the tree that was timed (and lost) there
             data["tree"] = self.tree.to_json()
             data["draft_vocab_size"] = self.draft_vocab_size
+        if self.prompt_lookup:
+            data["prompt_lookup"] = True
         data["chosen_by"] = self.chosen_by
         if self.measured:
             data["measured"] = self.measured
@@ -208,9 +216,12 @@ def _entry(item: Any, where: str) -> PlanEntry:
     measured = item.get("measured", {})
     if not isinstance(measured, Mapping):
         raise ValueError(f"{where}: measured must be an object, got {type(measured).__name__}")
+    lookup = item.get("prompt_lookup", False)
+    if not isinstance(lookup, bool):
+        raise ValueError(f"{where}: prompt_lookup must be true or false, got {lookup!r}")
     return PlanEntry(tree=_tree(tree, where), temperature=temperature, batch_size=size,
                      device_type=device, mode=mode, draft_vocab_size=item.get("draft_vocab_size"),
-                     chosen_by=chosen_by, measured=dict(measured))
+                     chosen_by=chosen_by, measured=dict(measured), prompt_lookup=lookup)
 
 
 def _from_version_1(data: Mapping, where: str) -> TreePlans:

@@ -532,7 +532,7 @@ class Trainer:
         skip = None if self.t.choose_tree else "train.choose_tree is false; `draftheads calibrate` chooses one later"
         return write_export_tree(
             self.accelerator, model, heads_dir, rows, final_eval.get("eval/rank_accuracy"),
-            skip_reason=skip or self.parallel.tree_skip_reason(),
+            skip_reason=skip or self.parallel.tree_skip_reason(), try_lookup=self.t.choose_prompt_lookup,
         )  # fmt: skip
 
     def metrics(self, final_eval: dict[str, Any], chosen_tree: Any) -> dict[str, Any]:

@@ -16,6 +16,13 @@ at run time the online budget takes plain steps wherever drafting stops paying, 
 parity costs little, while the 5% margin this used to ask, on a check of a few short prompts,
 sent heads plain that decode at 1.1-1.5x on longer ones ("Training's plans" in `git show 19f3628:benchmarks/README.md`).
 
+With ``try_lookup`` the same tree behind prompt lookup (`inference.proposers.hybrid`: a row whose
+text repeats an earlier n-gram drafts the copy, the heads the others) is a second candidate, timed
+in the same interleaved rounds against the same plain decodes: a size speculates with whichever
+candidate's median is higher, if it beats plain, and the entry records whether that was lookup.
+Lookup wins where the text repeats itself or its prompt (extraction, code, lists) and costs one
+n-gram search per row and step elsewhere, so it is measured, like everything else here.
+
 Training's tree choice runs the same measurement at batch size 1 per temperature (a few held-out
 rows), so "plain where the tree loses to ``generate``" means one thing in both places.
 """
@@ -34,6 +41,7 @@ from ..inference.inputs import eos_ids, left_pad, pad_id
 from ..plans import PLAIN, SPECULATIVE, BatchPlan
 
 PLAIN_MARGIN = 1.0  # the tree must beat plain decoding (median per-batch ratio), else plain
+LOOKUP = "lookup"  # the tree behind prompt lookup, the second candidate of ``try_lookup``
 MIN_PAIRS = 3  # a time bound (max_seconds) never leaves a size with fewer ratios than this
 
 
@@ -46,9 +54,13 @@ def prompt_batches(prompts: list[torch.Tensor], size: int, pad_id: int, min_batc
 
 @dataclass
 class BatchPlanResult:
+    """The mode per batch size, what decided it, and (``lookup``) the sizes that speculate behind
+    prompt lookup."""
+
     plan: BatchPlan
     measured: dict[int, dict[str, Any]] = field(default_factory=dict)
     temperature: float = 0.0
+    lookup: dict[int, bool] = field(default_factory=dict)
 
     def lines(self) -> list[str]:
         setting = "greedy" if self.temperature == 0 else f"temperature {self.temperature:g}"
@@ -58,8 +70,13 @@ class BatchPlanResult:
                 f"  batch {size}: per batch {m['speedup_median']:.2f}x [{m['speedup_min']:.2f}-{m['speedup_max']:.2f}] "
                 f"over {m['timed_batches']} batches (totals: speculative {m['speculative_tokens_per_second']:.1f}, "
                 f"plain {m['plain_tokens_per_second']:.1f} tokens/s = {m['speedup']:.2f}x) -> {self.plan[size]}"
+                + (" behind prompt lookup" if self.lookup.get(size) else "")
                 + f" (speculative needs > {m['min_speedup']:.2f}x)"
             )
+            behind = m.get("prompt_lookup")
+            if behind:
+                out.append(f"    behind prompt lookup: per batch {behind['speedup_median']:.2f}x "
+                           f"[{behind['speedup_min']:.2f}-{behind['speedup_max']:.2f}]")
         return out
 
 
@@ -83,6 +100,7 @@ def measure_batch_plan(
     min_speedup: float = PLAIN_MARGIN,
     clock: Callable[[], float] = time.perf_counter,
     max_seconds: float | None = None,
+    try_lookup: bool = False,
 ) -> BatchPlanResult:
     """Time speculative decoding with ``tree`` against plain decoding at every batch size (see the
     module docstring), at ``temperature`` (0: greedy), and return the plan with its measurements.
@@ -92,7 +110,9 @@ def measure_batch_plan(
     test can script the timings and check the rule itself. ``max_seconds``: a bound on the timed
     decoding per batch size (warm-up excluded): once it is spent, no further pair of decodes starts
     at that size, but a size always gets ``MIN_PAIRS`` pairs (or all its batches, if fewer). On a
-    loaded machine every decode stretches, and a training run must not wait minutes for this."""
+    loaded machine every decode stretches, and a training run must not wait minutes for this.
+    ``try_lookup``: also time the tree behind prompt lookup (module docstring); the measured figures
+    at a size are the heads alone's, with the lookup candidate's under ``prompt_lookup``."""
     if max_seconds is not None:
         _check_positive(max_seconds, "max_seconds", "None = no bound")
     _check_positive(min_speedup, "min_speedup", "1 = merely faster than plain")
@@ -111,6 +131,10 @@ def measure_batch_plan(
         SPECULATIVE: SpeculativeDecoder(target, heads, tree=tree, batch_plan=None, draft_budget=None, check_model=False),
         PLAIN: SpeculativeDecoder(target, heads, tree=tree, batch_plan={1: PLAIN}, check_model=False),
     }
+    if try_lookup:
+        decoders[LOOKUP] = SpeculativeDecoder(target, heads, tree=tree, batch_plan=None, draft_budget=None,
+                                              check_model=False, prompt_lookup=True)
+    candidates = [m for m in decoders if m != PLAIN]
     pad = pad_id(target, eos_ids(target, None))
     pad = 0 if pad is None else pad  # masked left padding: any id will do when the model names none
     batches = {size: prompt_batches(prompts, size, pad) for size in sizes}
@@ -123,8 +147,9 @@ def measure_batch_plan(
                                       eos_token_id=[], seed=seed)
         sync()
         seconds = clock() - t0
-        if out.stats.get("mode") != mode:  # the plan override must route the call, or the figures mean nothing
-            raise RuntimeError(f"asked for {mode} decoding but the decoder ran {out.stats.get('mode')!r}")
+        expected = PLAIN if mode == PLAIN else SPECULATIVE
+        if out.stats.get("mode") != expected:  # the plan override must route the call, or the figures mean nothing
+            raise RuntimeError(f"asked for {expected} decoding but the decoder ran {out.stats.get('mode')!r}")
         return out.num_new_tokens, seconds
 
     def out_of_time(spent: dict[str, float], pairs: int) -> bool:
@@ -137,14 +162,15 @@ def measure_batch_plan(
             timed(mode, ids, mask, min(8, new_tokens))
     tokens = {size: {m: 0 for m in decoders} for size in sizes}
     seconds = {size: {m: 0.0 for m in decoders} for size in sizes}
-    ratios: dict[int, list[float]] = {size: [] for size in sizes}
+    ratios: dict[int, dict[str, list[float]]] = {size: {m: [] for m in candidates} for size in sizes}
     index = 0
     for _ in range(rounds):
         for size in sizes:
             for ids, mask in batches[size]:
-                if out_of_time(seconds[size], len(ratios[size])):
+                if out_of_time(seconds[size], len(ratios[size][SPECULATIVE])):
                     continue
-                order = (SPECULATIVE, PLAIN) if index % 2 == 0 else (PLAIN, SPECULATIVE)
+                modes = list(decoders)  # each mode first in turn, so none always runs on a cold or warm machine
+                order = modes[index % len(modes):] + modes[: index % len(modes)]
                 index += 1
                 rate = {}
                 for mode in order:
@@ -153,25 +179,39 @@ def measure_batch_plan(
                     seconds[size][mode] += s
                     rate[mode] = n / s if s > 0 else 0.0
                 if rate[PLAIN] > 0:
-                    ratios[size].append(rate[SPECULATIVE] / rate[PLAIN])
+                    for mode in candidates:
+                        ratios[size][mode].append(rate[mode] / rate[PLAIN])
     plan: BatchPlan = {}
+    lookup: dict[int, bool] = {}
     measured: dict[int, dict[str, Any]] = {}
     for size in sizes:
-        spec = tokens[size][SPECULATIVE] / max(seconds[size][SPECULATIVE], 1e-12)
         plain = tokens[size][PLAIN] / max(seconds[size][PLAIN], 1e-12)
-        median = statistics.median(ratios[size]) if ratios[size] else spec / max(plain, 1e-12)
-        plan[size] = SPECULATIVE if median > min_speedup else PLAIN
+        figures = {}
+        for mode in candidates:
+            spec = tokens[size][mode] / max(seconds[size][mode], 1e-12)
+            timed_ratios = ratios[size][mode]
+            figures[mode] = {
+                "speculative_tokens_per_second": spec,
+                "plain_tokens_per_second": plain,
+                "speedup": spec / plain if plain > 0 else None,
+                "speedup_median": statistics.median(timed_ratios) if timed_ratios else spec / max(plain, 1e-12),
+                "speedup_min": min(timed_ratios) if timed_ratios else None,
+                "speedup_max": max(timed_ratios) if timed_ratios else None,
+            }
+        best = max(candidates, key=lambda m: figures[m]["speedup_median"])  # the heads alone on a tie
+        plan[size] = SPECULATIVE if figures[best]["speedup_median"] > min_speedup else PLAIN
+        lookup[size] = plan[size] == SPECULATIVE and best == LOOKUP
+        timed_batches = len(ratios[size][SPECULATIVE])
         measured[size] = {
-            "speculative_tokens_per_second": spec,
-            "plain_tokens_per_second": plain,
-            "speedup": spec / plain if plain > 0 else None,
-            "speedup_median": median,  # decides the plan
-            "speedup_min": min(ratios[size]) if ratios[size] else None,
-            "speedup_max": max(ratios[size]) if ratios[size] else None,
-            "timed_batches": len(ratios[size]),
-            "cut_by_time": max_seconds is not None and len(ratios[size]) < rounds * len(batches[size]),
+            **figures[SPECULATIVE],  # the heads alone (with try_lookup the better median of the two decides)
+            "timed_batches": timed_batches,
+            "cut_by_time": max_seconds is not None and timed_batches < rounds * len(batches[size]),
             "new_tokens": new_tokens,
             "min_speedup": float(min_speedup),  # the median had to exceed this for "speculative"
-            "timed_seconds": seconds[size][SPECULATIVE] + seconds[size][PLAIN],  # warm-up excluded
+            "timed_seconds": sum(seconds[size].values()),  # warm-up excluded
         }
-    return BatchPlanResult(plan, measured, temperature)
+        if try_lookup:
+            measured[size]["prompt_lookup"] = figures[LOOKUP]
+            measured[size]["chosen"] = "heads behind prompt lookup" if lookup[size] else (
+                "heads" if plan[size] == SPECULATIVE else "plain")
+    return BatchPlanResult(plan, measured, temperature, lookup)

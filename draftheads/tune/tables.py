@@ -19,7 +19,8 @@ def entries_for(tree: Any, draft_vocab_size: int | None, measured: dict[str, Any
                 temperature: float, batch: BatchPlanResult | None = None,
                 chosen_by: str = CHOSEN_BY_CALIBRATION) -> list[PlanEntry]:
     """The entries of one temperature: batch 1 speculative with ``tree`` (unless the batch plan
-    timed batch 1 and plain won), plus one per batch size the plan timed."""
+    timed batch 1 and plain won), plus one per batch size the plan timed (behind prompt lookup
+    where the plan measured that faster)."""
     measured = {k: v for k, v in measured.items() if k not in _CONTENT}
     # A measurement that chose to draft nothing is plain decoding: the target's own generate, not
     # root-only steps of the speculative loop, which cost more per token.
@@ -32,7 +33,8 @@ def entries_for(tree: Any, draft_vocab_size: int | None, measured: dict[str, Any
         timed = {"batch": batch.measured[size]}
         entries.append(PlanEntry(tree=tree, temperature=float(temperature), batch_size=size, device_type=device_type,
                                  mode=mode, draft_vocab_size=draft_vocab_size, chosen_by=chosen_by,
-                                 measured={**measured, **timed} if size == 1 else timed))
+                                 measured={**measured, **timed} if size == 1 else timed,
+                                 prompt_lookup=batch.lookup.get(size, False)))
     return entries
 
 

@@ -39,7 +39,10 @@ decoding with the chosen tree (through `SpeculativeDecoder`, the tree in full) i
 ``generate`` on a few held-out rows (`batch_plan.measure_batch_plan` at batch sizes
 ``VS_GENERATE_BATCH_SIZES``, 1, 4 and 8: interleaved, order alternated, same seed for both modes),
 and each batch size's entry is PLAIN unless the median of its per-batch ratios exceeds
-``PLAIN_MARGIN``. The figures are kept in the entries' ``measured["batch"]`` (as `draftheads
+``PLAIN_MARGIN``. The same tree behind prompt lookup is timed in the same rounds (``try_lookup``,
+``train.choose_prompt_lookup``): an entry speculates with whichever of the two has the higher
+median, and records ``prompt_lookup`` when that is the lookup (a tree that drafts nothing is
+not timed, so neither is its lookup). The figures are kept in the entries' ``measured["batch"]`` (as `draftheads
 calibrate --batch-sizes` keeps them) and, for batch size 1, in metrics.json (`describe`). Its cost
 is bounded per temperature and batch size: at most prompts x rounds pairs of
 short decodes, and no new pair once ``VS_GENERATE_MAX_SECONDS`` of decoding are spent (a loaded
@@ -277,10 +280,12 @@ def time_against_generate(
     data: dict[str, Any],
     rows: list[torch.Tensor],
     measure: Callable[..., BatchPlanResult] = measure_batch_plan,
+    try_lookup: bool = True,
 ) -> BatchPlanResult | None:
     """``data``'s tree (a `choose_export_tree` result) against the target's ``generate`` at its
     temperature, at each of ``VS_GENERATE_BATCH_SIZES`` (module docstring); its plan says
-    speculative or plain per batch size. None for a tree that drafts nothing: already plain, nothing to time.
+    speculative or plain per batch size, and, with ``try_lookup``, where the tree behind prompt
+    lookup is the faster candidate. None for a tree that drafts nothing: already plain, nothing to time.
     ``measure``: `measure_batch_plan`, replaceable so a test can give the timings."""
     if drafts_nothing(data["tree"]):
         return None
@@ -291,19 +296,20 @@ def time_against_generate(
     with _drafting_as(heads, data):
         result = measure(target, heads, data["tree"], prompts, list(VS_GENERATE_BATCH_SIZES), new_tokens=VS_GENERATE_NEW_TOKENS,
                          rounds=VS_GENERATE_ROUNDS, temperature=data["temperature"], min_speedup=PLAIN_MARGIN,
-                         max_seconds=VS_GENERATE_MAX_SECONDS)
+                         max_seconds=VS_GENERATE_MAX_SECONDS, try_lookup=try_lookup)
     result.measured[1]["seconds"] = time.perf_counter() - started  # warm-up included: what it cost the training
     return result
 
 
 def check_against_generate(target: torch.nn.Module, heads: torch.nn.Module, data: dict[str, Any],
                            rows: list[torch.Tensor],
-                           measure: Callable[..., BatchPlanResult] = measure_batch_plan) -> BatchPlanResult | None:
+                           measure: Callable[..., BatchPlanResult] = measure_batch_plan,
+                           try_lookup: bool = True) -> BatchPlanResult | None:
     """`time_against_generate`, its verdict noted in ``data`` (``mode``, and ``batch``: the
     figures). A timing that fails keeps the chosen tree, as before this check existed, and says so:
     the heads and the other temperatures are worth more than this one check."""
     try:
-        batch = time_against_generate(target, heads, data, rows, measure)
+        batch = time_against_generate(target, heads, data, rows, measure, try_lookup)
     except (RuntimeError, ValueError) as e:
         print(f"warning: timing the temperature-{data['temperature']:g} tree against generate failed ({e!r}); "
               "its entry stays speculative, unchecked (draftheads calibrate --batch-sizes 1 checks it)", flush=True)
@@ -313,6 +319,7 @@ def check_against_generate(target: torch.nn.Module, heads: torch.nn.Module, data
     data["mode"] = PLAIN if batch is None else batch.plan[1]
     if batch is not None:
         data["batch"] = batch.measured[1]
+        data["prompt_lookup"] = batch.lookup.get(1, False)
     return batch
 
 
@@ -323,14 +330,16 @@ def choose_export_plans(
     rank_accuracy: list[list[float]] | None = None,
     temperatures: tuple[float, ...] = DEFAULT_TEMPERATURES,
     measure: Callable[..., BatchPlanResult] = measure_batch_plan,
+    try_lookup: bool = True,
 ) -> tuple[TreePlans, list[dict[str, Any]]]:
     """The whole tree.json training writes: per temperature one entry per timed batch size, greedy first
     (which must succeed, and is chosen whether or not ``temperatures`` names 0), each timed
     against ``generate`` and plain where it loses (module docstring). A sampling temperature
     where no tree can be chosen (DFlash, P-EAGLE) times the greedy tree there instead.
     ``temperatures``: checked like calibrate's ``--temperatures`` (a negative, NaN or duplicate
-    is a named error). Returns the table and each temperature's `choose_export_tree` result,
-    with ``mode`` and the ``batch`` figures added."""
+    is a named error). ``try_lookup``: each tree is also timed behind prompt lookup, and an
+    entry takes it where that is faster (`batch_plan`). Returns the table and each temperature's
+    `choose_export_tree` result, with ``mode``, ``prompt_lookup`` and the ``batch`` figures added."""
     temperatures = tuple(parse_temperatures(list(temperatures)))
     timings: dict = {}
     greedy = choose_export_tree(target, heads, rows, rank_accuracy, 0.0, timings=timings)
@@ -345,7 +354,7 @@ def choose_export_plans(
             chosen.append({**greedy, "temperature": temperature, "tree_from": f"temperature 0 ({e})"})
     entries: list[PlanEntry] = []
     for data in chosen:
-        batch = check_against_generate(target, heads, data, rows, measure)
+        batch = check_against_generate(target, heads, data, rows, measure, try_lookup)
         entries += entries_for(data["tree"], data.get("draft_vocab_size"), data, data["device_type"],
                                data["temperature"], batch=batch, chosen_by=CHOSEN_BY_TRAINING)
     return TreePlans(tuple(entries)), chosen
@@ -359,6 +368,7 @@ def write_export_tree(
     rank_accuracy: list[list[float]] | None,
     skip_reason: str | None = None,
     temperatures: tuple[float, ...] = DEFAULT_TEMPERATURES,
+    try_lookup: bool = True,
 ) -> dict[str, Any] | None:
     """On the main process: choose the trees (one per temperature), time them against
     ``generate``, and write ``heads_dir/tree.json`` (atomically); every process meets at a barrier
@@ -375,7 +385,8 @@ def write_export_tree(
             unwrapped = accelerator.unwrap_model(model)
             started = time.perf_counter()
             try:
-                plans, chosen = choose_export_plans(unwrapped.target, unwrapped.heads, rows, rank_accuracy, temperatures)
+                plans, chosen = choose_export_plans(unwrapped.target, unwrapped.heads, rows, rank_accuracy, temperatures,
+                                                    try_lookup=try_lookup)
             except Exception as e:  # the heads are exported already; decoding falls back to a default
                 print(f"warning: choosing a tree for the exported heads failed ({e!r}); "
                       "the decoder will use its device default (or run `draftheads calibrate`)", flush=True)
@@ -417,11 +428,17 @@ def describe(data: dict[str, Any]) -> dict[str, Any]:
         cut = ", cut short by the time bound" if batch.get("cut_by_time") else ""
         timed = (f"{batch['speedup_median']:.2f}x target.generate (median of {batch['timed_batches']} prompt runs{cut}, "
                  f"{batch['speedup_min']:.2f}-{batch['speedup_max']:.2f})")
+        behind = batch.get("prompt_lookup")
+        if behind:
+            summary["prompt_lookup"] = bool(data.get("prompt_lookup"))
+            summary["vs_generate_behind_lookup"] = {key: behind.get(f"speedup_{key}") for key in ("median", "min", "max")}
+            timed += (f"; behind prompt lookup {behind['speedup_median']:.2f}x "
+                      f"({behind['speedup_min']:.2f}-{behind['speedup_max']:.2f})")
         if summary["mode"] == PLAIN:
             summary["text"] = (f"plain decoding (target.generate): the {summary['text']} measured {timed}, "
                                f"not above {batch['min_speedup']:.2f}x")
         else:
-            summary["text"] += f"; measured {timed}"
+            summary["text"] += f"{', behind prompt lookup' if data.get('prompt_lookup') else ''}; measured {timed}"
     elif data.get("vs_generate_error"):
         summary["text"] += f"; NOT timed against target.generate ({data['vs_generate_error']})"
     return summary
