@@ -55,7 +55,7 @@ train: setup
 	fi
 
 chat: setup
-	$(VENV)/bin/draftheads generate --target smollm2 --heads $(RUN)/heads --prompt-lookup --prompt "$(PROMPT)"
+	$(VENV)/bin/draftheads generate --target smollm2 --heads $(RUN)/heads --prompt "$(PROMPT)"
 
 lint: setup
 	$(VENV)/bin/ruff check .
