@@ -114,7 +114,8 @@ class PlannedDrafts:
         return self._by_tree[_tree_key(entry.tree, entry.draft_vocab_size)]
 
     def _drafter_for(self, entry: PlanEntry | None) -> Any:
-        """What a request ``entry`` applies to drafts with: its tree's drafter, behind lookup or not."""
+        """The drafter of the requests ``entry`` applies to: its tree's, behind prompt lookup where
+        the entry (or the decoder's ``prompt_lookup``) says so."""
         drafter = self._heads_drafter(entry)
         return self._behind(drafter) if self._behind_lookup and self._uses_lookup(entry) else drafter
 

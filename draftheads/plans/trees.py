@@ -18,7 +18,7 @@ testing a list or a dict.
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import Any, Mapping, Union
+from typing import Any, Mapping, NoReturn, Union
 
 #: EAGLE-2 settings when a dynamic tree leaves some out. Small enough to pay off on a CPU, where
 #: verify cost grows quickly with tree size; ``draftheads calibrate`` measures better ones.
@@ -44,7 +44,7 @@ class StaticTree:
         if isinstance(value, StaticTree):
             return value
         if not isinstance(value, (list, tuple)):
-            return cls._refuse(value, who)
+            cls._refuse(value, who)
         paths: list[tuple[int, ...]] = []
         for path in value:
             if not isinstance(path, (list, tuple)) or not all(_is_int(r) for r in path):
@@ -60,7 +60,7 @@ class StaticTree:
         return cls(tuple(paths))
 
     @staticmethod
-    def _refuse(value: Any, who: str) -> "StaticTree":
+    def _refuse(value: Any, who: str) -> NoReturn:
         if isinstance(value, (Mapping, DynamicTree)):
             keys = ", ".join(sorted(map(str, value.to_json() if isinstance(value, DynamicTree) else value)))
             raise ValueError(f"it holds dynamic-tree settings ({keys}), which only EAGLE heads take; {who} take a "
