@@ -141,6 +141,11 @@ def cmd_generate(args) -> int:
         lengths = out.stats.get("gamma_histogram")  # a draft model: steps by drafted chain length
         print(f"[draft budget: {steps['full']} full, {steps['capped']} shortened, {steps['plain']} plain steps"
               + (f"; steps by draft length {lengths}" if lengths else "") + "]", file=sys.stderr)
+    drafted = out.stats.get("drafted_by")
+    if drafted:  # heads behind prompt lookup: who drafted the steps that drafted
+        why = out.stats.get("plan", {}).get("prompt_lookup", "")
+        print(f"[prompt lookup in front of the heads ({why}): {drafted['lookup']} steps drafted by lookup, "
+              f"{drafted['heads']} by the heads]", file=sys.stderr)
     return 0
 
 

@@ -76,7 +76,11 @@ def test_generate_with_heads_and_prompt_lookup_is_exact(tiny_target_dir, heads_d
     for flag in ("--prompt-lookup", "--no-prompt-lookup"):  # every request behind lookup; the heads alone
         main(["generate", "--target", str(tiny_target_dir), "--heads", str(heads_dir), flag, "--prompt", prompt,
               "--max-new-tokens", "12", "--no-chat-template", "--quiet", "--temperature", "0"])
-        assert capsys.readouterr().out.strip() == expected, flag
+        captured = capsys.readouterr()
+        assert captured.out.strip() == expected, flag
+        said = re.search(r"\[prompt lookup in front of the heads \(prompt_lookup argument\): (\d+) steps drafted by "
+                         r"lookup, (\d+) by the heads\]", captured.err)
+        assert (said is not None) == (flag == "--prompt-lookup"), captured.err
 
 
 def test_calibrate_writes_tree_json(tiny_target_dir, heads_dir, tmp_path, capsys):
