@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from ..plans import DynamicTree, StaticTree
+from ..plans.trees import is_int
 from ..registry import method_of
 
 
@@ -45,14 +46,10 @@ def draft_vocab_limit(heads: torch.nn.Module, draft_vocab_size: int | None) -> t
     return vocab, f"the vocabulary of {vocab} tokens"
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 def tree_problem(heads: torch.nn.Module, tree: Any, draft_vocab_size: int | None = None) -> str | None:
     """What is wrong with ``tree`` (a `plans.TreeSpec`, or rank paths / settings as JSON holds
     them) for ``heads`` (None: it fits)."""
-    if draft_vocab_size is not None and (not _is_int(draft_vocab_size) or draft_vocab_size < 1):
+    if draft_vocab_size is not None and (not is_int(draft_vocab_size) or draft_vocab_size < 1):
         return f"draft_vocab_size must be a positive integer or null, got {draft_vocab_size!r}"
     who = f"{heads.config.head_type} heads"
     try:

@@ -27,7 +27,8 @@ DEFAULT_DEPTH = 5
 DEFAULT_TOP_K = 4
 
 
-def _is_int(value: Any) -> bool:
+def is_int(value: Any) -> bool:
+    """A whole number that is not a bool (JSON's true would pass ``isinstance(value, int)``)."""
     return isinstance(value, int) and not isinstance(value, bool)
 
 
@@ -47,7 +48,7 @@ class StaticTree:
             cls._refuse(value, who)
         paths: list[tuple[int, ...]] = []
         for path in value:
-            if not isinstance(path, (list, tuple)) or not all(_is_int(r) for r in path):
+            if not isinstance(path, (list, tuple)) or not all(is_int(r) for r in path):
                 raise ValueError(f"path {path!r} is not a list of integer ranks (a tree is a list of paths, e.g. "
                                  "[[0], [1], [0, 0]])")
             if any(r < 0 for r in path):
@@ -123,7 +124,7 @@ class DynamicTree:
         if unknown:
             raise ValueError(f"unknown dynamic-tree setting(s) {unknown}; valid: {', '.join(names)}")
         for key, setting in value.items():
-            if not (_is_int(setting) and setting >= 1) and not (key == "draft_vocab_size" and setting is None):
+            if not (is_int(setting) and setting >= 1) and not (key == "draft_vocab_size" and setting is None):
                 raise ValueError(f"dynamic-tree setting {key} must be a positive integer"
                                  f"{' or null' if key == 'draft_vocab_size' else ''}, got {setting!r}")
         return cls(**value)

@@ -63,12 +63,9 @@ class EagleDrafter(FeedRows):
         draft_vocab_size: int | None = None,
         compaction: str = "auto",
     ) -> None:
-        settings = (("total_tokens", total_tokens), ("depth", depth), ("top_k", top_k))
-        if draft_vocab_size is not None:
-            settings += (("draft_vocab_size", draft_vocab_size),)
-        for name, value in settings:
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"EAGLE tree setting {name} must be a positive integer, got {value!r}")
+        # the settings' one check (positive whole numbers), whether built from tree.json or by hand
+        DynamicTree.parse({"total_tokens": total_tokens, "depth": depth, "top_k": top_k,
+                           "draft_vocab_size": draft_vocab_size}, f"{head.head_type} heads")
         self.head = head.eval()
         self.total_tokens, self.depth, self.top_k = total_tokens, depth, top_k
         # EAGLE reads the last hidden state; EAGLE-3 the inputs of its fused layers.
