@@ -98,8 +98,11 @@ def draftheads_acceptance(target, heads_dir: str, prompts, args, counting) -> di
     """draftheads' own chain decoding of the heads (k drafts a step, the whole vocabulary), counted as vLLM counts."""
     import draftheads as dh
 
+    from draftheads.registry import method_of
+
     heads = dh.load_heads(heads_dir, target=target)
-    chain = dh.TreeShape.chain(args.k) if not heads.dynamic_tree else {"total_tokens": args.k + 1, "depth": args.k, "top_k": 1}
+    chain = (dh.StaticTree.chain(args.k) if method_of(heads).tree.rank_paths
+             else dh.DynamicTree(total_tokens=args.k + 1, depth=args.k, top_k=1))
     # Full drafts at every step, as vLLM runs them: no draft budget, and no plan (heads whose plan
     # decodes plainly on this machine would otherwise never draft here).
     decoder = dh.SpeculativeDecoder(target, heads, tree=chain, draft_budget=None, batch_plan=None)

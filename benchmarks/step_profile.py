@@ -68,16 +68,18 @@ def profile(target, tokenizer, heads_dir: str, prompts, max_new: int, temperatur
     """``vocab``: None = the heads as saved; "none" = the whole vocabulary; a number = that draft vocabulary."""
     import draftheads as dh
     from draftheads.inference.decoder import SpeculativeDecoder
+    from draftheads.inference.default_tree import resolve_tree
+    from draftheads.registry import method_of
 
     heads = dh.load_heads(heads_dir, target=target)
     tree = None
-    if chain and not getattr(heads, "dynamic_tree", False):  # EAGLE's dynamic trees keep their saved settings
+    if chain and method_of(heads).tree.rank_paths:  # EAGLE's dynamic trees keep their saved settings
         depth = heads.config.num_heads
         tree = [[0] * d for d in range(1, depth + 1)]
     source = heads
     if vocab is not None:  # one proposer drafting from that vocabulary, with the saved tree unless --chain
         size = heads.config.vocab_size if vocab == "none" else int(vocab)
-        source = heads.proposer(tree=tree if tree is not None else heads.tree, draft_vocab_size=size)
+        source = heads.proposer(tree=tree if tree is not None else resolve_tree(heads, target.device), draft_vocab_size=size)
     # batch_plan=None: the drafter is profiled even where the heads' plan would decode plain.
     decoder = SpeculativeDecoder(target, source, tree=tree if vocab is None else None, draft_budget=None, batch_plan=None)
     box = {"draft": 0.0}

@@ -255,20 +255,22 @@ def _calibrate_static(args, target, heads, prompts, temperature: float, verify: 
     print(f"tree: {result.tree}")
     vocab = result.draft_vocab_size
     print(f"draft vocabulary: {'the whole vocabulary' if vocab is None else f'the {vocab} most frequent training tokens'}")
-    heads.draft_vocab_size = vocab  # the batch plan times the tree as the decoder will run it
-    plan = _batch_plan(args, target, heads, result.tree, prompts, temperature)
+    plan = _batch_plan(args, target, heads, result.tree, prompts, temperature, vocab)  # as its entry will run it
     return static_entries(result, target.device.type, plan), result.verify_seconds
 
 
-def _batch_plan(args, target, heads, tree, prompts, temperature: float = 0.0):
-    """With --batch-sizes: time the chosen tree against plain decoding per batch size at
-    ``temperature`` (a `tune.batch_plan.BatchPlanResult`); else None."""
-    if not args.batch_sizes:
+def _batch_plan(args, target, heads, tree, prompts, temperature: float = 0.0, draft_vocab_size: int | None = None):
+    """With --batch-sizes: time the chosen tree (with its draft vocabulary) against plain decoding
+    per batch size at ``temperature`` (a `tune.batch_plan.BatchPlanResult`); else None."""
+    from .tune.tables import drafts_nothing
+
+    if not args.batch_sizes or (drafts_nothing(tree) and not args.prompt_lookup):  # plain: nothing to time
         return None
     from .tune.batch_plan import measure_batch_plan
 
     result = measure_batch_plan(target, heads, tree, prompts, args.batch_sizes, new_tokens=args.new_tokens,
-                                temperature=temperature, try_lookup=args.prompt_lookup)
+                                temperature=temperature, try_lookup=args.prompt_lookup,
+                                draft_vocab_size=draft_vocab_size)
     print("\n".join(result.lines()))
     return result
 

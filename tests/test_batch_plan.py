@@ -13,7 +13,7 @@ from transformers import AutoModelForCausalLM, TextStreamer
 
 import draftheads as dh
 from draftheads.cli import main
-from draftheads.plans import mode_for, parse_batch_plan
+from draftheads.plans import from_json, greedy_batch_plan, mode_for, parse_batch_plan, primary
 from draftheads.inference.inputs import left_pad
 from draftheads.tune.batch_plan import measure_batch_plan
 from draftheads.tune.tables import entries_for
@@ -166,7 +166,7 @@ def test_saved_plan_is_loaded_and_followed(setup, tmp_path, one_torch_thread):
     target, heads, prompts = setup
     _save_with_tree_file(heads, tmp_path / "h", {"batch_plan": {"1": "speculative", "4": "plain"}})
     loaded = dh.load_heads(tmp_path / "h", target=target)
-    assert loaded.batch_plan == {1: "speculative", 4: "plain"}
+    assert greedy_batch_plan(loaded.plans) == {1: "speculative", 4: "plain"}
     decoder = dh.SpeculativeDecoder(target, loaded)
     assert decoder.batch_plan == {1: "speculative", 4: "plain"}
     ids, mask = left_padded(rows_of(prompts, 4))
@@ -181,7 +181,7 @@ def test_folders_without_a_plan_load_unchanged(setup, tmp_path):
     target, heads, _ = setup
     heads.save_pretrained(tmp_path / "h", tree=[[0], [0, 0]])
     loaded = dh.load_heads(tmp_path / "h", target=target)
-    assert loaded.batch_plan is None and loaded.tree == [[0], [0, 0]]
+    assert greedy_batch_plan(loaded.plans) is None and primary(loaded.plans).tree == dh.StaticTree.parse([[0], [0, 0]])
     assert dh.SpeculativeDecoder(target, loaded).mode_for(16) == "speculative"
 
 
@@ -280,7 +280,7 @@ def test_calibrate_with_batch_sizes_saves_a_plan_the_decoder_loads(tiny_target_d
     assert "batch 1: per batch" in printed and "batch 2: per batch" in printed
     target = AutoModelForCausalLM.from_pretrained(tiny_target_dir)
     loaded = dh.load_heads(heads_dir, target=target)
-    assert loaded.batch_plan == plan
+    assert greedy_batch_plan(loaded.plans) == plan
 
 
 def test_bad_batch_sizes_flag_is_refused(tiny_target_dir, medusa_dir, tmp_path, capsys):
@@ -310,10 +310,18 @@ def test_bench_shows_the_mode_each_batch_size_ran(tiny_target_dir, medusa_dir, t
 
 
 def test_measured_plan_takes_a_root_only_tree(setup, one_torch_thread):
-    """Calibration may choose no drafts at all (a root-only tree): timing it must still work."""
+    """Calibration may choose no drafts at all (a root-only tree): it is plain decoding, so the one
+    candidate left to time is prompt lookup alone (the heads drafting nothing behind it)."""
     target, heads, prompts = setup
-    result = measure_batch_plan(target, heads, [], [prompts[0], prompts[1]], [1, 2], new_tokens=4, rounds=1)
+    result = measure_batch_plan(target, heads, [], [prompts[0], prompts[1]], [1, 2], new_tokens=4, rounds=1,
+                                try_lookup=True)
     assert set(result.plan) == {1, 2}
+    for size, mode in result.plan.items():
+        m = result.measured[size]
+        assert m["lookup_alone"] and "prompt_lookup" not in m and m["timed_batches"] == 2
+        assert result.lookup[size] == (mode == "speculative")
+        assert m["chosen"] == ("prompt lookup alone" if mode == "speculative" else "plain")
+    assert all("(prompt lookup alone)" in line for line in result.lines()[1:])
 
 
 def test_recalibrating_ignores_a_saved_plan(monkeypatch, one_torch_thread):
@@ -323,7 +331,8 @@ def test_recalibrating_ignores_a_saved_plan(monkeypatch, one_torch_thread):
 
     target = tiny_target("llama")
     heads = dh.EagleHead.for_target(target).eval()
-    heads.batch_plan = {1: "plain"}
+    heads.plans = from_json({"tree": {"total_tokens": 4, "depth": 2, "top_k": 2}, "batch_plan": {"1": "plain"}})
+    assert dh.SpeculativeDecoder(target, heads).mode_for(1) == "plain"  # the plan the calibration must ignore
 
     def no_plain(*args, **kwargs):
         raise AssertionError("calibration decoded plainly because of a saved batch plan")

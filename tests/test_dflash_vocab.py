@@ -17,6 +17,7 @@ import draftheads as dh
 from draftheads.heads.dflash import DFlashHeads
 from draftheads.inference.proposers.dflash import DFlashDrafter
 from draftheads.inference.sampling import SamplingParams
+from draftheads.plans import given_tree, primary
 
 from inference_utils import greedy_reference, tiny_target
 from rows_driver import STEPS, drive_alike
@@ -71,19 +72,19 @@ def test_restricted_drafts_are_the_full_drafts_ranked_over_the_id_set(trained, o
     assert set(tree.tokens[1:].tolist()) <= set(ids.tolist())
 
 
-def test_default_is_the_heads_calibrated_size(trained):
-    _, heads, _ = trained
-    assert DFlashDrafter(heads).vocab_ids is None
-    heads.draft_vocab_size = SIZE
-    try:
-        assert DFlashDrafter(heads).vocab_ids.numel() == SIZE
-        assert DFlashDrafter(heads, draft_vocab_size=heads.config.vocab_size).vocab_ids is None  # explicit whole
-        with pytest.raises(ValueError, match="tree takes rank 30.*draft from 24 tokens"):
-            DFlashDrafter(heads, tree=[[0], [30]])
-    finally:
-        heads.draft_vocab_size = None
+def test_a_drafter_takes_its_vocabulary_as_an_argument_and_the_decoder_from_the_plan(trained):
+    target, heads, _ = trained
+    assert DFlashDrafter(heads).vocab_ids is None  # none given: the whole vocabulary
+    assert DFlashDrafter(heads, draft_vocab_size=SIZE).vocab_ids.numel() == SIZE
+    assert DFlashDrafter(heads, draft_vocab_size=heads.config.vocab_size).vocab_ids is None  # explicit whole
+    with pytest.raises(ValueError, match="tree takes rank 30.*draft from 24 tokens"):
+        DFlashDrafter(heads, tree=[[0], [30]], draft_vocab_size=SIZE)
     with pytest.raises(ValueError, match="positive integer"):
         DFlashDrafter(heads, draft_vocab_size=0)
+    # the plan's entry carries it to the decoder's drafter; the heads themselves are not changed
+    planned = dh.SpeculativeDecoder(target, heads, plans=given_tree(TREE, SIZE), check_model=False)
+    assert planned.proposer.vocab_ids.numel() == SIZE and heads.plans is None
+    assert dh.SpeculativeDecoder(target, heads, check_model=False).proposer.vocab_ids is None
 
 
 @pytest.mark.parametrize("tree", [None, TREE], ids=["chain", "tree"])
@@ -208,12 +209,7 @@ def test_vllm_export_carries_the_draft_vocabulary_and_import_gets_it_back(traine
     target, heads, prompts = trained
     verifier = tmp_path / "target"
     target.save_pretrained(verifier)
-    heads.draft_vocab_size = SIZE
-    heads.tree = TREE
-    try:
-        heads.save_pretrained(tmp_path / "heads")
-    finally:
-        heads.draft_vocab_size = heads.tree = None
+    heads.save_pretrained(tmp_path / "heads", plans=given_tree(TREE, SIZE))
     out = export_heads(tmp_path / "heads", tmp_path / "vllm", "vllm", verifier=str(verifier))
     config = json.loads((out / "config.json").read_text())
     tensors = load_file(out / "model.safetensors")
@@ -235,10 +231,10 @@ def test_vllm_export_carries_the_draft_vocabulary_and_import_gets_it_back(traine
     # back: the same heads, drafting from the same id set by default
     imported = import_heads(out, tmp_path / "imported", target)
     loaded = dh.load_heads(imported, target=target)
-    assert loaded.draft_vocab_size == SIZE and torch.equal(loaded.draft_vocab(SIZE), ids)
+    assert primary(loaded.plans).draft_vocab_size == SIZE and torch.equal(loaded.draft_vocab(SIZE), ids)
     seq = greedy_reference(target, prompts[:1], 12)[0]
     features = torch.randn(seq.numel(), heads.fc.in_features)
-    a, b = DFlashDrafter(heads, draft_vocab_size=SIZE), DFlashDrafter(loaded)
+    a, b = DFlashDrafter(heads, draft_vocab_size=SIZE), dh.SpeculativeDecoder(target, loaded, check_model=False).proposer
     for p in (a, b):
         p.start([seq], [features], SamplingParams(), None)
     assert torch.allclose(a.block_logits([int(seq[-1])]), b.block_logits([int(seq[-1])]), atol=1e-5)
@@ -260,11 +256,7 @@ def test_import_refuses_an_lm_head_that_is_not_the_targets_rows(trained, tmp_pat
 
     target, heads, _ = trained
     target.save_pretrained(tmp_path / "target")
-    heads.draft_vocab_size, heads.tree = SIZE, TREE
-    try:
-        heads.save_pretrained(tmp_path / "heads")
-    finally:
-        heads.draft_vocab_size = heads.tree = None
+    heads.save_pretrained(tmp_path / "heads", plans=given_tree(TREE, SIZE))
     out = export_heads(tmp_path / "heads", tmp_path / "vllm", "vllm", verifier=str(tmp_path / "target"))
     tensors = load_file(out / "model.safetensors")
     tensors["lm_head.weight"] = tensors["lm_head.weight"] * 1.5  # a trained draft head: not the target's

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import draftheads as dh
-from draftheads.plans import primary, read_plans
+from draftheads.plans import PlanEntry, TreePlans, primary, read_plans
 from draftheads.inference.proposers.hybrid import LookupThenHeads
 from draftheads.inference.default_tree import DYNAMIC_DEFAULTS, large_static_choices, resolve_tree, tree_source
 from draftheads.inference.tree import default_choices
@@ -83,10 +83,10 @@ def test_a_tree_chosen_by_training_applies_on_its_device_type_only(tmp_path):
 def test_a_dynamic_tree_for_another_device_keeps_its_draft_vocabulary():
     target = tiny_target("llama")
     eagle = dh.EagleHead.for_target(target)
-    eagle.tree = {"total_tokens": 6, "depth": 2, "top_k": 2, "draft_vocab_size": 32}
-    eagle.tree_origin = {"chosen_by": "training", "device_type": "cpu"}
+    tree = {"total_tokens": 6, "depth": 2, "top_k": 2, "draft_vocab_size": 32}
+    eagle.plans = TreePlans((PlanEntry(tree=tree, device_type="cpu", chosen_by="training"),))
     assert resolve_tree(eagle, "cuda").to_json() == {**DYNAMIC_DEFAULTS["cuda"].to_json(), "draft_vocab_size": 32}
-    assert resolve_tree(eagle, "cpu").to_json() == eagle.tree
+    assert resolve_tree(eagle, "cpu").to_json() == tree
 
 
 # ---------------------------------------------------------------------------------------------
@@ -183,13 +183,16 @@ def test_training_exports_heads_with_a_tree_chosen_by_training(tmp_path, tiny_ta
     assert (result.heads_dir / "tree.json").stat().st_mode & 0o044 == 0o044  # readable like the weights
     assert saved["format_version"] == 3
     # greedy, 0.7 and 1.0, chosen by training for its device type, each timed against generate at
-    # batch sizes 1, 4 and 8 (a tree that drafts nothing is plain without timing: batch 1 only)
+    # batch sizes 1, 4 and 8 (a tree that drafts nothing: prompt lookup alone is its one candidate)
     assert [e["temperature"] for e in saved["plans"] if e["batch_size"] == 1] == [0.0, 0.7, 1.0]
 
     def verdict(entry):
         """What the rule says: the better median of the heads alone and behind prompt lookup must
         beat generate; prompt_lookup where the lookup's was the better one and did."""
         batch = entry["measured"]["batch"]
+        if batch.get("lookup_alone"):
+            mode = "speculative" if batch["speedup_median"] > batch["min_speedup"] else "plain"
+            return mode, mode == "speculative"
         alone, behind = batch["speedup_median"], batch["prompt_lookup"]["speedup_median"]
         mode = "speculative" if max(alone, behind) > batch["min_speedup"] else "plain"
         return mode, mode == "speculative" and behind > alone
@@ -197,9 +200,8 @@ def test_training_exports_heads_with_a_tree_chosen_by_training(tmp_path, tiny_ta
     for entry in saved["plans"]:
         if entry["batch_size"] > 1:
             assert (entry["mode"], entry.get("prompt_lookup", False)) == verdict(entry)
-    timed = {e["temperature"] for e in saved["plans"] if e["tree"]}
-    assert {(e["temperature"], e["batch_size"]) for e in saved["plans"] if e["temperature"] in timed} == {
-        (t, size) for t in timed for size in (1, 4, 8)}
+    assert {(e["temperature"], e["batch_size"]) for e in saved["plans"]} == {
+        (t, size) for t in (0.0, 0.7, 1.0) for size in (1, 4, 8)}
     saved["plans"] = [e for e in saved["plans"] if e["batch_size"] == 1]  # what metrics.json summarises
     final = json.loads((Path(cfg.train.output_dir) / "metrics.json").read_text())
     for entry in saved["plans"]:
@@ -207,13 +209,13 @@ def test_training_exports_heads_with_a_tree_chosen_by_training(tmp_path, tiny_ta
         assert "draft_vocab_size" in entry and "expected_speedup" in entry["measured"]
         said = final["tree"]["temperatures"][f"{entry['temperature']:g}"]
         assert said["mode"] == entry["mode"]  # metrics.json says what tree.json decided
-        if entry["tree"]:  # a tree that drafts something was timed; the verdict follows the median
-            batch = entry["measured"]["batch"]
-            assert (entry["mode"], entry.get("prompt_lookup", False)) == verdict(entry)
-            assert said["vs_generate"]["median"] == batch["speedup_median"]
+        batch = entry["measured"]["batch"]  # every tree was timed; the verdict follows the medians
+        assert (entry["mode"], entry.get("prompt_lookup", False)) == verdict(entry)
+        assert said["vs_generate"]["median"] == batch["speedup_median"]
+        if entry["tree"]:
             assert said["vs_generate_behind_lookup"]["median"] == batch["prompt_lookup"]["speedup_median"]
         else:
-            assert entry["mode"] == "plain"
+            assert batch["lookup_alone"] and said["prompt_lookup"] == (entry["mode"] == "speculative")
     assert final["tree"]["plain_temperatures"] == [e["temperature"] for e in saved["plans"] if e["mode"] == "plain"]
     data = {**saved["plans"][0]["measured"], **saved["plans"][0]}
     assert torch.allclose(torch.tensor(data["accuracy"]), torch.tensor(final["final_eval"]["eval/rank_accuracy"]))
@@ -221,7 +223,8 @@ def test_training_exports_heads_with_a_tree_chosen_by_training(tmp_path, tiny_ta
     assert set(final["tree"]["temperatures"]) == {"0", "0.7", "1"} and final["tree"]["seconds"] > 0
     target = AutoModelForCausalLM.from_pretrained(tiny_target_dir)
     loaded = dh.load_heads(result.heads_dir, target=target)
-    assert loaded.tree == data["tree"] and loaded.tree_origin == {"chosen_by": "training", "device_type": "cpu"}
+    entry = primary(loaded.plans)
+    assert entry.tree.to_json() == data["tree"] and (entry.chosen_by, entry.device_type) == ("training", "cpu")
     decoder = dh.SpeculativeDecoder(target, loaded)
     assert _choices(decoder) == _sorted(data["tree"])
     prompt = torch.tensor([[1, 20, 31, 42, 53]])
@@ -239,7 +242,7 @@ def test_training_chooses_a_tree_per_temperature_timing_few_settings_when_sampli
     rows = [torch.randint(3, 64, (40,), generator=gen) for _ in range(4)]
     eagle = dh.EagleHead.for_target(target)
     plans, chosen = export_tree.choose_export_plans(target, eagle, rows)
-    assert [(e.temperature, e.device_type, e.chosen_by) for e in plans.entries] == [
+    assert [(e.temperature, e.device_type, e.chosen_by) for e in plans.entries if e.batch_size == 1] == [
         (0.0, "cpu", "training"), (0.7, "cpu", "training"), (1.0, "cpu", "training")]
     greedy, warm, _ = chosen
     if greedy["tree"]["total_tokens"] == 1:  # plain won greedily: not timed again

@@ -139,7 +139,8 @@ def test_arguments_still_override_the_table(setup, tmp_path):
 def test_a_tree_set_by_hand_on_loaded_heads_replaces_their_table(setup, tmp_path):
     target, *_ = setup
     heads = planned_heads(setup, tmp_path, per_temperature())
-    heads.tree = [[0], [0, 0]]
+    with pytest.deprecated_call():  # the attribute heads carried before plans
+        heads.tree = [[0], [0, 0]]
     decoder = dh.SpeculativeDecoder(target, heads)
     assert decoder.mode_for(1, 1.0) == "speculative"
     assert sorted(map(list, decoder.proposer.shape.choices)) == [[0], [0, 0]]
@@ -188,13 +189,15 @@ def test_calibrate_measures_each_temperature_and_keeps_other_device_types(tiny_t
     assert [e for e in saved.entries if e.device_type == "cuda"] == [gpu]  # another device type's is kept
     assert all("batch" in e.measured for e in saved.entries if e.device_type == "cpu")
     assert json.loads((heads_dir / "tree.json").read_text())["format_version"] == 3
-    # each size also timed behind prompt lookup (the default), its figures beside the heads alone's
-    assert "behind prompt lookup: per batch" in printed
-    assert all("speedup_median" in e.measured["batch"]["prompt_lookup"] for e in saved.entries if e.device_type == "cpu")
+    # these random heads pay for no tree (root-only, "tree: []"), so lookup alone (the default candidate) is what
+    # each size timed against generate, and an entry speculates by it where it won
+    assert "tree: []" in printed and "(prompt lookup alone)" in printed and "behind prompt lookup" not in printed
+    for e in (e for e in saved.entries if e.device_type == "cpu"):
+        assert e.measured["batch"]["lookup_alone"] and e.prompt_lookup == (e.mode == "speculative")
     assert _calibrate(tiny_target_dir, heads_dir, prompts, "--batch-sizes", "1", "--no-prompt-lookup") == 0
-    assert "behind prompt lookup" not in capsys.readouterr().out
+    assert "batch plan" not in capsys.readouterr().out  # without lookup a tree that drafts nothing is plain: nothing to time
     greedy = [e for e in read_plans(heads_dir).entries if e.device_type == "cpu"]
-    assert greedy and all("prompt_lookup" not in e.measured["batch"] and not e.prompt_lookup for e in greedy)
+    assert [(e.batch_size, e.mode, e.prompt_lookup, "batch" in e.measured) for e in greedy] == [(1, "plain", False, False)]
 
 
 @pytest.mark.parametrize("value, message", [

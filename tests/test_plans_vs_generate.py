@@ -280,10 +280,49 @@ def test_a_tree_that_drafts_nothing_is_plain_without_timing(setup, monkeypatch):
     calls: list = []
     measure = scripted_measure(target, monkeypatch, {0.0: [1.5] * 4}, calls)
     monkeypatch.setattr(training, "VS_GENERATE_NEW_TOKENS", 4)
-    plans, chosen = training.choose_export_plans(target, heads, rows, temperatures=(0.0, 0.7), measure=measure)
+    plans, chosen = training.choose_export_plans(target, heads, rows, temperatures=(0.0, 0.7), measure=measure,
+                                                 try_lookup=False)
     assert [c[0] for c in calls] == [0.0]
     assert [(e.temperature, e.mode) for e in plans.entries] == [(0.0, SPECULATIVE), (0.7, PLAIN)]
     assert "batch" not in plans.entries[1].measured and training.describe(chosen[1])["mode"] == PLAIN
+
+
+def test_a_tree_that_drafts_nothing_times_prompt_lookup_alone(setup, monkeypatch, tmp_path):
+    """No tree of the heads pays (root-only trees): prompt lookup alone, the heads drafting nothing
+    behind it, is the one candidate against generate. Greedy it wins (1.4x) and the entry
+    speculates by lookup alone; at 1.0 it loses (0.9x) and the entry is plain. The decoder then
+    drafts greedy requests by lookup alone, exactly."""
+    target, heads, rows = setup
+    fixed_trees(monkeypatch, {0.0: [], 1.0: []})
+    monkeypatch.setattr(training, "VS_GENERATE_NEW_TOKENS", 4)
+    calls: list = []
+    measure = scripted_measure(target, monkeypatch, {0.0: [1.0] * 4, 1.0: [1.0] * 4}, calls,
+                               lookup={0.0: [1.4] * 4, 1.0: [0.9] * 4})
+    plans, chosen = training.choose_export_plans(target, heads, rows, temperatures=(0.0, 1.0), measure=measure)
+    assert [(c[0], c[1], c[3]["try_lookup"]) for c in calls] == [(0.0, [], True), (1.0, [], True)]
+    assert [(e.temperature, e.mode, e.prompt_lookup, e.tree.drafts_nothing) for e in plans.entries] == [
+        (0.0, SPECULATIVE, True, True), (1.0, PLAIN, False, True)]
+    greedy = plans.entries[0].measured["batch"]
+    assert greedy["lookup_alone"] and greedy["chosen"] == "prompt lookup alone" and "prompt_lookup" not in greedy
+    assert greedy["speedup_median"] == pytest.approx(1.4) and greedy["timed_batches"] == 8  # 4 prompts, 2 rounds
+    assert plans.entries[1].measured["batch"]["chosen"] == "plain"
+    assert training.describe(chosen[0])["text"].startswith("prompt lookup alone, the heads drafting nothing")
+    hot = training.describe(chosen[1])
+    assert hot["mode"] == PLAIN and "prompt lookup alone measured 0.90x" in hot["text"]
+
+    heads.save_pretrained(tmp_path / "h", plans=plans)
+    decoder = dh.SpeculativeDecoder(target, dh.load_heads(tmp_path / "h", target=target))
+    prompt = torch.cat([rows[0][:6], rows[0][:6]])[None]  # a repeat for the lookup to find
+    out = decoder.generate(prompt, max_new_tokens=12, temperature=0, eos_token_id=[])
+    assert torch.equal(out.sequences, greedy_reference(target, prompt, 12))
+    assert out.stats["drafted_by"]["lookup"] > 0 and out.stats["drafted_by"]["heads"] == 0
+    assert decoder.generate(prompt, max_new_tokens=4, temperature=1.0, seed=0, eos_token_id=[]).stats["mode"] == PLAIN
+
+
+def test_a_tree_that_drafts_nothing_has_no_heads_alone_candidate(setup):
+    target, heads, rows = setup
+    with pytest.raises(ValueError, match="the tree drafts nothing, so it is plain decoding: nothing to time"):
+        measure_batch_plan(target, heads, [], rows[:1], [1], new_tokens=2, rounds=1)
 
 
 def test_where_no_tree_is_chosen_the_greedy_tree_is_timed_there(setup, monkeypatch):
@@ -320,7 +359,7 @@ def test_the_timed_heads_draft_with_the_entrys_vocabulary_and_are_restored(setup
     monkeypatch.setattr(training, "VS_GENERATE_NEW_TOKENS", 4)
 
     def measure(target, heads, tree, prompts, sizes, **kwargs):
-        seen.append((heads.draft_vocab_size, heads.training, [p.shape[0] for p in prompts]))
+        seen.append((kwargs["draft_vocab_size"], heads.training, [p.shape[0] for p in prompts]))
         raise ValueError("stop here")
 
     heads.train()
@@ -329,7 +368,7 @@ def test_the_timed_heads_draft_with_the_entrys_vocabulary_and_are_restored(setup
                                        rows, measure)
     except ValueError:
         pass
-    assert heads.training and heads.draft_vocab_size is None
+    assert heads.training and heads.plans is None  # the heads were timed, never changed
     heads.eval()
     assert seen[0][:2] == (32, False)
     assert len(seen[0][2]) == min(training.VS_GENERATE_PROMPTS, len(rows))

@@ -11,6 +11,7 @@ import torch
 from safetensors.torch import load_file
 
 import draftheads as dh
+from draftheads.plans import given_tree
 from draftheads.tune.calibrate import expected_tokens_per_step
 from draftheads.inference.tree import default_choices
 from draftheads.train.head_loss import LossBatch, LossSettings
@@ -79,8 +80,8 @@ def test_training_steps_do_not_count_ranks(tiny_llama):
 def test_the_tree_and_ranks_are_those_decoding_uses(tiny_llama):
     heads = dh.MedusaHeads.for_target(tiny_llama, num_heads=2)
     assert static_tree(heads) == default_choices(2)
-    heads.tree = [[0], [11], [0, 3]]  # a calibrated tree travels with the heads
-    assert static_tree(heads) == heads.tree and ranks_for(heads.tree) == 12
+    heads.plans = given_tree([[0], [11], [0, 3]])  # a calibrated tree travels with the heads
+    assert static_tree(heads) == [[0], [11], [0, 3]] and ranks_for(static_tree(heads)) == 12
     assert ranks_for(None) == 0
 
 

@@ -48,6 +48,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import draftheads as dh
+from draftheads.plans import given_tree
 from engines.vllm_counting import decode_budget, vllm_counts
 
 REPO = Path(__file__).resolve().parents[1]
@@ -243,8 +244,7 @@ def dflash_vocab_heads(dflash_dir: Path, root: Path, target, draft_counts: torch
     carries it as lm_head rows + d2t, and acceptance is equal only if vLLM drafts from that set."""
     heads = dh.load_heads(dflash_dir, target=target)
     heads.token_counts.copy_(draft_counts)
-    heads.draft_vocab_size, heads.tree = DFLASH_VOCAB, [[0] * d for d in range(1, K + 1)]
-    heads.save_pretrained(root / "heads-dflash-vocab")
+    heads.save_pretrained(root / "heads-dflash-vocab", plans=given_tree(dh.StaticTree.chain(K), DFLASH_VOCAB))
     return root / "heads-dflash-vocab"
 
 

@@ -1,5 +1,5 @@
 """What every head type shares: its config, the frozen target modules it reads, its token counts,
-its saved tree, saving, and the drafter their method declares.
+its plans (tree.json), saving, and the drafter their method declares.
 
 A head type (medusa.py, hydra.py, eagle.py) subclasses `DraftHeads` and holds only what makes it
 different: its modules, its forward pieces and what `for_target` puts in its config.
@@ -7,14 +7,33 @@ different: its modules, its forward pieces and what `for_target` puts in its con
 from __future__ import annotations
 
 import os
+import warnings
 from pathlib import Path
 
 import torch
 from torch import nn
 
+from ..plans import TreePlans, TreeSpec
 from ..registry import method_of
 from .config import HeadsConfig, TargetInfo
-from .folder import save_heads
+from .folder import LEGACY_ATTRIBUTES, plans_view, save_heads, with_attribute
+
+
+def _deprecated_view(name: str) -> property:
+    """``heads.<name>``: what heads carried before plans, now a view of ``heads.plans`` (reading
+    and setting both warn; setting rewrites the plans as a one-entry table, as before)."""
+    why = (f"heads.{name} is deprecated: decode settings live in heads.plans (tree.json, `draftheads.plans`) "
+           "or go to SpeculativeDecoder(target, heads, tree=..., plans=...)")
+
+    def get(self):
+        warnings.warn(why, DeprecationWarning, stacklevel=2)
+        return plans_view(self.plans)[name]
+
+    def put(self, value):
+        warnings.warn(why, DeprecationWarning, stacklevel=2)
+        self.plans = with_attribute(self.plans, name, value)
+
+    return property(get, put, doc=f"Deprecated view of ``plans``: {name} of the greedy batch-1 entry.")
 
 
 class DraftHeads(nn.Module):
@@ -50,10 +69,15 @@ class DraftHeads(nn.Module):
         # The target's frozen embedding and LM head, set by bind_target. A plain dict, so they are
         # not submodules: never saved, trained or moved with the heads.
         self._bound: dict[str, nn.Module] = {}
-        # The tree saved with the heads (tree.json): rank paths (static) or settings (dynamic).
-        self.tree: list[list[int]] | dict | None = None
-        self.draft_vocab_size: int | None = None  # calibrated; None = draft over the whole vocabulary
-        self.plans = None  # the whole tree.json (plans.TreePlans): what to run per device type, batch size, temperature
+        # The folder's tree.json as loaded (`plans.TreePlans`: what to run per device type, batch size
+        # and temperature), the way a transformers model carries its generation_config: set by
+        # load_heads, saved by save_pretrained, followed by SpeculativeDecoder unless given plans=.
+        # The only decode setting heads hold; drafters take theirs as arguments.
+        self.plans: TreePlans | None = None
+
+    #: The folder's tree.json as loaded (set per instance; see ``__init__``).
+    plans: TreePlans | None = None
+    tree, draft_vocab_size, tree_origin, batch_plan = (_deprecated_view(name) for name in LEGACY_ATTRIBUTES)
 
     # -- construction -------------------------------------------------------------------------
     @classmethod
@@ -115,9 +139,11 @@ class DraftHeads(nn.Module):
     def init_from_target(self, target: nn.Module) -> None:
         """Copy what a fresh head starts from out of the target (default: nothing)."""
 
-    def save_pretrained(self, path: str | os.PathLike, tree: list[list[int]] | dict | None = None) -> Path:
-        """Write ``config.json`` + ``model.safetensors`` (heads only), atomically."""
-        return save_heads(self, path, tree=tree)
+    def save_pretrained(self, path: str | os.PathLike, tree: TreeSpec | list[list[int]] | dict | None = None,
+                        plans: TreePlans | None = None) -> Path:
+        """Write ``config.json`` + ``model.safetensors`` (heads only) and ``tree.json``, atomically:
+        ``tree`` (one tree for any device), else ``plans``, else ``self.plans`` (`folder.save_heads`)."""
+        return save_heads(self, path, tree=tree, plans=plans)
 
     def bind_target(self, target: nn.Module):
         """Check that ``target`` is the model these heads were trained for and remember its frozen
@@ -140,9 +166,10 @@ class DraftHeads(nn.Module):
             raise RuntimeError(f"these {self.head_type} heads read the target's {what}: call heads.bind_target(target) first")
         return module
 
-    def proposer(self, tree: list[list[int]] | dict | None = None, **options):
+    def proposer(self, tree: TreeSpec | list[list[int]] | dict | None = None, **options):
         """The drafter for these heads (an `inference.proposers.drafter.Drafter`): the one their
-        method declares (draftheads/methods/)."""
+        method declares (draftheads/methods/), drafting ``tree`` (None: the method's own default,
+        never ``plans``: which entry applies depends on the request, `inference.planned` decides)."""
         return method_of(self).drafter(self, tree=tree, **options)
 
     # -- vocabulary -----------------------------------------------------------------------------

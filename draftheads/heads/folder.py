@@ -46,18 +46,22 @@ def non_finite_tensors(state: dict[str, torch.Tensor]) -> str | None:
 
 def save_heads(
     heads: torch.nn.Module, path: str | os.PathLike, tree: TreeSpec | list[list[int]] | dict | None = None,
-    extra_files: dict[str, str] | None = None,
+    extra_files: dict[str, str] | None = None, plans: TreePlans | None = None,
 ) -> Path:
     """Export heads only (never the target's weights) as a versioned safetensors folder, with
-    their ``tree.json``: ``tree`` if given (used on any device), else the plans the heads were
-    loaded with (unless a tree was set on them by hand since, which is then saved), else none.
+    their ``tree.json``: ``tree`` if given (used on any device), else ``plans``, else
+    ``heads.plans`` (the plans they were loaded with, or set since), else none.
     ``extra_files``: name -> text written in the same atomic swap (an import's provenance)."""
     state = {k: v.detach().contiguous().cpu() for k, v in heads.state_dict().items()}
     bad = non_finite_tensors(state)
     if bad:
         raise ValueError(f"refusing to export heads to {path}: {bad}; did the training diverge?")
     config = heads.config.to_dict()
-    plans = given_tree(tree) if tree is not None else saved_plans(heads)
+    if tree is not None and plans is not None:
+        raise ValueError("pass tree (one tree for every request) or plans (a whole table), not both")
+    if plans is not None and not isinstance(plans, TreePlans):
+        raise TypeError(f"plans must be a draftheads.plans.TreePlans, got {type(plans).__name__}")
+    plans = given_tree(tree) if tree is not None else plans if plans is not None else getattr(heads, "plans", None)
 
     files = {
         CONFIG_NAME: lambda p: p.write_text(json.dumps(config, indent=2) + "\n"),
@@ -72,8 +76,12 @@ def save_heads(
     return write_folder_atomically(path, files)
 
 
+#: The attributes heads carried before plans; now deprecated views of ``heads.plans`` (`base.DraftHeads`).
+LEGACY_ATTRIBUTES = ("tree", "draft_vocab_size", "tree_origin", "batch_plan")
+
+
 def plans_view(plans: TreePlans | None) -> dict[str, Any]:
-    """The attributes loaded heads carry for callers that predate plans: ``tree`` and
+    """What the deprecated heads attributes read from ``plans``: ``tree`` and
     ``draft_vocab_size`` of the greedy batch-1 entry, ``tree_origin`` (``{"chosen_by":
     "training", "device_type": ...}`` for a tree chosen by training, else ``{}``) and
     ``batch_plan`` (the greedy modes by batch size, None when none were measured)."""
@@ -86,18 +94,17 @@ def plans_view(plans: TreePlans | None) -> dict[str, Any]:
             "tree_origin": origin, "batch_plan": greedy_batch_plan(plans)}
 
 
-def saved_plans(heads: torch.nn.Module) -> TreePlans | None:
-    """The plans that stand for ``heads``' tree: those they were loaded with, unless ``tree``,
-    ``draft_vocab_size``, ``tree_origin`` or ``batch_plan`` were set by hand since (then those
-    attributes, read as a version-1 file), else None."""
-    plans = getattr(heads, "plans", None)
-    current = {k: getattr(heads, k, None) for k in ("tree", "draft_vocab_size", "tree_origin", "batch_plan")}
-    current["tree_origin"] = current["tree_origin"] or {}
-    if plans is not None and plans_view(plans) == current:
-        return plans
+def with_attribute(plans: TreePlans | None, name: str, value: Any) -> TreePlans | None:
+    """The plans after a caller that predates them sets ``heads.<name> = value`` (one of
+    ``LEGACY_ATTRIBUTES``): the four attributes, this one changed, read as a version-1 tree file
+    (one entry, any device); None once ``tree`` is None."""
+    current = {**plans_view(plans), name: value}
     if current["tree"] is None:
+        if current["draft_vocab_size"] is not None:
+            raise ValueError("a draft vocabulary is saved with the tree it was measured for: pass both, as "
+                             "heads.plans = draftheads.plans.given_tree(tree, draft_vocab_size)")
         return None
-    legacy = {"tree": current["tree"], "draft_vocab_size": current["draft_vocab_size"], **current["tree_origin"]}
+    legacy = {"tree": current["tree"], "draft_vocab_size": current["draft_vocab_size"], **(current["tree_origin"] or {})}
     if current["batch_plan"]:
         legacy["batch_plan"] = plan_to_json(parse_batch_plan(current["batch_plan"], "heads.batch_plan"))
-    return from_json(legacy, "the heads' tree attributes")
+    return from_json(legacy, f"heads.{name}")

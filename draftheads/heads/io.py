@@ -20,7 +20,7 @@ from ..atomic import restore_interrupted_swap, write_folder_atomically, write_js
 from ..plans import TREE_NAME, TreePlans, read_plans
 from ..registry import UnknownMethodError, head_classes, method_named
 from .config import FORMAT_VERSION, HeadsConfig
-from .folder import CONFIG_NAME, WEIGHTS_NAME, non_finite_tensors, plans_view, save_heads  # noqa: F401 (re-exported)
+from .folder import CONFIG_NAME, WEIGHTS_NAME, non_finite_tensors, save_heads  # noqa: F401 (re-exported)
 from .hub import resolve_heads_folder
 from .tree_check import plans_problem
 
@@ -155,14 +155,16 @@ def _require_fingerprint(config: HeadsConfig, cfg_file: Path) -> None:
 
 def attach_plans(heads: torch.nn.Module, plans: TreePlans | None, path: Path) -> None:
     """Check that every tree in ``plans`` fits ``heads`` (a bad one is refused here, naming the
-    file, not in the first decode step) and set them on the heads: ``heads.plans``, and the
-    attributes of callers that predate plans (`folder.plans_view`)."""
+    file, not in the first decode step) and set them as ``heads.plans``."""
+    check_plans(heads, plans, path / TREE_NAME)
+    heads.plans = plans
+
+
+def check_plans(heads: torch.nn.Module, plans: TreePlans | None, where: str | os.PathLike) -> None:
+    """Refuse ``plans`` whose trees do not fit ``heads``, naming ``where`` they came from."""
     problem = plans_problem(heads, plans)
     if problem:
-        raise ValueError(f"{path / TREE_NAME}: {problem}; fix it, delete it or run draftheads calibrate again")
-    heads.plans = plans
-    for name, value in plans_view(plans).items():
-        setattr(heads, name, value)
+        raise ValueError(f"{where}: {problem}; fix it, delete it or run draftheads calibrate again")
 
 
 def load_heads(

@@ -73,7 +73,6 @@ class PEagleHead(Eagle3Head):
     many tokens); ``config.num_layers`` the decoder layers (4 in the published drafts)."""
 
     head_type = "peagle"
-    dynamic_tree = False  # a static tree (rank paths) over the per-depth top-k of one forward
     training_objective = "parallel_depths"
     # Not EAGLE 3.1's fc_norm / norm_output: vLLM's speculators P-EAGLE mapping does not forward
     # them (methods/peagle/export.py), so a P-EAGLE draft using them could not be served as trained.

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import dataclasses
 import operator
+import os
 from typing import Any, Mapping
 
 import torch
 
-from ..plans import PLAIN, SPECULATIVE, BatchPlan, TreeSpec
+from ..plans import PLAIN, SPECULATIVE, BatchPlan, TreePlans, TreeSpec
 from ..heads.config import text_config
 from .accept import ACCEPTANCE
 from .compaction import check_compaction
@@ -22,7 +23,7 @@ from .loop import Settings, decode
 from .output import SpeculativeOutput
 from .draft_budget import DraftBudget, resolve_budget
 from .plain import generate_plain
-from .planned import PlannedDrafts
+from .planned import PlannedDrafts, resolve_plans
 from .probe import check_tree_attention
 from .proposers.drafter import Drafter
 from .proposers.prompt_lookup import PromptLookupProposer
@@ -75,8 +76,9 @@ class SpeculativeDecoder:
     ``tree`` (heads only) drafts one tree for every request: a `StaticTree` or rank paths such
     as ``[[0], [1], [0, 0]]`` (Medusa, Hydra, P-EAGLE, DFlash), a `DynamicTree` or its settings
     such as ``{"total_tokens": 12, "depth": 5, "top_k": 4}`` (EAGLE, EAGLE-3) (`plans.trees`).
-    Heads without a ``tree`` follow the table saved with them (tree.json, `draftheads.plans`):
-    what to run per device type x batch size x temperature, a tree or plain decoding (the
+    Heads without a ``tree`` follow a table (tree.json, `draftheads.plans`): ``plans`` (a
+    `TreePlans`, or a heads folder or tree.json path), else the one they were loaded with
+    (``heads.plans``); what to run per device type x batch size x temperature, a tree or plain decoding (the
     target's own `generate`). Each request runs the entry for this decoder's device type, the
     nearest measured temperature (greedy = 0) and the largest measured batch size at or below its
     own (`inference.planned`); entries measured on ANOTHER device type are ignored, with a
@@ -130,6 +132,7 @@ class SpeculativeDecoder:
         draft_budget: str | DraftBudget | None = "auto",
         draw_drafts: bool = True,
         prompt_lookup: bool | PromptLookupProposer | None = None,
+        plans: TreePlans | str | os.PathLike | None = None,
     ) -> None:
         self.compaction = check_compaction(compaction)
         if prompt_lookup is not None and not isinstance(prompt_lookup, (bool, PromptLookupProposer)):
@@ -161,12 +164,12 @@ class SpeculativeDecoder:
             bind(target)  # refuses heads trained for another target
             # The saved plans' trees (or this device type's default): each head type drafts its own way.
             self.drafts = PlannedDrafts(proposer, _device_of(target), tree, batch_plan=batch_plan,
-                                        prompt_lookup=prompt_lookup)
+                                        prompt_lookup=prompt_lookup, plans=resolve_plans(proposer, plans))
         elif prompt_lookup:
             raise ValueError("prompt_lookup=... goes with heads (lookup first, the heads where it finds no match); "
                              "to draft by lookup alone pass a PromptLookupProposer as the proposer")
-        elif tree is not None:
-            raise ValueError("`tree` applies to heads; a drafter brings its own tree")
+        elif tree is not None or plans is not None:
+            raise ValueError("`tree` and `plans` apply to heads; a drafter brings its own tree")
         else:
             drafter.bind_target(target)
             self.drafts = PlannedDrafts(drafter, _device_of(target), is_heads=False, batch_plan=batch_plan)

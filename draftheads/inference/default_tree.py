@@ -13,7 +13,6 @@ from __future__ import annotations
 import torch
 
 from ..heads.acceptance import default_choices, grow_tree
-from ..heads.folder import saved_plans
 from ..plans import CHOSEN_BY_TRAINING, DynamicTree, PlanEntry, StaticTree, TreePlans, TreeSpec, primary, select
 from ..plans import tree_spec
 from ..registry import method_of
@@ -53,9 +52,8 @@ def device_default(heads: torch.nn.Module, device: torch.device | str) -> TreeSp
 
 
 def heads_plans(heads: torch.nn.Module) -> TreePlans | None:
-    """The plans that stand for ``heads``: their tree.json, or the tree set on them by hand
-    (`heads.folder.saved_plans`)."""
-    return saved_plans(heads)
+    """The plans ``heads`` hold: their tree.json as loaded (or set since), else None."""
+    return getattr(heads, "plans", None)
 
 
 def source_of(entry: PlanEntry | None) -> str:
@@ -70,12 +68,12 @@ def tree_source(heads: torch.nn.Module, device: torch.device | str) -> str:
     return source_of(select(heads_plans(heads), torch.device(device).type, 1, 0.0).entry)
 
 
-def default_for(heads: torch.nn.Module, device: torch.device | str) -> TreeSpec:
-    """This device type's default tree for ``heads``. For dynamic trees the saved draft
-    vocabulary restriction is kept (it trades acceptance for drafting cost and does not depend on
-    the tree's size)."""
+def default_for(heads: torch.nn.Module, device: torch.device | str, plans: TreePlans | None) -> TreeSpec:
+    """This device type's default tree for ``heads``. For dynamic trees the draft vocabulary
+    restriction of ``plans`` is kept (it trades acceptance for drafting cost and does not depend
+    on the tree's size)."""
     tree = device_default(heads, device)
-    saved = primary(heads_plans(heads))
+    saved = primary(plans)
     if isinstance(tree, DynamicTree) and saved is not None and isinstance(saved.tree, DynamicTree):
         return tree.with_draft_vocab(saved.tree.draft_vocab_size or tree.draft_vocab_size)
     return tree
@@ -86,7 +84,8 @@ def resolve_tree(heads: torch.nn.Module, device: torch.device | str, batch_size:
     """The tree ``heads`` should draft on ``device`` for a request of ``batch_size`` rows at
     ``temperature`` when the caller gave none: the tree.json entry that `plans.select` picks
     (never one measured on another device type), else the device default."""
-    entry = select(heads_plans(heads), torch.device(device).type, batch_size, temperature).entry
+    plans = heads_plans(heads)
+    entry = select(plans, torch.device(device).type, batch_size, temperature).entry
     if entry is None or entry.tree is None:
-        return default_for(heads, device)
+        return default_for(heads, device, plans)
     return entry.tree

@@ -1,7 +1,7 @@
 """Which tree (or plain decoding) a decoder runs for a request: its plan lookup.
 
-Heads carry a table of what to run where (tree.json, `draftheads.plans`): device type x batch
-size x temperature -> tree, or plain decoding. `PlannedDrafts` builds one proposer per distinct
+Heads come with a table of what to run where (tree.json, `draftheads.plans`; ``heads.plans``
+or the decoder's ``plans=``): device type x batch size x temperature -> tree, or plain decoding. `PlannedDrafts` builds one proposer per distinct
 tree of the entries that apply on the decoder's device (once, at construction) and answers, per
 request, which entry runs (`plans.select`: this device type's entries, the nearest measured
 temperature, the largest measured batch size at or below the request's). Entries measured on
@@ -15,6 +15,7 @@ settings, never on what the target produces, so decoding stays lossless.
 """
 from __future__ import annotations
 
+import os
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Mapping
@@ -22,8 +23,9 @@ from typing import Any, Mapping
 import torch
 
 from ..plans import PLAIN, SPECULATIVE, BatchPlan, PlanEntry, greedy_batch_plan, mode_for, parse_batch_plan, select
-from ..plans import DynamicTree, TreeSpec, usable_entries
-from .default_tree import default_for, heads_plans, source_of
+from ..heads.io import check_plans
+from ..plans import DynamicTree, TreePlans, TreeSpec, plans_at, usable_entries
+from .default_tree import default_for, source_of
 from .proposers.hybrid import LookupThenHeads
 from .proposers.prompt_lookup import PromptLookupProposer
 
@@ -46,27 +48,26 @@ def _tree_key(tree: TreeSpec, draft_vocab_size: int | None) -> tuple[TreeSpec, i
 
 
 def _proposer_for(heads: torch.nn.Module, tree: TreeSpec, draft_vocab_size: int | None) -> Any:
-    """``heads``' proposer for an entry's tree, with the entry's own draft vocabulary. A static
-    tree's vocabulary is the entry's (the whole vocabulary when the entry has none, whatever the
-    heads' default is); a dynamic tree carries its own."""
-    if isinstance(tree, DynamicTree) or (draft_vocab_size is None and getattr(heads, "draft_vocab_size", None) is None):
+    """``heads``' proposer for an entry's tree, with the entry's own draft vocabulary (a static
+    tree's; none: the whole vocabulary). A dynamic tree carries its own."""
+    if isinstance(tree, DynamicTree) or draft_vocab_size is None:
         return heads.proposer(tree=tree)
-    size = draft_vocab_size if draft_vocab_size is not None else int(heads.config.vocab_size)  # >= vocab: all of it
-    return heads.proposer(tree=tree, draft_vocab_size=size)
+    return heads.proposer(tree=tree, draft_vocab_size=draft_vocab_size)
 
 
 class PlannedDrafts:
     """The proposers a decoder may run and the rule picking one per request (module docstring).
 
-    ``prompt_lookup``: None follows each entry's ``prompt_lookup`` (heads behind prompt lookup
-    where that measured faster); True (or a configured `PromptLookupProposer`) puts lookup in
-    front of the heads for every request, False never does."""
+    ``plans``: the table heads follow (None: none, the device default tree); ``prompt_lookup``:
+    None follows each entry's ``prompt_lookup`` (heads behind prompt lookup where that measured
+    faster); True (or a configured `PromptLookupProposer`) puts lookup in front of the heads for
+    every request, False never does."""
 
     def __init__(self, proposer: Any, device: torch.device, tree: Any = None, is_heads: bool = True,
                  batch_plan: str | Mapping[int | str, str] | None = FOLLOW_HEADS,
-                 prompt_lookup: bool | PromptLookupProposer | None = None) -> None:
+                 prompt_lookup: bool | PromptLookupProposer | None = None, plans: TreePlans | None = None) -> None:
         self.device_type = torch.device(device).type
-        self.plans = heads_plans(proposer) if is_heads else None
+        self.plans = plans if is_heads else None
         self.entries: list[PlanEntry] = []
         self._by_tree: dict[tuple, Any] = {}
         self._behind_lookup: dict[int, LookupThenHeads] = {}  # id(heads drafter) -> it behind prompt lookup
@@ -88,7 +89,7 @@ class PlannedDrafts:
             if first is not None and first.tree is not None:
                 self.default = self._by_tree[_tree_key(first.tree, first.draft_vocab_size)]
             else:  # nothing applies here: this device type's default tree
-                self.default = proposer.proposer(tree=default_for(proposer, device))
+                self.default = proposer.proposer(tree=default_for(proposer, device, self.plans))
             if self.ignored and not self.entries:  # only where the table would have chosen the tree
                 warnings.warn(
                     f"the heads' tree.json holds plans measured on {', '.join(self.ignored)} only; this decoder runs "
@@ -164,6 +165,21 @@ class PlannedDrafts:
         if isinstance(proposer, LookupThenHeads):
             stats["prompt_lookup"] = "tree.json" if self._lookup is None else "prompt_lookup argument"
         return PlannedRun(PLAIN if mode == PLAIN else SPECULATIVE, proposer, stats)
+
+
+def resolve_plans(heads: torch.nn.Module, plans: TreePlans | str | os.PathLike | None) -> TreePlans | None:
+    """The table ``heads`` follow: ``plans`` (a `TreePlans`, or a heads folder or tree file,
+    read), checked to fit the heads; None: the heads' own (``heads.plans``, their tree.json)."""
+    if plans is None:
+        return getattr(heads, "plans", None)
+    where = "plans"
+    if isinstance(plans, (str, os.PathLike)):
+        where, plans = str(plans), plans_at(plans)
+    elif not isinstance(plans, TreePlans):
+        raise TypeError(f"plans must be a TreePlans, a heads folder or a tree.json path (None: the heads' own), "
+                        f"got {type(plans).__name__}")
+    check_plans(heads, plans, where)
+    return plans
 
 
 def _resolve_override(batch_plan: Any) -> BatchPlan | None:

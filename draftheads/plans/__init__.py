@@ -6,7 +6,7 @@ typed static or dynamic tree), how a request picks an entry (`select`) and the f
 decoder (which picks from it); the measurements that fill it are `tune`.
 """
 from .batch_sizes import MODES, PLAIN, SPECULATIVE, BatchPlan, mode_for, parse_batch_plan, plan_to_json
-from .files import TREE_NAME, plans_json, read_plans, tree_file, write_plans
+from .files import TREE_NAME, plans_at, plans_json, read_plans, tree_file, write_plans
 from .schema import (
     CHOSEN_BY_CALIBRATION,
     CHOSEN_BY_HAND,
@@ -25,6 +25,6 @@ from .trees import DynamicTree, StaticTree, TreeSpec, tree_json, tree_spec
 __all__ = [
     "CHOSEN_BY_CALIBRATION", "CHOSEN_BY_HAND", "CHOSEN_BY_TRAINING", "FORMAT_VERSION", "MODES", "PLAIN", "SPECULATIVE",
     "BatchPlan", "Choice", "DynamicTree", "PlanEntry", "StaticTree", "TreeSpec", "TreePlans", "TREE_NAME", "check_temperature", "from_json", "given_tree",
-    "greedy_batch_plan", "mode_for", "parse_batch_plan", "parse_temperatures", "plan_to_json", "plans_json", "primary",
+    "greedy_batch_plan", "mode_for", "parse_batch_plan", "parse_temperatures", "plan_to_json", "plans_at", "plans_json", "primary",
     "read_plans", "select", "tree_file", "tree_json", "tree_spec", "usable_entries", "write_plans",
 ]

@@ -1,6 +1,6 @@
 """Reading and writing ``tree.json``: the only code that opens the file.
 
-A load parses it once (`read_plans`) into a checked `TreePlans`; every writer (calibration,
+A load parses it once (`read_plans`, or `plans_at` for a file or folder a user names) into a checked `TreePlans`; every writer (calibration,
 training's tree choice, saving heads with a tree) goes through `write_plans`, which writes the
 current format atomically (a reader sees the old file or the new one, never a part).
 """
@@ -26,6 +26,24 @@ def read_plans(folder: str | os.PathLike) -> TreePlans | None:
     path = tree_file(folder)
     if not path.is_file():
         return None
+    return _read(path)
+
+
+def plans_at(path: str | os.PathLike) -> TreePlans:
+    """The plans in ``path``: a heads folder (its tree.json) or a tree file itself; an error
+    naming the path when there are none."""
+    path = Path(path)
+    if path.is_dir():
+        plans = read_plans(path)
+        if plans is None:
+            raise FileNotFoundError(f"{path} holds no {TREE_NAME} (train or calibrate the heads to write one)")
+        return plans
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} does not exist: pass a heads folder or its {TREE_NAME}")
+    return _read(path)
+
+
+def _read(path: Path) -> TreePlans:
     try:
         data = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:

@@ -315,7 +315,7 @@ def heads_from_state(heads: torch.nn.Module, state: dict[str, torch.Tensor]) -> 
     with torch.device("meta"):  # no RNG draws, no second allocation: weights are assigned
         copy = type(heads)(heads.config)
     copy.load_state_dict(state, strict=True, assign=True)
-    copy.tree = getattr(heads, "tree", None)
+    copy.plans = heads.plans
     return copy
 
 

@@ -26,6 +26,7 @@ from typing import Sequence
 import torch
 
 from ..heads.acceptance import default_choices, expected_tokens_per_step
+from ..plans import StaticTree, primary
 from ..registry import method_of
 
 
@@ -45,13 +46,13 @@ BASE_ROWS = 4  # ce_sum, count, top1, topk
 
 
 def static_tree(heads: torch.nn.Module) -> list[list[int]] | None:
-    """The static tree decoding will use with ``heads`` (the one they carry, else the default for
-    their number of heads), or None for heads that draft dynamic trees (EAGLE)."""
+    """The static tree decoding will use with ``heads`` (their plans' greedy batch-1 tree, else the
+    default for their number of heads), or None for heads that draft dynamic trees (EAGLE)."""
     if not method_of(heads).tree.rank_paths:
         return None
-    tree = getattr(heads, "tree", None)
-    if isinstance(tree, list):
-        return tree
+    entry = primary(heads.plans)
+    if entry is not None and isinstance(entry.tree, StaticTree):
+        return entry.tree.to_json()
     own = getattr(heads, "default_tree", None)
     if callable(own):  # DFlash: the chain of its block
         return own("cpu")

@@ -21,7 +21,9 @@ text repeats an earlier n-gram drafts the copy, the heads the others) is a secon
 in the same interleaved rounds against the same plain decodes: a size speculates with whichever
 candidate's median is higher, if it beats plain, and the entry records whether that was lookup.
 Lookup wins where the text repeats itself or its prompt (extraction, code, lists) and costs one
-n-gram search per row and step elsewhere, so it is measured, like everything else here.
+n-gram search per row and step elsewhere, so it is measured, like everything else here. A tree
+that drafts nothing (no tree of the heads paid for itself) has no heads-alone candidate: with
+``try_lookup`` its one candidate is prompt lookup alone (the heads drafting nothing behind it).
 
 Training's tree choice runs the same measurement at batch size 1 per temperature (a few held-out
 rows), so "plain where the tree loses to ``generate``" means one thing in both places.
@@ -38,7 +40,7 @@ import torch
 
 from ..inference.decoder import SpeculativeDecoder
 from ..inference.inputs import eos_ids, left_pad, pad_id
-from ..plans import PLAIN, SPECULATIVE, BatchPlan
+from ..plans import PLAIN, SPECULATIVE, BatchPlan, TreeSpec, given_tree, tree_spec
 
 PLAIN_MARGIN = 1.0  # the tree must beat plain decoding (median per-batch ratio), else plain
 LOOKUP = "lookup"  # the tree behind prompt lookup, the second candidate of ``try_lookup``
@@ -70,7 +72,7 @@ class BatchPlanResult:
                 f"  batch {size}: per batch {m['speedup_median']:.2f}x [{m['speedup_min']:.2f}-{m['speedup_max']:.2f}] "
                 f"over {m['timed_batches']} batches (totals: speculative {m['speculative_tokens_per_second']:.1f}, "
                 f"plain {m['plain_tokens_per_second']:.1f} tokens/s = {m['speedup']:.2f}x) -> {self.plan[size]}"
-                + (" behind prompt lookup" if self.lookup.get(size) else "")
+                + (" (prompt lookup alone)" if m.get("lookup_alone") else " behind prompt lookup" if self.lookup.get(size) else "")
                 + f" (speculative needs > {m['min_speedup']:.2f}x)"
             )
             behind = m.get("prompt_lookup")
@@ -91,7 +93,7 @@ def _check_positive(value: Any, name: str, hint: str) -> None:
 def measure_batch_plan(
     target: torch.nn.Module,
     heads: torch.nn.Module,
-    tree: list[list[int]] | dict,
+    tree: TreeSpec | list[list[int]] | dict,
     prompts: list[torch.Tensor],
     batch_sizes: list[int],
     new_tokens: int = 64,
@@ -101,6 +103,7 @@ def measure_batch_plan(
     clock: Callable[[], float] = time.perf_counter,
     max_seconds: float | None = None,
     try_lookup: bool = False,
+    draft_vocab_size: int | None = None,
 ) -> BatchPlanResult:
     """Time speculative decoding with ``tree`` against plain decoding at every batch size (see the
     module docstring), at ``temperature`` (0: greedy), and return the plan with its measurements.
@@ -112,7 +115,9 @@ def measure_batch_plan(
     at that size, but a size always gets ``MIN_PAIRS`` pairs (or all its batches, if fewer). On a
     loaded machine every decode stretches, and a training run must not wait minutes for this.
     ``try_lookup``: also time the tree behind prompt lookup (module docstring); the measured figures
-    at a size are the heads alone's, with the lookup candidate's under ``prompt_lookup``."""
+    at a size are the heads alone's, with the lookup candidate's under ``prompt_lookup``.
+    ``draft_vocab_size``: the static tree's draft vocabulary (None: the whole vocabulary), as
+    its plan entry will carry it."""
     if max_seconds is not None:
         _check_positive(max_seconds, "max_seconds", "None = no bound")
     _check_positive(min_speedup, "min_speedup", "1 = merely faster than plain")
@@ -123,18 +128,25 @@ def measure_batch_plan(
     sizes = sorted(set(batch_sizes))
     if not sizes or any(isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in sizes):
         raise ValueError(f"batch sizes must be whole numbers >= 1, got {batch_sizes!r}")
-    decoders = {
+    heads_draft = not tree_spec(tree).drafts_nothing
+    if not heads_draft and not try_lookup:
+        raise ValueError("the tree drafts nothing, so it is plain decoding: nothing to time (try_lookup times prompt "
+                         "lookup alone in front of it)")
+    plans = given_tree(tree, draft_vocab_size)  # the tree as its entry will run it, whatever the heads were loaded with
+    decoders = {}
+    if heads_draft:
         # The tree itself (no draft budget): the plan asks whether this tree beats plain decoding; the
         # budget then adapts within each generation at run time. With the budget on, its first steps
         # of a fresh decoder (the warm-up, the interleaved plain measurements) weighed on a 48-token
         # check and sent heads plain that decode at 1.1-1.5x on the retired 5M demo target (the docstring above).
-        SPECULATIVE: SpeculativeDecoder(target, heads, tree=tree, batch_plan=None, draft_budget=None, check_model=False),
-        PLAIN: SpeculativeDecoder(target, heads, tree=tree, batch_plan={1: PLAIN}, check_model=False),
-    }
+        decoders[SPECULATIVE] = SpeculativeDecoder(target, heads, plans=plans, batch_plan=None, draft_budget=None,
+                                                   check_model=False)
+    decoders[PLAIN] = SpeculativeDecoder(target, heads, plans=plans, batch_plan={1: PLAIN}, check_model=False)
     if try_lookup:
-        decoders[LOOKUP] = SpeculativeDecoder(target, heads, tree=tree, batch_plan=None, draft_budget=None,
+        decoders[LOOKUP] = SpeculativeDecoder(target, heads, plans=plans, batch_plan=None, draft_budget=None,
                                               check_model=False, prompt_lookup=True)
     candidates = [m for m in decoders if m != PLAIN]
+    first = candidates[0]  # the heads alone, else lookup alone: its figures are the size's own
     pad = pad_id(target, eos_ids(target, None))
     pad = 0 if pad is None else pad  # masked left padding: any id will do when the model names none
     batches = {size: prompt_batches(prompts, size, pad) for size in sizes}
@@ -167,7 +179,7 @@ def measure_batch_plan(
     for _ in range(rounds):
         for size in sizes:
             for ids, mask in batches[size]:
-                if out_of_time(seconds[size], len(ratios[size][SPECULATIVE])):
+                if out_of_time(seconds[size], len(ratios[size][first])):
                     continue
                 modes = list(decoders)  # each mode first in turn, so none always runs on a cold or warm machine
                 order = modes[index % len(modes):] + modes[: index % len(modes)]
@@ -201,16 +213,19 @@ def measure_batch_plan(
         best = max(candidates, key=lambda m: figures[m]["speedup_median"])  # the heads alone on a tie
         plan[size] = SPECULATIVE if figures[best]["speedup_median"] > min_speedup else PLAIN
         lookup[size] = plan[size] == SPECULATIVE and best == LOOKUP
-        timed_batches = len(ratios[size][SPECULATIVE])
+        timed_batches = len(ratios[size][first])
         measured[size] = {
-            **figures[SPECULATIVE],  # the heads alone (with try_lookup the better median of the two decides)
+            **figures[first],  # the heads alone (with try_lookup the better median of the two decides)
             "timed_batches": timed_batches,
             "cut_by_time": max_seconds is not None and timed_batches < rounds * len(batches[size]),
             "new_tokens": new_tokens,
             "min_speedup": float(min_speedup),  # the median had to exceed this for "speculative"
             "timed_seconds": sum(seconds[size].values()),  # warm-up excluded
         }
-        if try_lookup:
+        if not heads_draft:
+            measured[size]["lookup_alone"] = True
+            measured[size]["chosen"] = "prompt lookup alone" if lookup[size] else "plain"
+        elif try_lookup:
             measured[size]["prompt_lookup"] = figures[LOOKUP]
             measured[size]["chosen"] = "heads behind prompt lookup" if lookup[size] else (
                 "heads" if plan[size] == SPECULATIVE else "plain")

@@ -249,18 +249,13 @@ def choose_export_tree(
 
 
 @contextmanager
-def _drafting_as(heads: torch.nn.Module, data: dict[str, Any]) -> Iterator[None]:
-    """Heads in eval mode drafting with ``data``'s draft vocabulary while they are timed (a decoder
-    given an explicit static tree drafts with the heads' own vocabulary, and the entry will carry
-    this one), then back as they were. Dynamic trees carry their vocabulary in the tree itself."""
-    before, was_training = heads.draft_vocab_size, heads.training
-    if method_of(heads).tree.rank_paths:
-        heads.draft_vocab_size = data.get("draft_vocab_size")
+def _in_eval(heads: torch.nn.Module) -> Iterator[None]:
+    """Heads in eval mode while they are timed, then back in the mode they were in."""
+    was_training = heads.training
     heads.eval()
     try:
         yield
     finally:
-        heads.draft_vocab_size = before
         heads.train(was_training)
 
 
@@ -285,18 +280,20 @@ def time_against_generate(
     """``data``'s tree (a `choose_export_tree` result) against the target's ``generate`` at its
     temperature, at each of ``VS_GENERATE_BATCH_SIZES`` (module docstring); its plan says
     speculative or plain per batch size, and, with ``try_lookup``, where the tree behind prompt
-    lookup is the faster candidate. None for a tree that drafts nothing: already plain, nothing to time.
+    lookup is the faster candidate. A tree that drafts nothing is plain decoding: None without
+    ``try_lookup`` (nothing to time), else prompt lookup alone is its one candidate.
     ``measure``: `measure_batch_plan`, replaceable so a test can give the timings."""
-    if drafts_nothing(data["tree"]):
+    if drafts_nothing(data["tree"]) and not try_lookup:
         return None
     prompts = vs_generate_prompts(target, rows)
     if not prompts:
         raise ValueError("no held-out rows of at least 8 tokens to time the tree against generate on")
     started = time.perf_counter()
-    with _drafting_as(heads, data):
+    vocab = data.get("draft_vocab_size") if method_of(heads).tree.rank_paths else None  # a dynamic tree carries its own
+    with _in_eval(heads):
         result = measure(target, heads, data["tree"], prompts, list(VS_GENERATE_BATCH_SIZES), new_tokens=VS_GENERATE_NEW_TOKENS,
                          rounds=VS_GENERATE_ROUNDS, temperature=data["temperature"], min_speedup=PLAIN_MARGIN,
-                         max_seconds=VS_GENERATE_MAX_SECONDS, try_lookup=try_lookup)
+                         max_seconds=VS_GENERATE_MAX_SECONDS, try_lookup=try_lookup, draft_vocab_size=vocab)
     result.measured[1]["seconds"] = time.perf_counter() - started  # warm-up included: what it cost the training
     return result
 
@@ -421,7 +418,17 @@ def describe(data: dict[str, Any]) -> dict[str, Any]:
     summary = _describe_tree(data)
     summary["mode"] = data.get("mode", PLAIN if drafts_nothing(data["tree"]) else SPECULATIVE)
     batch = data.get("batch")
-    if batch:
+    if batch and batch.get("lookup_alone"):  # no tree of the heads paid: lookup alone was the one candidate
+        timed = (f"{batch['speedup_median']:.2f}x target.generate (median of {batch['timed_batches']} prompt runs, "
+                 f"{batch['speedup_min']:.2f}-{batch['speedup_max']:.2f})")
+        summary["prompt_lookup"] = summary["mode"] == SPECULATIVE
+        summary["vs_generate"] = {key: batch.get(f"speedup_{key}") for key in ("median", "min", "max")}
+        summary["vs_generate"].update(prompts=batch.get("timed_batches"), needed=batch.get("min_speedup"),
+                                      seconds=batch.get("seconds"), cut_by_time=batch.get("cut_by_time", False))
+        summary["text"] = (f"prompt lookup alone, the heads drafting nothing (no tree of theirs paid here); measured {timed}"
+                           if summary["prompt_lookup"] else f"{summary['text']}; prompt lookup alone measured {timed}, "
+                           f"not above {batch['min_speedup']:.2f}x")
+    elif batch:
         summary["vs_generate"] = {key: batch.get(f"speedup_{key}") for key in ("median", "min", "max")}
         summary["vs_generate"].update(prompts=batch.get("timed_batches"), needed=batch.get("min_speedup"),
                                       seconds=batch.get("seconds"), cut_by_time=batch.get("cut_by_time", False))

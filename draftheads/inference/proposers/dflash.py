@@ -48,8 +48,8 @@ class DFlashDrafter(ParallelDrafter):
 
     def __init__(self, heads: torch.nn.Module, tree: StaticTree | list[list[int]] | TreeShape | None = None,
                  draft_vocab_size: int | None = None) -> None:
-        """``draft_vocab_size``: None = the heads' calibrated one (``heads.draft_vocab_size``),
-        else the whole vocabulary; >= the vocabulary: the whole of it."""
+        """``tree``: rank paths (None: the chain of the whole block); ``draft_vocab_size``: rank
+        only the N most frequent training tokens (None, or >= the vocabulary: all of them)."""
         self.heads = heads.eval()
         ex, w = heads.config.extra, heads.fc.weight
 
@@ -65,10 +65,9 @@ class DFlashDrafter(ParallelDrafter):
                 f"the tree is {self.shape.max_depth} deep but these dflash heads draft {slots} tokens per block "
                 f"(block_size {heads.block_size}): use a tree at most {slots} deep"
             )
-        if draft_vocab_size is None:
-            draft_vocab_size = getattr(heads, "draft_vocab_size", None)
-        elif isinstance(draft_vocab_size, bool) or not isinstance(draft_vocab_size, int) or draft_vocab_size < 1:
-            raise ValueError(f"draft_vocab_size must be a positive integer (None: the heads' own), got {draft_vocab_size!r}")
+        if draft_vocab_size is not None and (isinstance(draft_vocab_size, bool) or not isinstance(draft_vocab_size, int)
+                                             or draft_vocab_size < 1):
+            raise ValueError(f"draft_vocab_size must be a positive integer (None: the whole vocabulary), got {draft_vocab_size!r}")
         self.draft_vocab_size = draft_vocab_size
         ids = heads.draft_vocab(draft_vocab_size)
         self.vocab_ids = None if ids is None else ids.to(self.device)  # draft index -> target id

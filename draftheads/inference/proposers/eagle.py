@@ -43,8 +43,8 @@ from .sampled import chains
 
 def eagle_drafter(head: torch.nn.Module, tree: DynamicTree | dict | None = None) -> "EagleDrafter":
     """EAGLE-2's dynamic tree for ``head``: ``tree`` (settings, missing ones the defaults), else
-    the calibrated ones saved with the heads, else the defaults (`plans.DynamicTree`)."""
-    spec = DynamicTree.parse(tree if tree is not None else (head.tree or {}), f"{head.head_type} heads")
+    the defaults (`plans.DynamicTree`)."""
+    spec = DynamicTree.parse(tree if tree is not None else {}, f"{head.head_type} heads")
     return EagleDrafter(head, spec.total_tokens, spec.depth, spec.top_k, spec.draft_vocab_size)
 
 

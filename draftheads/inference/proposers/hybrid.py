@@ -59,9 +59,11 @@ class LookupThenHeads(Drafter):
         copied = self.lookup.propose(roots, max_depths)
         use_copy = [tree.shape.size > 1 for tree in copied]  # the lookup matched: a copy to draft
         drafted = self.heads.propose(roots, [0 if copy else d for copy, d in zip(use_copy, max_depths)])
-        for copy, depth in zip(use_copy, max_depths):
-            if depth > 0:
-                self._steps["lookup" if copy else "heads"] += 1
+        for copy, depth, own in zip(use_copy, max_depths, drafted):
+            if copy:
+                self._steps["lookup"] += 1
+            elif depth > 0 and own.shape.size > 1:  # heads whose tree drafts nothing leave lookup alone
+                self._steps["heads"] += 1
         return [c if copy else h for copy, c, h in zip(use_copy, copied, drafted)]
 
     def accepted(self, tokens, hidden) -> None:

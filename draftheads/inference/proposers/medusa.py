@@ -19,8 +19,9 @@ from .sampled import chains, draw
 class MedusaDrafter(Drafter):
     """Medusa heads drafting all rows at once from each row's last hidden state.
 
+    ``tree``: rank paths (None: the default tree for their number of heads).
     ``draft_vocab_size``: project the heads onto only the N most frequent training tokens
-    (default: the calibrated value saved with the heads, else the whole vocabulary). Drafting
+    (None: the whole vocabulary). Drafting
     gets N/V times cheaper; tokens outside that set are never drafted, which costs acceptance
     but never correctness (the verifier decides every token)."""
 
@@ -32,17 +33,14 @@ class MedusaDrafter(Drafter):
     ) -> None:
         self.heads = heads.eval()
         self._a_parameter = next(heads.parameters())
-        if tree is None:  # the calibrated tree saved with the heads, else a default
-            tree = getattr(heads, "tree", None)
-            tree = default_choices(heads.config.num_heads) if tree is None else tree
+        if tree is None:
+            tree = default_choices(heads.config.num_heads)
         self.shape = static_shape(tree, f"{heads.head_type} heads")
         if self.shape.max_depth > heads.config.num_heads:
             raise ValueError(
                 f"the tree is {self.shape.max_depth} deep but the heads have only {heads.config.num_heads} "
                 "heads (one per depth): use a shallower tree or heads trained with more heads"
             )
-        if draft_vocab_size is None:
-            draft_vocab_size = getattr(heads, "draft_vocab_size", None)
         self.vocab_ids = heads.draft_vocab(draft_vocab_size)
         if self.vocab_ids is not None:
             self.vocab_ids = self.vocab_ids.to(self.heads_device)

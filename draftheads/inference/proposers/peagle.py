@@ -40,8 +40,7 @@ def peagle_drafter(head: torch.nn.Module, tree=None, draft_vocab_size: int | Non
 
 class PEagleDrafter(ParallelDrafter):
     """Every row's catch-up and mask slots in one causal forward over a shared draft cache.
-    ``tree``: rank paths or a TreeShape; None = the tree saved with the heads, else the chain of
-    all trained depths."""
+    ``tree``: rank paths or a TreeShape; None = the chain of all trained depths."""
 
     def __init__(self, head: torch.nn.Module, tree: StaticTree | list[list[int]] | TreeShape | None = None) -> None:
         self.head = head.eval()
@@ -49,9 +48,7 @@ class PEagleDrafter(ParallelDrafter):
         super().__init__(RowCache(lambda capacity, rows: head.new_cache(capacity, w.device, w.dtype, rows=rows)))
         head.check_vocab_mapping()
         depths = head.config.num_heads
-        if tree is None:
-            tree = head.tree if head.tree is not None else StaticTree.chain(depths)
-        self.shape = static_shape(tree, "peagle heads")
+        self.shape = static_shape(StaticTree.chain(depths) if tree is None else tree, "peagle heads")
         if self.shape.max_depth > depths:
             raise ValueError(
                 f"the tree is {self.shape.max_depth} deep but these peagle heads were trained for {depths} depths: "

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import torch
 
+from ...plans import primary
 from ...export.common import EngineFolder, ExportError, check_tensors, dtype_name, verifier_lm_head
 
 FORMAT = "vllm"
@@ -138,7 +139,8 @@ def draft_vocab_tensors(heads, verifier: str | None, dtype: torch.dtype) -> dict
     """``lm_head.weight`` (the target LM head's rows of the heads' draft vocabulary, increasing
     ids) and ``d2t`` (int64, target id = i + d2t[i]) for heads with a calibrated draft vocabulary;
     None when they draft over the whole vocabulary (vLLM then shares the target's LM head)."""
-    ids = heads.draft_vocab(heads.draft_vocab_size)
+    entry = primary(heads.plans)
+    ids = heads.draft_vocab(None if entry is None else entry.draft_vocab_size)
     if ids is None:
         return None
     ids = ids.cpu()

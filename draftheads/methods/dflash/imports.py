@@ -24,6 +24,7 @@ import torch
 from ...export.sources import Source
 from ...heads.config import HeadsConfig, TargetInfo
 from ...heads.dflash import DFlashHeads, check_dflash_feature_layers
+from ...plans import StaticTree, given_tree
 
 SLIDING = "sliding_attention"
 
@@ -145,8 +146,8 @@ def read_dflash(source: Source, target: torch.nn.Module, layout: str) -> DFlashH
     counts = state["token_counts"]
     if vocab_ids is not None and vocab_ids.numel() < info.vocab_size:
         counts[vocab_ids] = 1
-        heads.draft_vocab_size = int(vocab_ids.numel())
-        heads.tree = [[0] * d for d in range(1, block)]  # the chain vLLM drafts: saves the draft vocabulary with it
+        # the chain vLLM drafts, saved (tree.json) with the draft vocabulary it was trained over
+        heads.plans = given_tree(StaticTree.chain(block - 1), int(vocab_ids.numel()))
     heads.load_state_dict({**{k: tensors[k].to(dtype) for k in expected}, "token_counts": counts})
     return heads
 
