@@ -128,29 +128,91 @@ def measure_batch_plan(
     sizes = sorted(set(batch_sizes))
     if not sizes or any(isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in sizes):
         raise ValueError(f"batch sizes must be whole numbers >= 1, got {batch_sizes!r}")
+    decoders = _decoders(target, heads, tree, draft_vocab_size, try_lookup)
+    pad = pad_id(target, eos_ids(target, None))
+    pad = 0 if pad is None else pad  # masked left padding: any id will do when the model names none
+    batches = {size: prompt_batches(prompts, size, pad) for size in sizes}
+    sync = (lambda: torch.cuda.synchronize(target.device)) if target.device.type == "cuda" else (lambda: None)
+    tokens, seconds, ratios = _interleaved(decoders, batches, rounds, new_tokens, temperature, clock, sync, max_seconds)
+    plan: BatchPlan = {}
+    lookup: dict[int, bool] = {}
+    measured: dict[int, dict[str, Any]] = {}
+    for size in sizes:
+        plan[size], lookup[size], measured[size] = _verdict(tokens[size], seconds[size], ratios[size], min_speedup)
+        measured[size].update(cut_by_time=max_seconds is not None and measured[size]["timed_batches"] < rounds * len(batches[size]),
+                              new_tokens=new_tokens)
+    return BatchPlanResult(plan, measured, temperature, lookup)
+
+
+def _decoders(target: torch.nn.Module, heads: torch.nn.Module, tree: Any, draft_vocab_size: int | None,
+              try_lookup: bool) -> dict[str, SpeculativeDecoder]:
+    """One decoder per mode timed: the heads alone (unless ``tree`` drafts nothing), plain
+    decoding, and with ``try_lookup`` the heads behind prompt lookup; each runs ``tree`` with its
+    draft vocabulary as its plan entry will, whatever plans the heads were loaded with."""
     heads_draft = not tree_spec(tree).drafts_nothing
     if not heads_draft and not try_lookup:
         raise ValueError("the tree drafts nothing, so it is plain decoding: nothing to time (try_lookup times prompt "
                          "lookup alone in front of it)")
-    plans = given_tree(tree, draft_vocab_size)  # the tree as its entry will run it, whatever the heads were loaded with
+    plans = given_tree(tree, draft_vocab_size)
     decoders = {}
     if heads_draft:
         # The tree itself (no draft budget): the plan asks whether this tree beats plain decoding; the
         # budget then adapts within each generation at run time. With the budget on, its first steps
         # of a fresh decoder (the warm-up, the interleaved plain measurements) weighed on a 48-token
-        # check and sent heads plain that decode at 1.1-1.5x on the retired 5M demo target (the docstring above).
+        # check and sent heads plain that decode at 1.1-1.5x on the retired 5M demo target (the module docstring).
         decoders[SPECULATIVE] = SpeculativeDecoder(target, heads, plans=plans, batch_plan=None, draft_budget=None,
                                                    check_model=False)
     decoders[PLAIN] = SpeculativeDecoder(target, heads, plans=plans, batch_plan={1: PLAIN}, check_model=False)
     if try_lookup:
         decoders[LOOKUP] = SpeculativeDecoder(target, heads, plans=plans, batch_plan=None, draft_budget=None,
                                               check_model=False, prompt_lookup=True)
+    return decoders
+
+
+def _verdict(tokens: dict[str, int], seconds: dict[str, float], ratios: dict[str, list[float]],
+             min_speedup: float) -> tuple[str, bool, dict[str, Any]]:
+    """One batch size's mode, whether it speculates behind prompt lookup, and its figures, from
+    each mode's totals and each candidate's per-batch ratios to plain (``ratios``' keys, the heads
+    alone first when they were timed)."""
+    candidates = list(ratios)
+    plain = tokens[PLAIN] / max(seconds[PLAIN], 1e-12)
+    figures = {}
+    for mode in candidates:
+        spec = tokens[mode] / max(seconds[mode], 1e-12)
+        timed = ratios[mode]
+        figures[mode] = {
+            "speculative_tokens_per_second": spec,
+            "plain_tokens_per_second": plain,
+            "speedup": spec / plain if plain > 0 else None,
+            "speedup_median": statistics.median(timed) if timed else spec / max(plain, 1e-12),
+            "speedup_min": min(timed) if timed else None,
+            "speedup_max": max(timed) if timed else None,
+        }
+    best = max(candidates, key=lambda m: figures[m]["speedup_median"])  # the heads alone on a tie
+    mode = SPECULATIVE if figures[best]["speedup_median"] > min_speedup else PLAIN
+    behind = mode == SPECULATIVE and best == LOOKUP
+    measured = {
+        **figures[candidates[0]],  # the heads alone (with try_lookup the better median of the two decides)
+        "timed_batches": len(ratios[candidates[0]]),
+        "min_speedup": float(min_speedup),  # the median had to exceed this for "speculative"
+        "timed_seconds": sum(seconds.values()),  # warm-up excluded
+    }
+    if SPECULATIVE not in candidates:  # a tree that drafts nothing: lookup alone was the one candidate
+        measured.update(lookup_alone=True, chosen="prompt lookup alone" if behind else "plain")
+    elif LOOKUP in candidates:
+        measured["prompt_lookup"] = figures[LOOKUP]
+        measured["chosen"] = "heads behind prompt lookup" if behind else ("heads" if mode == SPECULATIVE else "plain")
+    return mode, behind, measured
+
+
+def _interleaved(decoders: dict[str, SpeculativeDecoder], batches: dict[int, list[tuple[torch.Tensor, torch.Tensor]]],
+                 rounds: int, new_tokens: int, temperature: float, clock: Callable[[], float],
+                 sync: Callable[[], None], max_seconds: float | None) -> tuple[dict, dict, dict]:
+    """Every mode decodes every batch, the modes interleaved batch by batch with the first mode
+    rotating, after one warm-up decode per mode and size. Returns per size each mode's tokens and
+    seconds, and each candidate's per-batch ratios to plain."""
     candidates = [m for m in decoders if m != PLAIN]
-    first = candidates[0]  # the heads alone, else lookup alone: its figures are the size's own
-    pad = pad_id(target, eos_ids(target, None))
-    pad = 0 if pad is None else pad  # masked left padding: any id will do when the model names none
-    batches = {size: prompt_batches(prompts, size, pad) for size in sizes}
-    sync = (lambda: torch.cuda.synchronize(target.device)) if target.device.type == "cuda" else (lambda: None)
+    first = candidates[0]  # the heads alone, else lookup alone: its ratios count the size's pairs
 
     def timed(mode: str, ids: torch.Tensor, mask: torch.Tensor, max_new: int, seed: int = 0) -> tuple[int, float]:
         sync()
@@ -158,27 +220,27 @@ def measure_batch_plan(
         out = decoders[mode].generate(ids, attention_mask=mask, max_new_tokens=max_new, temperature=temperature,
                                       eos_token_id=[], seed=seed)
         sync()
-        seconds = clock() - t0
+        spent = clock() - t0
         expected = PLAIN if mode == PLAIN else SPECULATIVE
         if out.stats.get("mode") != expected:  # the plan override must route the call, or the figures mean nothing
             raise RuntimeError(f"asked for {expected} decoding but the decoder ran {out.stats.get('mode')!r}")
-        return out.num_new_tokens, seconds
+        return out.num_new_tokens, spent
 
     def out_of_time(spent: dict[str, float], pairs: int) -> bool:
         """Past ``max_seconds`` of timed decoding at a size that has its ``MIN_PAIRS`` ratios."""
         return max_seconds is not None and pairs >= MIN_PAIRS and sum(spent.values()) >= max_seconds
 
-    for size in sizes:  # warm-up at each shape: allocator, thread pool, lazy initialisation
-        ids, mask = batches[size][0]
+    for size, size_batches in batches.items():  # warm-up at each shape: allocator, thread pool, lazy initialisation
+        ids, mask = size_batches[0]
         for mode in decoders:
             timed(mode, ids, mask, min(8, new_tokens))
-    tokens = {size: {m: 0 for m in decoders} for size in sizes}
-    seconds = {size: {m: 0.0 for m in decoders} for size in sizes}
-    ratios: dict[int, dict[str, list[float]]] = {size: {m: [] for m in candidates} for size in sizes}
+    tokens = {size: {m: 0 for m in decoders} for size in batches}
+    seconds = {size: {m: 0.0 for m in decoders} for size in batches}
+    ratios: dict[int, dict[str, list[float]]] = {size: {m: [] for m in candidates} for size in batches}
     index = 0
     for _ in range(rounds):
-        for size in sizes:
-            for ids, mask in batches[size]:
+        for size, size_batches in batches.items():
+            for ids, mask in size_batches:
                 if out_of_time(seconds[size], len(ratios[size][first])):
                     continue
                 modes = list(decoders)  # each mode first in turn, so none always runs on a cold or warm machine
@@ -186,47 +248,11 @@ def measure_batch_plan(
                 index += 1
                 rate = {}
                 for mode in order:
-                    n, s = timed(mode, ids, mask, new_tokens, seed=index)
+                    n, spent = timed(mode, ids, mask, new_tokens, seed=index)
                     tokens[size][mode] += n
-                    seconds[size][mode] += s
-                    rate[mode] = n / s if s > 0 else 0.0
+                    seconds[size][mode] += spent
+                    rate[mode] = n / spent if spent > 0 else 0.0
                 if rate[PLAIN] > 0:
                     for mode in candidates:
                         ratios[size][mode].append(rate[mode] / rate[PLAIN])
-    plan: BatchPlan = {}
-    lookup: dict[int, bool] = {}
-    measured: dict[int, dict[str, Any]] = {}
-    for size in sizes:
-        plain = tokens[size][PLAIN] / max(seconds[size][PLAIN], 1e-12)
-        figures = {}
-        for mode in candidates:
-            spec = tokens[size][mode] / max(seconds[size][mode], 1e-12)
-            timed_ratios = ratios[size][mode]
-            figures[mode] = {
-                "speculative_tokens_per_second": spec,
-                "plain_tokens_per_second": plain,
-                "speedup": spec / plain if plain > 0 else None,
-                "speedup_median": statistics.median(timed_ratios) if timed_ratios else spec / max(plain, 1e-12),
-                "speedup_min": min(timed_ratios) if timed_ratios else None,
-                "speedup_max": max(timed_ratios) if timed_ratios else None,
-            }
-        best = max(candidates, key=lambda m: figures[m]["speedup_median"])  # the heads alone on a tie
-        plan[size] = SPECULATIVE if figures[best]["speedup_median"] > min_speedup else PLAIN
-        lookup[size] = plan[size] == SPECULATIVE and best == LOOKUP
-        timed_batches = len(ratios[size][first])
-        measured[size] = {
-            **figures[first],  # the heads alone (with try_lookup the better median of the two decides)
-            "timed_batches": timed_batches,
-            "cut_by_time": max_seconds is not None and timed_batches < rounds * len(batches[size]),
-            "new_tokens": new_tokens,
-            "min_speedup": float(min_speedup),  # the median had to exceed this for "speculative"
-            "timed_seconds": sum(seconds[size].values()),  # warm-up excluded
-        }
-        if not heads_draft:
-            measured[size]["lookup_alone"] = True
-            measured[size]["chosen"] = "prompt lookup alone" if lookup[size] else "plain"
-        elif try_lookup:
-            measured[size]["prompt_lookup"] = figures[LOOKUP]
-            measured[size]["chosen"] = "heads behind prompt lookup" if lookup[size] else (
-                "heads" if plan[size] == SPECULATIVE else "plain")
-    return BatchPlanResult(plan, measured, temperature, lookup)
+    return tokens, seconds, ratios
