@@ -321,7 +321,11 @@ def test_measured_plan_takes_a_root_only_tree(setup, one_torch_thread):
         assert m["lookup_alone"] and "prompt_lookup" not in m and m["timed_batches"] == 2
         assert result.lookup[size] == (mode == "speculative")
         assert m["chosen"] == ("prompt lookup alone" if mode == "speculative" else "plain")
-    assert all("(prompt lookup alone)" in line for line in result.lines()[1:])
+    lines = result.lines()
+    assert "prompt lookup alone (the tree drafts nothing) / plain tokens/s" in lines[0]
+    for size, line in zip(sorted(result.plan), lines[1:]):
+        assert line.endswith(f"-> {result.plan[size]}{' by prompt lookup alone' if result.lookup[size] else ''} "
+                             "(speculative needs > 1.00x)")
 
 
 def test_recalibrating_ignores_a_saved_plan(monkeypatch, one_torch_thread):

@@ -191,7 +191,7 @@ def test_calibrate_measures_each_temperature_and_keeps_other_device_types(tiny_t
     assert json.loads((heads_dir / "tree.json").read_text())["format_version"] == 3
     # these random heads pay for no tree (root-only, "tree: []"), so lookup alone (the default candidate) is what
     # each size timed against generate, and an entry speculates by it where it won
-    assert "tree: []" in printed and "(prompt lookup alone)" in printed and "behind prompt lookup" not in printed
+    assert "tree: []" in printed and "prompt lookup alone (the tree drafts nothing) / plain" in printed and "behind prompt lookup" not in printed
     for e in (e for e in saved.entries if e.device_type == "cpu"):
         assert e.measured["batch"]["lookup_alone"] and e.prompt_lookup == (e.mode == "speculative")
     assert _calibrate(tiny_target_dir, heads_dir, prompts, "--batch-sizes", "1", "--no-prompt-lookup") == 0

@@ -66,13 +66,16 @@ class BatchPlanResult:
 
     def lines(self) -> list[str]:
         setting = "greedy" if self.temperature == 0 else f"temperature {self.temperature:g}"
-        out = [f"batch plan ({setting}; speculative / plain tokens/s, median [min-max] over batches, interleaved):"]
+        alone = any(m.get("lookup_alone") for m in self.measured.values())
+        timed = "prompt lookup alone (the tree drafts nothing)" if alone else "speculative"
+        out = [f"batch plan ({setting}; {timed} / plain tokens/s, median [min-max] over batches, interleaved):"]
         for size, m in sorted(self.measured.items()):
             out.append(
                 f"  batch {size}: per batch {m['speedup_median']:.2f}x [{m['speedup_min']:.2f}-{m['speedup_max']:.2f}] "
                 f"over {m['timed_batches']} batches (totals: speculative {m['speculative_tokens_per_second']:.1f}, "
                 f"plain {m['plain_tokens_per_second']:.1f} tokens/s = {m['speedup']:.2f}x) -> {self.plan[size]}"
-                + (" (prompt lookup alone)" if m.get("lookup_alone") else " behind prompt lookup" if self.lookup.get(size) else "")
+                + (" by prompt lookup alone" if self.lookup.get(size) and m.get("lookup_alone")
+                   else " behind prompt lookup" if self.lookup.get(size) else "")
                 + f" (speculative needs > {m['min_speedup']:.2f}x)"
             )
             behind = m.get("prompt_lookup")
