@@ -69,13 +69,12 @@ class DraftHeads(nn.Module):
         # The target's frozen embedding and LM head, set by bind_target. A plain dict, so they are
         # not submodules: never saved, trained or moved with the heads.
         self._bound: dict[str, nn.Module] = {}
-        # The folder's tree.json as loaded (`plans.TreePlans`: what to run per device type, batch size
-        # and temperature), the way a transformers model carries its generation_config: set by
-        # load_heads, saved by save_pretrained, followed by SpeculativeDecoder unless given plans=.
-        # The only decode setting heads hold; drafters take theirs as arguments.
-        self.plans: TreePlans | None = None
+        self.plans = None
 
-    #: The folder's tree.json as loaded (set per instance; see ``__init__``).
+    #: The folder's tree.json as loaded (`plans.TreePlans`: what to run per device type, batch size
+    #: and temperature), the way a transformers model carries its generation_config: set by
+    #: load_heads, saved by save_pretrained, followed by SpeculativeDecoder unless given plans=.
+    #: The only decode setting heads hold; drafters take theirs as arguments.
     plans: TreePlans | None = None
     tree, draft_vocab_size, tree_origin, batch_plan = (_deprecated_view(name) for name in LEGACY_ATTRIBUTES)
 

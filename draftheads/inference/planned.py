@@ -1,10 +1,11 @@
 """Which tree (or plain decoding) a decoder runs for a request: its plan lookup.
 
 Heads come with a table of what to run where (tree.json, `draftheads.plans`; ``heads.plans``
-or the decoder's ``plans=``): device type x batch size x temperature -> tree, or plain decoding. `PlannedDrafts` builds one proposer per distinct
-tree of the entries that apply on the decoder's device (once, at construction) and answers, per
-request, which entry runs (`plans.select`: this device type's entries, the nearest measured
-temperature, the largest measured batch size at or below the request's). Entries measured on
+or the decoder's ``plans=``): device type x batch size x temperature -> tree, or plain decoding.
+`PlannedDrafts` builds one proposer per distinct tree of the entries that apply on the decoder's
+device (once, at construction) and answers, per request, which entry runs (`plans.select`: this
+device type's entries, the nearest measured temperature, the largest measured batch size at or
+below the request's). Entries measured on
 another device type are ignored (warned once): the device default tree is drafted instead.
 
 An entry may also put prompt lookup in front of the heads (``prompt_lookup``: it measured faster
@@ -22,8 +23,8 @@ from typing import Any, Mapping
 
 import torch
 
-from ..plans import PLAIN, SPECULATIVE, BatchPlan, PlanEntry, greedy_batch_plan, mode_for, parse_batch_plan, select
 from ..heads.io import check_plans
+from ..plans import PLAIN, SPECULATIVE, BatchPlan, PlanEntry, greedy_batch_plan, mode_for, parse_batch_plan, select
 from ..plans import DynamicTree, TreePlans, TreeSpec, plans_at, usable_entries
 from .default_tree import default_for, source_of
 from .proposers.hybrid import LookupThenHeads

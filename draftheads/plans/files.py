@@ -1,8 +1,9 @@
 """Reading and writing ``tree.json``: the only code that opens the file.
 
-A load parses it once (`read_plans`, or `plans_at` for a file or folder a user names) into a checked `TreePlans`; every writer (calibration,
-training's tree choice, saving heads with a tree) goes through `write_plans`, which writes the
-current format atomically (a reader sees the old file or the new one, never a part).
+A load parses it once (`read_plans`, or `plans_at` for a file or folder a user names) into a
+checked `TreePlans`; every writer (calibration, training's tree choice, saving heads with a tree)
+goes through `write_plans`, which writes the current format atomically (a reader sees the old
+file or the new one, never a part).
 """
 from __future__ import annotations
 
