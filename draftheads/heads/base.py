@@ -36,6 +36,17 @@ def _deprecated_view(name: str) -> property:
     return property(get, put, doc=f"Deprecated view of ``plans``: {name} of the greedy batch-1 entry.")
 
 
+def token_context(input_ids: torch.Tensor, num_heads: int) -> torch.Tensor:
+    """``[B, S, K]``: ``context[b, t, j] = input_ids[b, t+1+j]`` (0 past the end): the tokens a
+    head k reads (j <= k) when predicting t+2+k, teacher-forced from the labels."""
+    bsz, seq = input_ids.shape
+    context = torch.zeros(bsz, seq, num_heads, dtype=input_ids.dtype, device=input_ids.device)
+    for j in range(num_heads):
+        if 1 + j < seq:
+            context[:, : seq - 1 - j, j] = input_ids[:, 1 + j :]
+    return context
+
+
 class DraftHeads(nn.Module):
     """Base of every head type. Class attributes describe the type to training and drafting."""
 

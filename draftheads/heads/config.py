@@ -33,6 +33,16 @@ def target_decoder(target: Any) -> Any:
         return None
 
 
+def target_final_norm(target: Any) -> Any:
+    """The final norm of an HF causal LM's decoder (``norm``, or GPT-2's ``ln_f``), or None."""
+    decoder = target_decoder(target)
+    for name in ("norm", "final_layernorm", "ln_f"):
+        module = getattr(decoder, name, None)
+        if isinstance(module, torch.nn.Module):
+            return module
+    return None
+
+
 @dataclass
 class TargetInfo:
     """What a set of heads knows about its target; compared field by field at load time."""

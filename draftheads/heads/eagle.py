@@ -44,7 +44,7 @@ import torch
 from torch import nn
 
 from .base import DraftHeads
-from .config import HeadsConfig, TargetInfo, target_decoder, text_config
+from .config import HeadsConfig, TargetInfo, target_final_norm, text_config
 from .draft_layer import DraftLayer, check_sliding_window, rope_settings
 from .unrolled_attention import UnrolledStepMask
 
@@ -358,16 +358,6 @@ class Eagle3Head(EagleHead):
     def vocab_ids(self):
         return self.draft_to_target
 
-
-
-def target_final_norm(target: nn.Module) -> nn.Module | None:
-    """The final norm of an HF causal LM's decoder (``norm``, or GPT-2's ``ln_f``), or None."""
-    decoder = target_decoder(target)
-    for name in ("norm", "final_layernorm", "ln_f"):
-        module = getattr(decoder, name, None)
-        if isinstance(module, nn.Module):
-            return module
-    return None
 
 
 def _flag(extra: dict, key: str) -> bool:

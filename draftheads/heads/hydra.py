@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from .base import token_context  # noqa: F401 (re-exported)
 from .medusa import MedusaHeads
 
 
@@ -55,14 +56,3 @@ class HydraHeads(MedusaHeads):
 
     def _param_dtype(self) -> torch.dtype:
         return self.in_projs[0].weight.dtype
-
-
-def token_context(input_ids: torch.Tensor, num_heads: int) -> torch.Tensor:
-    """``[B, S, K]``: ``context[b, t, j] = input_ids[b, t+1+j]`` (0 past the end): the tokens a
-    Hydra head k reads (j <= k) when predicting t+2+k, teacher-forced from the labels."""
-    bsz, seq = input_ids.shape
-    context = torch.zeros(bsz, seq, num_heads, dtype=input_ids.dtype, device=input_ids.device)
-    for j in range(num_heads):
-        if 1 + j < seq:
-            context[:, : seq - 1 - j, j] = input_ids[:, 1 + j :]
-    return context

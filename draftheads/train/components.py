@@ -13,7 +13,7 @@ import torch
 
 from ..config import HeadsSpec, TargetConfig
 from ..heads import load_heads
-from ..heads.eagle import target_final_norm
+from ..heads.config import target_final_norm
 from ..heads.init import apply_init
 from ..registry import method_named
 from ..target import load_target as load_target_model

@@ -25,7 +25,7 @@ import torch
 from transformers import DynamicCache
 
 from ..heads.acceptance import expected_tokens_per_step, grow_tree  # noqa: F401 (re-exported)
-from ..heads.hydra import token_context
+from ..heads.base import token_context
 from ..inference.decoder import SpeculativeDecoder
 from ..registry import TreeKind, method_of
 from ..inference.one_forward_tree import (

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from ...heads.hydra import token_context  # noqa: F401 (re-exported: the tokens Hydra heads read)
+from ...heads.base import token_context  # noqa: F401 (re-exported: the tokens Hydra heads read)
 from ...train.head_loss import HeadLoss, HeadLossOutput, LossBatch
 from ...train.packing import within_document
 
