@@ -26,7 +26,7 @@ import torch
 from ..heads.io import check_plans
 from ..plans import PLAIN, SPECULATIVE, BatchPlan, PlanEntry, greedy_batch_plan, mode_for, parse_batch_plan, select
 from ..plans import DynamicTree, TreePlans, TreeSpec, plans_at, usable_entries
-from .default_tree import default_for, source_of
+from .default_tree import default_for, heads_plans, source_of
 from .proposers.hybrid import LookupThenHeads
 from .proposers.prompt_lookup import PromptLookupProposer
 
@@ -172,7 +172,7 @@ def resolve_plans(heads: torch.nn.Module, plans: TreePlans | str | os.PathLike |
     """The table ``heads`` follow: ``plans`` (a `TreePlans`, or a heads folder or tree file,
     read), checked to fit the heads; None: the heads' own (``heads.plans``, their tree.json)."""
     if plans is None:
-        return getattr(heads, "plans", None)
+        return heads_plans(heads)
     where = "plans"
     if isinstance(plans, (str, os.PathLike)):
         where, plans = str(plans), plans_at(plans)

@@ -418,23 +418,19 @@ def describe(data: dict[str, Any]) -> dict[str, Any]:
     summary = _describe_tree(data)
     summary["mode"] = data.get("mode", PLAIN if drafts_nothing(data["tree"]) else SPECULATIVE)
     batch = data.get("batch")
-    if batch and batch.get("lookup_alone"):  # no tree of the heads paid: lookup alone was the one candidate
-        timed = (f"{batch['speedup_median']:.2f}x target.generate (median of {batch['timed_batches']} prompt runs, "
-                 f"{batch['speedup_min']:.2f}-{batch['speedup_max']:.2f})")
-        summary["prompt_lookup"] = summary["mode"] == SPECULATIVE
-        summary["vs_generate"] = {key: batch.get(f"speedup_{key}") for key in ("median", "min", "max")}
-        summary["vs_generate"].update(prompts=batch.get("timed_batches"), needed=batch.get("min_speedup"),
-                                      seconds=batch.get("seconds"), cut_by_time=batch.get("cut_by_time", False))
-        summary["text"] = (f"prompt lookup alone, the heads drafting nothing (no tree of theirs paid here); measured {timed}"
-                           if summary["prompt_lookup"] else f"{summary['text']}; prompt lookup alone measured {timed}, "
-                           f"not above {batch['min_speedup']:.2f}x")
-    elif batch:
+    if batch:
         summary["vs_generate"] = {key: batch.get(f"speedup_{key}") for key in ("median", "min", "max")}
         summary["vs_generate"].update(prompts=batch.get("timed_batches"), needed=batch.get("min_speedup"),
                                       seconds=batch.get("seconds"), cut_by_time=batch.get("cut_by_time", False))
         cut = ", cut short by the time bound" if batch.get("cut_by_time") else ""
         timed = (f"{batch['speedup_median']:.2f}x target.generate (median of {batch['timed_batches']} prompt runs{cut}, "
                  f"{batch['speedup_min']:.2f}-{batch['speedup_max']:.2f})")
+        needed = f"not above {batch['min_speedup']:.2f}x"
+    if batch and batch.get("lookup_alone"):  # no tree of the heads paid: lookup alone was the one candidate
+        summary["prompt_lookup"] = summary["mode"] == SPECULATIVE
+        summary["text"] = (f"prompt lookup alone, the heads drafting nothing (no tree of theirs paid here); measured {timed}"
+                           if summary["prompt_lookup"] else f"{summary['text']}; prompt lookup alone measured {timed}, {needed}")
+    elif batch:
         behind = batch.get("prompt_lookup")
         if behind:
             summary["prompt_lookup"] = bool(data.get("prompt_lookup"))
@@ -442,8 +438,7 @@ def describe(data: dict[str, Any]) -> dict[str, Any]:
             timed += (f"; behind prompt lookup {behind['speedup_median']:.2f}x "
                       f"({behind['speedup_min']:.2f}-{behind['speedup_max']:.2f})")
         if summary["mode"] == PLAIN:
-            summary["text"] = (f"plain decoding (target.generate): the {summary['text']} measured {timed}, "
-                               f"not above {batch['min_speedup']:.2f}x")
+            summary["text"] = f"plain decoding (target.generate): the {summary['text']} measured {timed}, {needed}"
         else:
             summary["text"] += f"{', behind prompt lookup' if data.get('prompt_lookup') else ''}; measured {timed}"
     elif data.get("vs_generate_error"):
