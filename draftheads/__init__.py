@@ -15,46 +15,40 @@ def _register_methods() -> None:
 
 set_loader(_register_methods)
 
-_HEADS = ("Eagle3Head", "EagleHead", "HeadsConfig", "HydraHeads", "MedusaHeads", "PEagleHead", "DFlashHeads", "TargetInfo", "load_heads",
-          "save_heads")
-_INFERENCE = (
-    "DFlashDrafter", "DraftModelProposer", "Drafter", "EagleDrafter", "HydraDrafter", "MedusaDrafter", "PEagleDrafter",
-    "PromptLookupProposer", "Proposer",
+_METHODS = {  # each head type's heads class and drafter, in its method's package
+    "MedusaHeads": ".methods.medusa.heads", "MedusaDrafter": ".methods.medusa.drafter",
+    "HydraHeads": ".methods.hydra.heads", "HydraDrafter": ".methods.hydra.drafter",
+    "EagleHead": ".methods.eagle.heads", "EagleDrafter": ".methods.eagle.drafter",
+    "Eagle3Head": ".methods.eagle3.heads",
+    "PEagleHead": ".methods.peagle.heads", "PEagleDrafter": ".methods.peagle.drafter",
+    "DFlashHeads": ".methods.dflash.heads", "DFlashDrafter": ".methods.dflash.drafter",
     # deprecated names of the head drafters: they warn and build the drafter
-    "DFlashProposer", "EagleProposer", "HydraProposer", "MedusaProposer",
-    "SamplingParams", "SpeculativeDecoder", "SpeculativeOutput", "Tree", "TreeShape", "UnsupportedModelError",
-    "check_same_tokenizer",
-)
+    "DFlashProposer": ".methods.deprecated", "EagleProposer": ".methods.deprecated",
+    "HydraProposer": ".methods.deprecated", "MedusaProposer": ".methods.deprecated",
+}
+_HEADS = ("HeadsConfig", "TargetInfo", "load_heads", "save_heads")
+_INFERENCE = ("DraftModelProposer", "Drafter", "PromptLookupProposer", "Proposer", "SamplingParams", "SpeculativeDecoder",
+              "SpeculativeOutput", "Tree", "TreeShape", "UnsupportedModelError", "check_same_tokenizer")
 _PLANS = ("DynamicTree", "StaticTree")  # the typed tree a decoder drafts (`tree=`) and tree.json holds
-__getattr__, __dir__ = lazy_exports(__name__, {**dict.fromkeys(_HEADS, ".heads"), **dict.fromkeys(_INFERENCE, ".inference"),
-                                               **dict.fromkeys(_PLANS, ".plans")})
+__getattr__, __dir__ = lazy_exports(__name__, {**_METHODS, **dict.fromkeys(_HEADS, ".heads"),
+                                               **dict.fromkeys(_INFERENCE, ".inference"), **dict.fromkeys(_PLANS, ".plans")})
 
 if TYPE_CHECKING:
-    from .heads import (DFlashHeads, Eagle3Head, EagleHead, HeadsConfig, HydraHeads, MedusaHeads, PEagleHead, TargetInfo,
-                        load_heads,
-                        save_heads)
-    from .inference import (
-        DFlashDrafter,
-        DFlashProposer,
-        DraftModelProposer,
-        Drafter,
-        EagleDrafter,
-        EagleProposer,
-        HydraDrafter,
-        HydraProposer,
-        MedusaDrafter,
-        MedusaProposer,
-        PEagleDrafter,
-        PromptLookupProposer,
-        Proposer,
-        SamplingParams,
-        SpeculativeDecoder,
-        SpeculativeOutput,
-        Tree,
-        TreeShape,
-        UnsupportedModelError,
-        check_same_tokenizer,
-    )
+    from .heads import HeadsConfig, TargetInfo, load_heads, save_heads
+    from .inference import (DraftModelProposer, Drafter, PromptLookupProposer, Proposer, SamplingParams, SpeculativeDecoder,
+                            SpeculativeOutput, Tree, TreeShape, UnsupportedModelError, check_same_tokenizer)
+    from .methods.deprecated import DFlashProposer, EagleProposer, HydraProposer, MedusaProposer
+    from .methods.dflash.drafter import DFlashDrafter
+    from .methods.dflash.heads import DFlashHeads
+    from .methods.eagle.drafter import EagleDrafter
+    from .methods.eagle.heads import EagleHead
+    from .methods.eagle3.heads import Eagle3Head
+    from .methods.hydra.drafter import HydraDrafter
+    from .methods.hydra.heads import HydraHeads
+    from .methods.medusa.drafter import MedusaDrafter
+    from .methods.medusa.heads import MedusaHeads
+    from .methods.peagle.drafter import PEagleDrafter
+    from .methods.peagle.heads import PEagleHead
     from .plans import DynamicTree, StaticTree
 
 __version__ = "0.1.0"

@@ -70,14 +70,14 @@ class HeadsSpec:
     # eagle: a bias on the fc fusing embedding and feature. Off by default: vLLM's EAGLE-1 has no fc
     # bias (it would drop one silently); heads saved before this option had one and still load.
     fc_bias: Bool = False
-    # eagle3 (EAGLE 3.1, as vLLM computes these config keys; heads/eagle.py): fc_norm = an RMSNorm on each
+    # eagle3 (EAGLE 3.1, as vLLM computes these config keys; methods/eagle3/heads.py): fc_norm = an RMSNorm on each
     # fused target layer's features before fc; norm_output = each draft step hands on its final norm's
     # output (to the LM head and the next step) instead of the pre-norm state. Off: plain EAGLE-3.
     fc_norm: Bool = False
     norm_output: Bool = False
-    # eagle3, peagle (vLLM's config key of the same name; heads/eagle.py): one RMSNorm over the whole fused
+    # eagle3, peagle (vLLM's config key of the same name; methods/eagle3/heads.py): one RMSNorm over the whole fused
     # target input before fc (and before fc_norm); peagle's mask_hidden goes through it too, as in vLLM
-    # (heads/peagle.py). On in the speculators trainer's defaults. Off: as before.
+    # (methods/peagle/heads.py). On in the speculators trainer's defaults. Off: as before.
     norm_before_fc: Bool = False
     # peagle, dflash: the placeholder token of the mask slots, an id the tokenizer never produces from
     # text. None: peagle takes the tokenizer's mask token, else an unused embedding row past the

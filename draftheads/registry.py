@@ -14,7 +14,9 @@ first use (`set_loader`), so `import draftheads` and ``draftheads --help`` stay 
 from __future__ import annotations
 
 import enum
+import sys
 import threading
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping
 
@@ -213,3 +215,21 @@ def methods_with(predicate: Callable[[Method], bool]) -> tuple[Method, ...]:
 def head_classes(found: Iterable[Method] | None = None) -> dict[str, type]:
     """Head classes by head type (what `heads.io.head_types` returns)."""
     return {m.name: m.heads for m in (methods() if found is None else found)}
+
+
+def moved(package: str, name: str) -> Any:
+    """``name`` read from ``package`` (heads, inference, inference.proposers), where the heads
+    classes and drafters lived before each method got its own package under draftheads/methods/:
+    found in the modules of the registered methods' heads and drafters, with a DeprecationWarning
+    naming its home now. ``XProposer``, a head drafter's former per-sequence name, finds ``XDrafter``.
+    Anything else is the usual AttributeError."""
+    wanted = name[: -len("Proposer")] + "Drafter" if name.endswith("Proposer") else name
+    if not name.startswith("_"):
+        for method in methods():
+            for home in dict.fromkeys((method.heads.__module__, method.drafter.__module__)):
+                value = getattr(sys.modules.get(home), wanted, None)
+                if isinstance(value, type):
+                    warnings.warn(f"{package}.{name} is deprecated: import {wanted} from {home} (head classes and drafters also from draftheads)",
+                                  DeprecationWarning, stacklevel=3)
+                    return value
+    raise AttributeError(f"module {package!r} has no attribute {name!r}")

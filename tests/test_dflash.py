@@ -12,8 +12,8 @@ import pytest
 import torch
 
 import draftheads as dh
-from draftheads.heads.dflash import DFlashHeads, default_feature_layers
-from draftheads.inference.proposers.dflash import DFlashDrafter
+from draftheads.methods.dflash.heads import DFlashHeads, default_feature_layers
+from draftheads.methods.dflash.drafter import DFlashDrafter
 from draftheads.inference.sampling import SamplingParams
 from draftheads.methods.dflash.loss import anchor_candidates, block_mask, draw_anchors
 from draftheads.train.model import TargetWithHeads

@@ -14,8 +14,8 @@ import torch
 from safetensors.torch import load_file
 
 import draftheads as dh
-from draftheads.heads.dflash import DFlashHeads
-from draftheads.inference.proposers.dflash import DFlashDrafter
+from draftheads.methods.dflash.heads import DFlashHeads
+from draftheads.methods.dflash.drafter import DFlashDrafter
 from draftheads.inference.sampling import SamplingParams
 from draftheads.plans import given_tree, primary
 

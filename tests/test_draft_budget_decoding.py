@@ -18,7 +18,8 @@ import torch
 
 import draftheads as dh
 from draftheads.inference.draft_budget import CAPPED, FULL, PLAIN, DraftBudget, OnlineDraftBudget
-from draftheads.inference.proposers import EagleDrafter, Proposer, as_drafter
+from draftheads.inference.proposers import Proposer, as_drafter
+from draftheads.methods.eagle.drafter import EagleDrafter
 from draftheads.inference.sampling import SamplingParams
 from draftheads.inference.tree import Tree, TreeShape
 

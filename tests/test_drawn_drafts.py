@@ -15,8 +15,8 @@ import torch
 
 import draftheads as dh
 import draftheads.inference.loop as loop
-import draftheads.inference.proposers.medusa as medusa_proposer
-from draftheads.heads.dflash import DFlashHeads
+import draftheads.methods.medusa.drafter as medusa_proposer
+from draftheads.methods.dflash.heads import DFlashHeads
 from draftheads.inference.sampling import SamplingParams
 
 from inference_utils import tiny_target

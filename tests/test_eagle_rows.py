@@ -15,7 +15,7 @@ import torch
 
 import draftheads as dh
 from draftheads.inference.host_syncs import HostSyncCounter
-from draftheads.inference.proposers.eagle import EagleDrafter
+from draftheads.methods.eagle.drafter import EagleDrafter
 from draftheads.inference.sampling import SamplingParams
 
 from inference_utils import tiny_target

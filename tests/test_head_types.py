@@ -15,7 +15,7 @@ from safetensors.torch import load_file, save_file
 
 import draftheads as dh
 from draftheads.config import ConfigError, config_from_dict
-from draftheads.heads.eagle import default_feature_layers
+from draftheads.methods.eagle3.heads import default_feature_layers
 from draftheads.inference.sampling import SamplingParams
 from draftheads.registry import TreeKind, method_of
 from draftheads.train.model import TargetWithHeads
@@ -289,7 +289,7 @@ def test_eagle_restricted_draft_vocabulary_drafts_only_frequent_tokens_and_stays
 def test_draft_layer_fast_inference_path_matches_the_training_path():
     """Drafting fuses q/k/v and gate/up and looks RoPE up in a table; training uses the plain
     modules: both must compute the same layer (and the fused weights follow weight updates)."""
-    from draftheads.heads.eagle import DraftLayer
+    from draftheads.heads.draft_layer import DraftLayer
 
     torch.manual_seed(0)
     layer = DraftLayer(32, 64, 4, 2, 8, 48, 1e-6, 10000.0, input_norm=True)

@@ -7,8 +7,8 @@ import torch
 
 import draftheads as dh
 import draftheads.inference.loop as loop
-from draftheads.inference.proposers.eagle import EagleDrafter
-from draftheads.inference.proposers.medusa import MedusaDrafter
+from draftheads.methods.eagle.drafter import EagleDrafter
+from draftheads.methods.medusa.drafter import MedusaDrafter
 from draftheads.inference.proposers.sequence import ForkedRows
 
 from inference_utils import greedy_reference, tiny_target

@@ -220,3 +220,46 @@ def test_a_one_forward_method_must_declare_its_search_measurements():
         register(static)
     for m in registry.methods():
         assert (m.tree is TreeKind.ONE_FORWARD) == (m.one_forward is not None), m.name
+
+
+def test_every_methods_heads_and_drafter_live_in_a_method_package():
+    """A head type has one home: its heads class and its drafter are defined under
+    draftheads/methods/ (EAGLE-3 drafts with EAGLE's drafter, so that one is EAGLE's), and no
+    module of the shared layers defines a class of one method."""
+    for method in registry.methods():
+        assert method.heads.__module__ == f"draftheads.methods.{method.name}.heads", method
+        assert method.drafter.__module__.startswith("draftheads.methods."), method
+    shared = [path.relative_to(PACKAGE).as_posix() for path in PACKAGE.rglob("*.py")
+              if not path.relative_to(PACKAGE).as_posix().startswith("methods/")
+              and any(f"class {m.heads.__name__}(" in path.read_text() for m in registry.methods())]
+    assert shared == []
+
+
+@pytest.mark.parametrize("package, name, expected", [
+    ("draftheads.heads", "MedusaHeads", "MedusaHeads"),
+    ("draftheads.heads", "Eagle3Head", "Eagle3Head"),
+    ("draftheads.heads", "ResBlock", "ResBlock"),
+    ("draftheads.inference", "PEagleDrafter", "PEagleDrafter"),
+    ("draftheads.inference", "MedusaProposer", "MedusaDrafter"),
+    ("draftheads.inference.proposers", "DFlashDrafter", "DFlashDrafter"),
+    ("draftheads.inference.proposers", "EagleProposer", "EagleDrafter"),
+])
+def test_a_class_read_from_its_former_package_is_found_with_a_deprecation(package, name, expected):
+    import importlib
+
+    module = importlib.import_module(package)
+    with pytest.warns(DeprecationWarning, match=rf"{package}\.{name} is deprecated: import {expected} from draftheads\.methods\."):
+        found = getattr(module, name)
+    assert found.__name__ == expected and found.__module__.startswith("draftheads.methods.")
+    if hasattr(dh, expected):
+        assert found is getattr(dh, expected)
+
+
+def test_a_name_no_package_ever_had_is_still_an_attribute_error():
+    import draftheads.heads
+    import draftheads.inference
+
+    for module in (draftheads.heads, draftheads.inference):
+        with pytest.raises(AttributeError, match="has no attribute 'NoSuchHeads'"):
+            module.NoSuchHeads
+        assert not hasattr(module, "_private")

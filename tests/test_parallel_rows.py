@@ -19,10 +19,10 @@ import torch
 
 import draftheads as dh
 import draftheads.inference.loop as loop
-from draftheads.heads.dflash import DFlashHeads
+from draftheads.methods.dflash.heads import DFlashHeads
 from draftheads.inference.host_syncs import HostSyncCounter
-from draftheads.inference.proposers.dflash import DFlashDrafter
-from draftheads.inference.proposers.peagle import PEagleDrafter
+from draftheads.methods.dflash.drafter import DFlashDrafter
+from draftheads.methods.peagle.drafter import PEagleDrafter
 from draftheads.inference.sampling import SamplingParams
 
 from inference_utils import greedy_reference, tiny_target

@@ -14,7 +14,7 @@ import torch
 from safetensors.torch import load_file
 
 import draftheads as dh
-from draftheads.heads.peagle import resolve_mask_token
+from draftheads.methods.peagle.heads import resolve_mask_token
 from draftheads.inference.sampling import SamplingParams
 from draftheads.train.model import TargetWithHeads
 from draftheads.methods.peagle.loss import element_states, sample_chains

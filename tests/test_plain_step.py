@@ -20,8 +20,8 @@ from draftheads.inference import accept, verify
 from draftheads.inference.sampling import sample as draw
 from draftheads.inference.draft_budget import PLAIN, DraftBudget
 from draftheads.inference.host_syncs import HostSyncCounter
-from draftheads.inference.proposers.eagle import EagleDrafter
-from draftheads.inference.proposers.medusa import MedusaDrafter
+from draftheads.methods.eagle.drafter import EagleDrafter
+from draftheads.methods.medusa.drafter import MedusaDrafter
 from draftheads.inference.sampling import SamplingParams
 
 from inference_utils import greedy_reference, select_features, self_distilled_heads, tiny_target

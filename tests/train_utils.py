@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from draftheads.heads.hydra import token_context
+from draftheads.heads.base import token_context
 from draftheads.methods.medusa.loss import IGNORE, medusa_targets
 
 

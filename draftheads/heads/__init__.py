@@ -1,24 +1,16 @@
-"""Draft heads (Medusa, Hydra, EAGLE, EAGLE-3, P-EAGLE, DFlash), their config, and their safetensors export."""
+"""What every head type shares (`DraftHeads`, its config, the heads folder and its safetensors
+io); each head type's own module lives with its method, in draftheads/methods/<type>/heads.py."""
+from typing import Any
+
+from ..registry import moved
 from .base import DraftHeads, check_target
 from .config import FORMAT_VERSION, HeadsConfig, TargetInfo
 from .io import head_types, load_heads, read_config, save_heads
-from .dflash import DFlashHeads
-from .eagle import Eagle3Head, EagleHead
-from .hydra import HydraHeads
-from .medusa import MedusaHeads, ResBlock
-from .peagle import PEagleHead
 
 __all__ = [
-    "DFlashHeads",
     "DraftHeads",
-    "Eagle3Head",
-    "EagleHead",
-    "HydraHeads",
     "FORMAT_VERSION",
     "HeadsConfig",
-    "MedusaHeads",
-    "PEagleHead",
-    "ResBlock",
     "TargetInfo",
     "check_target",
     "head_types",
@@ -26,3 +18,9 @@ __all__ = [
     "read_config",
     "save_heads",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """The head classes that lived here (``draftheads.heads.MedusaHeads``): deprecated, found
+    through the registry (`registry.moved`)."""
+    return moved(__name__, name)

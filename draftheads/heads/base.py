@@ -1,8 +1,8 @@
 """What every head type shares: its config, the frozen target modules it reads, its token counts,
 its plans (tree.json), saving, and the drafter their method declares.
 
-A head type (medusa.py, hydra.py, eagle.py) subclasses `DraftHeads` and holds only what makes it
-different: its modules, its forward pieces and what `for_target` puts in its config.
+A head type (its methods/<type>/heads.py, e.g. methods/medusa/heads.py) subclasses `DraftHeads` and
+holds only what makes it different: its modules, its forward pieces and what `for_target` puts in its config.
 """
 from __future__ import annotations
 

@@ -1,8 +1,9 @@
 """Inference: trees, the verifier, drafters and the decode loop."""
+from typing import Any
+
+from ..registry import moved
 from .decoder import SpeculativeDecoder, SpeculativeOutput
-from .proposers import (DFlashDrafter, DFlashProposer, DraftModelProposer, Drafter, EagleDrafter, EagleProposer,
-                        HydraDrafter, HydraProposer, MedusaDrafter, MedusaProposer, PEagleDrafter, PromptLookupProposer,
-                        Proposer)
+from .proposers import DraftModelProposer, Drafter, PromptLookupProposer, Proposer
 from .sampling import SamplingParams
 from .tokenizer_check import check_same_tokenizer
 from .tree import Tree, TreeShape, default_choices
@@ -12,17 +13,8 @@ from .probe import check_tree_attention
 from .verify import TreeVerifier
 
 __all__ = [
-    "DFlashDrafter",
-    "DFlashProposer",
     "DraftModelProposer",
     "Drafter",
-    "EagleDrafter",
-    "EagleProposer",
-    "HydraDrafter",
-    "HydraProposer",
-    "MedusaDrafter",
-    "MedusaProposer",
-    "PEagleDrafter",
     "PromptLookupProposer",
     "Proposer",
     "SamplingParams",
@@ -38,3 +30,9 @@ __all__ = [
     "default_choices",
     "tree_attention_mask",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """The head drafters this package exported (``MedusaDrafter``, ``MedusaProposer``): deprecated,
+    found through the registry (`registry.moved`); import them from draftheads."""
+    return moved(__name__, name)

@@ -2,8 +2,8 @@
 decoder reading fused target layers as context; trained on random blocks per row."""
 from . import export, search
 from .imports import read_dflash
-from ...heads.dflash import DFlashHeads
-from ...inference.proposers.dflash import DFlashDrafter
+from .heads import DFlashHeads
+from .drafter import DFlashDrafter
 from ...registry import EngineLayout, ImportLayout, Method, OneForwardSearch, TreeKind, register
 from .loss import DFlashLoss
 

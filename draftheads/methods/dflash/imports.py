@@ -23,7 +23,7 @@ import torch
 
 from ...export.sources import Source
 from ...heads.config import HeadsConfig, TargetInfo
-from ...heads.dflash import DFlashHeads, check_dflash_feature_layers
+from .heads import DFlashHeads, check_dflash_feature_layers
 from ...plans import StaticTree, given_tree
 
 SLIDING = "sliding_attention"

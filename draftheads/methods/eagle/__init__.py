@@ -2,8 +2,8 @@
 own outputs; drafts EAGLE-2's dynamic tree grown from its confidences (Li et al., 2024)."""
 from .export import export_sglang, export_vllm
 from .imports import draft_layer_widths, read_eagle
-from ...heads.eagle import EagleHead
-from ...inference.proposers.eagle import eagle_drafter
+from .heads import EagleHead
+from .drafter import eagle_drafter
 from ...registry import EngineLayout, ImportLayout, Method, TreeKind, register
 from .loss import EagleLoss
 

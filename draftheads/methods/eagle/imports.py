@@ -15,7 +15,7 @@ import torch
 from ...export.eagle_layers import draftheads_layer_tensors
 from ...export.sources import Source, load_strict
 from ...heads import HeadsConfig, TargetInfo
-from ...heads.eagle import EagleHead
+from .heads import EagleHead
 
 
 def strip_model_prefix(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

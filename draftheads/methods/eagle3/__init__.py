@@ -3,8 +3,8 @@ trained by training-time test; drafts EAGLE-2's dynamic tree (Li et al., 2025)."
 from ..eagle.imports import draft_layer_widths
 from .export import export_sglang, export_speculators
 from .imports import read_eagle3
-from ...heads.eagle import Eagle3Head
-from ...inference.proposers.eagle import eagle_drafter
+from .heads import Eagle3Head
+from ..eagle.drafter import eagle_drafter
 from ...registry import EngineLayout, ImportLayout, Method, TreeKind, register
 from ..eagle.loss import EagleLoss
 

@@ -88,7 +88,7 @@ def eagle3_folder(heads, *, verifier: str | None, verifier_cfg: dict, num_specul
         "target_hidden_size": cfg.hidden_size,
         "eagle_aux_hidden_state_layer_ids": ids,
         "norm_before_residual": False,
-        # EAGLE 3.1 (heads/eagle.py): top-level keys, which vLLM's update_eagle3 copies onto the draft config
+        # EAGLE 3.1 (methods/eagle3/heads.py): top-level keys, which vLLM's update_eagle3 copies onto the draft config
         # (norm_before_fc: vLLM's llama_eagle3 reads eagle_config's first, which this export leaves unset)
         "norm_before_fc": bool(ex.get("norm_before_fc", False)),
         "fc_norm": bool(ex.get("fc_norm", False)),

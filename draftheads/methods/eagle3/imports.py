@@ -6,7 +6,7 @@ EAGLE-3: ``midlayer.*`` (SafeAILab, SpecForge, SGLang; explicit aux ids in SGLan
 ``d2t`` offsets and an optional ``t2d`` mask. A copy of the target's embedding in the checkpoint is
 checked against the target and dropped (draftheads always reads the target's own).
 EAGLE 3.1 (config ``fc_norm`` with ``fc_norm.{j}.weight`` per captured layer, ``norm_output``) imports
-into an EAGLE-3 head with the same options (heads/eagle.py says what vLLM computes for them).
+into an EAGLE-3 head with the same options (methods/eagle3/heads.py says what vLLM computes for them).
 ``norm_before_fc`` (with ``input_norm.weight`` [n*H], one RMSNorm over the whole fc input) imports
 the same way. The speculators trainer's defaults set ``norm_before_fc`` and ``norm_output``.
 Variants draftheads' heads cannot compute (norm_before_residual, use_aux_norm, RoPE scaling, ...)
@@ -23,7 +23,7 @@ from ...export.layouts import d2t_absolute, default_engine_feature_layers, featu
 from ...export.sources import Source, load_strict
 from ...heads import HeadsConfig, TargetInfo
 from ...heads.config import text_config
-from ...heads.eagle import Eagle3Head, check_feature_layers
+from .heads import Eagle3Head, check_feature_layers
 from ..eagle.imports import check_embedding, draft_layer_geometry, refuse_leftovers, strip_model_prefix
 
 UNSUPPORTED_FLAGS = ("norm_before_residual", "use_aux_norm")

@@ -1,7 +1,7 @@
 """Hydra: Medusa heads that also read the tokens drafted before theirs (Ankner et al., 2024);
 trained by Medusa's loss, drafted as a static tree. No engine holds them."""
-from ...heads.hydra import HydraHeads
-from ...inference.proposers.hydra import HydraDrafter
+from .heads import HydraHeads
+from .drafter import HydraDrafter
 from ...registry import Method, TreeKind, register
 from ..medusa.loss import MedusaLoss
 

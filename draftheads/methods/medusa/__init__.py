@@ -2,8 +2,8 @@
 static tree of rank paths searched from each head's per-rank acceptance (Cai et al., 2024)."""
 from .export import export_medusa
 from .imports import medusa_layout, read_medusa
-from ...heads.medusa import MedusaHeads
-from ...inference.proposers.medusa import MedusaDrafter
+from .heads import MedusaHeads
+from .drafter import MedusaDrafter
 from ...registry import EngineLayout, ImportLayout, Method, TreeKind, register
 from .loss import MedusaLoss
 

@@ -15,7 +15,7 @@ import torch
 
 from ...heads import HeadsConfig, TargetInfo
 from ...export.sources import MEDUSA_PREFIXES, Source, load_strict
-from ...heads.medusa import MedusaHeads
+from .heads import MedusaHeads
 
 ORIGINAL_BLOCK = re.compile(r"^(\d+)\.(\d+)\.linear\.(weight|bias)$")
 ORIGINAL_HEAD = re.compile(r"^(\d+)\.(\d+)\.weight$")

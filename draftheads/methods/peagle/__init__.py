@@ -4,8 +4,8 @@ from . import search
 from ..eagle3.imports import read_eagle3
 from .export import export_peagle
 from .imports import PEagleReading
-from ...heads.peagle import PEagleHead
-from ...inference.proposers.peagle import peagle_drafter
+from .heads import PEagleHead
+from .drafter import peagle_drafter
 from ...registry import EngineLayout, ImportLayout, Method, OneForwardSearch, TreeKind, register
 from .loss import PEagleLoss
 

@@ -6,7 +6,7 @@ draft's own trained ``embed_tokens`` (vLLM keeps a draft embedding that differs 
 vLLM maps it to ``eagle3`` with ``parallel_drafting`` on, and forwards only some draft options (no
 ``fc_norm`` or ``norm_output``): draftheads' P-EAGLE uses neither, and the export asserts it.
 ``norm_before_fc`` is forwarded and exported as for EAGLE-3 (top-level key + ``input_norm.weight``
-in fc's column order); vLLM normalises ``mask_hidden`` with it too (heads/peagle.py, ``mask_input``).
+in fc's column order); vLLM normalises ``mask_hidden`` with it too (methods/peagle/heads.py, ``mask_input``).
 """
 from __future__ import annotations
 

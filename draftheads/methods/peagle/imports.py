@@ -4,7 +4,7 @@ The EAGLE-3 layout (methods/eagle3/imports.py) plus ``mask_hidden``, a top-level
 and the draft's own trained ``embed_tokens`` (kept; without one, vLLM embeds with the target's
 table, so that is what the imported heads get). ``norm_before_fc`` imports as for EAGLE-3: vLLM's
 P-EAGLE mapping forwards it, and vLLM puts ``mask_hidden`` through the same norm before fc, as
-draftheads' P-EAGLE head does (heads/peagle.py, ``mask_input``); ``fc_norm`` and ``norm_output`` are
+draftheads' P-EAGLE head does (methods/peagle/heads.py, ``mask_input``); ``fc_norm`` and ``norm_output`` are
 refused (vLLM's P-EAGLE mapping does not forward them; the speculators trainer's default
 ``norm_output`` included).
 """
@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from ...heads.peagle import PEagleHead
+from .heads import PEagleHead
 from ..eagle3.imports import Eagle3Reading
 
 

@@ -8,7 +8,7 @@ import time
 
 import torch
 
-from ...inference.proposers.peagle import PEagleDrafter
+from .drafter import PEagleDrafter
 from ...inference.proposers.rank_table import rank_hit_table
 from ...inference.sampling import SamplingParams
 

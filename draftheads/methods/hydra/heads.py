@@ -16,8 +16,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .base import token_context  # noqa: F401 (re-exported)
-from .medusa import MedusaHeads
+from ...heads.base import token_context  # noqa: F401 (re-exported)
+from ..medusa.heads import MedusaHeads
 
 
 class HydraHeads(MedusaHeads):

@@ -33,12 +33,12 @@ import torch
 
 from ...plans import DynamicTree
 from ...plans.trees import DEFAULT_DEPTH, DEFAULT_TOP_K, DEFAULT_TOTAL_TOKENS
-from ..compaction import check_compaction, wants_compaction
-from ..tree import Tree, chain_shape
-from .draft_cache import grown
-from .eagle_tree import draw_chain, grow, nodes_up_to, select
-from .feed import FeedRows
-from .sampled import chains
+from ...inference.compaction import check_compaction, wants_compaction
+from ...inference.tree import Tree, chain_shape
+from ...inference.proposers.draft_cache import grown
+from .tree_search import draw_chain, grow, nodes_up_to, select
+from ...inference.proposers.feed import FeedRows
+from ...inference.proposers.sampled import chains
 
 
 def eagle_drafter(head: torch.nn.Module, tree: DynamicTree | dict | None = None) -> "EagleDrafter":

@@ -1,7 +1,7 @@
 """P-EAGLE draft heads (``head_type: peagle``): an EAGLE-3 draft that drafts K tokens in ONE forward.
 
 The draft is EAGLE-3's (fused target layers through ``fc``, layer 0 reading
-[norm(embedding), norm(state)], its own norm and LM head over a reduced vocabulary, see eagle.py).
+[norm(embedding), norm(state)], its own norm and LM head over a reduced vocabulary, see methods/eagle3/heads.py).
 P-EAGLE adds two learned inputs that stand for what a sequential draft would have fed back:
 
 - ``mask_hidden`` [1, 1, m*Ht]: a placeholder target feature; its state is ``fuse(mask_hidden)``:
@@ -24,8 +24,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .config import HeadsConfig, text_config
-from .eagle import Eagle3Head
+from ...heads.config import HeadsConfig, text_config
+from ..eagle3.heads import Eagle3Head, default_feature_layers
 
 DEFAULT_COD_RATIO = 0.7  # speculators' defaults: depth d keeps max(0.7^d, 0.2) of the positions
 DEFAULT_COD_MIN_RATIO = 0.2
@@ -174,6 +174,5 @@ class PEagleHead(Eagle3Head):
 
 def _default_layers(num_layers: int) -> list[int]:
     """EAGLE-3's default feature layers, kept below the final output (see PEagleHead)."""
-    from .eagle import default_feature_layers
 
     return sorted({min(i, num_layers - 1) for i in default_feature_layers(num_layers)})

@@ -4,7 +4,7 @@ Each step runs the draft layers ONCE over
   [the positions committed since the last step (target feature t, token t+1), the root last,
    then max_depth - 1 mask slots (mask token, fc(mask_hidden)) at the next positions]
 under causal attention, appending to the draft's KV cache (the layout vLLM's parallel drafting
-feeds, see heads/peagle.py). The root's slot scores draft position 1, mask slot j position j+1.
+feeds, see methods/peagle/heads.py). The root's slot scores draft position 1, mask slot j position j+1.
 Only the committed rows stay in the cache: the mask slots' rows are overwritten next step.
 
 The tree is static, as for Medusa: rank paths (``[[0], [0, 0], [0, 0, 0]]`` = the chain of 3,
@@ -23,9 +23,9 @@ from __future__ import annotations
 import torch
 
 from ...plans import StaticTree
-from ..tree import TreeShape, static_shape
-from .parallel import ParallelDrafter
-from .row_cache import RowCache
+from ...inference.tree import TreeShape, static_shape
+from ...inference.proposers.parallel import ParallelDrafter
+from ...inference.proposers.row_cache import RowCache
 
 
 def peagle_drafter(head: torch.nn.Module, tree=None, draft_vocab_size: int | None = None) -> "PEagleDrafter":

@@ -33,9 +33,9 @@ from __future__ import annotations
 import torch
 
 from ...plans import StaticTree
-from ..tree import TreeShape, static_shape
-from .parallel import ParallelDrafter
-from .row_cache import RowCache
+from ...inference.tree import TreeShape, static_shape
+from ...inference.proposers.parallel import ParallelDrafter
+from ...inference.proposers.row_cache import RowCache
 
 
 def chain_choices(length: int) -> list[list[int]]:

@@ -8,8 +8,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .base import DraftHeads, check_target  # noqa: F401 (check_target re-exported)
-from .config import HeadsConfig, TargetInfo
+from ...heads.base import DraftHeads, check_target  # noqa: F401 (check_target re-exported)
+from ...heads.config import HeadsConfig, TargetInfo
 
 
 class ResBlock(nn.Module):

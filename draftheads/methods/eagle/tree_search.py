@@ -12,9 +12,9 @@ from typing import Callable
 
 import torch
 
-from ..sampling import SamplingParams
-from ..tree import Tree, TreeShape
-from .sampled import draw
+from ...inference.sampling import SamplingParams
+from ...inference.tree import Tree, TreeShape
+from ...inference.proposers.sampled import draw
 
 
 def grow(

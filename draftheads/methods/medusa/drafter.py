@@ -10,10 +10,10 @@ from __future__ import annotations
 import torch
 
 from ...plans import StaticTree
-from ..sampling import SamplingParams
-from ..tree import Tree, TreeShape, default_choices, static_shape
-from .drafter import Drafter
-from .sampled import chains, draw
+from ...inference.sampling import SamplingParams
+from ...inference.tree import Tree, TreeShape, default_choices, static_shape
+from ...inference.proposers.drafter import Drafter
+from ...inference.proposers.sampled import chains, draw
 
 
 class MedusaDrafter(Drafter):

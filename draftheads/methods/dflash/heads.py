@@ -28,10 +28,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..schema import TARGET_LOSSES
-from .base import DraftHeads
-from .config import HeadsConfig, text_config
-from .draft_layer import apply_rotary, inverse_frequencies, rope_settings, rotary
+from ...schema import TARGET_LOSSES
+from ...heads.base import DraftHeads
+from ...heads.config import HeadsConfig, text_config
+from ...heads.draft_layer import apply_rotary, inverse_frequencies, rope_settings, rotary
 
 DEFAULT_BLOCK_SIZE = 16  # z-lab and SpecForge: B = 16, so engines serve K = 15
 DEFAULT_NUM_FEATURE_LAYERS = 5

@@ -9,11 +9,11 @@ from __future__ import annotations
 import warnings
 from typing import Any, Callable
 
-from .dflash import DFlashDrafter
-from .eagle import EagleDrafter
-from .hydra import HydraDrafter
-from .medusa import MedusaDrafter
-from .peagle import PEagleDrafter
+from .dflash.drafter import DFlashDrafter
+from .eagle.drafter import EagleDrafter
+from .hydra.drafter import HydraDrafter
+from .medusa.drafter import MedusaDrafter
+from .peagle.drafter import PEagleDrafter
 
 
 def _renamed(old: str, drafter: type) -> Callable[..., Any]:

@@ -13,10 +13,10 @@ from dataclasses import dataclass
 
 import torch
 
-from ..sampling import SamplingParams
-from ..tree import Tree, TreeShape
-from .medusa import MedusaDrafter
-from .sampled import chains, draw
+from ...inference.sampling import SamplingParams
+from ...inference.tree import Tree, TreeShape
+from ..medusa.drafter import MedusaDrafter
+from ...inference.proposers.sampled import chains, draw
 
 
 @dataclass(frozen=True)
