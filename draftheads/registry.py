@@ -76,11 +76,17 @@ class ImportLayout:
     """A public checkpoint layout that imports as this method's heads (its name and description
     are in `export.formats.IMPORT_FORMATS`): ``detect(source)`` says whether a checkpoint is in
     it, ``read(source, target)`` builds the heads. ``rank`` orders detection across methods:
-    0 = a config key names the layout, 1 = tensor names tell it, 2 = only tensor shapes do."""
+    0 = a config key names the layout, 1 = tensor names tell it, 2 = only tensor shapes do.
+    ``weight_files``: file names its checkpoints keep their weights in, besides the usual
+    ``model.safetensors`` / ``pytorch_model.bin`` (tried before the catch-all ``*.safetensors``).
+    ``keep_only``: tensor-name prefixes that, when a file holds any, are all of it read (a release
+    that is a whole fine-tuned model with the heads inside loads only the heads)."""
 
     detect: Callable[[Any], bool]
     read: Callable[[Any, Any], Any]
     rank: int = 1
+    weight_files: tuple[str, ...] = ()
+    keep_only: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -55,7 +55,9 @@ def _read(src: str | os.PathLike, target: torch.nn.Module, format: str | None) -
     """(heads, the import format read, the source)."""
     if format is not None and format not in IMPORT_FORMATS:
         raise ValueError(f"unknown import format {format!r}; valid: {', '.join(IMPORT_FORMATS)}")
-    source = read_source(src)
+    layouts = [entry[2] for entry in import_layouts()]
+    source = read_source(src, weight_names=tuple(dict.fromkeys(n for layout in layouts for n in layout.weight_files)),
+                         keep_only=tuple(dict.fromkeys(p for layout in layouts for p in layout.keep_only)))
     if format is None:
         format, _, layout = _detected(source)
     else:

@@ -1,14 +1,11 @@
-"""What each engine layout holds: tensor names and shapes, and the conversions between them.
+"""What the engine layouts of draft layers share: the decoder layer's tensor names and shapes, and
+the conversions between draftheads' tensors and the engines' (d2t offsets, t2d masks, the aux
+layer ids, fc's column order).
 
-One description per layout, shared by the exporters (which must write exactly this) and the
-importers (which read it). Each fact names the engine's model file it comes from, read in the
-installed vLLM (0.32) and SGLang (0.5.23):
+Each method's whole shape table sits with its exporter, which must write exactly it
+(`methods/medusa/export.py`, `methods/eagle/export.py`, `methods/eagle3/export.py`). Each fact
+names the engine's model file it comes from, read in the installed vLLM (0.32) and SGLang (0.5.23):
 
-- vLLM Medusa (vllm/model_executor/models/medusa.py): ``blocks.{h}.layers.{l}.weight`` (+ ``.bias``
-  only with ``medusa_fc_bias: true``), ``lm_heads.{h}.weight``; ``original_lm_head: true`` reads one
-  shared head from ``lm_heads.0.weight``.
-- FasterDecoding Medusa (medusa/model/medusa_model.py): ``{h}.{l}.linear.weight/bias`` and the head's
-  LM head as ``{h}.{L}.weight``, in ``medusa_lm_head.safetensors`` / ``.pt``.
 - EAGLE-1 (vllm/model_executor/models/llama_eagle.py, sglang/srt/models/llama_eagle.py, SafeAILab
   eagle/model/cnets.py): ``fc`` over cat(embedding, feature); layer 0 has no input_layernorm;
   vLLM's fc has no bias, SGLang's always has one.
@@ -56,59 +53,7 @@ def layer_shapes(geometry: dict, hidden: int, attn_in: int, input_norm: bool) ->
     return shapes
 
 
-# -- Medusa ----------------------------------------------------------------------------------------
-def medusa_vllm_shapes(num_heads: int, num_layers: int, hidden: int, vocab: int, *, bias: bool, shared_lm_head: bool) -> dict:
-    shapes: dict[str, tuple[int, ...]] = {}
-    for h in range(num_heads):
-        for l in range(num_layers):
-            shapes[f"blocks.{h}.layers.{l}.weight"] = (hidden, hidden)
-            if bias:
-                shapes[f"blocks.{h}.layers.{l}.bias"] = (hidden,)
-        if not shared_lm_head or h == 0:
-            shapes[f"lm_heads.{h}.weight"] = (vocab, hidden)
-    return shapes
-
-
-# -- EAGLE-1 ---------------------------------------------------------------------------------------
-def eagle1_shapes(config, *, fc_bias: bool) -> dict:
-    """vLLM (``fc_bias=False``) and SGLang (``fc_bias=True``) EAGLE-1 drafts; embedding and LM head
-    are the target's (not stored)."""
-    d, ex = config.hidden_size, config.extra
-    shapes: dict[str, tuple[int, ...]] = {"fc.weight": (d, 2 * d)}
-    if fc_bias:
-        shapes["fc.bias"] = (d,)
-    for i in range(config.num_layers):
-        for name, shape in layer_shapes(ex, d, d, input_norm=i > 0).items():
-            shapes[f"layers.{i}.{name}"] = shape
-    return shapes
-
-
 # -- EAGLE-3 ---------------------------------------------------------------------------------------
-def eagle3_shapes(config, *, layer0_prefix: str, later_norm: str = "input_layernorm") -> dict:
-    """EAGLE-3 drafts: ``layer0_prefix`` is ``midlayer`` (SGLang / SpecForge / SafeAILab) or
-    ``layers.0`` (speculators). Later layers' pre-attention norm is ``input_layernorm`` in vLLM and
-    ``hidden_norm`` in SGLang (``later_norm``)."""
-    d, ex = config.hidden_size, config.extra
-    n_aux = len(ex["feature_layers"])
-    vocab, n = config.vocab_size, ex["draft_vocab_size"]
-    shapes: dict[str, tuple[int, ...]] = {"fc.weight": (d, n_aux * d), "norm.weight": (d,), "lm_head.weight": (n, d)}
-    for i in range(config.num_layers):
-        prefix = layer0_prefix if i == 0 else f"layers.{i}"
-        for name, shape in layer_shapes(ex, d, 2 * d if i == 0 else d, input_norm=True).items():
-            if i > 0 and name == "input_layernorm.weight":
-                name = f"{later_norm}.weight"
-            shapes[f"{prefix}.{name}"] = shape
-        if i == 0:
-            shapes[f"{prefix}.hidden_norm.weight"] = (d,)
-    if ex.get("fc_norm"):  # EAGLE 3.1: vLLM's per-layer norms before fc (vllm/model_executor/models/llama_eagle3.py)
-        shapes.update({f"fc_norm.{j}.weight": (d,) for j in range(n_aux)})
-    if ex.get("norm_before_fc"):  # vLLM's input_norm over the whole fc input (same file)
-        shapes["input_norm.weight"] = (n_aux * d,)
-    shapes["d2t"] = (n,)
-    shapes["t2d"] = (vocab,)
-    return shapes
-
-
 def d2t_offsets(draft_to_target: torch.Tensor) -> torch.Tensor:
     """draftheads keeps absolute target ids per draft index; the engines store offsets:
     target id = i + d2t[i]."""

@@ -12,10 +12,8 @@ from pathlib import Path
 import torch
 from safetensors import SafetensorError, safe_open
 
-SAFETENSORS_NAMES = ("model.safetensors", "medusa_lm_head.safetensors", "model-*.safetensors", "*.safetensors")
-PICKLE_NAMES = ("pytorch_model.bin", "medusa_lm_head.pt", "pytorch_model-*.bin", "*.pt", "*.bin")
-# A Medusa-2 release is a whole fine-tuned model with the heads inside: keep only the heads.
-MEDUSA_PREFIXES = ("medusa_head.", "medusa_heads.")
+SAFETENSORS_NAMES = ("model.safetensors", "model-*.safetensors")
+PICKLE_NAMES = ("pytorch_model.bin", "pytorch_model-*.bin")
 
 
 @dataclass
@@ -29,11 +27,18 @@ class Source:
         return ", ".join(str(f) for f in self.files) or str(self.path)
 
 
-def weight_files(path: Path) -> list[Path]:
+def _patterns(named: tuple[str, ...]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(safetensors patterns, pickle patterns) in the order tried: the usual names, the ones import
+    layouts declare (``named``), then any file of the kind."""
+    return ((*SAFETENSORS_NAMES, *(n for n in named if n.endswith(".safetensors")), "*.safetensors"),
+            (*PICKLE_NAMES, *(n for n in named if not n.endswith(".safetensors")), "*.pt", "*.bin"))
+
+
+def weight_files(path: Path, named: tuple[str, ...] = ()) -> list[Path]:
     """The checkpoint's weight files: safetensors if there are any, else pickles."""
     if path.is_file():
         return [path]
-    for patterns in (SAFETENSORS_NAMES, PICKLE_NAMES):
+    for patterns in _patterns(named):
         for pattern in patterns:
             found = sorted(p for p in path.glob(pattern) if p.is_file())
             if found:
@@ -41,18 +46,22 @@ def weight_files(path: Path) -> list[Path]:
     return []
 
 
-def _read_safetensors(file: Path) -> dict[str, torch.Tensor]:
+def _kept(keys: list[str], keep_only: tuple[str, ...]) -> list[str]:
+    """The keys a reader keeps: those under ``keep_only`` when any is, else all."""
+    kept = [k for k in keys if k.startswith(keep_only)] if keep_only else []
+    return kept or keys
+
+
+def _read_safetensors(file: Path, keep_only: tuple[str, ...]) -> dict[str, torch.Tensor]:
     try:
         with safe_open(str(file), framework="pt") as f:
-            keys = list(f.keys())
-            if any(k.startswith(MEDUSA_PREFIXES) for k in keys):
-                keys = [k for k in keys if k.startswith(MEDUSA_PREFIXES)]
+            keys = _kept(list(f.keys()), keep_only)
             return {k: f.get_tensor(k) for k in keys}
     except (SafetensorError, OSError) as e:
         raise ValueError(f"{file} is not a readable safetensors file (truncated or corrupt?): {e}") from None
 
 
-def _read_pickle(file: Path) -> dict[str, torch.Tensor]:
+def _read_pickle(file: Path, keep_only: tuple[str, ...]) -> dict[str, torch.Tensor]:
     try:
         data = torch.load(str(file), map_location="cpu", weights_only=True)
     except Exception as e:  # weights_only refuses arbitrary objects: say so instead of unpickling them
@@ -62,23 +71,22 @@ def _read_pickle(file: Path) -> dict[str, torch.Tensor]:
         data = data["state_dict"]
     if not isinstance(data, dict) or not all(isinstance(v, torch.Tensor) for v in data.values()):
         raise ValueError(f"{file} does not hold a flat name -> tensor dictionary")
-    if any(k.startswith(MEDUSA_PREFIXES) for k in data):
-        data = {k: v for k, v in data.items() if k.startswith(MEDUSA_PREFIXES)}
-    return dict(data)
+    return {k: data[k] for k in _kept(list(data), keep_only)}
 
 
-def read_source(src: str | Path) -> Source:
+def read_source(src: str | Path, weight_names: tuple[str, ...] = (), keep_only: tuple[str, ...] = ()) -> Source:
+    """``src``'s config.json and tensors. ``weight_names``: further weight-file names to look for;
+    ``keep_only``: tensor-name prefixes that, when a file holds any, are all of it read (what the
+    import layouts declare: `registry.ImportLayout`)."""
     path = Path(src)
     if not path.exists():
         raise FileNotFoundError(f"import source not found: {path}")
-    files = weight_files(path)
+    files = weight_files(path, weight_names)
     if not files:
-        raise FileNotFoundError(
-            f"no weights in {path}: looked for {', '.join(SAFETENSORS_NAMES + PICKLE_NAMES)}"
-        )
+        raise FileNotFoundError(f"no weights in {path}: looked for {', '.join(sum(_patterns(weight_names), ()))}")
     tensors: dict[str, torch.Tensor] = {}
     for file in files:
-        part = _read_safetensors(file) if file.suffix == ".safetensors" else _read_pickle(file)
+        part = _read_safetensors(file, keep_only) if file.suffix == ".safetensors" else _read_pickle(file, keep_only)
         tensors.update(part)
     config_file = (path if path.is_dir() else path.parent) / "config.json"
     config = {}

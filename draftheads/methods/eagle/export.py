@@ -13,7 +13,7 @@ import torch
 
 from ...export.common import EngineFolder, check_tensors, drop_if_zero, dtype_name, llama_layer_config
 from ...export.eagle_layers import engine_layer_tensors
-from ...export.layouts import eagle1_shapes
+from ...export.layouts import layer_shapes
 
 
 def export_vllm(heads, *, verifier, verifier_cfg, num_speculative_tokens) -> EngineFolder:
@@ -44,3 +44,16 @@ def export_sglang(heads, *, verifier, verifier_cfg, num_speculative_tokens) -> E
     folder = EngineFolder(config, tensors, notes)
     check_tensors(folder, eagle1_shapes(cfg, fc_bias=True), "SGLang EAGLE-1")
     return folder
+
+
+def eagle1_shapes(config, *, fc_bias: bool) -> dict:
+    """vLLM (``fc_bias=False``) and SGLang (``fc_bias=True``) EAGLE-1 drafts; embedding and LM head
+    are the target's (not stored)."""
+    d, ex = config.hidden_size, config.extra
+    shapes: dict[str, tuple[int, ...]] = {"fc.weight": (d, 2 * d)}
+    if fc_bias:
+        shapes["fc.bias"] = (d,)
+    for i in range(config.num_layers):
+        for name, shape in layer_shapes(ex, d, d, input_norm=i > 0).items():
+            shapes[f"layers.{i}.{name}"] = shape
+    return shapes

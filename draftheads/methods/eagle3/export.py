@@ -15,7 +15,7 @@ import torch
 
 from ...export.common import EngineFolder, ExportError, check_tensors, dtype_name, llama_layer_config
 from ...export.eagle_layers import engine_layer_tensors
-from ...export.layouts import d2t_offsets, eagle3_shapes, fc_column_order, sglang_aux_ids, t2d_mask, vllm_aux_ids
+from ...export.layouts import d2t_offsets, fc_column_order, layer_shapes, sglang_aux_ids, t2d_mask, vllm_aux_ids
 
 FORMAT = "speculators"
 SPECULATORS_VERSION = "0.3.0"
@@ -147,3 +147,28 @@ def export_sglang(heads, *, verifier, verifier_cfg, num_speculative_tokens) -> E
     ])
     check_tensors(folder, expected_eagle3(heads, "midlayer", "hidden_norm"), "SGLang EAGLE-3")
     return folder
+
+
+def eagle3_shapes(config, *, layer0_prefix: str, later_norm: str = "input_layernorm") -> dict:
+    """EAGLE-3 drafts: ``layer0_prefix`` is ``midlayer`` (SGLang / SpecForge / SafeAILab) or
+    ``layers.0`` (speculators). Later layers' pre-attention norm is ``input_layernorm`` in vLLM and
+    ``hidden_norm`` in SGLang (``later_norm``)."""
+    d, ex = config.hidden_size, config.extra
+    n_aux = len(ex["feature_layers"])
+    vocab, n = config.vocab_size, ex["draft_vocab_size"]
+    shapes: dict[str, tuple[int, ...]] = {"fc.weight": (d, n_aux * d), "norm.weight": (d,), "lm_head.weight": (n, d)}
+    for i in range(config.num_layers):
+        prefix = layer0_prefix if i == 0 else f"layers.{i}"
+        for name, shape in layer_shapes(ex, d, 2 * d if i == 0 else d, input_norm=True).items():
+            if i > 0 and name == "input_layernorm.weight":
+                name = f"{later_norm}.weight"
+            shapes[f"{prefix}.{name}"] = shape
+        if i == 0:
+            shapes[f"{prefix}.hidden_norm.weight"] = (d,)
+    if ex.get("fc_norm"):  # EAGLE 3.1: vLLM's per-layer norms before fc (vllm/model_executor/models/llama_eagle3.py)
+        shapes.update({f"fc_norm.{j}.weight": (d,) for j in range(n_aux)})
+    if ex.get("norm_before_fc"):  # vLLM's input_norm over the whole fc input (same file)
+        shapes["input_norm.weight"] = (n_aux * d,)
+    shapes["d2t"] = (n,)
+    shapes["t2d"] = (vocab,)
+    return shapes

@@ -1,7 +1,7 @@
 """Medusa: K heads on the target's last hidden state, head k guessing token t+k+2, drafted as a
 static tree of rank paths searched from each head's per-rank acceptance (Cai et al., 2024)."""
 from .export import export_medusa
-from .imports import medusa_layout, read_medusa
+from .imports import MEDUSA_PREFIXES, WEIGHT_FILES, medusa_layout, read_medusa
 from .heads import MedusaHeads
 from .drafter import MedusaDrafter
 from ...registry import EngineLayout, ImportLayout, Method, TreeKind, register
@@ -20,6 +20,7 @@ METHOD = register(Method(
         "vllm-medusa": ImportLayout(detect=lambda source: medusa_layout(source) == "vllm-medusa",
                                     read=lambda source, target: read_medusa(source, target, "vllm-medusa")),
         "medusa": ImportLayout(detect=lambda source: medusa_layout(source) == "medusa",
-                               read=lambda source, target: read_medusa(source, target, "medusa")),
+                               read=lambda source, target: read_medusa(source, target, "medusa"),
+                               weight_files=WEIGHT_FILES, keep_only=MEDUSA_PREFIXES),
     },
 ))

@@ -1,12 +1,14 @@
 """Medusa heads -> the folder vLLM loads as ``MedusaModel`` (vllm/model_executor/models/medusa.py).
 
 vLLM's loader skips tensors it does not expect without a word, so every tensor draftheads has
-either lands on a vLLM parameter or the export is refused.
+either lands on a vLLM parameter or the export is refused. The layout: ``blocks.{h}.layers.{l}.weight``
+(+ ``.bias`` only with ``medusa_fc_bias: true``), ``lm_heads.{h}.weight``; ``original_lm_head: true``
+reads one shared head from ``lm_heads.0.weight``. (FasterDecoding's own layout, which imports, is
+described in imports.py.)
 """
 from __future__ import annotations
 
 from ...export.common import EngineFolder, check_tensors, dtype_name, verifier_lm_head
-from ...export.layouts import medusa_vllm_shapes
 
 
 def export_medusa(heads, *, verifier, verifier_cfg, num_speculative_tokens) -> EngineFolder:
@@ -43,3 +45,15 @@ def export_medusa(heads, *, verifier, verifier_cfg, num_speculative_tokens) -> E
     expected = medusa_vllm_shapes(cfg.num_heads, cfg.num_layers, cfg.hidden_size, cfg.vocab_size, bias=True, shared_lm_head=shared)
     check_tensors(folder, expected, "vLLM Medusa")
     return folder
+
+
+def medusa_vllm_shapes(num_heads: int, num_layers: int, hidden: int, vocab: int, *, bias: bool, shared_lm_head: bool) -> dict:
+    shapes: dict[str, tuple[int, ...]] = {}
+    for h in range(num_heads):
+        for l in range(num_layers):
+            shapes[f"blocks.{h}.layers.{l}.weight"] = (hidden, hidden)
+            if bias:
+                shapes[f"blocks.{h}.layers.{l}.bias"] = (hidden,)
+        if not shared_lm_head or h == 0:
+            shapes[f"lm_heads.{h}.weight"] = (vocab, hidden)
+    return shapes

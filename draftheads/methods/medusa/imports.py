@@ -14,13 +14,18 @@ import warnings
 import torch
 
 from ...heads import HeadsConfig, TargetInfo
-from ...export.sources import MEDUSA_PREFIXES, Source, load_strict
+from ...export.sources import Source, load_strict
 from .heads import MedusaHeads
 
 ORIGINAL_BLOCK = re.compile(r"^(\d+)\.(\d+)\.linear\.(weight|bias)$")
 ORIGINAL_HEAD = re.compile(r"^(\d+)\.(\d+)\.weight$")
 VLLM_BLOCK = re.compile(r"^blocks\.(\d+)\.layers\.(\d+)\.(weight|bias)$")
 VLLM_HEAD = re.compile(r"^lm_heads\.(\d+)\.weight$")
+#: FasterDecoding's file names for the heads alone.
+WEIGHT_FILES = ("medusa_lm_head.safetensors", "medusa_lm_head.pt")
+#: A Medusa-2 release is a whole fine-tuned model with the heads inside, under these names: only
+#: the heads are read.
+MEDUSA_PREFIXES = ("medusa_head.", "medusa_heads.")
 
 
 def strip_prefix(name: str) -> str:
