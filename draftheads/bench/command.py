@@ -103,12 +103,9 @@ def _check_args(args) -> None:
 
 def _run(args, load_model) -> int:
     # Imported here, not at the top: building the CLI parser must not import torch.
-    from . import plots
-    from .environment import environment
     from .methods import build_methods, heads_method_names, resolve_compare
     from .metrics import OVERALL, summarize
     from .questions import categories, load_questions, select
-    from .report import REPORT_JSON, REPORT_MD, markdown, write_report
     from .runner import Runner, Settings
 
     _check_args(args)
@@ -138,9 +135,21 @@ def _run(args, load_model) -> int:
 
     cats = categories(questions)
     results = summarize(samples, [m.name for m in methods], cats)
-    method_samples = [s for s in samples if s.method != "plain"]
-    exact = [s.exact for s in method_samples if s.exact is not None]
-    report = {
+    report = _report(args, settings, target, methods, questions, samples, source, cats, results)
+    _write(Path(args.out), report, args, [m.name for m in methods], source, cats)
+    for m in methods:
+        if results[m.name]["by_category"][OVERALL]["speedup"] is None:
+            print(f"warning: no timing for {m.name}", file=sys.stderr)
+    return 0
+
+
+def _report(args, settings, target, methods, questions, samples, source: str, cats, results) -> dict:
+    """report.json's content: what ran (command, environment, settings, questions, methods) and
+    what it measured (per-method results, exactness, every sample)."""
+    from .environment import environment
+
+    exact = [s.exact for s in samples if s.method != "plain" and s.exact is not None]
+    return {
         "format_version": 1,
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "command": "draftheads " + " ".join(sys.argv[1:]) if sys.argv and "draftheads" in sys.argv[0] else None,
@@ -161,24 +170,23 @@ def _run(args, load_model) -> int:
         "plots": [],
     }
 
-    out = Path(args.out)
+
+def _write(out: Path, report: dict, args, names: list[str], source: str, cats) -> None:
+    """Write the report and its plots into ``out`` (an earlier run's files there removed first),
+    then print its summary."""
+    from . import plots
+    from .report import REPORT_JSON, REPORT_MD, markdown, write_report
+
     out.mkdir(parents=True, exist_ok=args.overwrite)
     for stale in (REPORT_JSON, REPORT_MD, plots.SPEEDUP_PNG, plots.ACCEPT_PNG, plots.DEPTH_PNG):
         (out / stale).unlink(missing_ok=True)  # never leave an earlier run's plot beside this report
     try:
-        asked = Path(source).name
-        title = f"{Path(str(report['environment']['target'])).name}, {asked}, {args.max_new_tokens} new tokens"
-        report["plots"] = plots.write_plots(out, results, [m.name for m in methods], cats, title)
+        title = f"{Path(str(report['environment']['target'])).name}, {Path(source).name}, {args.max_new_tokens} new tokens"
+        report["plots"] = plots.write_plots(out, report["results"], names, cats, title)
     except ImportError:
         report["plots_missing"] = 'matplotlib is not installed: pip install "draftheads[bench]"'
     write_report(out, report)
-
     print(markdown(report).split("## Methods")[0].rstrip())
     print(f"\nwrote {out / REPORT_JSON}, {out / REPORT_MD}" + "".join(f", {out / p}" for p in report["plots"]))
     if report["all_exact"] is False:
         print("warning: some outputs differ from plain greedy generate (see 'exact' in report.json)", file=sys.stderr)
-    for m in methods:
-        g = results[m.name]["by_category"][OVERALL]
-        if g["speedup"] is None:
-            print(f"warning: no timing for {m.name}", file=sys.stderr)
-    return 0
