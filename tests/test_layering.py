@@ -15,9 +15,10 @@ PACKAGE = Path(__file__).resolve().parent.parent / "draftheads"
 #: packages in one layer are peers and import neither each other nor anything above.
 #: ``<root>`` is draftheads/__init__.py, the public facade over heads and inference.
 #: registry is the method registry's lookup (what a method declares, and finding the method of
-#: some heads): at the bottom, so every layer asks it; methods/ fills it and sits above every
-#: layer it assembles a method from (heads, train's losses, inference's drafters, export's
-#: layouts, tune), which receive a method object from the registry and never import methods/.
+#: some heads): at the bottom, so every layer asks it; methods/ fills it: each method's package
+#: holds its heads class, drafter, loss and engine layouts, built on what the layers below share
+#: (heads' base, inference's Drafter, train's HeadLoss, export's folders, tune), which receive a
+#: method object from the registry and never import methods/.
 #: The root registers the methods on first lookup, so it sits above methods.
 #: plans is tree.json (its format, reading, writing, and the rule picking an entry): below the
 #: heads that load it and the decoder that picks from it. tune fills it by timing the decoder
