@@ -251,6 +251,26 @@ def test_where_the_tree_behind_prompt_lookup_is_faster_the_entry_says_so(setup, 
     assert warm.stats["plan"]["prompt_lookup"] == "prompt_lookup argument"
 
 
+def test_a_close_call_keeps_prompt_lookup_in_front(setup, monkeypatch):
+    """The heads alone may lead by up to LOOKUP_TIE and lookup stays in front (greedy: 1.15x
+    against 1.08x); a clear lead keeps the heads alone (0.7: 1.19x against 1.03x); lookup within the
+    tie but not beating generate leaves the heads alone (1.0: 1.05x against 0.98x)."""
+    from draftheads.tune.batch_plan import LOOKUP_TIE
+
+    assert LOOKUP_TIE == pytest.approx(0.1)
+    target, heads, rows = setup
+    fixed_trees(monkeypatch, {0.0: TREE, 0.7: TREE, 1.0: TREE})
+    monkeypatch.setattr(training, "VS_GENERATE_NEW_TOKENS", 4)
+    ratios = {0.0: [1.15] * 4, 0.7: [1.19] * 4, 1.0: [1.05] * 4}
+    lookup = {0.0: [1.08] * 4, 0.7: [1.03] * 4, 1.0: [0.98] * 4}
+    plans, chosen = training.choose_export_plans(target, heads, rows,
+                                                 measure=scripted_measure(target, monkeypatch, ratios, [], lookup))
+    assert [(e.temperature, e.mode, e.prompt_lookup) for e in plans.entries] == [
+        (0.0, SPECULATIVE, True), (0.7, SPECULATIVE, False), (1.0, SPECULATIVE, False)]
+    assert plans.entries[0].measured["batch"]["chosen"] == "heads behind prompt lookup"
+    assert plans.entries[1].measured["batch"]["chosen"] == "heads"
+
+
 def test_training_without_prompt_lookup_times_the_heads_alone(setup, monkeypatch):
     target, heads, rows = setup
     fixed_trees(monkeypatch, {0.0: TREE})
