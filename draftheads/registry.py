@@ -226,7 +226,7 @@ def head_classes(found: Iterable[Method] | None = None) -> dict[str, type]:
 def moved(package: str, name: str) -> Any:
     """``name`` read from ``package`` (heads, inference, inference.proposers), where the heads
     classes and drafters lived before each method got its own package under draftheads/methods/:
-    found in the modules of the registered methods' heads and drafters, with a DeprecationWarning
+    a class defined in the module of a registered method's heads or drafter, with a DeprecationWarning
     naming its home now. ``XProposer``, a head drafter's former per-sequence name, finds ``XDrafter``.
     Anything else is the usual AttributeError."""
     wanted = name[: -len("Proposer")] + "Drafter" if name.endswith("Proposer") else name
@@ -234,7 +234,7 @@ def moved(package: str, name: str) -> Any:
         for method in methods():
             for home in dict.fromkeys((method.heads.__module__, method.drafter.__module__)):
                 value = getattr(sys.modules.get(home), wanted, None)
-                if isinstance(value, type):
+                if isinstance(value, type) and value.__module__ == home:  # defined there, not imported
                     warnings.warn(f"{package}.{name} is deprecated: import {wanted} from {home} (head classes and drafters also from draftheads)",
                                   DeprecationWarning, stacklevel=3)
                     return value
