@@ -26,7 +26,7 @@ def lookup_tree(proposer: dh.PromptLookupProposer, text: list[int], root: int, m
 
 
 def test_prompt_lookup_longest_and_most_recent_match():
-    p = dh.PromptLookupProposer(max_ngram=3, num_tokens=4)
+    p = dh.PromptLookupProposer(max_ngram=3, num_tokens=4, min_ngram=1)  # 1-grams too: the rule across n
     # suffix (7, 8, 9) occurred twice; the most recent occurrence is followed by 30 31 ...
     text = [7, 8, 9, 20, 21, 5, 7, 8, 9, 30, 31, 32, 33, 34, 7, 8]
     assert lookup_tree(p, text, root=9) == [9, 30, 31, 32, 33]
@@ -112,3 +112,12 @@ def test_prompt_lookup_argument_errors():
         dh.PromptLookupProposer(max_ngram=1, min_ngram=2)
     with pytest.raises(ValueError, match="num_tokens"):
         dh.PromptLookupProposer(num_tokens=0)
+
+
+def test_a_single_token_match_drafts_only_when_asked():
+    """By default a draft needs a match of 2+ tokens (as behind the heads): the text's last token
+    alone occurring earlier drafts nothing; ``min_ngram=1`` copies what followed it."""
+    text = torch.tensor([5, 6, 7, 1, 2])  # then the root 5: the bigram (2, 5) is new, the token 5 is not
+    for proposer, expected in ((dh.PromptLookupProposer(), [5]), (dh.PromptLookupProposer(min_ngram=1), [5, 6, 7])):
+        proposer.start(text, None, SamplingParams(), None)
+        assert proposer.propose(5, 2).tokens.tolist() == expected

@@ -21,11 +21,17 @@ from .sequence import Proposer
 
 class PromptLookupProposer(Proposer):
     """Chain of up to ``num_tokens`` tokens copied after the most recent earlier occurrence of the
-    longest suffix n-gram (n from ``max_ngram`` down to ``min_ngram``); no match = root only."""
+    longest suffix n-gram (n from ``max_ngram`` down to ``min_ngram``); no match = root only.
+
+    ``min_ngram`` defaults to 2, as behind the heads (`LookupThenHeads`): where a single token's
+    last occurrence was the only match, a real chat model's text rarely went on as it did before,
+    and ten-token drafts from such matches, accepted 1-3% of the time, cost more than the draft
+    budget won back on short answers (measured on SmolLM2, docs/results.md). ``min_ngram=1``
+    matches down to one token, as transformers' prompt lookup does."""
 
     feature_layers = ()  # tokens only: the verifier captures no hidden state
 
-    def __init__(self, max_ngram: int = 3, num_tokens: int = 10, min_ngram: int = 1) -> None:
+    def __init__(self, max_ngram: int = 3, num_tokens: int = 10, min_ngram: int = 2) -> None:
         if min_ngram < 1:
             raise ValueError(f"min_ngram must be >= 1, got {min_ngram}")
         if max_ngram < min_ngram:
