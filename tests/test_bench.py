@@ -179,6 +179,34 @@ def test_method_names_follow_head_types(heads_dir, tmp_path):
     assert resolve_compare(["plain", "prompt-lookup", "medusa"], ["medusa"], None, False) == ["prompt-lookup", "medusa"]
     assert resolve_compare(["medusa+lookup", "medusa"], ["medusa"], None, False) == ["medusa+lookup", "medusa"]
     assert resolve_compare(["medusa-lookup"], ["medusa"], None, False) == ["medusa-lookup"]
+    assert resolve_compare(["prompt-lookup@block", "medusa+lookup@block"], ["medusa"], None, False) == [
+        "prompt-lookup@block", "medusa+lookup@block"]
+    with pytest.raises(ValueError, match="unknown method 'medusa@typical'"):  # lossy rules are not benchmarked
+        resolve_compare(["medusa@typical"], ["medusa"], None, False)
+    with pytest.raises(ValueError, match="draft-model needs --draft-model"):
+        resolve_compare(["draft-model@block"], ["medusa"], None, False)
+
+
+def test_block_suffix_reaches_generate_and_the_report(tiny_target_dir, heads_dir, questions_file, tmp_path, monkeypatch):
+    """NAME@block decodes NAME with `generate(..., acceptance="block")`, beside NAME's default rule
+    in the same run, and stays exact at greedy."""
+    seen = []
+    original = dh.SpeculativeDecoder.generate
+
+    def recording(self, *args, **kwargs):
+        seen.append(kwargs.get("acceptance"))
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(dh.SpeculativeDecoder, "generate", recording)
+    out = tmp_path / "r"
+    assert _bench(tiny_target_dir, "--heads", heads_dir, "--prompt-lookup",
+                  "--compare", "prompt-lookup,prompt-lookup@block,medusa-lookup@block",
+                  "--questions", questions_file, "--warmup", "0", "--out", out) == 0
+    report = json.loads((out / "report.json").read_text())
+    assert [(m["name"], m["acceptance"]) for m in report["methods"]] == [
+        ("prompt-lookup", "exact"), ("prompt-lookup@block", "block"), ("medusa-lookup@block", "block")]
+    assert report["methods"][2]["prompt_lookup"] is False and report["all_exact"] is True
+    assert seen.count("block") == 2 * seen.count("exact") > 0  # every timed call, in the same run
 
 
 def test_bench_heads_behind_prompt_lookup(tiny_target_dir, heads_dir, questions_file, tmp_path):

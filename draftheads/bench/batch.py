@@ -75,7 +75,7 @@ class BatchBench:
     def _method(self, method: Method, ids, mask, seed: int):
         return method.decoder.generate(ids, attention_mask=mask, max_new_tokens=self.max_new_tokens,
                                        temperature=self.temperature, top_k=0, top_p=1.0,
-                                       generator=torch.Generator().manual_seed(seed))
+                                       generator=torch.Generator().manual_seed(seed), acceptance=method.acceptance)
 
     def _timed(self, fn, *args):
         _sync(self.target.device)

@@ -35,7 +35,9 @@ def add_parser(sub, add_target_args: Callable[[argparse.ArgumentParser], None]) 
     p.add_argument("--prompt-lookup", action="store_true", help="add prompt-lookup drafting (method prompt-lookup)")
     p.add_argument("--compare", type=_csv, default=None, metavar="A,B,...",
                    help="methods to run, in order (default: every one configured by --heads/--draft-model/--prompt-lookup; "
-                        "NAME+lookup, e.g. eagle3+lookup: those heads behind prompt lookup)")
+                        "NAME+lookup, e.g. eagle3+lookup: those heads behind prompt lookup; NAME-lookup: the heads alone; "
+                        "any method with @block after it, e.g. prompt-lookup@block: chains verified by block "
+                        "verification, lossless like the default)")
     p.add_argument("--questions", default=DEFAULT_QUESTIONS, metavar="NAME_OR_FILE",
                    help=f"a set shipped in the package ({describe_names()}), a Spec-Bench .jsonl (question_id, "
                         f"category, turns) or a text file with one prompt per line (default: {DEFAULT_QUESTIONS}, "

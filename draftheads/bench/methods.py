@@ -19,6 +19,10 @@ WITH_LOOKUP = "+lookup"  # "eagle3+lookup": those heads behind prompt lookup for
 WITHOUT_LOOKUP = "-lookup"  # "eagle3-lookup": those heads alone, whatever their tree.json says
 #: NAME alone decodes as a user's SpeculativeDecoder(target, heads) does: lookup where the plan says.
 LOOKUP_SUFFIXES = {WITH_LOOKUP: True, WITHOUT_LOOKUP: False}
+#: Any method with "@block" after its name verifies chains by block verification (`generate(...,
+#: acceptance="block")`, lossless like the default): "prompt-lookup@block" beside "prompt-lookup"
+#: in one run measures what the rule alone changes. Only lossless rules: a bench checks exactness.
+ACCEPTANCE_SUFFIXES = {"@block": "block"}
 
 
 class MethodError(ValueError):
@@ -31,6 +35,7 @@ class Method:
     decoder: Any  # SpeculativeDecoder
     source: str | None = None  # heads folder or draft model path
     info: dict[str, Any] = field(default_factory=dict)
+    acceptance: str = "exact"  # `SpeculativeDecoder.generate`'s verification rule
 
     def describe(self) -> dict[str, Any]:
         """What the report records about the method: the proposer and the tree it drafts."""
@@ -38,7 +43,8 @@ class Method:
         from ..inference.proposers.sequence import ForkedRows
 
         proposer = self.decoder.proposer
-        out: dict[str, Any] = {"name": self.name, "proposer": proposer.name, "source": self.source, **self.info}
+        out: dict[str, Any] = {"name": self.name, "proposer": proposer.name, "source": self.source,
+                               "acceptance": self.acceptance, **self.info}
         if isinstance(proposer, LookupThenHeads):  # the heads' tree and vocabulary; the lookup is the default one
             proposer = proposer.heads
         if isinstance(proposer, ForkedRows):  # a per-sequence drafter: its settings are its own
@@ -87,13 +93,14 @@ def resolve_compare(
         return configured
     available = list(heads_names) + [name + suffix for suffix in LOOKUP_SUFFIXES for name in heads_names]
     available += [DRAFT_MODEL, PROMPT_LOOKUP]
+    available += [name + suffix for suffix in ACCEPTANCE_SUFFIXES for name in list(available)]
     chosen: list[str] = []
     for name in compare:
         if name == PLAIN:
             continue  # plain `generate` is always measured: it is the baseline
         if name in chosen:
             raise MethodError(f"--compare names {name!r} twice")
-        if name == DRAFT_MODEL and not draft_model:
+        if split_acceptance(name)[0] == DRAFT_MODEL and not draft_model:
             raise MethodError("--compare draft-model needs --draft-model PATH_OR_ID")
         if name not in available:
             raise MethodError(
@@ -104,6 +111,15 @@ def resolve_compare(
     if not chosen:
         raise MethodError("--compare names no method besides plain")
     return chosen
+
+
+def split_acceptance(name: str) -> tuple[str, str]:
+    """A method name as (the method, its verification rule): "prompt-lookup@block" ->
+    ("prompt-lookup", "block"), "eagle3" -> ("eagle3", "exact")."""
+    for suffix, rule in ACCEPTANCE_SUFFIXES.items():
+        if name.endswith(suffix):
+            return name[: -len(suffix)], rule
+    return name, "exact"
 
 
 def split_lookup(name: str) -> tuple[str, bool | None]:
@@ -135,7 +151,8 @@ def build_methods(
     from ..inference.default_tree import tree_source
 
     methods = []
-    for name in names:
+    for full_name in names:
+        name, acceptance = split_acceptance(full_name)
         heads_name, lookup = split_lookup(name)
         if heads_name in heads_names:
             folder = heads_dirs[heads_names.index(heads_name)]
@@ -149,14 +166,14 @@ def build_methods(
             info["draw_drafts"] = draw_drafts
             info["prompt_lookup"] = "as tree.json says" if lookup is None else lookup
             decoder = dh.SpeculativeDecoder(target, heads, draw_drafts=draw_drafts, prompt_lookup=lookup)
-            methods.append(Method(name, decoder, folder, info))
+            methods.append(Method(full_name, decoder, folder, info, acceptance))
         elif name == DRAFT_MODEL:
             draft, draft_tok = load_model(draft_model)
             proposer = dh.DraftModelProposer(draft, gamma="auto", target_tokenizer=tokenizer, draft_tokenizer=draft_tok)
             info = {"draft_parameters": sum(p.numel() for p in draft.parameters())}
-            methods.append(Method(name, dh.SpeculativeDecoder(target, proposer), draft_model, info))
+            methods.append(Method(full_name, dh.SpeculativeDecoder(target, proposer), draft_model, info, acceptance))
         elif name == PROMPT_LOOKUP:
-            methods.append(Method(name, dh.SpeculativeDecoder(target, dh.PromptLookupProposer())))
+            methods.append(Method(full_name, dh.SpeculativeDecoder(target, dh.PromptLookupProposer()), acceptance=acceptance))
         else:  # resolve_compare lets nothing else through
             raise MethodError(f"unknown method {name!r}")
     return methods

@@ -145,7 +145,7 @@ class Runner:
         generator = torch.Generator().manual_seed(seed)
         return method.decoder.generate(
             ids, max_new_tokens=self.settings.max_new_tokens, temperature=self.settings.temperature, top_k=0, top_p=1.0,
-            generator=generator,
+            generator=generator, acceptance=method.acceptance,
         )
 
     def _timed(self, fn, *args):
