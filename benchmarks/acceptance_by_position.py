@@ -33,6 +33,7 @@ step per position bucket, per heads; per-prompt min-max in brackets).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
@@ -98,6 +99,14 @@ def step_positions(prompt_len: int, accept_lengths: list[int]) -> list[int]:
     return positions
 
 
+def as_json(tree) -> object:
+    """What the report records of a tree: "saved" (the heads' own plan), a Medusa-style list of
+    choices, or an EAGLE dynamic tree's settings (a dataclass)."""
+    if tree is None:
+        return "saved"
+    return dataclasses.asdict(tree) if dataclasses.is_dataclass(tree) else tree
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--target", default="smollm2", help="a model folder, a Hub id or a target name")
@@ -152,8 +161,7 @@ def main() -> None:
         # when drafting does not pay at the measured speed, which on a loaded machine is timing, not acceptance.
         # batch_plan=None: draft even where the heads' plan decodes plainly on this machine.
         decoder = dh.SpeculativeDecoder(target, heads, tree=tree, draft_budget=None, batch_plan=None)
-        decoders[name] = (decoder, {"path": path, "options": options,
-                                                                           "tree": tree or "saved"})
+        decoders[name] = (decoder, {"path": path, "options": options, "tree": as_json(tree)})
 
     cuts = []  # (doc, offset, kind, prompt ids)
     for doc_name, ids in docs:
