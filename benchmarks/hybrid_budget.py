@@ -1,0 +1,78 @@
+"""The heads' plan with its online draft budget against the same plan with no budget (always the
+full draft), and prompt lookup alone, side by side with plain ``generate`` through `draftheads
+bench`'s own runner (greedy, every output checked equal to plain's).
+
+    python benchmarks/hybrid_budget.py --heads runs/smollm2/heads [--questions mt-bench] [--max-questions 16] [--out DIR]
+
+Why: behind prompt lookup (`proposers.hybrid.LookupThenHeads`) one budget judges both drafters.
+Where the heads' drafts do not pay it goes plain, and then lookup's copies are not drafted either
+until a probe happens to land on one; ``draftheads bench`` has no switch for the budget, so this
+measures what that costs. Each decoder keeps its budget across the questions, as bench's do.
+
+Prints, and writes into DIR/results.md (every sample into DIR/results.json): per decoder the
+speedup as bench computes it, the median (min-max) over samples, accepted tokens per step, the
+share of steps the budget took plain, and the speedup per category.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--target", default="smollm2")
+    ap.add_argument("--heads", required=True, help="a heads folder whose plan puts prompt lookup in front")
+    ap.add_argument("--questions", default="mt-bench")
+    ap.add_argument("--max-questions", type=int, default=16)
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+
+    import draftheads as dh
+    from draftheads.bench.methods import Method
+    from draftheads.bench.metrics import OVERALL, summarize
+    from draftheads.bench.questions import categories, load_questions, select
+    from draftheads.bench.runner import Runner, Settings
+    from draftheads.target import load_target
+
+    target, tokenizer = load_target(args.target)
+    heads = dh.load_heads(args.heads, target=target)
+    questions = select(load_questions(args.questions), None, args.max_questions)
+    methods = [Method("plan, online budget", dh.SpeculativeDecoder(target, heads)),
+               Method("plan, no budget", dh.SpeculativeDecoder(target, heads, draft_budget=None)),
+               Method("prompt lookup alone", dh.SpeculativeDecoder(target, dh.PromptLookupProposer()))]
+    samples = Runner(target, tokenizer, methods, Settings(max_new_tokens=args.max_new_tokens)).run(questions)
+    wrong = [s for s in samples if s.exact is False]
+    if wrong:
+        raise AssertionError(f"{wrong[0].method}: question {wrong[0].question_id} turn {wrong[0].turn} differs from generate")
+    cats = categories(questions)
+    results = summarize(samples, [m.name for m in methods], cats)
+
+    lines = [f"| decoder | speedup | per sample: median (min-max) | accepted per step | plain steps | {' | '.join(cats)} |",
+             "|---|---|---|---|---|" + "---|" * len(cats)]  # fmt: skip
+    for m in methods:
+        groups = results[m.name]["by_category"]
+        overall, spread = groups[OVERALL], groups[OVERALL]["per_sample_speedup"]
+        mine = [s for s in samples if s.method == m.name]
+        plain_steps = sum(s.stats.get("budget_plain", 0) for s in mine) / max(sum(len(s.accept_lengths) for s in mine), 1)
+        per_cat = " | ".join(f"{groups[c]['speedup']:.2f}x" for c in cats)
+        lines.append(f"| {m.name} | {overall['speedup']:.2f}x | {spread['median']:.2f}x ({spread['min']:.2f}-{spread['max']:.2f}) "
+                     f"| {overall['mean_accepted_tokens']:.2f} | {plain_steps:.0%} | {per_cat} |")  # fmt: skip
+    table = "\n".join(lines) + "\n"
+    print(table)
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "results.json").write_text(json.dumps({"args": vars(args), "samples": [s.to_dict() for s in samples]}, indent=2))
+        (out / "results.md").write_text(f"{len(questions)} questions (every turn) from {args.questions}, up to "
+                                        f"{args.max_new_tokens} new tokens, greedy, one round; heads {args.heads}.\n\n" + table)
+
+
+if __name__ == "__main__":
+    main()
