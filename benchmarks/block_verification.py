@@ -18,10 +18,9 @@ chain: accepted tokens per step for each rule, acceptance by depth, and the spee
 from __future__ import annotations
 
 import argparse
-import json
-from pathlib import Path
 
 import torch
+from runner_report import speedup_cells, write_report
 
 
 def main() -> None:
@@ -71,22 +70,16 @@ def main() -> None:
         results = summarize(samples, [m.name for m in methods], categories(questions))
         for m in methods:
             overall = results[m.name]["by_category"][OVERALL]
-            spread = overall["per_sample_speedup"]
             by_depth = results[m.name]["acceptance_by_depth"]
             depths = "/".join(f"{by_depth[str(d)]:.2f}" if str(d) in by_depth else "-" for d in (1, 2, 3))
             name, _, rule = m.name.partition("@")
             lines.append(f"| {temperature:g} | {name.removeprefix('chain of ')} | {rule or 'token'} "
-                         f"| {overall['mean_accepted_tokens']:.3f} | {depths} | {overall['speedup']:.2f}x "
-                         f"| {spread['median']:.2f}x ({spread['min']:.2f}-{spread['max']:.2f}) |")  # fmt: skip
+                         f"| {overall['mean_accepted_tokens']:.3f} | {depths} | {speedup_cells(overall)} |")
     table = "\n".join(lines) + "\n"
     print(table)
-    if args.out:
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "results.json").write_text(json.dumps({"args": vars(args), "samples": every}, indent=2))
-        (out / "results.md").write_text(
-            f"{len(questions)} questions (every turn) from {args.questions}, up to {args.max_new_tokens} new tokens, "
-            f"one round; heads {args.heads}, each chain forced (no draft budget, no prompt lookup).\n\n" + table)
+    write_report(args.out, args, every, table=table,
+                 header=f"{len(questions)} questions (every turn) from {args.questions}, up to {args.max_new_tokens} "
+                        f"new tokens, one round; heads {args.heads}, each chain forced (no draft budget, no prompt lookup).")
 
 
 if __name__ == "__main__":

@@ -16,10 +16,9 @@ share of steps the budget took plain, and the speedup per category.
 from __future__ import annotations
 
 import argparse
-import json
-from pathlib import Path
 
 import torch
+from runner_report import require_exact, speedup_cells, write_report
 
 
 def main() -> None:
@@ -48,9 +47,7 @@ def main() -> None:
                Method("plan, no budget", dh.SpeculativeDecoder(target, heads, draft_budget=None)),
                Method("prompt lookup alone", dh.SpeculativeDecoder(target, dh.PromptLookupProposer()))]
     samples = Runner(target, tokenizer, methods, Settings(max_new_tokens=args.max_new_tokens)).run(questions)
-    wrong = [s for s in samples if s.exact is False]
-    if wrong:
-        raise AssertionError(f"{wrong[0].method}: question {wrong[0].question_id} turn {wrong[0].turn} differs from generate")
+    require_exact(samples)
     cats = categories(questions)
     results = summarize(samples, [m.name for m in methods], cats)
 
@@ -58,20 +55,17 @@ def main() -> None:
              "|---|---|---|---|---|" + "---|" * len(cats)]  # fmt: skip
     for m in methods:
         groups = results[m.name]["by_category"]
-        overall, spread = groups[OVERALL], groups[OVERALL]["per_sample_speedup"]
+        overall = groups[OVERALL]
         mine = [s for s in samples if s.method == m.name]
         plain_steps = sum(s.stats.get("budget_plain", 0) for s in mine) / max(sum(len(s.accept_lengths) for s in mine), 1)
         per_cat = " | ".join(f"{groups[c]['speedup']:.2f}x" for c in cats)
-        lines.append(f"| {m.name} | {overall['speedup']:.2f}x | {spread['median']:.2f}x ({spread['min']:.2f}-{spread['max']:.2f}) "
-                     f"| {overall['mean_accepted_tokens']:.2f} | {plain_steps:.0%} | {per_cat} |")  # fmt: skip
+        lines.append(f"| {m.name} | {speedup_cells(overall)} | {overall['mean_accepted_tokens']:.2f} "
+                     f"| {plain_steps:.0%} | {per_cat} |")
     table = "\n".join(lines) + "\n"
     print(table)
-    if args.out:
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "results.json").write_text(json.dumps({"args": vars(args), "samples": [s.to_dict() for s in samples]}, indent=2))
-        (out / "results.md").write_text(f"{len(questions)} questions (every turn) from {args.questions}, up to "
-                                        f"{args.max_new_tokens} new tokens, greedy, one round; heads {args.heads}.\n\n" + table)
+    write_report(args.out, args, [s.to_dict() for s in samples], table=table,
+                 header=f"{len(questions)} questions (every turn) from {args.questions}, up to {args.max_new_tokens} "
+                        f"new tokens, greedy, one round; heads {args.heads}.")
 
 
 if __name__ == "__main__":

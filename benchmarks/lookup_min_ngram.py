@@ -13,10 +13,9 @@ ran below 0.95x, and the mean accepted tokens per step.
 from __future__ import annotations
 
 import argparse
-import json
-from pathlib import Path
 
 import torch
+from runner_report import require_exact, speedup_cells, write_report
 
 
 def main() -> None:
@@ -46,27 +45,21 @@ def main() -> None:
     methods = [Method(f"min_ngram={n}", dh.SpeculativeDecoder(target, dh.PromptLookupProposer(min_ngram=n)))
                for n in settings]  # fmt: skip
     samples = Runner(target, tokenizer, methods, Settings(max_new_tokens=args.max_new_tokens)).run(questions)
-    wrong = [s for s in samples if s.exact is False]
-    if wrong:
-        raise AssertionError(f"{wrong[0].method}: question {wrong[0].question_id} turn {wrong[0].turn} differs from generate")
+    require_exact(samples)
     results = summarize(samples, [m.name for m in methods], categories(questions))
 
     lines = ["| prompt lookup | speedup | per sample: median (min-max) | samples below 0.95x | accepted per step |",
              "|---|---|---|---|---|"]  # fmt: skip
     for m in methods:
         overall, per_sample = results[m.name]["by_category"][OVERALL], results[m.name]["per_question"]
-        spread = overall["per_sample_speedup"]
         below = sum(q["speedup"] is not None and q["speedup"] < 0.95 for q in per_sample)
-        lines.append(f"| {m.name} | {overall['speedup']:.2f}x | {spread['median']:.2f}x ({spread['min']:.2f}-{spread['max']:.2f}) "
-                     f"| {below} of {len(per_sample)} | {overall['mean_accepted_tokens']:.2f} |")  # fmt: skip
+        lines.append(f"| {m.name} | {speedup_cells(overall)} | {below} of {len(per_sample)} "
+                     f"| {overall['mean_accepted_tokens']:.2f} |")
     table = "\n".join(lines) + "\n"
     print(table)
-    if args.out:
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "results.json").write_text(json.dumps({"args": vars(args), "samples": [s.to_dict() for s in samples]}, indent=2))
-        (out / "results.md").write_text(f"{overall['samples']} samples ({len(questions)} questions, every turn) from {args.questions}, "
-                                        f"up to {args.max_new_tokens} new tokens, greedy, one round.\n\n" + table)  # fmt: skip
+    write_report(args.out, args, [s.to_dict() for s in samples], table=table,
+                 header=f"{overall['samples']} samples ({len(questions)} questions, every turn) from {args.questions}, "
+                        f"up to {args.max_new_tokens} new tokens, greedy, one round.")
 
 
 if __name__ == "__main__":
