@@ -234,10 +234,15 @@ class Runner:
 
 def _json_stats(stats: dict[str, Any]) -> dict[str, Any]:
     """The sample's scalar stats, plus the draft budget's steps by mode (``budget_full``,
-    ``budget_capped``, ``budget_plain``): how often speculation drafted in full, less, or not at all."""
+    ``budget_capped``, ``budget_plain``): how often speculation drafted in full, less, or not at all;
+    with a budget per source (heads behind prompt lookup) each source's too (``budget_lookup_plain``, ...)."""
     out = {k: v for k, v in stats.items() if isinstance(v, (int, float, str, bool)) and k not in ("new_tokens", "steps")}
-    for mode, count in (stats.get("draft_budget") or {}).get("steps", {}).items():
+    budget = stats.get("draft_budget") or {}
+    for mode, count in budget.get("steps", {}).items():
         out[f"budget_{mode}"] = count
+    for source, its in budget.get("sources", {}).items():  # a budget per source: each one's steps too
+        for mode, count in its.get("steps", {}).items():
+            out[f"budget_{source}_{mode}"] = count
     return out
 
 

@@ -21,7 +21,7 @@ from .inputs import check_batch, eos_ids, pad_id, token_matrix, wants_batch_path
 from .kv import CACHE_KINDS, RaggedKV, SequenceKV, StaticKV, StaticTreeVerifier, tree_headroom
 from .loop import Settings, decode
 from .output import SpeculativeOutput
-from .draft_budget import DraftBudget, resolve_budget
+from .draft_budget import DraftBudget, PerSourceBudget, resolve_budget
 from .plain import generate_plain
 from .planned import PlannedDrafts, resolve_plans
 from .probe import check_tree_attention
@@ -101,8 +101,10 @@ class SpeculativeDecoder:
     and then; ``None`` always drafts in full (seed-reproducible sampling); or a `DraftBudget`.
     Lossless either way: a step's cap depends only on earlier steps. With "auto" the decoder keeps
     one budget per proposer and sampling settings, and what it learned (step costs, accepted
-    tokens per depth) carries from one generation to the next. ``out.stats["draft_budget"]``
-    counts the steps taken full, capped and plain.
+    tokens per depth) carries from one generation to the next; heads behind prompt lookup get one
+    budget per source (`draft_budget.PerSourceBudget`: copies judged by what copies earn, the heads
+    by what the heads earn). ``out.stats["draft_budget"]`` counts the steps taken full, capped and
+    plain.
 
     ``draw_drafts`` (default True): when a request SAMPLES, heads draw each draft token from their
     own distribution (processed with the request's temperature/top-k/top-p) as a chain as deep as
@@ -263,11 +265,21 @@ class SpeculativeDecoder:
         drawn chain of the same depth) and what it earns (the temperature) depend on them; a budget
         given explicitly serves every request."""
         budget = self.draft_budget
+        sources = getattr(proposer, "budget_sources", ())
         if not self._budget_given:
             key = (id(proposer), params.temperature, params.top_k, params.top_p, params.draws_drafts)
             if key not in self._budgets:
-                self._budgets[key] = budget if not self._budgets else resolve_budget(self._draft_budget_arg)
+                if sources and type(budget) is not DraftBudget:  # a budget per source (`PerSourceBudget`)
+                    self._budgets[key] = PerSourceBudget({s: resolve_budget(self._draft_budget_arg) for s in sources})
+                else:
+                    self._budgets[key] = budget if not self._budgets else resolve_budget(self._draft_budget_arg)
             budget = self._budgets[key]
+        if isinstance(budget, PerSourceBudget) and not sources:
+            raise ValueError(f"a PerSourceBudget caps the sources of a drafter that routes rows between them "
+                             f"(heads behind prompt lookup); {getattr(proposer, 'name', type(proposer).__name__)} "
+                             "drafts one way: pass 'auto', None or a DraftBudget")
+        if sources:
+            proposer.use_budget(budget if isinstance(budget, PerSourceBudget) else None)
         budget.start()
         return budget
 

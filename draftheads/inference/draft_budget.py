@@ -304,6 +304,65 @@ class OnlineDraftBudget(DraftBudget):
         return out
 
 
+class PerSourceBudget(DraftBudget):
+    """One budget per drafting source of a drafter that routes each row, each step, to one source
+    (`proposers.hybrid.LookupThenHeads`: prompt lookup's copy where the text matches, the heads
+    elsewhere), so that each source is judged on its own steps.
+
+    One budget for both judged them together: where the heads' drafts did not pay (first answers
+    of MT-Bench writing on SmolLM2) it went plain, and lookup's copies, which pay many tokens deep
+    whenever they come, were then drafted only when a probe happened to fall on one.
+
+    The loop sees a budget that caps nothing (`caps` returns the row limits); the drafter asks
+    `cap` for the rows of each source once it knows which rows that is, and says with `routed`
+    which rows each source drafted and how deep; `record` hands each source its rows' accepted
+    counts and the step's seconds. A row a source's budget sends plain is a plain step (it is not
+    handed to the other source: a plain sample must cost a plain step). With several rows split
+    between sources in one step, each source is charged the whole step's seconds (an
+    over-estimate of each one's share that falls on both sides alike)."""
+
+    name = "per-source"
+
+    def __init__(self, sources: dict[str, DraftBudget]) -> None:
+        super().__init__()
+        if not sources:
+            raise ValueError("PerSourceBudget needs at least one source")
+        self.sources = dict(sources)
+        self._routed: list[tuple[str, list[int], int]] = []
+
+    def start(self) -> None:
+        super().start()
+        for budget in self.sources.values():
+            budget.start()
+        self._routed = []
+
+    def caps(self, limits: Sequence[int]) -> list[int]:
+        return list(limits)  # the drafter caps each source's rows itself (`cap`)
+
+    def cap(self, source: str, limits: Sequence[int]) -> list[int]:
+        """The caps of the rows ``source`` drafts this step (their ``limits``), from its own budget."""
+        return self.sources[source].caps(limits)
+
+    def routed(self, source: str, positions: list[int], drafted: int) -> None:
+        """This step, ``source`` drafted the rows at ``positions`` (after `cap`), at most ``drafted`` deep."""
+        self._routed.append((source, positions, drafted))
+
+    def record(self, drafted: int, accepted: Sequence[int], seconds: float) -> None:
+        chosen = []
+        for source, positions, depth in self._routed:
+            budget = self.sources[source]
+            chosen.append(budget._choice)
+            budget.record(depth, [accepted[p] for p in positions], seconds)
+        self._routed = []
+        # The step as a whole: full if any source drafted in full, plain if every source was plain.
+        self.counts[FULL if None in chosen else PLAIN if all(c == 0 for c in chosen) else CAPPED] += 1
+
+    def stats(self) -> dict[str, Any]:
+        out = super().stats()
+        out["draft_budget"]["sources"] = {name: b.stats()["draft_budget"] for name, b in self.sources.items()}
+        return out
+
+
 def auto_budget() -> DraftBudget:
     """What ``draft_budget="auto"`` (the decoder's default) builds: the online rule. The test suite
     replaces it with the off budget for tests that measure the full draft's acceptance (see

@@ -30,6 +30,11 @@ class Drafter:
     #: never all L+1 hidden states.
     feature_layers: tuple[int, ...] = (-1,)
 
+    #: The sources a drafter routes its rows between, step by step (`hybrid.LookupThenHeads`:
+    #: "lookup", "heads"); empty for a drafter that drafts one way. For such a drafter the decoder's
+    #: draft budget is a `draft_budget.PerSourceBudget`, handed over with `use_budget`.
+    budget_sources: tuple[str, ...] = ()
+
     # The request's settings, which `start` records (before `start`: greedy).
     _params: SamplingParams = SamplingParams()
     _generator: torch.Generator | None = None
@@ -41,6 +46,10 @@ class Drafter:
     def use_compaction(self, policy: str) -> None:
         """The decoder's policy for caches with holes (`inference.compaction`), handed once: only
         a drafter whose own cache gets holes (EAGLE's) has anything to do with it."""
+
+    def use_budget(self, budget: object) -> None:
+        """This generation's `draft_budget.PerSourceBudget` (None: no budget), handed over by the
+        decoder before `start`; only a drafter with ``budget_sources`` receives it."""
 
     @property
     def name(self) -> str:

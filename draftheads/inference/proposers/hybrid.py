@@ -14,12 +14,17 @@ and pending features catch up on their next drafting step. Which source drafts a
 only on the committed text (the lookup's match), never on what the target will say, so decoding
 stays lossless; copied drafts are point masses to the verifier, the heads' trees or drawn chains
 keep their own laws.
+
+Each source has its own draft budget (`draft_budget.PerSourceBudget`, which the decoder hands
+over with `use_budget`): a copy is capped by what copies have earned, a heads draft by what heads
+drafts have earned. One budget for both went plain where the heads did not pay, and lookup's copies
+went undrafted with them.
 """
 from __future__ import annotations
 
 import torch
 
-from ..tree import Tree
+from ..tree import Tree, chain_shape
 from .drafter import Drafter
 from .prompt_lookup import PromptLookupProposer
 from .sequence import ForkedRows
@@ -39,6 +44,12 @@ class LookupThenHeads(Drafter):
         self.lookup = ForkedRows(lookup)
         self.feature_layers = heads.feature_layers  # the lookup reads tokens only
         self._steps = {"lookup": 0, "heads": 0}
+        self._budget = None  # a `draft_budget.PerSourceBudget` (see `use_budget`), or no caps
+
+    budget_sources = ("lookup", "heads")
+
+    def use_budget(self, budget) -> None:
+        self._budget = budget
 
     @property
     def name(self) -> str:
@@ -58,13 +69,28 @@ class LookupThenHeads(Drafter):
     def propose(self, roots: list[int], max_depths: list[int]) -> list[Tree]:
         copied = self.lookup.propose(roots, max_depths)
         use_copy = [tree.shape.size > 1 for tree in copied]  # the lookup matched: a copy to draft
-        drafted = self.heads.propose(roots, [0 if copy else d for copy, d in zip(use_copy, max_depths)])
-        for copy, depth, own in zip(use_copy, max_depths, drafted):
-            if copy:
-                self._steps["lookup"] += 1
-            elif depth > 0 and own.shape.size > 1:  # heads whose tree drafts nothing leave lookup alone
-                self._steps["heads"] += 1
-        return [c if copy else h for copy, c, h in zip(use_copy, copied, drafted)]
+        copy_rows = [r for r, copy in enumerate(use_copy) if copy]
+        head_rows = [r for r, copy in enumerate(use_copy) if not copy]
+        depths = [0] * len(roots)  # what the heads may draft: nothing for a copied row
+        budget = self._budget
+        if budget is not None and copy_rows:
+            caps = budget.cap("lookup", [copied[r].shape.size - 1 for r in copy_rows])
+            for r, cap in zip(copy_rows, caps):
+                copied[r] = Tree(chain_shape(cap), copied[r].tokens[: cap + 1])  # a copy is a chain: its prefix
+            budget.routed("lookup", copy_rows, max(caps))
+        head_caps = [max_depths[r] for r in head_rows]
+        if budget is not None and head_rows:
+            head_caps = budget.cap("heads", head_caps)
+        for r, depth in zip(head_rows, head_caps):
+            depths[r] = depth
+        drafted = self.heads.propose(roots, depths)
+        if budget is not None and head_rows:
+            budget.routed("heads", head_rows, max(drafted[r].shape.max_depth for r in head_rows))
+        for r in copy_rows:
+            self._steps["lookup"] += copied[r].shape.size > 1
+        for r in head_rows:
+            self._steps["heads"] += drafted[r].shape.size > 1  # heads whose tree drafts nothing leave lookup alone
+        return [copied[r] if use_copy[r] else drafted[r] for r in range(len(roots))]
 
     def accepted(self, tokens, hidden) -> None:
         self.heads.accepted(tokens, hidden)
