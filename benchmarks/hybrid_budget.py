@@ -37,6 +37,7 @@ def main() -> None:
     ap.add_argument("--target", default="smollm2")
     ap.add_argument("--heads", required=True, help="a heads folder whose plan puts prompt lookup in front")
     ap.add_argument("--questions", default="mt-bench")
+    ap.add_argument("--categories", default=None, help="comma-separated (default: every category)")
     ap.add_argument("--max-questions", type=int, default=16)
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--temperature", type=float, default=0.0)
@@ -56,7 +57,8 @@ def main() -> None:
 
     target, tokenizer = load_target(args.target)
     heads = dh.load_heads(args.heads, target=target)
-    questions = select(load_questions(args.questions), None, args.max_questions)
+    questions = select(load_questions(args.questions), args.categories.split(",") if args.categories else None,
+                       args.max_questions)
     methods = [Method("plan, a budget per source (default)", dh.SpeculativeDecoder(target, heads)),
                Method("plan, one budget for both", dh.SpeculativeDecoder(target, heads, draft_budget=OnlineDraftBudget())),
                Method("plan, no budget", dh.SpeculativeDecoder(target, heads, draft_budget=None)),
