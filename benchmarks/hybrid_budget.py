@@ -1,11 +1,11 @@
-"""The heads' plan behind prompt lookup under each draft budget it can have: a budget per source
-(the default: copies judged by what copies earn, heads drafts by what heads drafts earn), one
-budget for both (what the default was before), and none (always the full draft); beside prompt
-lookup alone and plain ``generate``, through `draftheads bench`'s own runner (greedy outputs
+"""The heads' plan behind prompt lookup under each draft budget it can have: lookup's copies
+budgeted and the heads drafting as the plan chose (the default), a budget for each of the two,
+one budget for both (the default before 2026-12-05), and none (always the full draft); beside
+prompt lookup alone and plain ``generate``, through `draftheads bench`'s own runner (greedy outputs
 checked equal to plain's).
 
     python benchmarks/hybrid_budget.py --heads runs/smollm2/heads [--questions mt-bench] [--max-questions 16]
-        [--temperature 0.7] [--out DIR]
+        [--temperature 0.7] [--decoders lookup-only,per-source,shared,none,lookup] [--out DIR]
 
 Why: behind prompt lookup (`proposers.hybrid.LookupThenHeads`) one budget judged both drafters.
 Where the heads' drafts did not pay it went plain, and then lookup's copies were not drafted
@@ -15,7 +15,8 @@ across the questions, as bench's do; the budget follows measured seconds, so a r
 differ from the next one's: repeat it.
 
 Prints, and writes into DIR/results.md (every sample into DIR/results.json): per decoder the
-speedup as bench computes it, the median (min-max) over samples, accepted tokens per step, the
+speedup as bench computes it, the median (min-max) over samples, the decode-only speedup (the
+first token and the prefill left out, `bench.metrics`), accepted tokens per step, the
 share of steps the budget took plain, and the speedup per category.
 """
 from __future__ import annotations
@@ -40,6 +41,9 @@ def main() -> None:
     ap.add_argument("--categories", default=None, help="comma-separated (default: every category)")
     ap.add_argument("--max-questions", type=int, default=16)
     ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--decoders", default="lookup-only,per-source,shared,none,lookup",
+                    help="which to run, comma-separated: lookup-only (the default budget), per-source, shared, none, "
+                         "lookup (prompt lookup alone)")
     ap.add_argument("--temperature", type=float, default=0.0)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=2)
@@ -52,25 +56,38 @@ def main() -> None:
     from draftheads.bench.metrics import OVERALL, summarize
     from draftheads.bench.questions import categories, load_questions, select
     from draftheads.bench.runner import Runner, Settings
-    from draftheads.inference.draft_budget import OnlineDraftBudget
+    from draftheads.inference.draft_budget import OnlineDraftBudget, PerSourceBudget
     from draftheads.target import load_target
 
     target, tokenizer = load_target(args.target)
     heads = dh.load_heads(args.heads, target=target)
     questions = select(load_questions(args.questions), args.categories.split(",") if args.categories else None,
                        args.max_questions)
-    methods = [Method("plan, a budget per source (default)", dh.SpeculativeDecoder(target, heads)),
-               Method("plan, one budget for both", dh.SpeculativeDecoder(target, heads, draft_budget=OnlineDraftBudget())),
-               Method("plan, no budget", dh.SpeculativeDecoder(target, heads, draft_budget=None)),
-               Method("prompt lookup alone", dh.SpeculativeDecoder(target, dh.PromptLookupProposer()))]
+    budgets = {
+        "lookup-only": ("plan, lookup's copies budgeted, heads always drafting (default)", "auto"),
+        "per-source": ("plan, a budget per source (lookup and heads)",
+                       lambda: PerSourceBudget({"lookup": OnlineDraftBudget(), "heads": OnlineDraftBudget()})),
+        "shared": ("plan, one budget for both", OnlineDraftBudget),
+        "none": ("plan, no budget", None),
+    }
+    methods = []
+    for key in args.decoders.split(","):
+        if key == "lookup":
+            methods.append(Method("prompt lookup alone", dh.SpeculativeDecoder(target, dh.PromptLookupProposer())))
+        elif key in budgets:
+            name, budget = budgets[key]
+            methods.append(Method(name, dh.SpeculativeDecoder(target, heads, draft_budget=budget() if callable(budget)
+                                                             else budget)))
+        else:
+            ap.error(f"--decoders: unknown {key!r} (known: {', '.join([*budgets, 'lookup'])})")
     settings = Settings(max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed)
     samples = Runner(target, tokenizer, methods, settings).run(questions)
     require_exact(samples)
     cats = categories(questions)
     results = summarize(samples, [m.name for m in methods], cats)
 
-    lines = [f"| decoder | speedup | per sample: median (min-max) | accepted per step | plain steps (of each source's) | {' | '.join(cats)} |",
-             "|---|---|---|---|---|" + "---|" * len(cats)]  # fmt: skip
+    lines = [f"| decoder | speedup | per sample: median (min-max) | decode-only speedup | accepted per step | plain steps (of each source's) | {' | '.join(cats)} |",
+             "|---|---|---|---|---|---|" + "---|" * len(cats)]  # fmt: skip
     for m in methods:
         groups = results[m.name]["by_category"]
         overall = groups[OVERALL]
@@ -81,7 +98,9 @@ def main() -> None:
             plain_cell += " (" + ", ".join(f"{source} {source_plain_share(mine, source):.0%}"
                                            for source in ("lookup", "heads")) + ")"
         per_cat = " | ".join(f"{groups[c]['speedup']:.2f}x" for c in cats)
-        lines.append(f"| {m.name} | {speedup_cells(overall)} | {overall['mean_accepted_tokens']:.2f} "
+        decode = overall["decode_speedup"]
+        lines.append(f"| {m.name} | {speedup_cells(overall)} | {'-' if decode is None else f'{decode:.2f}x'} "
+                     f"| {overall['mean_accepted_tokens']:.2f} "
                      f"| {plain_cell} | {per_cat} |")
     table = "\n".join(lines) + "\n"
     print(table)

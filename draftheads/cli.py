@@ -139,8 +139,10 @@ def cmd_generate(args) -> int:
     if budget:  # what the draft budget chose: full drafts, shorter ones, plain steps
         steps = budget["steps"]
         lengths = out.stats.get("gamma_histogram")  # a draft model: steps by drafted chain length
+        sources = "".join(f"; {name}: {its['steps']['full']} full, {its['steps']['capped']} shortened, "
+                          f"{its['steps']['plain']} plain" for name, its in budget.get("sources", {}).items())
         print(f"[draft budget: {steps['full']} full, {steps['capped']} shortened, {steps['plain']} plain steps"
-              + (f"; steps by draft length {lengths}" if lengths else "") + "]", file=sys.stderr)
+              + sources + (f"; steps by draft length {lengths}" if lengths else "") + "]", file=sys.stderr)
     drafted = out.stats.get("drafted_by")
     if drafted:  # heads behind prompt lookup: who drafted the steps that drafted
         why = out.stats.get("plan", {}).get("prompt_lookup", "")

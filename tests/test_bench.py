@@ -93,6 +93,12 @@ def test_bench_end_to_end_writes_report_and_plots(tiny_target_dir, heads_dir, qu
         assert s["new_tokens"] == 8 or s["new_tokens"] < 8  # eos may stop early, never more
         if s["method"] != "plain":
             assert sum(s["accept_lengths"]) + 1 >= s["new_tokens"]  # + the prefill's first token
+        # decoding alone is timed from the first new token, for plain generate as for every method
+        assert 0 < s["decode_seconds"] < s["seconds"], s
+    for name in ("medusa", "draft-model", "prompt-lookup"):
+        overall = results[name]["by_category"]["overall"]
+        assert overall["decode_speedup"] > 0 and set(overall["per_sample_decode_speedup"]) == {"median", "min", "q1",
+                                                                                                 "q3", "max"}
 
     assert report["plots"] == ["speedup_by_category.png", "accept_lengths.png", "acceptance_by_depth.png"]
     for name in report["plots"]:
@@ -101,6 +107,7 @@ def test_bench_end_to_end_writes_report_and_plots(tiny_target_dir, heads_dir, qu
     assert "| method | mean accepted tokens | tokens/s | speedup |" in md
     assert "| medusa |" in md and "| prompt-lookup |" in md and "| writing |" in md
     assert "every output equals plain greedy" in md
+    assert "## Decoding alone (prefill and the first token excluded)" in md and "| decode-only speedup |" in md
     assert "| plain | 1.00 |" in capsys.readouterr().out
 
 
@@ -146,6 +153,24 @@ def test_metrics_follow_spec_bench_definitions():
     assert results["plain"]["by_category"]["overall"]["mean_accepted_tokens"] == 1.0
     assert results["m"]["accept_length_histogram"] == {"1": 3, "2": 1, "3": 2}
     assert acceptance_by_depth({1: 3, 2: 1, 3: 2}) == {1: pytest.approx(0.5), 2: pytest.approx(1 / 3)}
+
+
+def test_decode_only_speedup_leaves_prefill_and_short_answers_out():
+    """At temperature > 0 a method and plain sample different answers: a method whose answer ended
+    after 2 tokens reads slow by tokens/s (its prefill dominates) but decodes as fast as plain; a
+    1-token answer has no decoding to time, and samples timed before decode_seconds existed have none."""
+    def sample(method, qid, new_tokens, seconds, decode_seconds):
+        return Sample(question_id=qid, category="c", turn=0, method=method, prompt_tokens=4, new_tokens=new_tokens,
+                      seconds=seconds, decode_seconds=decode_seconds)
+
+    samples = [sample("plain", "a", 101, 1.1, 1.0), sample("m", "a", 3, 0.12, 0.02),  # both 100 tokens/s decoding
+               sample("plain", "b", 101, 1.1, 1.0), sample("m", "b", 1, 0.1, 0.0),  # nothing to time after the first
+               sample("plain", "c", 101, 1.1, 1.0), sample("m", "c", 51, 0.6, None)]  # not measured
+    m = summarize(samples, ["m"], ["c"])["m"]["by_category"]["overall"]
+    assert m["per_sample_speedup"]["min"] < 0.3  # what tokens/s says of the short answers
+    assert m["decode_speedup"] == pytest.approx(1.0)
+    assert m["per_sample_decode_speedup"]["min"] == m["per_sample_decode_speedup"]["max"] == pytest.approx(1.0)
+    assert Sample("a", "c", 0, "m", 4, 1, 0.1, decode_seconds=0.0).decode_tokens_per_second is None
 
 
 def test_multi_turn_prompts_carry_earlier_answers(tiny_tokenizer):
@@ -367,9 +392,10 @@ def test_bench_rounds_draw_a_new_seed_each_round_when_sampling(tiny_target_dir, 
 
     seen = []
     plain, speculative = Runner.plain, Runner.speculative
-    monkeypatch.setattr(Runner, "plain", lambda self, ids, seed: seen.append(("plain", seed)) or plain(self, ids, seed))
-    monkeypatch.setattr(Runner, "speculative", lambda self, m, ids, seed: (
-        seen.append((m.name, seed)) or speculative(self, m, ids, seed)))
+    monkeypatch.setattr(Runner, "plain", lambda self, ids, seed, streamer=None: (
+        seen.append(("plain", seed)) or plain(self, ids, seed, streamer)))
+    monkeypatch.setattr(Runner, "speculative", lambda self, m, ids, seed, streamer=None: (
+        seen.append((m.name, seed)) or speculative(self, m, ids, seed, streamer)))
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("def f(self, x):\nfor x in y:\n")
     out = tmp_path / "r"

@@ -1,7 +1,8 @@
 """A draft budget per source behind prompt lookup (`draft_budget.PerSourceBudget` inside
-`proposers.hybrid.LookupThenHeads`): each source is capped by what ITS steps earned, so heads
-whose drafts do not pay go plain without taking lookup's copies with them; a copy its budget sends
-plain is a plain step; greedy stays `generate`'s on two architectures, one row and a batch.
+`proposers.hybrid.LookupThenHeads`): each budgeted source is capped by what ITS steps earned, so
+heads whose drafts do not pay go plain without taking lookup's copies with them; by default only
+the copies are budgeted (the heads draft as the plan chose); a copy its budget sends plain is a
+plain step; greedy stays `generate`'s on two architectures, one row and a batch.
 
 Why it exists: with one budget for both, the main job's plan on SmolLM2 went plain on the first
 MT-Bench writing answers (the heads' chain of one did not pay there) and lookup's copies went
@@ -62,6 +63,34 @@ def test_routing_hands_each_source_its_rows_and_the_step_seconds():
     assert stats["policy"] == "per-source" and set(stats["sources"]) == {"lookup", "heads"}
     with pytest.raises(ValueError, match="at least one source"):
         PerSourceBudget({})
+    # a source without a budget drafts in full, and its steps are nobody's to record
+    seen.clear()
+    assert budget.cap("other", [6]) == [6]
+    budget.routed("other", [0], 6)
+    budget.record(6, [2], 0.5)
+    assert seen == {} and budget.counts[FULL] == 2
+
+
+def test_a_source_asked_on_few_steps_probes_on_the_loop_clock():
+    """A source routed one step in four (lookup where the text matches) whose drafts never pay goes
+    plain, and probes as it would alone, once in 16 to 64 LOOP steps: steps the other source drafted
+    run its probe clock (`idle`). On a clock of its own steps it probed once in 256 loop steps."""
+    rare = SyntheticCost()
+    budget = PerSourceBudget({"rare": rare, "other": DraftBudget()})
+    budget.start()
+    caps = {}
+    for step in range(400):
+        source = "rare" if step % 4 == 0 else "other"
+        cap = budget.cap(source, [4])[0]
+        budget.routed(source, [0], cap)
+        budget.record(cap, [0], 1.0 + 0.2 * cap)  # never accepted; a deeper step costs more
+        if source == "rare":
+            caps[step] = cap
+    plain_from = next(step for step, cap in caps.items() if cap == 0 and step > 40)
+    probes = [plain_from] + [step for step, cap in caps.items() if step > plain_from and cap > 0]
+    gaps = [b - a for a, b in zip(probes, probes[1:])]
+    # failing probes back off to one in max_probe_every (64) steps of the loop, not of the source
+    assert len(gaps) >= 5 and max(gaps) <= rare.max_probe_every + 4, probes
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
@@ -76,9 +105,10 @@ def test_the_default_budget_behind_lookup_is_per_source_and_exact(arch):
             assert out.sequences.tolist() == greedy_reference(target, ids, new).tolist(), (arch, new)
             budget = out.stats["draft_budget"]
             assert budget["policy"] == "per-source" and sum(budget["steps"].values()) == out.stats["steps"]
-            for name, source in budget["sources"].items():
-                sources[name] += sum(source["steps"].values())
-    assert sources["lookup"] > 0 and sources["heads"] > 0, sources
+            assert set(budget["sources"]) == {"lookup"}  # the heads draft as the plan chose
+            sources.update(budget["sources"]["lookup"]["steps"])
+            sources["heads"] += out.stats["drafted_by"]["heads"]
+    assert sum(sources[m] for m in (FULL, CAPPED, PLAIN)) > 0 and sources["heads"] > 0, sources
     ids, mask = left_padded([p[0].tolist() for p in repeating_prompts()])
     out = decoder.generate(ids, attention_mask=mask, max_new_tokens=30, eos_token_id=[])
     assert torch.equal(out.sequences, reference(target, ids, mask, new=30))

@@ -59,6 +59,17 @@ def markdown(report: dict[str, Any]) -> str:
             f"{_fmt(g['speedup'], '.2f', 'x')} | {_fmt((g['per_sample_speedup'] or {}).get('median'), '.2f', 'x')} | "
             f"{_spread(g['per_sample_speedup'])} | {_exact(g)} |"
         )
+    decoding = [(name, results[name]["by_category"][OVERALL]) for name in methods]
+    if any(g.get("decode_speedup") is not None for _, g in decoding):  # reports from before it have none
+        lines += ["", "## Decoding alone (prefill and the first token excluded)", "",
+                  "Same samples, timed from the first new token on: the speed of decoding itself, which at "
+                  "temperature > 0 is what compares methods whose sampled answers differ in length.", "",
+                  "| method | decode-only speedup | per-sample, median | spread (min / q1 / q3 / max) |",
+                  "|---|---|---|---|"]
+        for name, g in decoding:
+            lines.append(f"| {name} | {_fmt(g.get('decode_speedup'), '.2f', 'x')} | "
+                         f"{_fmt((g.get('per_sample_decode_speedup') or {}).get('median'), '.2f', 'x')} | "
+                         f"{_spread(g.get('per_sample_decode_speedup'))} |")
     if rounds > 1:
         lines += ["", f"## Per question, over {rounds} rounds", "",
                   "| method | per-question speedup, median | min-max over questions | widest min-max over rounds |",

@@ -58,13 +58,43 @@ class Sample:
     #: which timed round of this turn (0 .. rounds - 1), and the seed plain and the methods used in it.
     round: int = 0
     seed: int | None = None
+    #: Seconds after the first new token arrived (prefill and the first token excluded; None when
+    #: not measured): what decoding alone took, the same way for plain `generate` and every method.
+    decode_seconds: float | None = None
 
     @property
     def tokens_per_second(self) -> float:
         return self.new_tokens / self.seconds if self.seconds > 0 else 0.0
 
+    @property
+    def decode_tokens_per_second(self) -> float | None:
+        """The tokens after the first over `decode_seconds` (None with fewer than 2 new tokens):
+        at temperature > 0 methods and plain sample different texts, and a 7-token answer's
+        tokens/s is mostly its prefill, so only decoding alone compares their speed."""
+        if self.decode_seconds is None or self.decode_seconds <= 0 or self.new_tokens < 2:
+            return None
+        return (self.new_tokens - 1) / self.decode_seconds
+
     def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "tokens_per_second": self.tokens_per_second}
+        return {**asdict(self), "tokens_per_second": self.tokens_per_second,
+                "decode_tokens_per_second": self.decode_tokens_per_second}
+
+
+class FirstTokenClock:
+    """A streamer that notes only when the first new token arrived: transformers' `generate` and
+    the speculative decoder both put the prompt first, then the first token (one row)."""
+
+    def __init__(self) -> None:
+        self.puts = 0
+        self.first: float | None = None
+
+    def put(self, value) -> None:
+        self.puts += 1
+        if self.puts == 2:  # tokens arrive on the host: the device is done with them
+            self.first = time.perf_counter()
+
+    def end(self) -> None:
+        pass
 
 
 class ChatTemplateError(ValueError):
@@ -126,7 +156,7 @@ class Runner:
         pad = tokenizer.pad_token_id
         self.pad_token_id = pad if pad is not None else tokenizer.eos_token_id
 
-    def plain(self, ids: torch.Tensor, seed: int) -> torch.Tensor:
+    def plain(self, ids: torch.Tensor, seed: int, streamer: Any = None) -> torch.Tensor:
         """The baseline: transformers' own `generate` (greedy, or sampling with the same
         temperature and no top-k/top-p, as the methods get)."""
         s = self.settings
@@ -137,23 +167,27 @@ class Runner:
         ids = ids.to(self.device)
         out = self.target.generate(
             ids, attention_mask=torch.ones_like(ids), max_new_tokens=s.max_new_tokens,
-            pad_token_id=self.pad_token_id, **sampling,
+            pad_token_id=self.pad_token_id, streamer=streamer, **sampling,
         )
         return out.cpu()
 
-    def speculative(self, method: Method, ids: torch.Tensor, seed: int):
+    def speculative(self, method: Method, ids: torch.Tensor, seed: int, streamer: Any = None):
         generator = torch.Generator().manual_seed(seed)
         return method.decoder.generate(
             ids, max_new_tokens=self.settings.max_new_tokens, temperature=self.settings.temperature, top_k=0, top_p=1.0,
-            generator=generator, acceptance=method.acceptance,
+            generator=generator, acceptance=method.acceptance, streamer=streamer,
         )
 
-    def _timed(self, fn, *args):
+    def _timed(self, fn, *args) -> tuple[Any, float, float | None]:
+        """``fn(*args, streamer=clock)``'s result, its wall seconds, and the seconds after its first
+        new token (None if it never put one)."""
+        clock = FirstTokenClock()
         _sync(self.device)
         t0 = time.perf_counter()
-        result = fn(*args)
+        result = fn(*args, streamer=clock)
         _sync(self.device)
-        return result, time.perf_counter() - t0
+        t1 = time.perf_counter()
+        return result, t1 - t0, None if clock.first is None else t1 - clock.first
 
     def warm_up(self, questions: list[Question]) -> None:
         """Untimed runs of every method on the first prompt: first calls pay for lazy
@@ -187,16 +221,17 @@ class Runner:
             else:
                 method = next(m for m in self.methods if m.name == name)
                 results[name] = self._timed(self.speculative, method, ids, seed)
-        reference, seconds = results[PLAIN]
+        reference, seconds, decode_seconds = results[PLAIN]
         base = dict(question_id=q.question_id, category=q.category, turn=turn,
                     prompt_tokens=ids.shape[1], truncated=truncated, round=rnd, seed=seed)
-        samples = [Sample(method=PLAIN, new_tokens=reference.shape[1] - ids.shape[1], seconds=seconds, **base)]
+        samples = [Sample(method=PLAIN, new_tokens=reference.shape[1] - ids.shape[1], seconds=seconds,
+                          decode_seconds=decode_seconds, **base)]
         for m in self.methods:
-            out, seconds = results[m.name]
+            out, seconds, decode_seconds = results[m.name]
             exact = bool(torch.equal(out.sequences, reference)) if s.temperature == 0 else None
             samples.append(Sample(
                 method=m.name, new_tokens=out.num_new_tokens, seconds=seconds,
-                accept_lengths=list(out.accept_lengths), exact=exact,
+                accept_lengths=list(out.accept_lengths), exact=exact, decode_seconds=decode_seconds,
                 stats=_json_stats(out.stats), **base,
             ))
         return samples, reference

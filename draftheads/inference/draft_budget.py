@@ -61,6 +61,10 @@ class DraftBudget:
         """After the step: the deepest tree it drafted (0 = plain), each row's accepted drafted
         tokens (the bonus token excluded), and the step's wall seconds (draft + verify + commit)."""
 
+    def idle(self) -> None:
+        """A step this budget was not asked about: another source of the same drafter drafted it
+        (`PerSourceBudget`)."""
+
     def stats(self) -> dict[str, Any]:
         return {"draft_budget": {"policy": self.name, "steps": dict(self.counts)}}
 
@@ -294,6 +298,12 @@ class OnlineDraftBudget(DraftBudget):
             if earned >= self._expected_rate:
                 self._since_probe, self._escalate = self.probe_interval, True  # the next step probes again, in full
 
+    def idle(self) -> None:
+        # The probe clock runs on steps, not on this source's steps: prompt lookup behind the heads
+        # is asked only where the text matches (a step in eight on MT-Bench writing), so a clock of
+        # its own steps probed a plain-going copy budget eight times less often than lookup alone's.
+        self._since_probe += 1
+
     def stats(self) -> dict[str, Any]:
         out = super().stats()
         out["draft_budget"].update(
@@ -316,7 +326,8 @@ class PerSourceBudget(DraftBudget):
     The loop sees a budget that caps nothing (`caps` returns the row limits); the drafter asks
     `cap` for the rows of each source once it knows which rows that is, and says with `routed`
     which rows each source drafted and how deep; `record` hands each source its rows' accepted
-    counts and the step's seconds. A row a source's budget sends plain is a plain step (it is not
+    counts and the step's seconds. A source with no budget here drafts in full (`cap` returns its
+    limits, and its steps are not recorded). A row a source's budget sends plain is a plain step (it is not
     handed to the other source: a plain sample must cost a plain step). With several rows split
     between sources in one step, each source is charged the whole step's seconds (an
     over-estimate of each one's share that falls on both sides alike)."""
@@ -329,23 +340,28 @@ class PerSourceBudget(DraftBudget):
             raise ValueError("PerSourceBudget needs at least one source")
         self.sources = dict(sources)
         self._routed: list[tuple[str, list[int], int]] = []
+        self._unbudgeted = False
 
     def start(self) -> None:
         super().start()
         for budget in self.sources.values():
             budget.start()
-        self._routed = []
+        self._routed, self._unbudgeted = [], False
 
     def caps(self, limits: Sequence[int]) -> list[int]:
         return list(limits)  # the drafter caps each source's rows itself (`cap`)
 
     def cap(self, source: str, limits: Sequence[int]) -> list[int]:
-        """The caps of the rows ``source`` drafts this step (their ``limits``), from its own budget."""
-        return self.sources[source].caps(limits)
+        """The caps of the rows ``source`` drafts this step (their ``limits``), from its own budget
+        (none: the limits)."""
+        return self.sources[source].caps(limits) if source in self.sources else list(limits)
 
     def routed(self, source: str, positions: list[int], drafted: int) -> None:
         """This step, ``source`` drafted the rows at ``positions`` (after `cap`), at most ``drafted`` deep."""
-        self._routed.append((source, positions, drafted))
+        if source in self.sources:
+            self._routed.append((source, positions, drafted))
+        else:
+            self._unbudgeted = True  # rows of a source without a budget: drafted in full
 
     def record(self, drafted: int, accepted: Sequence[int], seconds: float) -> None:
         chosen = []
@@ -353,9 +369,14 @@ class PerSourceBudget(DraftBudget):
             budget = self.sources[source]
             chosen.append(budget._choice)
             budget.record(depth, [accepted[p] for p in positions], seconds)
+        for name in set(self.sources) - {source for source, _, _ in self._routed}:
+            self.sources[name].idle()
         self._routed = []
-        # The step as a whole: full if any source drafted in full, plain if every source was plain.
-        self.counts[FULL if None in chosen else PLAIN if all(c == 0 for c in chosen) else CAPPED] += 1
+        # The step as a whole: full if any source drafted in full (an unbudgeted one always does),
+        # plain if every budgeted source it used was plain.
+        full = None in chosen or self._unbudgeted
+        self.counts[FULL if full else PLAIN if all(c == 0 for c in chosen) else CAPPED] += 1
+        self._unbudgeted = False
 
     def stats(self) -> dict[str, Any]:
         out = super().stats()

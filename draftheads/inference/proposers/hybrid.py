@@ -15,10 +15,14 @@ only on the committed text (the lookup's match), never on what the target will s
 stays lossless; copied drafts are point masses to the verifier, the heads' trees or drawn chains
 keep their own laws.
 
-Each source has its own draft budget (`draft_budget.PerSourceBudget`, which the decoder hands
-over with `use_budget`): a copy is capped by what copies have earned, a heads draft by what heads
-drafts have earned. One budget for both went plain where the heads did not pay, and lookup's copies
-went undrafted with them.
+Prompt lookup's copies have a draft budget of their own (`draft_budget.PerSourceBudget`, which
+the decoder hands over with `use_budget`): a copy is capped by what copies have earned, down to a
+plain step on text whose copies fail. One budget for lookup and the heads together went plain
+where the heads did not pay, and lookup's copies went undrafted with them. The heads draft as the
+plan chose, without a budget: the plan timed their chain against plain steps at the request's
+temperature, and a budget of their own (``budget_sources`` with "heads", or an explicit
+`PerSourceBudget`) judged a chain of one, near break-even, plain on most steps and ran no faster
+on SmolLM2 than drafting it always (docs/results.md, hybrid-budget runs).
 """
 from __future__ import annotations
 
@@ -46,7 +50,7 @@ class LookupThenHeads(Drafter):
         self._steps = {"lookup": 0, "heads": 0}
         self._budget = None  # a `draft_budget.PerSourceBudget` (see `use_budget`), or no caps
 
-    budget_sources = ("lookup", "heads")
+    budget_sources = ("lookup",)  # the heads' rows draft as the plan chose (module docstring)
 
     def use_budget(self, budget) -> None:
         self._budget = budget
