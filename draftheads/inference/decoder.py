@@ -101,9 +101,9 @@ class SpeculativeDecoder:
     and then; ``None`` always drafts in full (seed-reproducible sampling); or a `DraftBudget`.
     Lossless either way: a step's cap depends only on earlier steps. With "auto" the decoder keeps
     one budget per proposer and sampling settings, and what it learned (step costs, accepted
-    tokens per depth) carries from one generation to the next; heads behind prompt lookup get one
-    budget per source (`draft_budget.PerSourceBudget`: copies judged by what copies earn, the heads
-    by what the heads earn). ``out.stats["draft_budget"]`` counts the steps taken full, capped and
+    tokens per depth) carries from one generation to the next. Behind prompt lookup only the
+    copies have a budget (`draft_budget.PerSourceBudget`: judged by what copies earn), and the heads
+    draft as the plan chose. ``out.stats["draft_budget"]`` counts the steps taken full, capped and
     plain.
 
     ``draw_drafts`` (default True): when a request SAMPLES, heads draw each draft token from their

@@ -327,9 +327,9 @@ class PerSourceBudget(DraftBudget):
     `cap` for the rows of each source once it knows which rows that is, and says with `routed`
     which rows each source drafted and how deep; `record` hands each source its rows' accepted
     counts and the step's seconds. A source with no budget here drafts in full (`cap` returns its
-    limits, and its steps are not recorded). A row a source's budget sends plain is a plain step (it is not
-    handed to the other source: a plain sample must cost a plain step). With several rows split
-    between sources in one step, each source is charged the whole step's seconds (an
+    limits, and its steps are not recorded). A row a source's budget sends plain is a plain step
+    (it is not handed to another source: a plain sample must cost a plain step). With several rows
+    split between sources in one step, each source is charged the whole step's seconds (an
     over-estimate of each one's share that falls on both sides alike)."""
 
     name = "per-source"

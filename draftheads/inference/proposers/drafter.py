@@ -30,8 +30,9 @@ class Drafter:
     #: never all L+1 hidden states.
     feature_layers: tuple[int, ...] = (-1,)
 
-    #: The sources a drafter routes its rows between, step by step (`hybrid.LookupThenHeads`:
-    #: "lookup", "heads"); empty for a drafter that drafts one way. For such a drafter the decoder's
+    #: The sources, among those a drafter routes its rows between step by step, that the draft
+    #: budget judges each on its own steps (`hybrid.LookupThenHeads`: "lookup"; its heads rows
+    #: draft unbudgeted); empty for a drafter that drafts one way. For such a drafter the decoder's
     #: draft budget is a `draft_budget.PerSourceBudget`, handed over with `use_budget`.
     budget_sources: tuple[str, ...] = ()
 

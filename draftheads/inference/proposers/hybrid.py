@@ -105,5 +105,7 @@ class LookupThenHeads(Drafter):
         self.lookup.keep(rows)
 
     def stats(self) -> dict:
+        # "lookup": what lookup matched and offered, before the copies' budget cut it;
+        # "drafted_by": the steps each source really drafted.
         return {**self.heads.stats(), "lookup": self.lookup.stats(),
                 "drafted_by": dict(self._steps)}
