@@ -11,7 +11,7 @@
   over the seconds after the first token arrived (``Sample.decode_seconds``), over the samples
   where both the method and plain have one: prefill and the first token are the same work for
   every method, and at temperature > 0, where a method and plain sample different texts, a short
-  answer's tokens/s is mostly its prefill (a 7-token answer read 0.58x at T = 1 on SmolLM2);
+  answer's tokens/s is mostly its prefill (docs/results.md shows one such sample);
 - exactness: how many outputs equal plain greedy `generate`;
 - per-question speedup (``bench --rounds N``: each turn timed N times per method, interleaved
   with plain): per question (each turn of it), the method's total new tokens over its total

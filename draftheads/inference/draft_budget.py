@@ -300,8 +300,8 @@ class OnlineDraftBudget(DraftBudget):
 
     def idle(self) -> None:
         # The probe clock runs on steps, not on this source's steps: prompt lookup behind the heads
-        # is asked only where the text matches (a step in eight on MT-Bench writing), so a clock of
-        # its own steps probed a plain-going copy budget eight times less often than lookup alone's.
+        # is asked only where the text matches, a small share of the steps on prose, so a clock of
+        # its own steps probed a plain-going copy budget far less often than lookup alone's does.
         self._since_probe += 1
 
     def stats(self) -> dict[str, Any]:
