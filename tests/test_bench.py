@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 from transformers import AutoModelForCausalLM
 
 import draftheads as dh
@@ -173,6 +174,42 @@ def test_decode_only_speedup_leaves_prefill_and_short_answers_out():
     assert Sample("a", "c", 0, "m", 4, 1, 0.1, decode_seconds=0.0).decode_tokens_per_second is None
 
 
+@pytest.mark.parametrize("decoder", ["generate", "speculative", "speculative batch"])
+def test_prefill_clock_stops_at_the_first_target_forward(tiny_llama, decoder):
+    """The decode-only clock reads the end of the first target forward (the prefill), for plain
+    `generate`, the speculative decoder and a batch alike, and leaves no hook behind."""
+    import time
+
+    from draftheads.bench.clock import PrefillClock
+
+    ends: list[float] = []
+    recorder = tiny_llama.register_forward_hook(lambda *_: ends.append(time.perf_counter()))
+    ids = torch.tensor([[1, 5, 6, 7, 5, 6]] * (2 if decoder == "speculative batch" else 1))
+    with PrefillClock(tiny_llama) as clock:
+        if decoder == "generate":
+            tiny_llama.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=6, do_sample=False)
+        else:
+            dh.SpeculativeDecoder(tiny_llama, dh.PromptLookupProposer()).generate(ids, max_new_tokens=6)
+    recorder.remove()
+    assert len(ends) >= 2 and ends[0] <= clock.ended <= ends[1]
+    assert clock.decode_seconds(ends[-1]) == pytest.approx(ends[-1] - clock.ended)
+    assert not tiny_llama._forward_hooks
+    with PrefillClock(tiny_llama) as idle:
+        pass
+    assert idle.ended is None and idle.decode_seconds(1.0) is None
+
+
+def test_batch_reports_from_before_decode_timing_still_render():
+    """Runs recorded without decode timing give no decode-only ratio, shown as n/a."""
+    from draftheads.bench.batch import batch_markdown, summarize_batch
+
+    run = {"plain": {"seconds": 1.0, "new_tokens": 10},
+           "m": {"seconds": 0.5, "new_tokens": 10, "mean_accept_length": 2.0, "exact": True}}
+    res = summarize_batch([run], ["m"])
+    assert res["m"]["speedup_median"] == pytest.approx(2.0) and res["m"]["decode_speedup_median"] is None
+    assert "| 2.00x [2.00-2.00] | n/a |" in batch_markdown({"1": res}, ["m"])
+
+
 def test_multi_turn_prompts_carry_earlier_answers(tiny_tokenizer):
     q = Question("1", "writing", ("first question", "second question"))
     tok = tiny_tokenizer
@@ -316,8 +353,14 @@ def test_bench_batch_sizes_compare_with_plain_batched_generate(tiny_target_dir, 
         assert res["plain"]["tokens_per_second"] > 0
         for name in ("medusa", "prompt-lookup"):
             assert res[name]["all_exact"] is True and res[name]["speedup_median"] > 0
+            assert res[name]["decode_speedup_median"] > 0
+        for run in res["runs"]:  # decoding alone: the tokens after each row's first, timed after the prefill
+            for side in ("plain", "medusa", "prompt-lookup"):
+                assert 0 < run[side]["decode_seconds"] < run[side]["seconds"], (size, side)
+                assert run[side]["decode_tokens"] == run[side]["new_tokens"] - int(size)
     assert len(report["batch"]["2"]["runs"]) == 1
-    assert "| 2 | prompt-lookup |" in (out / "report.md").read_text()
+    md = (out / "report.md").read_text()
+    assert "| 2 | prompt-lookup |" in md and "| decoding alone |" in md
 
 
 @pytest.mark.parametrize("sizes", ["0,4", "four", ","])
@@ -392,10 +435,10 @@ def test_bench_rounds_draw_a_new_seed_each_round_when_sampling(tiny_target_dir, 
 
     seen = []
     plain, speculative = Runner.plain, Runner.speculative
-    monkeypatch.setattr(Runner, "plain", lambda self, ids, seed, streamer=None: (
-        seen.append(("plain", seed)) or plain(self, ids, seed, streamer)))
-    monkeypatch.setattr(Runner, "speculative", lambda self, m, ids, seed, streamer=None: (
-        seen.append((m.name, seed)) or speculative(self, m, ids, seed, streamer)))
+    monkeypatch.setattr(Runner, "plain", lambda self, ids, seed: (
+        seen.append(("plain", seed)) or plain(self, ids, seed)))
+    monkeypatch.setattr(Runner, "speculative", lambda self, m, ids, seed: (
+        seen.append((m.name, seed)) or speculative(self, m, ids, seed)))
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("def f(self, x):\nfor x in y:\n")
     out = tmp_path / "r"
@@ -482,6 +525,12 @@ def test_bench_batch_rounds_repeat_each_batch(tiny_target_dir, questions_file, t
             by_hand.append(rate("prompt-lookup") / rate("plain"))
         assert [x["speedup"] for x in pl["per_batch"]] == pytest.approx(by_hand)
         assert pl["speedup_median"] == pytest.approx(statistics.median(by_hand))
+        decode_by_hand = []
+        for b in (runs[:2], runs[2:]):
+            rate = lambda side: sum(r[side]["decode_tokens"] for r in b) / sum(r[side]["decode_seconds"] for r in b)
+            decode_by_hand.append(rate("prompt-lookup") / rate("plain"))
+        assert [x["decode_speedup"] for x in pl["per_batch"]] == pytest.approx(decode_by_hand)
+        assert pl["decode_speedup_median"] == pytest.approx(statistics.median(decode_by_hand))
         assert (pl["speedup_min"], pl["speedup_max"]) == (pytest.approx(min(by_hand)), pytest.approx(max(by_hand)))
         assert all(len(x["round_speedups"]) == 2 for x in pl["per_batch"])
     assert seeds == list(range(7, 15))  # a new seed for every round of every batch, sizes counted on

@@ -23,8 +23,9 @@ from typing import Any
 import torch
 
 from ..inference.inputs import left_pad
+from .clock import PrefillClock, sync
 from .methods import PLAIN, Method
-from .runner import encode_turn, fit_context, _sync
+from .runner import encode_turn, fit_context
 
 
 def new_token_count(sequences: torch.Tensor, width: int, eos: set[int], pad_id: int) -> int:
@@ -78,11 +79,14 @@ class BatchBench:
                                        generator=torch.Generator().manual_seed(seed), acceptance=method.acceptance)
 
     def _timed(self, fn, *args):
-        _sync(self.target.device)
-        t0 = time.perf_counter()
-        result = fn(*args)
-        _sync(self.target.device)
-        return result, time.perf_counter() - t0
+        """``fn(*args)``'s result, its wall seconds and the seconds after its prefill (`clock`)."""
+        with PrefillClock(self.target) as clock:
+            sync(self.target.device)
+            t0 = time.perf_counter()
+            result = fn(*args)
+            sync(self.target.device)
+            t1 = time.perf_counter()
+        return result, t1 - t0, clock.decode_seconds(t1)
 
     def _round(self, ids, mask, index: int, rnd: int) -> dict[str, Any]:
         """One timed round of one batch: plain and every method back to back, in the order ``index``
@@ -98,13 +102,16 @@ class BatchBench:
             else:
                 method = next(m for m in self.methods if m.name == name)
                 results[name] = self._timed(self._method, method, ids, mask, seed)
-        reference, seconds = results[PLAIN]
-        run = {PLAIN: {"seconds": seconds, "new_tokens": new_token_count(reference, ids.shape[1], self.eos, self.pad_id),
-                       "round": rnd, "seed": seed}}
+        rows = ids.shape[0]  # every row's first token comes with the prefill
+        reference, seconds, decode_seconds = results[PLAIN]
+        new_tokens = new_token_count(reference, ids.shape[1], self.eos, self.pad_id)
+        run = {PLAIN: {"seconds": seconds, "new_tokens": new_tokens, "decode_seconds": decode_seconds,
+                       "decode_tokens": new_tokens - rows, "round": rnd, "seed": seed}}
         for m in self.methods:
-            out, seconds = results[m.name]
+            out, seconds, decode_seconds = results[m.name]
             run[m.name] = {
                 "seconds": seconds, "new_tokens": out.num_new_tokens,
+                "decode_seconds": decode_seconds, "decode_tokens": out.num_new_tokens - rows,
                 "mean_accept_length": out.mean_accept_length,
                 "mode": out.stats.get("mode"),  # "plain" where the method's batch plan says so
                 "exact": bool(torch.equal(out.sequences, reference)) if self.temperature == 0 else None,
@@ -155,12 +162,23 @@ def _total_tps(entries: list[dict[str, Any]]) -> float:
     return sum(e["new_tokens"] for e in entries) / seconds if seconds > 0 else 0.0
 
 
+def _total_decode_tps(entries: list[dict[str, Any]]) -> float | None:
+    """Tokens after each row's first over the seconds after the prefill, summed over ``entries``
+    (None where one has no decode timing: reports from before it, or nothing decoded)."""
+    if any(e.get("decode_seconds") is None for e in entries):
+        return None
+    seconds = sum(e["decode_seconds"] for e in entries)
+    tokens = sum(e["decode_tokens"] for e in entries)
+    return tokens / seconds if seconds > 0 and tokens > 0 else None
+
+
 def summarize_batch(runs: list[dict[str, Any]], names: list[str], rounds: int = 1) -> dict[str, Any]:
     """Per method at one batch size: tokens/s (median over timed runs), the per-batch ratio to plain
     (median, min, max over batches; a batch's ratio is total tokens / total seconds over its
     ``rounds`` consecutive runs, against plain's), each batch's ratio with its per-round ratios
-    and their min and max (``per_batch``), mean accepted tokens per row-step, and whether every
-    run was exact."""
+    and their min and max (``per_batch``), the same ratio for decoding alone (``decode_speedup_*``:
+    the tokens after each row's first over the seconds after the prefill, `clock`), mean accepted
+    tokens per row-step, and whether every run was exact."""
     if len(runs) % rounds:
         raise ValueError(f"{len(runs)} runs are not whole batches of {rounds} rounds")
     batches = [runs[b:b + rounds] for b in range(0, len(runs), rounds)]
@@ -171,19 +189,25 @@ def summarize_batch(runs: list[dict[str, Any]], names: list[str], rounds: int = 
         for b in batches:
             base = _total_tps([r[PLAIN] for r in b])
             round_ratios = [_tps(r[name]) / _tps(r[PLAIN]) for r in b if _tps(r[PLAIN]) > 0]
+            decode_base, decode = _total_decode_tps([r[PLAIN] for r in b]), _total_decode_tps([r[name] for r in b])
             per_batch.append({
                 "speedup": _total_tps([r[name] for r in b]) / base if base > 0 else None,
+                "decode_speedup": decode / decode_base if decode and decode_base else None,
                 "round_speedups": round_ratios,
                 "round_min": min(round_ratios) if round_ratios else None,
                 "round_max": max(round_ratios) if round_ratios else None,
             })
         ratios = [x["speedup"] for x in per_batch if x["speedup"] is not None]
+        decode_ratios = [x["decode_speedup"] for x in per_batch if x["decode_speedup"] is not None]
         exact = [r[name]["exact"] for r in runs if r[name]["exact"] is not None]
         out[name] = {
             "tokens_per_second": statistics.median(_tps(r[name]) for r in runs),
             "speedup_median": statistics.median(ratios) if ratios else None,
             "speedup_min": min(ratios) if ratios else None,
             "speedup_max": max(ratios) if ratios else None,
+            "decode_speedup_median": statistics.median(decode_ratios) if decode_ratios else None,
+            "decode_speedup_min": min(decode_ratios) if decode_ratios else None,
+            "decode_speedup_max": max(decode_ratios) if decode_ratios else None,
             "mean_accept_length": statistics.fmean(r[name]["mean_accept_length"] for r in runs),
             "all_exact": all(exact) if exact else None,
             "modes": sorted({r[name].get("mode") for r in runs if r[name].get("mode")}),
@@ -196,15 +220,22 @@ def summarize_batch(runs: list[dict[str, Any]], names: list[str], rounds: int = 
 def batch_markdown(table: dict[str, Any], names: list[str], planned: list[str] | tuple = ()) -> str:
     """The batch table: one row per batch size and method; a method in ``planned`` (its decoder has
     a batch plan) is shown with the mode it ran at that size, e.g. ``medusa (plain)``."""
-    lines = ["| batch | method | tokens/s | vs plain (median [min-max]) | accepted/step | exact |",
-             "|---:|---|---:|---|---:|---|"]
+    lines = ["| batch | method | tokens/s | vs plain (median [min-max]) | decoding alone | accepted/step | exact |",
+             "|---:|---|---:|---|---|---:|---|"]
     for size, res in table.items():
-        lines.append(f"| {size} | plain generate | {res[PLAIN]['tokens_per_second']:.1f} | 1.00x | 1.00 | |")
+        lines.append(f"| {size} | plain generate | {res[PLAIN]['tokens_per_second']:.1f} | 1.00x | 1.00x | 1.00 | |")
         for name in names:
             r = res[name]
-            ratio = "n/a" if r["speedup_median"] is None else (
-                f"{r['speedup_median']:.2f}x [{r['speedup_min']:.2f}-{r['speedup_max']:.2f}]")
             exact = "" if r["all_exact"] is None else ("yes" if r["all_exact"] else "NO")
             label = f"{name} ({'/'.join(r.get('modes') or ['?'])})" if name in planned else name
-            lines.append(f"| {size} | {label} | {r['tokens_per_second']:.1f} | {ratio} | {r['mean_accept_length']:.2f} | {exact} |")
+            lines.append(f"| {size} | {label} | {r['tokens_per_second']:.1f} | {_ratio(r, 'speedup')} | "
+                         f"{_ratio(r, 'decode_speedup')} | {r['mean_accept_length']:.2f} | {exact} |")
     return "\n".join(lines)
+
+
+def _ratio(r: dict[str, Any], key: str) -> str:
+    """``median [min-max]`` of a ratio over batches; n/a where there is none (``decode_speedup``
+    is missing from reports written before it was measured)."""
+    if r.get(f"{key}_median") is None:
+        return "n/a"
+    return f"{r[f'{key}_median']:.2f}x [{r[f'{key}_min']:.2f}-{r[f'{key}_max']:.2f}]"

@@ -40,7 +40,8 @@ def run_batch_sizes(args, target, tokenizer, methods, questions, source: str) ->
     out.mkdir(parents=True, exist_ok=args.overwrite)
     md = (f"# draftheads bench, batched\n\n{source}; {args.max_new_tokens} new tokens, temperature {args.temperature}.\n"
           "Speedups are per-batch ratios of tokens/s to plain batched `generate` on the same batch "
-          "(median [min-max] over batches), methods and plain interleaved, "
+          "(median [min-max] over batches), methods and plain interleaved. Decoding alone is the same ratio "
+          "for the tokens after each row's first over the seconds after the prefill. "
           + (f"{rounds} timed rounds per batch (a batch's ratio: total tokens / total seconds over its rounds)."
              if rounds > 1 else "1 timed round per batch.")
           + (" A method with a batch plan shows the mode it ran in parentheses: (plain) is the target's own `generate`."

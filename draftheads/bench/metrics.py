@@ -8,7 +8,7 @@
 - per-sample speedups (same prompt, measured back to back): median and spread, which say how
   much one prompt's experience can differ from the mean;
 - decode-only speedup: the same ratio of mean rates, from each sample's tokens after the first
-  over the seconds after the first token arrived (``Sample.decode_seconds``), over the samples
+  over the seconds after the prefill (``Sample.decode_seconds``, `clock`), over the samples
   where both the method and plain have one: prefill and the first token are the same work for
   every method, and at temperature > 0, where a method and plain sample different texts, a short
   answer's tokens/s is mostly its prefill (docs/results.md shows one such sample);

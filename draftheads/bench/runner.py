@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from .clock import PrefillClock, sync
 from .methods import PLAIN, Method
 from .questions import Question
 
@@ -58,8 +59,8 @@ class Sample:
     #: which timed round of this turn (0 .. rounds - 1), and the seed plain and the methods used in it.
     round: int = 0
     seed: int | None = None
-    #: Seconds after the first new token arrived (prefill and the first token excluded; None when
-    #: not measured): what decoding alone took, the same way for plain `generate` and every method.
+    #: Seconds after the prefill (the forward that gives the first token; None when not measured):
+    #: what decoding alone took, timed the same way for plain `generate` and every method (`clock`).
     decode_seconds: float | None = None
 
     @property
@@ -78,23 +79,6 @@ class Sample:
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "tokens_per_second": self.tokens_per_second,
                 "decode_tokens_per_second": self.decode_tokens_per_second}
-
-
-class FirstTokenClock:
-    """A streamer that notes only when the first new token arrived: transformers' `generate` and
-    the speculative decoder both put the prompt first, then the first token (one row)."""
-
-    def __init__(self) -> None:
-        self.puts = 0
-        self.first: float | None = None
-
-    def put(self, value) -> None:
-        self.puts += 1
-        if self.puts == 2:  # tokens arrive on the host: the device is done with them
-            self.first = time.perf_counter()
-
-    def end(self) -> None:
-        pass
 
 
 class ChatTemplateError(ValueError):
@@ -143,11 +127,6 @@ def fit_context(ids: torch.Tensor, max_new_tokens: int, limit: int | None) -> tu
     return ids[:, -keep:], True
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 class Runner:
     def __init__(self, target, tokenizer, methods: list[Method], settings: Settings) -> None:
         self.target, self.tokenizer, self.methods, self.settings = target, tokenizer, methods, settings
@@ -156,7 +135,7 @@ class Runner:
         pad = tokenizer.pad_token_id
         self.pad_token_id = pad if pad is not None else tokenizer.eos_token_id
 
-    def plain(self, ids: torch.Tensor, seed: int, streamer: Any = None) -> torch.Tensor:
+    def plain(self, ids: torch.Tensor, seed: int) -> torch.Tensor:
         """The baseline: transformers' own `generate` (greedy, or sampling with the same
         temperature and no top-k/top-p, as the methods get)."""
         s = self.settings
@@ -167,27 +146,26 @@ class Runner:
         ids = ids.to(self.device)
         out = self.target.generate(
             ids, attention_mask=torch.ones_like(ids), max_new_tokens=s.max_new_tokens,
-            pad_token_id=self.pad_token_id, streamer=streamer, **sampling,
+            pad_token_id=self.pad_token_id, **sampling,
         )
         return out.cpu()
 
-    def speculative(self, method: Method, ids: torch.Tensor, seed: int, streamer: Any = None):
+    def speculative(self, method: Method, ids: torch.Tensor, seed: int):
         generator = torch.Generator().manual_seed(seed)
         return method.decoder.generate(
             ids, max_new_tokens=self.settings.max_new_tokens, temperature=self.settings.temperature, top_k=0, top_p=1.0,
-            generator=generator, acceptance=method.acceptance, streamer=streamer,
+            generator=generator, acceptance=method.acceptance,
         )
 
     def _timed(self, fn, *args) -> tuple[Any, float, float | None]:
-        """``fn(*args, streamer=clock)``'s result, its wall seconds, and the seconds after its first
-        new token (None if it never put one)."""
-        clock = FirstTokenClock()
-        _sync(self.device)
-        t0 = time.perf_counter()
-        result = fn(*args, streamer=clock)
-        _sync(self.device)
-        t1 = time.perf_counter()
-        return result, t1 - t0, None if clock.first is None else t1 - clock.first
+        """``fn(*args)``'s result, its wall seconds, and the seconds after its prefill (`clock`)."""
+        with PrefillClock(self.target) as clock:
+            sync(self.device)
+            t0 = time.perf_counter()
+            result = fn(*args)
+            sync(self.device)
+            t1 = time.perf_counter()
+        return result, t1 - t0, clock.decode_seconds(t1)
 
     def warm_up(self, questions: list[Question]) -> None:
         """Untimed runs of every method on the first prompt: first calls pay for lazy
