@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+NOTES = "## Notes on the runs"
 sys.path.insert(0, str(ROOT))
 from draftheads.atomic import write_text_atomically  # noqa: E402  (the page is also the next render's input)
 from draftheads.bench.metrics import OVERALL  # noqa: E402  (the key of every method's overall figures)
@@ -52,8 +53,18 @@ class Run:
         return self.report or self.markdown  # type: ignore[return-value]
 
 
-def load_spec(path: Path) -> tuple[str, list[Run]]:
-    """The page's introduction and its runs, checked: every run has a unique name, a command, and
+@dataclass
+class Spec:
+    """The page as declared: its introduction (above the table of every run), its notes (below the
+    table: what the runs show together, what limits each method) and its runs."""
+
+    intro: str
+    notes: str
+    runs: list[Run]
+
+
+def load_spec(path: Path) -> Spec:
+    """The page's introduction, notes and runs, checked: every run has a unique name, a command, and
     exactly one of ``report`` / ``markdown`` (``report`` defaults to the bench command's ``--out``)."""
     import yaml
 
@@ -85,7 +96,10 @@ def load_spec(path: Path) -> tuple[str, list[Run]]:
             raise SpecError(f"{where} ({item['name']}): give 'report' or 'markdown', not both")
         runs.append(Run(item["name"], item["title"], " ".join(item["command"].split()),
                         _path(report), _path(markdown)))
-    return str(spec.get("intro") or "").strip(), runs
+    unknown = set(spec) - {"intro", "notes", "runs"}
+    if unknown:
+        raise SpecError(f"{path}: unknown top-level field(s) {', '.join(sorted(unknown))} (intro, notes, runs)")
+    return Spec(str(spec.get("intro") or "").strip(), str(spec.get("notes") or "").strip(), runs)
 
 
 def _path(value: str | None) -> Path | None:
@@ -186,7 +200,7 @@ def earlier(previous: str, title: str, titles: list[str]) -> tuple[list[str], li
     section: list[str] = []
     if f"## {title}" in lines:
         start = lines.index(f"## {title}") + 1
-        headings = {f"## {t}" for t in titles} | {"## Pending"}
+        headings = {f"## {t}" for t in titles} | {"## Pending", NOTES}
         end = next((i for i in range(start, len(lines)) if lines[i] in headings), len(lines))
         section = lines[start:end]
         while section and not section[-1].strip():
@@ -196,8 +210,10 @@ def earlier(previous: str, title: str, titles: list[str]) -> tuple[list[str], li
     return rows, section
 
 
-def render(intro: str, runs: list[Run], failures: dict[str, str] | None = None, previous: str = "") -> str:
-    """The page: one table of every bench run's methods, the pending runs, then each run's details.
+def render(intro: str, runs: list[Run], failures: dict[str, str] | None = None, previous: str = "",
+           notes: str = "") -> str:
+    """The page: the introduction, one table of every bench run's methods, the notes, the pending
+    runs, then each run's details.
     ``previous``: the page as it was, whose figures a run without a report keeps (module docstring)."""
     failures = failures or {}
     reports = {r.name: json.loads(r.report.read_text()) for r in runs if r.report is not None and r.report.is_file()}
@@ -223,6 +239,8 @@ def render(intro: str, runs: list[Run], failures: dict[str, str] | None = None, 
         for r in bench:
             lines += bench_rows(r, reports[r.name]) if r.name in reports else kept[r.name][0]
         lines.append("")
+    if notes:
+        lines += [NOTES, "", notes, ""]
     if pending:
         lines += ["## Pending", "", "These runs are declared but have no report yet, so the page shows no figure for them:", ""]
         for r in pending:
@@ -257,11 +275,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--only", default=None, help="comma-separated run names to (re)run; the page still lists every run")
     args = p.parse_args(argv)
     try:
-        intro, runs = load_spec(args.spec)
+        spec = load_spec(args.spec)
     except SpecError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     wanted = set(args.only.split(",")) if args.only else None
+    runs = spec.runs
     unknown = (wanted or set()) - {r.name for r in runs}
     if unknown:
         print(f"error: --only names no run: {', '.join(sorted(unknown))} (runs: {', '.join(r.name for r in runs)})",
@@ -276,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
                     failures[run.name] = why
     args.out.parent.mkdir(parents=True, exist_ok=True)
     previous = args.out.read_text() if args.out.is_file() else ""
-    write_text_atomically(args.out, render(intro, runs, failures, previous))  # a kill leaves the old page whole
+    write_text_atomically(args.out, render(spec.intro, runs, failures, previous, spec.notes))  # a kill leaves the old page whole
     print(f"wrote {args.out} ({datetime.date.today()}); {len(failures)} run(s) failed", flush=True)
     for name, why in failures.items():
         print(f"failed: {name}: {why}", file=sys.stderr)

@@ -167,9 +167,32 @@ def test_a_bad_spec_is_refused_naming_the_run_and_field(tmp_path, results, runs,
 
 def test_the_shipped_spec_loads_and_the_page_shows_only_its_runs(results):
     """benchmarks/results.yaml is valid, and every figure row of docs/results.md belongs to a run it declares."""
-    _, runs = results.load_spec(results.SPEC)
+    runs = results.load_spec(results.SPEC).runs
     titles = {r.title for r in runs}
-    rows = [line for line in results.PAGE.read_text().splitlines() if line.startswith("| ") and " | " in line]
-    tables = results.PAGE.read_text().split("\n## ")[0]  # the summary table, before the first section
-    figure_rows = [line.split(" | ")[0][2:] for line in rows if line in tables and not line.startswith("| run |")]
-    assert runs and set(figure_rows) <= titles
+    lines = results.PAGE.read_text().split("\n## ")[0].splitlines()  # the summary table is before the first section
+    start = next(i for i, line in enumerate(lines) if line.startswith("| run | method |")) + 2
+    figure_rows = [line.split(" | ")[0][2:] for line in lines[start:] if line.startswith("| ")]
+    assert runs and figure_rows and set(figure_rows) <= titles
+
+
+def test_notes_follow_the_table_and_a_misspelt_field_is_refused(tmp_path, results, capsys):
+    """The spec's notes are rendered under their own heading after the table of every run, before the
+    runs' sections; a top-level field the page does not know (a typo loses the text) is refused."""
+    (tmp_path / "greedy").mkdir()
+    (tmp_path / "greedy" / "report.json").write_text(json.dumps(fake_report()))
+    run = f"""
+  - name: greedy
+    title: heads on MT-Bench, greedy
+    command: draftheads bench --target smollm2 --out {tmp_path}/greedy
+"""
+    spec = tmp_path / "results.yaml"
+    spec.write_text("intro: The page.\nnotes: |\n  ### What limits the heads\n\n  The verify cost.\nruns:\n" + run)
+    page = tmp_path / "results.md"
+    assert results.main(["--spec", str(spec), "--out", str(page), "--from-reports"]) == 0
+    text = page.read_text()
+    order = [text.index(s) for s in ("The page.", "| run | method |", "## Notes on the runs",
+                                     "### What limits the heads\n\nThe verify cost.", "## heads on MT-Bench, greedy")]
+    assert order == sorted(order)
+    spec.write_text("intro: The page.\nnote: lost\nruns:\n" + run)
+    assert results.main(["--spec", str(spec), "--out", str(tmp_path / "other.md"), "--from-reports"]) == 2
+    assert "unknown top-level field(s) note" in capsys.readouterr().err
