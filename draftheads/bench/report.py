@@ -62,8 +62,9 @@ def markdown(report: dict[str, Any]) -> str:
     decoding = [(name, results[name]["by_category"][OVERALL]) for name in methods]
     if any(g.get("decode_speedup") is not None for _, g in decoding):  # reports from before it have none
         lines += ["", "## Decoding alone (prefill and the first token excluded)", "",
-                  "Same samples, timed from the first new token on: the speed of decoding itself, which at "
-                  "temperature > 0 is what compares methods whose sampled answers differ in length.", "",
+                  "Same samples, the tokens after the first over the seconds after the prefill (the forward that "
+                  "gives the first token): the speed of decoding itself, which at temperature > 0 is what compares "
+                  "methods whose sampled answers differ in length.", "",
                   "| method | decode-only speedup | per-sample, median | spread (min / q1 / q3 / max) |",
                   "|---|---|---|---|"]
         for name, g in decoding:
