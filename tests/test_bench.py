@@ -519,19 +519,16 @@ def test_bench_batch_rounds_repeat_each_batch(tiny_target_dir, questions_file, t
         seeds += [r["plain"]["seed"] for r in runs]
         pl = res["prompt-lookup"]
         assert pl["all_exact"] is True and all(r["prompt-lookup"]["exact"] for r in runs)
-        by_hand = []
-        for b in (runs[:2], runs[2:]):
-            rate = lambda side: sum(r[side]["new_tokens"] for r in b) / sum(r[side]["seconds"] for r in b)
-            by_hand.append(rate("prompt-lookup") / rate("plain"))
-        assert [x["speedup"] for x in pl["per_batch"]] == pytest.approx(by_hand)
-        assert pl["speedup_median"] == pytest.approx(statistics.median(by_hand))
-        decode_by_hand = []
-        for b in (runs[:2], runs[2:]):
-            rate = lambda side: sum(r[side]["decode_tokens"] for r in b) / sum(r[side]["decode_seconds"] for r in b)
-            decode_by_hand.append(rate("prompt-lookup") / rate("plain"))
-        assert [x["decode_speedup"] for x in pl["per_batch"]] == pytest.approx(decode_by_hand)
-        assert pl["decode_speedup_median"] == pytest.approx(statistics.median(decode_by_hand))
-        assert (pl["speedup_min"], pl["speedup_max"]) == (pytest.approx(min(by_hand)), pytest.approx(max(by_hand)))
+        def by_hand(tokens, seconds):  # each batch: total tokens / total seconds over its 2 rounds, against plain's
+            rate = lambda b, side: sum(r[side][tokens] for r in b) / sum(r[side][seconds] for r in b)
+            return [rate(b, "prompt-lookup") / rate(b, "plain") for b in (runs[:2], runs[2:])]
+
+        ratios, decode_ratios = by_hand("new_tokens", "seconds"), by_hand("decode_tokens", "decode_seconds")
+        assert [x["speedup"] for x in pl["per_batch"]] == pytest.approx(ratios)
+        assert pl["speedup_median"] == pytest.approx(statistics.median(ratios))
+        assert (pl["speedup_min"], pl["speedup_max"]) == (pytest.approx(min(ratios)), pytest.approx(max(ratios)))
+        assert [x["decode_speedup"] for x in pl["per_batch"]] == pytest.approx(decode_ratios)
+        assert pl["decode_speedup_median"] == pytest.approx(statistics.median(decode_ratios))
         assert all(len(x["round_speedups"]) == 2 for x in pl["per_batch"])
     assert seeds == list(range(7, 15))  # a new seed for every round of every batch, sizes counted on
     assert "2 timed rounds per batch" in (out / "report.md").read_text()
