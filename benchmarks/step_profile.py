@@ -16,7 +16,7 @@ and prints per step:
 
     python benchmarks/step_profile.py --heads runs/smollm2/heads [--heads DIR ...] [--target smollm2] \
         [--questions mt-bench] [--num-prompts 12] [--chain] [--temperature 0.7] [--out DIR] \
-        [--draft-vocab-size none --draft-vocab-size 1024] [--verify-sizes 1,2,4,8,16,32,64]
+        [--draft-vocab-size none --draft-vocab-size 1024] [--verify-sizes 1,2,4,8,16,32,64 [--verify-vs-bare]]
 
 ``--draft-vocab-size N`` (repeatable; ``none`` = the whole vocabulary): profile static-tree heads
 (DFlash, Medusa) drafting from the N most frequent training tokens, each size in turn.
@@ -24,6 +24,9 @@ and prints per step:
 ``--verify-sizes``: the median seconds of one verify forward of n tree tokens over a cached context
 of the prompts' mean length (``tune.calibrate.measure_verify_times``, what calibrate's tree search
 reads), beside n = 1: the price of each drafted token, which decides how large a tree can pay.
+``--verify-vs-bare`` adds, for chains of the same sizes, the verifier's forward beside a bare
+transformers forward over the same cache (interleaved rounds, medians, no running maximum): what
+the verifier itself adds to the model's own forward.
 
 Greedy outputs are checked against ``generate`` (a mismatch raises: a profile of wrong output
 means nothing).
@@ -46,6 +49,42 @@ def verify_costs(target, sizes: list[int], context: int) -> dict:
     seconds = measure_verify_times(target, sorted(set([1, *sizes])), context=context)
     return {"verify_ms_by_tree_tokens": {n: 1e3 * s for n, s in seconds.items()},
             "over_one_token": {n: s / seconds[1] for n, s in seconds.items()}, "context": context}
+
+
+def verify_vs_bare(target, sizes: list[int], context: int, rounds: int = 25) -> dict:
+    """Median ms of a chain of n tokens verified by `TreeVerifier.forward` and of the same n tokens
+    through a bare ``target(input_ids, past_key_values=cache)``, over one ``context``-token cache,
+    the two interleaved round by round (the chain's tree mask is the causal one: no mask is built)."""
+    import statistics
+
+    from transformers import DynamicCache
+
+    from draftheads.inference.tree import Tree, TreeShape
+    from draftheads.inference.verify import TreeVerifier
+
+    verifier = TreeVerifier(target)
+    gen = torch.Generator().manual_seed(0)
+    vocab = target.get_output_embeddings().weight.shape[0]
+    cache = DynamicCache()
+    with torch.no_grad():
+        target(input_ids=torch.randint(0, vocab, (1, context), generator=gen), use_cache=True,
+               **{verifier.cache_arg: cache})
+    samples: dict[str, dict[int, list[float]]] = {"verifier": {n: [] for n in sizes}, "bare": {n: [] for n in sizes}}
+    with torch.no_grad():
+        for r in range(rounds + 2):  # the first two rounds warm up
+            for n in sizes:
+                tokens = torch.randint(0, vocab, (n,), generator=gen)
+                runs = {"verifier": lambda: verifier.forward(cache, Tree(TreeShape(tuple(range(-1, n - 1))), tokens), context),
+                        "bare": lambda: target(input_ids=tokens[None], use_cache=True, **{verifier.cache_arg: cache})}
+                for name in (("verifier", "bare") if r % 2 == 0 else ("bare", "verifier")):
+                    t0 = time.perf_counter()
+                    runs[name]()
+                    if r >= 2:
+                        samples[name][n].append(time.perf_counter() - t0)
+                    for layer in cache.layers:  # drop the chain again, as calibrate's timing does
+                        layer.keys, layer.values = layer.keys[..., :context, :], layer.values[..., :context, :]
+    return {"chain_ms": {name: {n: 1e3 * statistics.median(xs) for n, xs in by_n.items()}
+                         for name, by_n in samples.items()}, "context": context, "rounds": rounds}
 
 
 def _timed_propose(cls, box: dict):
@@ -150,6 +189,8 @@ def main() -> None:
                         help="repeatable: 'none' (whole vocabulary) or N (the N most frequent training tokens)")
     parser.add_argument("--verify-sizes", default=None, metavar="N,N,...",
                         help="also time one verify forward of each number of tree tokens (e.g. 1,2,4,8,16,32,64)")
+    parser.add_argument("--verify-vs-bare", action="store_true",
+                        help="with --verify-sizes: chains of those sizes through the verifier beside a bare forward")
     args = parser.parse_args()
     if not args.heads and not args.verify_sizes:
         parser.error("nothing to measure: pass --heads DIR (repeatable) and/or --verify-sizes")
@@ -164,6 +205,10 @@ def main() -> None:
         results.append(verify_costs(target, [int(n) for n in args.verify_sizes.split(",")],
                                     context=round(sum(p.shape[1] for p in prompts) / len(prompts))))
         print(json.dumps(results[-1]), flush=True)
+        if args.verify_vs_bare:
+            results.append(verify_vs_bare(target, sorted({1, *(int(n) for n in args.verify_sizes.split(","))}),
+                                          context=results[-1]["context"]))
+            print(json.dumps(results[-1]), flush=True)
     with torch.no_grad():  # warm-up
         target.generate(prompts[0], max_new_tokens=8, do_sample=False, attention_mask=torch.ones_like(prompts[0]))
     for heads_dir in args.heads:
