@@ -17,13 +17,12 @@ from __future__ import annotations
 
 import statistics
 import sys
-import time
 from typing import Any
 
 import torch
 
 from ..inference.inputs import left_pad
-from .clock import PrefillClock, sync
+from .clock import timed
 from .methods import PLAIN, Method
 from .runner import encode_turn, fit_context
 
@@ -78,16 +77,6 @@ class BatchBench:
                                        temperature=self.temperature, top_k=0, top_p=1.0,
                                        generator=torch.Generator().manual_seed(seed), acceptance=method.acceptance)
 
-    def _timed(self, fn, *args):
-        """``fn(*args)``'s result, its wall seconds and the seconds after its prefill (`clock`)."""
-        with PrefillClock(self.target) as clock:
-            sync(self.target.device)
-            t0 = time.perf_counter()
-            result = fn(*args)
-            sync(self.target.device)
-            t1 = time.perf_counter()
-        return result, t1 - t0, clock.decode_seconds(t1)
-
     def _round(self, ids, mask, index: int, rnd: int) -> dict[str, Any]:
         """One timed round of one batch: plain and every method back to back, in the order ``index``
         (the count of rounds timed so far) rotates to, all with seed ``self.seed + index``."""
@@ -98,10 +87,10 @@ class BatchBench:
         results = {}
         for name in order:
             if name == PLAIN:
-                results[name] = self._timed(self._plain, ids, mask, seed)
+                results[name] = timed(self.target, self._plain, ids, mask, seed)
             else:
                 method = next(m for m in self.methods if m.name == name)
-                results[name] = self._timed(self._method, method, ids, mask, seed)
+                results[name] = timed(self.target, self._method, method, ids, mask, seed)
         rows = ids.shape[0]  # every row's first token comes with the prefill
         reference, seconds, decode_seconds = results[PLAIN]
         new_tokens = new_token_count(reference, ids.shape[1], self.eos, self.pad_id)

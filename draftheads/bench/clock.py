@@ -11,11 +11,12 @@ decoders (a streamer would, and the decoder streams one row only).
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import torch
 
 
-def sync(device: torch.device) -> None:
+def _sync(device: torch.device) -> None:
     """Wait for the accelerator, so a clock reading means the work before it is done."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -41,9 +42,22 @@ class PrefillClock:
 
     def _first_forward(self, module, args, output) -> None:
         if self.ended is None:
-            sync(self.target.device)  # once per call, on both sides of a comparison
+            _sync(self.target.device)  # once per call, on both sides of a comparison
             self.ended = time.perf_counter()
 
     def decode_seconds(self, end: float) -> float | None:
         """Seconds from the prefill's end to ``end`` (None when no forward ran)."""
         return None if self.ended is None else end - self.ended
+
+
+def timed(target: torch.nn.Module, fn, *args) -> tuple[Any, float, float | None]:
+    """``fn(*args)``'s result, its wall seconds, and its seconds after the target's prefill (None
+    when it ran no target forward): how both benches time plain `generate` and every method."""
+    device = target.device
+    with PrefillClock(target) as clock:
+        _sync(device)
+        t0 = time.perf_counter()
+        result = fn(*args)
+        _sync(device)
+        t1 = time.perf_counter()
+    return result, t1 - t0, clock.decode_seconds(t1)

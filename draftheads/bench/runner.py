@@ -15,13 +15,12 @@ the same prompt.
 from __future__ import annotations
 
 import sys
-import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
 
-from .clock import PrefillClock, sync
+from .clock import timed
 from .methods import PLAIN, Method
 from .questions import Question
 
@@ -157,16 +156,6 @@ class Runner:
             generator=generator, acceptance=method.acceptance,
         )
 
-    def _timed(self, fn, *args) -> tuple[Any, float, float | None]:
-        """``fn(*args)``'s result, its wall seconds, and the seconds after its prefill (`clock`)."""
-        with PrefillClock(self.target) as clock:
-            sync(self.device)
-            t0 = time.perf_counter()
-            result = fn(*args)
-            sync(self.device)
-            t1 = time.perf_counter()
-        return result, t1 - t0, clock.decode_seconds(t1)
-
     def warm_up(self, questions: list[Question]) -> None:
         """Untimed runs of every method on the first prompt: first calls pay for lazy
         initialisation (kernels, allocator, caches) that a user's steady state never sees."""
@@ -195,10 +184,10 @@ class Runner:
         results: dict[str, Any] = {}
         for name in order:
             if name == PLAIN:
-                results[name] = self._timed(self.plain, ids, seed)
+                results[name] = timed(self.target, self.plain, ids, seed)
             else:
                 method = next(m for m in self.methods if m.name == name)
-                results[name] = self._timed(self.speculative, method, ids, seed)
+                results[name] = timed(self.target, self.speculative, method, ids, seed)
         reference, seconds, decode_seconds = results[PLAIN]
         base = dict(question_id=q.question_id, category=q.category, turn=turn,
                     prompt_tokens=ids.shape[1], truncated=truncated, round=rnd, seed=seed)
