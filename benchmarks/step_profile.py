@@ -194,6 +194,8 @@ def main() -> None:
     args = parser.parse_args()
     if not args.heads and not args.verify_sizes:
         parser.error("nothing to measure: pass --heads DIR (repeatable) and/or --verify-sizes")
+    if args.verify_vs_bare and not args.verify_sizes:
+        parser.error("--verify-vs-bare times chains of the --verify-sizes sizes: pass --verify-sizes too")
     torch.set_num_threads(args.threads)
 
     from draftheads.target import load_target
