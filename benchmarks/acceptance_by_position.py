@@ -160,7 +160,8 @@ def main() -> None:
         # draft_budget=None: always the full draft. The default online budget swaps in plain steps
         # when drafting does not pay at the measured speed, which on a loaded machine is timing, not acceptance.
         # batch_plan=None: draft even where the heads' plan decodes plainly on this machine.
-        decoder = dh.SpeculativeDecoder(target, heads, tree=tree, draft_budget=None, batch_plan=None)
+        # prompt_lookup=False: the heads alone, not prompt lookup's copies where their plan puts it in front.
+        decoder = dh.SpeculativeDecoder(target, heads, tree=tree, draft_budget=None, batch_plan=None, prompt_lookup=False)
         decoders[name] = (decoder, {"path": path, "options": options, "tree": as_json(tree)})
 
     cuts = []  # (doc, offset, kind, prompt ids)

@@ -103,9 +103,10 @@ def draftheads_acceptance(target, heads_dir: str, prompts, args, counting) -> di
     heads = dh.load_heads(heads_dir, target=target)
     chain = (dh.StaticTree.chain(args.k) if method_of(heads).tree.rank_paths
              else dh.DynamicTree(total_tokens=args.k + 1, depth=args.k, top_k=1))
-    # Full drafts at every step, as vLLM runs them: no draft budget, and no plan (heads whose plan
-    # decodes plainly on this machine would otherwise never draft here).
-    decoder = dh.SpeculativeDecoder(target, heads, tree=chain, draft_budget=None, batch_plan=None)
+    # Full drafts at every step, as vLLM runs them: no draft budget, no plan (heads whose plan
+    # decodes plainly on this machine would otherwise never draft here), and no prompt lookup in
+    # front of the heads where the plan puts it (vLLM drafts with the heads alone).
+    decoder = dh.SpeculativeDecoder(target, heads, tree=chain, draft_budget=None, batch_plan=None, prompt_lookup=False)
     if getattr(decoder.proposer, "vocab_ids", None) is not None and heads.config.head_type != "eagle3":
         raise SystemExit(f"{heads_dir}: the proposer drafts from a reduced vocabulary; vLLM drafts from the whole one")
     per_prompt, t0 = [], time.perf_counter()

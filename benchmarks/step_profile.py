@@ -120,7 +120,9 @@ def profile(target, tokenizer, heads_dir: str, prompts, max_new: int, temperatur
         size = heads.config.vocab_size if vocab == "none" else int(vocab)
         source = heads.proposer(tree=tree if tree is not None else resolve_tree(heads, target.device), draft_vocab_size=size)
     # batch_plan=None: the drafter is profiled even where the heads' plan would decode plain.
-    decoder = SpeculativeDecoder(target, source, tree=tree if vocab is None else None, draft_budget=None, batch_plan=None)
+    # prompt_lookup=False: the heads' own drafts and costs, not prompt lookup's where their plan puts it in front.
+    decoder = SpeculativeDecoder(target, source, tree=tree if vocab is None else None, draft_budget=None, batch_plan=None,
+                                 prompt_lookup=False)
     box = {"draft": 0.0}
     cls = type(decoder.proposer)  # the drafter the loop drafts through
     original = _timed_propose(cls, box)

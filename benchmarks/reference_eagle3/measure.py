@@ -50,7 +50,8 @@ def decode_stats(target, heads_dir: Path, prompt_ids: list[torch.Tensor], refere
     for name, shape in shapes:
         # draft_budget=None: the online budget caps drafts by measured seconds, which would make an
         # acceptance figure follow the machine's load instead of the heads.
-        decoder = SpeculativeDecoder(target, heads, tree=shape, draft_budget=None)
+        # prompt_lookup=False: the heads alone; a plan that puts prompt lookup in front would count its copies too.
+        decoder = SpeculativeDecoder(target, heads, tree=shape, draft_budget=None, prompt_lookup=False)
         lengths: list[int] = []
         per_prompt: list[float] = []  # each prompt's mean: a paired comparison between heads
         for i, ids in enumerate(prompt_ids):
