@@ -31,7 +31,6 @@ import sys
 import tempfile
 from pathlib import Path
 
-import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "reference_eagle3"))
@@ -41,14 +40,17 @@ from prompts import DEFAULT_TARGET, load_prompts  # noqa: E402
 
 def unused_chats(config_path: str, folder: Path) -> str:
     """A questions file of the first user turns of ``config_path``'s training rows that its
-    ``max_samples`` shuffle left out (``datasets``' seeded shuffle: a numpy permutation)."""
+    ``max_samples`` shuffle left out (the shuffle training applies, `data.tokenize`, on row numbers)."""
+    import datasets
+
     from draftheads.config import load_config
 
     cfg = load_config(config_path)
     if cfg.data.max_samples is None:
         raise SystemExit(f"unused:{config_path}: the config reads every row of {cfg.data.path} (no data.max_samples)")
     rows = [json.loads(line) for line in Path(cfg.data.path).read_text().splitlines() if line.strip()]
-    used = set(np.random.default_rng(cfg.data.seed).permutation(len(rows))[: cfg.data.max_samples].tolist())
+    numbers = datasets.Dataset.from_dict({"row": list(range(len(rows)))})
+    used = set(numbers.shuffle(seed=cfg.data.seed).select(range(cfg.data.max_samples))["row"])
     out = folder / "unused.jsonl"
     with out.open("w") as f:
         for i, row in enumerate(rows):
