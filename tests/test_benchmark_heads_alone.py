@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -58,4 +57,3 @@ def test_the_vllm_comparison_counts_the_heads_alone(heads_with_lookup_plan, monk
         expected.append(vllm_counting.vllm_counts(out.accept_lengths, max_tokens, k))
     assert got == expected
     assert sum(sum(pos) for _, pos in got) > 0  # the heads did accept drafts: the comparison is not empty
-    del sys.modules["bench_vllm_serving"]
