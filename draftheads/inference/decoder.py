@@ -18,6 +18,7 @@ from ..heads.config import text_config
 from .accept import ACCEPTANCE
 from .compaction import check_compaction
 from .inputs import check_batch, eos_ids, pad_id, token_matrix, wants_batch_path
+from .masks import model_name
 from .kv import CACHE_KINDS, RaggedKV, SequenceKV, StaticKV, StaticTreeVerifier, tree_headroom
 from .loop import Settings, decode
 from .output import SpeculativeOutput
@@ -185,6 +186,12 @@ class SpeculativeDecoder:
         dynamic_verifier = TreeVerifier(target, feature_layers=proposer.feature_layers)
         self.verifier = dynamic_verifier
         self.cache = cache
+        if cache == "static" and dynamic_verifier.recurrent is not None:
+            raise ValueError(
+                f"cache='static' preallocates attention keys and values only, but {model_name(target)} has layers "
+                f"that keep a recurrent state ({', '.join(dynamic_verifier.recurrent.state_types)}): decode it with "
+                "the default cache='dynamic', whose stores record and roll back that state"
+            )
         if cache == "static":
             self.verifier = StaticTreeVerifier(
                 target, proposer.feature_layers, compile=compile, max_cache_len=max_cache_len, headroom=_headroom(self.drafts.proposers)

@@ -16,12 +16,17 @@ from .tree import TreeShape
 
 
 class UnsupportedModelError(ValueError):
-    """The model's forward does not honour a custom 4D attention mask, so trees cannot be verified."""
+    """The model's forward does not honour a custom 4D attention mask, or it has a layer whose state
+    draftheads cannot verify a draft over, so trees cannot be verified."""
 
 
-#: Layer types whose attention a tree mask can express; anything else (linear attention, state-space
-#: or convolution layers) keeps a recurrent state that cannot branch over a tree.
+#: Layer types whose attention a tree mask can express.
 ATTENTION_LAYER_TYPES = ("full_attention", "sliding_attention", "chunked_attention")
+#: Layer types with no token mixer at all (Nemotron-H's MLP and MoE layers): nothing to mask or keep.
+STATELESS_LAYER_TYPES = ("mlp", "moe")
+#: Layer types that keep a recurrent state AND attend (Falcon-H1: Mamba-2 and attention side by side):
+#: the span of their attention part.
+STATE_AND_ATTENTION = {"hybrid": "full_attention", "hybrid_sliding": "sliding_attention"}
 
 
 @dataclass(frozen=True)
@@ -66,30 +71,32 @@ def model_name(model: torch.nn.Module) -> str:
     return f"{type(model).__name__} (model_type {model_type!r})" if model_type else type(model).__name__
 
 
-def layer_spans(model: torch.nn.Module) -> dict[str, AttentionSpan]:
-    """The attention span of each layer type of ``model`` (read from its config), keyed by the
+def layer_spans(model: torch.nn.Module, state_types: tuple[str, ...] = ()) -> dict[str, AttentionSpan]:
+    """The attention span of each attention layer type of ``model`` (read from its config), keyed by the
     name its forward uses for a per-layer-type mask dict (``""`` for models without layer types).
 
-    Refuses models with non-attention layers: a tree forward would feed every node through their
-    recurrent state in sequence (siblings would see each other) and there is no cheap way to roll
-    that state back to the accepted path."""
+    ``state_types``: the layer types whose recurrent state the verifier records and rolls back
+    (`kv.recurrent`); they take no mask. Any other layer type is refused by name: a tree forward would
+    run every node through a state nobody rolls back to the accepted path."""
     cfg = text_config(model)
     window = getattr(cfg, "sliding_window", None)
     chunk = getattr(cfg, "attention_chunk_size", None)
     layer_types = getattr(cfg, "layer_types", None)
     if layer_types:
-        other = sorted(set(layer_types) - set(ATTENTION_LAYER_TYPES))
+        known = set(ATTENTION_LAYER_TYPES) | set(STATELESS_LAYER_TYPES) | set(state_types)
+        other = sorted(set(layer_types) - known)
         if other:
             raise UnsupportedModelError(
-                f"{model_name(model)} has layers of type {other} (linear attention, state-space, convolution "
-                "or hybrid layers): they carry a recurrent state that one forward over a tree of candidates would "
-                "run through every node in order (siblings would see each other), and that cannot be rolled back "
-                "to the accepted path. Speculative decoding with draftheads needs a model whose layers are all "
-                f"attention ({', '.join(ATTENTION_LAYER_TYPES)})"
+                f"{model_name(model)} has layers of type {other}, neither attention ({', '.join(ATTENTION_LAYER_TYPES)}) "
+                "nor a linear-attention, state-space or convolution layer whose recurrent state draftheads records "
+                "per draft token and rolls back: one forward over a tree of candidates would run every node through "
+                "that state in order (siblings would see each other), so it cannot be verified"
             )
+        attention = [STATE_AND_ATTENTION.get(t, t) for t in layer_types if t in ATTENTION_LAYER_TYPES
+                     or t in STATE_AND_ATTENTION]
         spans = {"full_attention": FULL, "sliding_attention": AttentionSpan(window=window),
                  "chunked_attention": AttentionSpan(chunk=chunk)}
-        return {t: spans[t] for t in dict.fromkeys(layer_types)}
+        return {t: spans[t] for t in dict.fromkeys(attention)}
     if chunk:
         return {"": AttentionSpan(chunk=chunk)}
     if window and getattr(cfg, "use_sliding_window", True):

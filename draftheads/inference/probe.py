@@ -3,8 +3,6 @@ before any decode, so an unsupported model raises instead of decoding garbage.""
 from __future__ import annotations
 
 import torch
-from transformers import DynamicCache
-
 from ..heads.config import text_config
 from .masks import UnsupportedModelError, model_name
 from .output import logits_to_keep
@@ -63,7 +61,7 @@ def check_tree_attention(target: torch.nn.Module, verifier: TreeVerifier | None 
         prompt = sequence[:, :prefix_len]
         with torch.no_grad():
             try:
-                cache = DynamicCache()
+                cache = verifier.new_cache()
                 target(input_ids=prompt, use_cache=True, **{verifier.cache_arg: cache}, **logits_to_keep(target, 1))
                 tree_logits, _ = verifier.forward(cache, tree, prefix_len)
             except Exception as e:  # noqa: BLE001 - any failure here means the same thing to the user
@@ -85,8 +83,11 @@ def check_tree_attention(target: torch.nn.Module, verifier: TreeVerifier | None 
                 f" after a {prefix_len}-token prefix (correct after {lengths[0]} tokens: the model limits attention "
                 "far into a sequence, e.g. a sliding window or chunks, in a way draftheads does not reproduce)"
             )
+            states = "" if verifier.recurrent is None else (
+                f" (or its {', '.join(verifier.recurrent.state_types)} layers' state does not follow the tree scan of "
+                "draftheads.inference.recurrent)")
             raise UnsupportedModelError(
-                f"{model_name(target)} does not honour a custom 4D attention mask{where}: a tree node's logits "
+                f"{model_name(target)} does not honour a custom 4D attention mask{where}{states}: a tree node's logits "
                 f"differ from a plain forward over its path by {err:.3g}, so tree verification would be wrong. "
                 "Try attn_implementation='eager' or 'sdpa', or a model whose forward accepts a 4D mask."
             )

@@ -67,6 +67,11 @@ class TreeShape:
         return torch.tensor(depth, dtype=torch.long)
 
     @cached_property
+    def parents_tensor(self) -> torch.Tensor:
+        """[n] long: each node's parent (root: -1), what a hybrid target's state layers scan by."""
+        return torch.tensor(self.parents, dtype=torch.long)
+
+    @cached_property
     def max_depth(self) -> int:
         """Host arithmetic (asked several times a step: no tensor ops)."""
         depth = [0] * self.size

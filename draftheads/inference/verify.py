@@ -15,6 +15,7 @@ import torch
 from transformers import DynamicCache
 
 from .features import FINAL, FeatureTap
+from .recurrent import RecurrentStep, recording, recurrent_layout
 from .masks import layer_spans, limiting_spans, shape_on_device, span_masks
 from .output import logits_to_keep
 from .tree import Tree, TreeShape
@@ -48,7 +49,11 @@ class TreeVerifier:
         self._first_float = next((p for p in params if p.is_floating_point()), params[0])
         self.tap = FeatureTap(target, (FINAL,) if feature_layers is None else feature_layers)
         self.feature_layers = self.tap.layers
-        self.spans = layer_spans(target)  # refuses models with non-attention layers
+        # Hybrid targets: the layers that keep a recurrent state, recorded per node and rolled back by the
+        # KV stores' commits (`kv.recurrent`); None for attention-only targets.
+        self.recurrent = recurrent_layout(target)
+        # Refuses layer types that are neither attention nor such a state.
+        self.spans = layer_spans(target, self.recurrent.state_types if self.recurrent else ())
         self.cache_arg = cache_kwarg(target)
         # Tree masks over prefix + tree, one buffer per tree size, extended in place: the prefix
         # columns stay 0 (visible), only the tree block moves along (see `_extended_mask`).
@@ -65,11 +70,25 @@ class TreeVerifier:
         """The target's dtype, as ``target.dtype`` reads it."""
         return self._first_float.dtype
 
-    def _run(self, cache, **inputs) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """One target forward appending to ``cache``: its logits and the captured features."""
-        with self.tap.capture() as captured:
+    def new_cache(self):
+        """An empty cache for one decode: transformers' dynamic cache (with the state layers a hybrid
+        target needs, `kv.recurrent.RecurrentLayout.new_cache`)."""
+        return DynamicCache() if self.recurrent is None else self.recurrent.new_cache()
+
+    def _run(self, cache, parents: torch.Tensor | None = None,
+             **inputs) -> tuple[torch.Tensor, torch.Tensor | None, RecurrentStep | None]:
+        """One target forward appending to ``cache``: its logits, the captured features and, on a hybrid
+        target, the recurrent state after every node (``parents`` [rows, n]: the trees' topology; each
+        row's own state is left as it was, for the store's commit to choose from)."""
+        with self.tap.capture() as captured, recording(cache, self.recurrent, parents) as step:
             out = self.target(use_cache=True, **inputs, **self.tap.forward_kwargs(), **{self.cache_arg: cache})
-        return out.logits, self.tap.features(captured, out)
+        return out.logits, self.tap.features(captured, out), step
+
+    def _with_state_masks(self, masks: torch.Tensor | dict[str, torch.Tensor] | None):
+        """A per-layer-type mask dict completed with the state layers' entries (none)."""
+        if isinstance(masks, dict) and self.recurrent is not None:
+            return {**self.recurrent.no_masks(), **masks}
+        return masks
 
     def prefill(self, cache, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 position_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -78,7 +97,7 @@ class TreeVerifier:
         device = self.device
         extra = {} if attention_mask is None else {
             "attention_mask": attention_mask.to(device), "position_ids": position_ids.to(device)}
-        logits, features = self._run(cache, input_ids=input_ids.to(device), **extra, **logits_to_keep(self.target, 1))
+        logits, features, _ = self._run(cache, input_ids=input_ids.to(device), **extra, **logits_to_keep(self.target, 1))
         return logits[:, -1], features
 
     # -- one tree ---------------------------------------------------------------------------------
@@ -101,9 +120,11 @@ class TreeVerifier:
         """The mask of one tree after ``prefix_len`` cached tokens (one per layer type where windows
         or chunks differ between layers)."""
         dtype, device = self.dtype, self.device
+        if not self.spans:
+            return None  # no attention layer (a state-space model): nothing to mask
         limiting = limiting_spans(self.spans, shape, prefix_len)
         if limiting:
-            return span_masks(limiting, shape, prefix_len, dtype, device)
+            return self._with_state_masks(span_masks(limiting, shape, prefix_len, dtype, device))
         if is_chain(shape):
             # A chain (draft-model and prompt-lookup drafts; a root-only tree is a plain decoding
             # step) needs no tree mask: its tree mask IS the causal mask. Passing none, as
@@ -116,12 +137,14 @@ class TreeVerifier:
         after the final norm, F = H).
 
         The cache grows by n entries; the KV store's commit then keeps only the accepted ones."""
-        _, logits, features = self.forward_tree(cache, tree, prefix_len)
+        _, logits, features, *_ = self.forward_tree(cache, tree, prefix_len)  # (a static verifier records no state)
         return logits[0], None if features is None else features[0]
 
-    def forward_tree(self, cache, tree: Tree, prefix_len: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    def forward_tree(self, cache, tree: Tree, prefix_len: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None,
+                                                                       RecurrentStep | None]:
         """`forward` as a batch of one row, what the loop's stores hand on: the tokens as verified
-        [1, n] (on the device), logits [1, n, V] and features [1, n, F] (or None)."""
+        [1, n] (on the device), logits [1, n, V], features [1, n, F] (or None) and a hybrid target's
+        recorded state."""
         device = self.device
         tokens = tree.tokens.to(device, non_blocking=True)[None]
         if tree.shape.size == 1:
@@ -130,10 +153,12 @@ class TreeVerifier:
             position_ids = self._positions(prefix_len + 1, device)[None, prefix_len : prefix_len + 1]
         else:
             position_ids = (shape_on_device(tree.shape, device, self.dtype).depth + prefix_len)[None]
-        logits, features = self._run(
-            cache, input_ids=tokens, position_ids=position_ids, attention_mask=self.attention_mask(tree.shape, prefix_len),
+        parents = None if self.recurrent is None else tree.shape.parents_tensor[None]
+        logits, features, step = self._run(
+            cache, parents, input_ids=tokens, position_ids=position_ids,
+            attention_mask=self.attention_mask(tree.shape, prefix_len),
         )
-        return tokens, logits, features
+        return tokens, logits, features, step
 
     def _positions(self, end: int, device: torch.device) -> torch.Tensor:
         """``arange(end)`` or longer on ``device``, one buffer doubled as decoding goes on: a step's
@@ -145,8 +170,12 @@ class TreeVerifier:
 
     # -- a batch of trees -------------------------------------------------------------------------
     def forward_rows(self, cache, tokens: torch.Tensor, position_ids: torch.Tensor,
-                     attention_mask: torch.Tensor | dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor | None]:
+                     attention_mask: torch.Tensor | dict[str, torch.Tensor],
+                     parents: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None, RecurrentStep | None]:
         """Logits [rows, n, V] and features [rows, n, F] of every row's (padded) tree, ``tokens``
-        [rows, n] on the device, positions and mask as the ragged cache lays them out."""
+        [rows, n] on the device, positions and mask as the ragged cache lays them out; ``parents``
+        [rows, n] (host) the trees' topology, which a hybrid target's state layers need."""
         device = self.device
-        return self._run(cache, input_ids=tokens, position_ids=position_ids.to(device), attention_mask=attention_mask)
+        return self._run(cache, parents if self.recurrent is not None else None, input_ids=tokens,
+                         position_ids=position_ids.to(device),
+                         attention_mask=None if not self.spans else self._with_state_masks(attention_mask))

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -39,6 +40,8 @@ class Verified:
     tokens: torch.Tensor
     logits: torch.Tensor
     features: torch.Tensor | None
+    #: A hybrid target's recurrent state after every node (`kv.recurrent.RecurrentStep`), for commit.
+    recurrent: Any = None
 
 
 class KVStore(ABC):

@@ -6,6 +6,7 @@ import torch
 from transformers import DynamicCache
 
 from ..accepted import Acceptance
+from ..recurrent import attention_layers, commit_states
 from ..tree import Tree
 from .base import KVStore, Prefilled, Verified
 
@@ -23,7 +24,7 @@ def commit(cache: DynamicCache, prefix_len: int, path: torch.Tensor | Acceptance
     contiguous = acc.contiguous
     sources: dict[torch.device, torch.Tensor] = {}
     end = prefix_len + m
-    for layer in cache.layers:
+    for layer in attention_layers(cache):  # a hybrid target's state layers: `recurrent.commit_states`
         keys, values = layer.keys, layer.values
         if contiguous and keys.shape[-2] == end and values.shape[-2] == end:
             continue  # the forward appended exactly the accepted nodes (a plain step, a fully accepted chain)
@@ -39,17 +40,19 @@ def commit(cache: DynamicCache, prefix_len: int, path: torch.Tensor | Acceptance
 
 class SequenceKV(KVStore):
     """One unpadded sequence: masks over prefix + tree only, none at all for chains (the model's
-    own causal fast path). ``verifier`` is a `verify.TreeVerifier`."""
+    own causal fast path). ``verifier`` is a `verify.TreeVerifier`. On a hybrid target the verify
+    forward records the recurrent state after every node, and commit keeps the last accepted one's."""
 
     def __init__(self, verifier, max_new_tokens: int) -> None:
         self.verifier, self.max_new_tokens = verifier, max_new_tokens
         self.cache = None
         self.prefix_len = 0
+        self._recorded = None  # the last verify forward's `recurrent.RecurrentStep` (hybrid targets)
 
     def prefill(self, input_ids: torch.Tensor) -> Prefilled:
         """The prompt ([1, T]) in the cache."""
         prompt = input_ids[0].to(self.verifier.device)
-        cache = DynamicCache()
+        cache = self.verifier.new_cache()
         last, features = self.verifier.prefill(cache, prompt[None])
         self.prefix_len = prompt.numel()
         self.cache = self.own_cache(cache)
@@ -61,11 +64,16 @@ class SequenceKV(KVStore):
 
     def verify(self, trees: list[Tree]) -> Verified:
         (tree,) = trees
-        return Verified(*self.verifier.forward_tree(self.cache, tree, self.prefix_len))
+        verified = Verified(*self.verifier.forward_tree(self.cache, tree, self.prefix_len))
+        self._recorded = verified.recurrent
+        return verified
 
     def commit(self, accs: list[Acceptance]) -> None:
         (acc,) = accs
         self.commit_path(acc)
+        if self._recorded is not None:
+            commit_states(self.cache, self._recorded, [acc.nodes[-1]])
+            self._recorded = None
         self.prefix_len += len(acc.nodes)
 
     def commit_path(self, acc: Acceptance) -> None:

@@ -18,11 +18,10 @@ from dataclasses import dataclass
 
 import torch
 
-from transformers import DynamicCache
-
 from ..accepted import Acceptance
 from ..compaction import check_compaction, wants_compaction
 from ..masks import FULL, AttentionSpan, additive, span_visible
+from ..recurrent import attention_layers, commit_states, keep_state_rows
 from ..tree import Tree
 from .base import KVStore, Prefilled, Verified
 
@@ -99,7 +98,17 @@ def ragged_mask(
 
 
 def _layers(cache) -> list:
-    return list(cache.layers)
+    """The layers whose keys and values the slot table describes (a hybrid target's state layers have no
+    slots: `recurrent.commit_states` and `keep_state_rows` keep their rows)."""
+    return attention_layers(cache)
+
+
+def tree_parents(trees: list[Tree], n: int) -> torch.Tensor:
+    """[rows, n] each node's parent as `pad_trees` lays the trees out (padding nodes: -1, roots of their own)."""
+    parents = torch.full((len(trees), n), -1, dtype=torch.long)
+    for r, tree in enumerate(trees):
+        parents[r, : tree.shape.size] = tree.shape.parents_tensor
+    return parents
 
 
 def commit_rows(cache, state: RaggedState, paths: list[list[int]], step_pos: torch.Tensor) -> RaggedState:
@@ -172,8 +181,9 @@ class RaggedKV(KVStore):
     def __init__(self, verifier, attention_mask: torch.Tensor, compaction: str = "auto") -> None:
         self.verifier, self.attention_mask = verifier, attention_mask
         self.compaction = check_compaction(compaction)
-        self.cache = DynamicCache()
+        self.cache = verifier.new_cache()
         self.state: RaggedState | None = None
+        self._recorded = None  # the last verify forward's `recurrent.RecurrentStep` (hybrid targets)
         self.compactions = self.max_holes = 0
         self._compacted = False  # this step's drop of finished rows removed the holes already
 
@@ -199,12 +209,16 @@ class RaggedKV(KVStore):
     def verify(self, trees: list[Tree]) -> Verified:
         tokens, depth, ancestors = pad_trees(trees)
         tokens = tokens.to(self.verifier.device)
-        logits, features = self.verifier.forward_rows(
-            self.cache, tokens, self.state.next_pos[:, None] + depth, self._mask(depth, ancestors))
-        return Verified(tokens, logits, features)
+        parents = tree_parents(trees, tokens.shape[1]) if self.verifier.recurrent is not None else None
+        logits, features, self._recorded = self.verifier.forward_rows(
+            self.cache, tokens, self.state.next_pos[:, None] + depth, self._mask(depth, ancestors), parents)
+        return Verified(tokens, logits, features, self._recorded)
 
     def commit(self, accs: list[Acceptance]) -> None:
         self.state = commit_rows(self.cache, self.state, [acc.nodes for acc in accs], self.state.next_pos)
+        if self._recorded is not None:
+            commit_states(self.cache, self._recorded, [acc.nodes[-1] for acc in accs])
+            self._recorded = None
         self.max_holes = max(self.max_holes, self.state.holes)
         self._compacted = False
 
@@ -213,6 +227,7 @@ class RaggedKV(KVStore):
         removes the holes."""
         self._compacted = self.compaction != "never"
         self.state = keep_rows(self.cache, self.state, rows, compact_too=self._compacted)
+        keep_state_rows(self.cache, torch.tensor(rows, dtype=torch.long))
         self.compactions += self._compacted
 
     def tidy(self) -> None:

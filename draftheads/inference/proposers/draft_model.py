@@ -30,6 +30,7 @@ from ..output import logits_to_keep
 from ..sampling import SamplingParams, sample
 from ..tokenizer_check import check_same_tokenizer, tokenizer_size
 from ..tree import Tree, chain_shape
+from ..recurrent import recurrent_layout
 from ..verify import cache_kwarg
 from .sequence import Proposer
 
@@ -103,6 +104,9 @@ class DraftModelProposer(Proposer):
         self._substitute_id = int(unk) if unk is not None else 0
 
         self.draft = draft_model.eval()
+        # A hybrid draft (e.g. a small Qwen3.5 for a large one): its recurrent layers record their states
+        # while it drafts, so that rejected drafts can be cropped from them as from its KV entries.
+        self._draft_layout = recurrent_layout(draft_model)
         self.draft_vocab = _logits_rows(draft_model)
         if self.tokenizer_size is not None and self.draft_vocab < self.tokenizer_size:
             raise ValueError(
@@ -144,7 +148,7 @@ class DraftModelProposer(Proposer):
     def start(self, input_ids: torch.Tensor, hidden: torch.Tensor | None, params: SamplingParams, generator) -> None:
         # Lazy prefill: the prompt is fed together with the first root (one forward, not two),
         # and not at all if the first steps fall back to plain decoding.
-        self._cache = DynamicCache()
+        self._cache = DynamicCache() if self._draft_layout is None else self._draft_layout.new_cache()
         self._pending = [int(t) for t in input_ids.reshape(-1).tolist()]
         self._drafts = []
         self._in_flight = False
@@ -195,6 +199,8 @@ class DraftModelProposer(Proposer):
         drafts: list[int] = []
         rows: list[torch.Tensor] = []
         start = time.perf_counter()
+        if self._draft_layout is not None:  # every state this burst passes through, for `accepted`'s crop
+            self._cache.activate_past_recording(recurrent_states_to_keep=len(feed) + gamma)
         for _ in range(gamma):
             token, q = self._pick(self._forward(feed))
             drafts.append(token)
@@ -224,8 +230,10 @@ class DraftModelProposer(Proposer):
         # The cache holds root + drafts[:gamma-1]; keep root + drafts[:min(k, gamma-1)].
         seen = min(k, gamma - 1)
         remove = (gamma - 1) - seen
-        if remove:
-            self._cache.crop(-remove)  # negative = number of entries to drop (all transformers versions)
+        if remove or self._draft_layout is not None:
+            # negative = number of entries to drop (all transformers versions); a hybrid draft's state
+            # layers also go back to their one-token size, and stop recording, even when nothing is dropped
+            self._cache.crop(-remove)
         if k == gamma:
             self._pending = [self._drafts[-1]]  # accepted but never fed to the draft
 
