@@ -107,17 +107,30 @@ class RecurrentLayout:
         return cache
 
 
+def cache_kinds(model_or_config) -> tuple[type, ...]:
+    """The class of every cache layer transformers lays out for this model (empty where it cannot)."""
+    cfg = text_config(model_or_config)
+    if not getattr(cfg, "layer_types", None) or not hasattr(cfg, "get_text_config"):
+        return ()
+    try:
+        return tuple(type(layer) for layer in DynamicCache(config=cfg).layers)
+    except Exception:  # noqa: BLE001 - a config transformers cannot lay a cache out for: attention-only path
+        return ()
+
+
+def state_layer_types(model_or_config) -> tuple[str, ...]:
+    """The layer types of a model (or config) that keep a recurrent state: linear attention, state-space
+    or convolution layers (empty for attention-only models)."""
+    types = getattr(text_config(model_or_config), "layer_types", None) or ()
+    return tuple(dict.fromkeys(t for t, kind in zip(types, cache_kinds(model_or_config))
+                               if issubclass(kind, LinearAttentionCacheLayerMixin)))
+
+
 def recurrent_layout(target: torch.nn.Module) -> RecurrentLayout | None:
     """The target's recurrent layers, or None for an attention-only target. Refuses, by name, a state
     layer this version cannot record and roll back (no mixer found for it)."""
-    cfg = text_config(target)
-    layer_types = getattr(cfg, "layer_types", None)
-    if not layer_types or not hasattr(cfg, "get_text_config"):
-        return None
-    try:
-        kinds = tuple(type(layer) for layer in DynamicCache(config=cfg).layers)
-    except Exception:  # noqa: BLE001 - a config transformers cannot lay a cache out for: attention-only path
-        return None
+    kinds = cache_kinds(target)
+    layer_types = getattr(text_config(target), "layer_types", None)
     state_layers = [i for i, kind in enumerate(kinds) if issubclass(kind, LinearAttentionCacheLayerMixin)]
     if not state_layers:
         return None

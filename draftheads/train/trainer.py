@@ -67,7 +67,7 @@ from .distributed import Parallelism
 from .evaluation import BestHeads, EvalShard, evaluate_and_log
 from ..tune.training import SAMPLE_ROWS, write_export_tree
 from .features import AUTO, auto_cache_dir, build_cache, fingerprint, open_cache
-from .packing import pack_for_training
+from .packing import check_packable, pack_for_training
 from .model import TargetWithHeads
 from .optim import build_optimizer, build_scheduler
 from .progress import StageTimer, TrainWindow, main_print, progress_bar, train_line, write_line
@@ -236,6 +236,8 @@ class Trainer:
         with self.timer("load_target"):
             self.target, self.tokenizer = load_target(self.cfg.target, accelerator, device=self.parallel.target_device())
         check_context(self.cfg.data.max_length, self.target.config, self.say)
+        if self.cfg.data.packing:  # before the data is built: a hybrid target cannot keep packed documents apart
+            check_packable(self.target)
         with self.timer("build_data"):
             with accelerator.main_process_first():
                 self.train_ds, self.eval_ds, self.data_stats = build_datasets(self.cfg.data, self.tokenizer)
