@@ -15,8 +15,9 @@ Read it top to bottom; each method is one stage and keeps what it builds on the 
       evaluate          the eval set's figures; the heads of the evaluation with the best simulated
                         acceptance are exported to best/
       save              a resumable checkpoint (heads, optimizer, schedule, RNG, where the data is)
-      finish            final evaluation, export the heads, choose their tree, metrics.json,
-                        tear down
+      finish            final evaluation (kept in the last checkpoint: a run extended with a
+                        larger max_steps keeps it in its history), export the heads, choose
+                        their tree, metrics.json, tear down
 
 DDP / DeepSpeed ZeRO / FSDP / mixed precision come from the ``accelerate launch`` config, not
 from here; ``distributed.py`` says what each of them needs from the recipe.
