@@ -22,7 +22,7 @@ from ..registry import UnknownMethodError, head_classes, method_named
 from .config import FORMAT_VERSION, HeadsConfig
 from .folder import CONFIG_NAME, WEIGHTS_NAME, non_finite_tensors, save_heads  # noqa: F401 (re-exported)
 from .hub import resolve_heads_folder
-from .tree_check import plans_problem
+from .tree_check import check_plans  # noqa: F401 (re-exported)
 
 
 def head_types() -> dict[str, type]:
@@ -154,17 +154,9 @@ def _require_fingerprint(config: HeadsConfig, cfg_file: Path) -> None:
 
 
 def attach_plans(heads: torch.nn.Module, plans: TreePlans | None, path: Path) -> None:
-    """Check that every tree in ``plans`` fits ``heads`` (a bad one is refused here, naming the
-    file, not in the first decode step) and set them as ``heads.plans``."""
-    check_plans(heads, plans, path / TREE_NAME)
-    heads.plans = plans
-
-
-def check_plans(heads: torch.nn.Module, plans: TreePlans | None, where: str | os.PathLike) -> None:
-    """Refuse ``plans`` whose trees do not fit ``heads``, naming ``where`` they came from."""
-    problem = plans_problem(heads, plans)
-    if problem:
-        raise ValueError(f"{where}: {problem}; fix it, delete it or run draftheads calibrate again")
+    """Give ``heads`` the plans of the folder at ``path`` (`DraftHeads.use_plans`: a tree that does
+    not fit them is refused here, naming the file, not in the first decode step)."""
+    heads.use_plans(plans, path / TREE_NAME)
 
 
 def load_heads(

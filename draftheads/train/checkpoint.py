@@ -329,8 +329,7 @@ def heads_from_state(heads: torch.nn.Module, state: dict[str, torch.Tensor]) -> 
     with torch.device("meta"):  # no RNG draws, no second allocation: weights are assigned
         copy = type(heads)(heads.config)
     copy.load_state_dict(state, strict=True, assign=True)
-    copy.plans = heads.plans
-    return copy
+    return copy.use_plans(heads.plans)
 
 
 def export_heads(accelerator, model: torch.nn.Module, path: str | os.PathLike) -> Path | None:
