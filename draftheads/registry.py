@@ -224,10 +224,11 @@ def head_classes(found: Iterable[Method] | None = None) -> dict[str, type]:
 
 
 def moved(package: str, name: str) -> Any:
-    """``name`` read from ``package`` (heads, inference, inference.proposers), where the heads
-    classes and drafters lived before each method got its own package under draftheads/methods/:
-    a class defined in the module of a registered method's heads or drafter, with a DeprecationWarning
-    naming its home now. ``XProposer``, a head drafter's former per-sequence name, finds ``XDrafter``.
+    """``name`` read from ``package`` (heads, inference, inference.proposers; the package root for
+    ``XProposer`` names), where the heads classes and drafters lived before each method got its
+    own package under draftheads/methods/: a class defined in the module of a registered method's
+    heads or drafter, with a DeprecationWarning naming its home now. ``XProposer``, a head
+    drafter's former per-sequence name, finds ``XDrafter``. The one path of every old name.
     Anything else is the usual AttributeError."""
     wanted = name[: -len("Proposer")] + "Drafter" if name.endswith("Proposer") else name
     if not name.startswith("_"):
