@@ -24,6 +24,7 @@ from pydantic.dataclasses import dataclass
 
 from . import smollm2
 from .data.config import DataConfig
+from .registry import default_head_type
 from .schema import CHECKED, Bool, Float, Int, NonNegative, Positive, Str, TargetLoss
 
 
@@ -56,8 +57,9 @@ class HeadsSpec:
     """Which draft heads to train (the architecture itself is fixed by the target's sizes)."""
 
     # medusa | hydra | eagle | eagle3 | peagle | dflash; the same name as HeadsConfig.head_type in a heads folder's
-    # config.json. Files written before the rename say ``type``: read as this (see _upgrade).
-    head_type: Str = "medusa"
+    # config.json. Files written before the rename say ``type``: read as this (see _upgrade). Unset:
+    # the method the registry declares the default (`registry.default_head_type`).
+    head_type: Str = field(default_factory=default_head_type)
     # medusa/hydra: heads (one per future position); eagle/eagle3: draft steps unrolled in training
     # (eagle: 1 = EAGLE-1's teacher-forced recipe; eagle3: training-time test, step k weighted train.loss_decay^k);
     # peagle: the depths trained (the most tokens one draft forward may propose).
@@ -119,7 +121,7 @@ class HeadsSpec:
 
 @dataclass(config=CHECKED)
 class TrainConfig:
-    output_dir: Str = "runs/medusa"
+    output_dir: Str = "runs/draftheads"
     max_steps: Positive | None = None  # optimizer steps; None: num_epochs over the training split
     num_epochs: Positive = 1
     batch_size: Positive = 8  # sequences per process per micro-step
@@ -510,7 +512,7 @@ def validate(cfg: ExperimentConfig) -> None:
             raise ConfigError(
                 f"tracking.{key}={name!r}: with tracking.report_to=tensorboard it names the log folder inside "
                 f"train.output_dir, so it must be one plain folder name (no '/', '\\', '.' or '..'), e.g. "
-                f"{'medusa-run1'!r}"
+                f"{'heads-run1'!r}"
             )
     if cfg.data.packing and cfg.train.group_by_length:  # before anything is loaded or written
         raise ConfigError(

@@ -15,8 +15,9 @@ Read it top to bottom; each method is one stage and keeps what it builds on the 
       evaluate          the eval set's figures; the heads of the evaluation with the best simulated
                         acceptance are exported to best/
       save              a resumable checkpoint (heads, optimizer, schedule, RNG, where the data is)
-      finish            final evaluation, export the heads, choose their tree, metrics.json,
-                        tear down
+      finish            final evaluation (kept in the last checkpoint: a run extended with a
+                        larger max_steps keeps it in its history), export the heads, choose
+                        their tree, metrics.json, tear down
 
 DDP / DeepSpeed ZeRO / FSDP / mixed precision come from the ``accelerate launch`` config, not
 from here; ``distributed.py`` says what each of them needs from the recipe.
@@ -51,6 +52,7 @@ from .checkpoint import (
     export_heads,
     load_checkpoint,
     read_state,
+    record_state,
     resume_candidates,
     save_checkpoint,
 )
@@ -84,7 +86,7 @@ from .run_dir import (
 from .run_lock import RunLock
 from .stability import MAX_NONFINITE_STEPS, NonFiniteGuard
 from .step import EpochShuffleSampler, data_position, merge_label_counts, noise_seed, step_denominators
-from .tracking import init_trackers, prepare_tracker
+from .tracking import init_trackers, prepare_tracker, tracker_run_id
 
 
 @dataclass
@@ -110,6 +112,7 @@ class Trainer:
         self.step, self.epoch, self.batch_in_epoch = 0, 0, 0
         self.evals: list[dict[str, Any]] = []
         self.last_saved = -1
+        self.tracker_run: str | None = None  # the W&B run's id: a resumed run continues that W&B run
         self.took_over_folder = False  # a folder whose earlier run never saved a step (check_run_folder)
 
     def run(self) -> TrainResult:
@@ -352,7 +355,8 @@ class Trainer:
             self.resume()
         elif t.resume == "auto":
             self.say(f"resume=auto: no checkpoint in {self.output_dir / 'checkpoints'} yet, starting fresh")
-        init_trackers(accelerator, self.cfg.tracking, self.cfg.to_dict(), self.output_dir)
+        init_trackers(accelerator, self.cfg.tracking, self.cfg.to_dict(), self.output_dir, run_id=self.tracker_run)
+        self.tracker_run = tracker_run_id(accelerator, self.cfg.tracking) or self.tracker_run
         if self.step >= self.max_steps:  # resumed at the last step (killed while finishing): finish only
             self.say(f"the checkpoint is at step {self.step} = the step budget: nothing left to train; "
                      "finishing the run (final evaluation, export)")
@@ -365,8 +369,10 @@ class Trainer:
 
     def resume(self) -> None:
         """Heads, optimizer, schedule and RNG from the newest loadable checkpoint; the step, the data
-        position, best/ and the history metrics.json reports (it covers the whole run, not only
-        the part after the resume)."""
+        position, best/, the tracker's run and the history metrics.json reports (it covers the
+        whole run, not only the part after the resume). A run that finished at the checkpoint's
+        step and now trains on (a larger ``train.max_steps``) keeps its final evaluation there, as
+        the evaluation of that step."""
         accelerator = self.accelerator
         self.parallel.before_resume(self.optimizer)
         with self.timer("resume"):
@@ -379,6 +385,10 @@ class Trainer:
         self.say(f"resumed from {checkpoint}: step {self.step}, epoch {self.epoch}, {self.batch_in_epoch} batches into the epoch")
         self.last_saved = self.step
         self.evals = list(state.get("evals") or [])
+        finished = state.get("final_eval")
+        if finished and self.step < self.max_steps:  # else finish() evaluates this step again
+            self.evals.append(finished)
+        self.tracker_run = state.get("tracker_run")
         self.window.total_tokens = int(state.get("train_tokens", 0))
         self.window.total_seconds = float(state.get("train_seconds", 0.0))
 
@@ -478,14 +488,16 @@ class Trainer:
         save_checkpoint(self.accelerator, self.output_dir, self.step, self.trainer_state())
         self.last_saved = self.step
 
-    def trainer_state(self) -> dict[str, Any]:
+    def trainer_state(self, final_eval: dict[str, Any] | None = None) -> dict[str, Any]:
         """What a checkpoint records besides the weights: where the data stands, best/, the
-        history metrics.json reports, and the config a resume compares against (a collective:
-        the trained tokens are summed over processes)."""
+        history metrics.json reports (with ``final_eval``, the run's final evaluation at this
+        step), the tracker's run and the config a resume compares against (a collective: the
+        trained tokens are summed over processes)."""
         epoch, batches = data_position(self.epoch, self.batch_in_epoch, self.batches_per_epoch)
         accelerator = self.accelerator
         return {
             "evals": self.evals,
+            "final_eval": final_eval or None,
             "train_tokens": self.window.tokens_so_far(accelerator),
             "train_seconds": self.window.total_seconds,
             "step": self.step,
@@ -495,15 +507,18 @@ class Trainer:
             "num_processes": accelerator.num_processes,
             "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
             "best": self.best.as_dict(),
+            "tracker_run": self.tracker_run,
             "config": self.cfg.to_dict(),  # what a resume compares against (run_dir.check_resume_config)
         }
 
     # -- 5. finish ---------------------------------------------------------------------------------
     def finish(self) -> TrainResult:
-        """Last checkpoint, final evaluation, the exported heads and their tree, metrics.json."""
+        """Last checkpoint, final evaluation (recorded in that checkpoint, with the best/ it
+        chose: a resume with a larger step budget continues the run's history), the exported
+        heads and their tree, metrics.json."""
         accelerator = self.accelerator
         merge_label_counts(accelerator, self.heads, self.label_counts)
-        if self.t.save_every and self.last_saved != self.step:
+        if self.t.save_every and self.last_saved != self.step:  # before the evaluation: a kill there resumes here
             save_checkpoint(accelerator, self.output_dir, self.step, self.trainer_state())
         final_eval: dict[str, Any] = {}
         if self.eval_dl is not None:
@@ -511,6 +526,8 @@ class Trainer:
                 final_eval = self.evaluate()
             with self.timer("export"):
                 self.best.offer(accelerator, self.model, self.heads, self.label_counts, final_eval)
+            if self.t.save_every:
+                record_state(accelerator, self.output_dir, self.step, self.trainer_state(final_eval))
         heads_dir = self.output_dir / "heads"
         with self.timer("export"):
             export_heads(accelerator, self.model, heads_dir)
@@ -550,9 +567,11 @@ class Trainer:
             # the evaluation whose heads are in best/ (highest eval/simulated_acceptance); None without eval
             "best": self.best.as_dict(),
             "train_tokens": window.total_tokens,
-            # tokens over time spent in training steps (evaluation and checkpoint time excluded)
+            # seconds spent in training steps (evaluation and checkpoint time excluded), and the
+            # tokens per such second: over the whole run, like train_tokens, however often it resumed
+            "train_seconds": window.total_seconds,
             "train_tokens_per_second": window.total_tokens / window.total_seconds if window.total_seconds else 0.0,
-            "stage_seconds": self.timer.seconds,
+            "stage_seconds": self.timer.seconds,  # this process's stages (a resumed run's: since it resumed)
             "data": self.data_stats.as_dict(),
             "tree": chosen_tree,  # what write_export_tree put in heads/tree.json (None: device default)
         }

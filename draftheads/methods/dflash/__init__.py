@@ -28,8 +28,14 @@ METHOD = register(Method(
     imports={
         "speculators-dflash": ImportLayout(
             detect=lambda source: source.config.get("speculators_model_type") == "dflash",
-            read=lambda source, target: read_dflash(source, target, "speculators-dflash"), rank=0),
-        "dflash": ImportLayout(detect=_is_zlab, read=lambda source, target: read_dflash(source, target, "dflash"),
-                               rank=0),
+            read=lambda source, target: read_dflash(source, target, "speculators-dflash"), rank=0,
+            description="speculators DFlash: config speculators_model_type dflash, aux_hidden_state_layer_ids, "
+                        "mask_token_id, transformer_layer_config",
+            config_names=("speculator", "dflash")),
+        "dflash": ImportLayout(
+            detect=_is_zlab, read=lambda source, target: read_dflash(source, target, "dflash"), rank=0,
+            description="DFlash (z-lab, SpecForge): config DFlashDraftModel + dflash_config {mask_token_id, "
+                        "target_layer_ids}, layers.{i}.* with q/k norms + fc + hidden_norm + norm",
+            config_names=("dflash",)),
     },
 ))

@@ -144,11 +144,12 @@ def read_dflash(source: Source, target: torch.nn.Module, layout: str) -> DFlashH
         raise ValueError(f"{where}: wrong shapes: " + ", ".join(f"{k} {tuple(tensors[k].shape)} != {tuple(state[k].shape)}" for k in wrong[:6]))
     dtype = heads.fc.weight.dtype
     counts = state["token_counts"]
-    if vocab_ids is not None and vocab_ids.numel() < info.vocab_size:
+    reduced = vocab_ids is not None and vocab_ids.numel() < info.vocab_size
+    if reduced:
         counts[vocab_ids] = 1
-        # the chain vLLM drafts, saved (tree.json) with the draft vocabulary it was trained over
-        heads.plans = given_tree(StaticTree.chain(block - 1), int(vocab_ids.numel()))
     heads.load_state_dict({**{k: tensors[k].to(dtype) for k in expected}, "token_counts": counts})
+    if reduced:  # the chain vLLM drafts, saved (tree.json) with the draft vocabulary it was trained over
+        heads.use_plans(given_tree(StaticTree.chain(block - 1), int(vocab_ids.numel())), where)
     return heads
 
 
