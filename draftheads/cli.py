@@ -135,6 +135,9 @@ def cmd_generate(args) -> int:
         f"{out.mean_accept_length:.2f} tokens per target forward over {len(out.accept_lengths)} steps]",
         file=sys.stderr,
     )
+    line = plan_line(out.stats)
+    if line:
+        print(line, file=sys.stderr)
     budget = out.stats.get("draft_budget")
     if budget:  # what the draft budget chose: full drafts, shorter ones, plain steps
         steps = budget["steps"]
@@ -149,6 +152,33 @@ def cmd_generate(args) -> int:
         print(f"[prompt lookup in front of the heads ({why}): {drafted['lookup']} steps drafted by lookup, "
               f"{drafted['heads']} by the heads]", file=sys.stderr)
     return 0
+
+
+_ASKED = {"prompt_lookup argument": "asked: --prompt-lookup", "tree argument": "asked: a tree",
+          "batch_plan argument": "asked: a batch plan"}
+
+
+def plan_line(stats: dict) -> str | None:
+    """One line on what a heads decode ran and what decided it: tree.json's entry, or what the
+    command line asked for over it (``out.stats["plan"]``; None for drafters without a plan)."""
+    plan = stats.get("plan") or {}
+    if "from" not in plan:
+        return None
+    entry = plan.get("entry")
+    where = (f"{entry['chosen_by']}'s entry for {entry['device_type'] or 'any device'}, batch {entry['batch_size']}, "
+             f"temperature {entry['temperature']:g}" if entry else "no plan entry")
+    source = plan["from"]["mode"]
+    if stats.get("mode") == "plain":
+        why = "tree.json" if source == "tree.json" else _ASKED.get(source, source)
+        return f"[plan: plain decoding ({why}, {where})]"
+    if plan.get("lookup"):
+        lookup_from = plan["from"]["prompt_lookup"]
+        what = f"prompt lookup in front ({'tree.json' if lookup_from == 'tree.json' else _ASKED.get(lookup_from, lookup_from)})"
+    else:
+        what = "the heads alone"
+    over = (f", over the plan's plain entry ({where})" if entry and entry["mode"] == "plain" and source in _ASKED
+            else f" ({where})")
+    return f"[plan: speculative, {what}{over}]"
 
 
 def _calibration_text(row, where: str) -> str:

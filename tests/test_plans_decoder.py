@@ -127,7 +127,7 @@ def test_arguments_still_override_the_table(setup, tmp_path):
     given = dh.SpeculativeDecoder(target, heads, tree=[[0], [0, 0]])
     out = given.generate(prompts[:1], max_new_tokens=6, eos_token_id=[], temperature=0.7, seed=0)
     assert out.stats["plan"]["tree"] == "given" and sorted(map(list, given.proposer.shape.choices)) == [[0], [0, 0]]
-    assert given.mode_for(1, 1.0) == "plain"  # the table still says where plain decoding is faster
+    assert given.mode_for(1, 1.0) == "speculative"  # an explicit tree is drafted, also where the table says plain
     always = dh.SpeculativeDecoder(target, heads, batch_plan=None)
     assert always.mode_for(1, 1.0) == "speculative" and always.mode_for(2, 0.0) == "speculative"
     out = always.generate(prompts[:1], max_new_tokens=6, eos_token_id=[], temperature=0.7, seed=0)
