@@ -2,7 +2,7 @@
 
     draftheads train --config configs/smollm2.yaml [key.sub=value ...]
     draftheads generate --target PATH_OR_ID --heads DIR --prompt "..."
-    draftheads calibrate --target PATH_OR_ID --heads DIR [--prompts chat|FILE] [--batch-sizes 1,4,8]
+    draftheads calibrate --target PATH_OR_ID --heads DIR [--prompts user|text|FILE] [--batch-sizes 1,4,8]
     draftheads bench --target PATH_OR_ID --heads DIR [--prompt-lookup] [--questions mt-bench|spec-bench|FILE] --out results/
     draftheads distill --target PATH_OR_ID --data FILE --out data/regen.jsonl [--engine hf|vllm] [--resume]
     draftheads cache-features --config CONFIG --out DIR [--dtype bfloat16]
@@ -14,7 +14,6 @@ Every command imports torch and transformers only when it runs, so ``--help`` is
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -181,25 +180,6 @@ def plan_line(stats: dict) -> str | None:
     return f"[plan: speculative, {what}{over}]"
 
 
-def _calibration_text(row, where: str) -> str:
-    """The first user turn of a questions row (``turns``, a list of strings as in Spec-Bench and
-    `draftheads bench`), else its ``prompt`` or ``text``. A string ``turns`` is refused, as bench
-    refuses it, rather than guessed at (it used to calibrate on its first character)."""
-    if not isinstance(row, dict):
-        raise SystemExit(f"error: {where}: expected a JSON object with 'turns', 'prompt' or 'text', got {type(row).__name__}")
-    if "turns" in row:
-        turns = row["turns"]
-        if not isinstance(turns, list) or not turns or not all(isinstance(t, str) and t.strip() for t in turns):
-            raise SystemExit(f"error: {where}: 'turns' must be a non-empty list of non-empty strings, got {turns!r:.80}")
-        return turns[0]
-    for key in ("prompt", "text"):
-        if key in row:
-            if not isinstance(row[key], str) or not row[key].strip():
-                raise SystemExit(f"error: {where}: '{key}' must be a non-empty string, got {row[key]!r:.80}")
-            return row[key]
-    raise SystemExit(f"error: {where} has no 'turns', 'prompt' or 'text' field")
-
-
 def _check_writable(folder: Path) -> None:
     """Fail before a long calibration, not after it, when its result could not be saved."""
     import os
@@ -219,31 +199,17 @@ def _check_writable(folder: Path) -> None:
 
 
 def _calibration_prompts(args, tokenizer) -> list:
-    """Prompts from a named set shipped in the package (default: ``chat``, general chat prompts
-    that are not the evaluation questions) or a text/jsonl file (one prompt per line or
-    `turns`/`prompt`/`text` fields)."""
-    from .data.prompt_sets import resolve_prompt_set
+    """Prompts from a named set shipped in the package (default: ``user``, prompts shaped like
+    users' requests, never the evaluation questions) or a text/jsonl file (one prompt per line or
+    `turns`/`prompt`/`text` fields), checked (`data.plan_prompts`: an empty, binary or
+    evaluation-overlapping file is refused by name)."""
+    from .data.plan_prompts import PromptFileError, encode_prompts, read_prompt_texts
 
-    path = resolve_prompt_set(args.prompts)
-    if not path.is_file():
-        raise SystemExit(f"error: prompts file not found: {path} (pass a text or .jsonl file, or a named set: "
-                         f"{describe_names()})")
-    texts: list[str] = []
-    for n, line in enumerate(path.read_text().splitlines(), start=1):
-        if not line.strip():
-            continue
-        if path.suffix == ".jsonl":
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise SystemExit(f"error: {path}:{n} is not valid JSON ({e})") from None
-            texts.append(_calibration_text(row, f"{path}:{n}"))
-        else:
-            texts.append(line)
-    texts = texts[: args.num_prompts]
-    if not texts:
-        raise SystemExit("error: no prompts to calibrate on")
-    return [_encode_prompt(tokenizer, t, not args.no_chat_template)[:, -args.prompt_tokens :] for t in texts]
+    try:
+        texts = read_prompt_texts(args.prompts, "--prompts")
+    except PromptFileError as e:
+        raise SystemExit(f"error: {e}") from None
+    return encode_prompts(tokenizer, texts[: args.num_prompts], not args.no_chat_template, args.prompt_tokens)
 
 
 def _calibrate_dynamic(args, target, heads, prompts, temperature: float, greedy_choice: dict | None) -> tuple[list, dict]:
@@ -423,8 +389,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_target_args(p)
     p.add_argument("--heads", required=True)
     p.add_argument("--prompts", default=DEFAULT_CALIBRATION_PROMPTS, metavar="NAME_OR_FILE",
-                   help=f"a set shipped in the package ({describe_names()}), a text file (one prompt per line) or a "
-                        f"Spec-Bench .jsonl (default: {DEFAULT_CALIBRATION_PROMPTS}, 40 general chat prompts)")
+                   help=f"a set shipped in the package ({describe_names()}; not the evaluation sets), a text file "
+                        f"(one prompt per line) or a Spec-Bench .jsonl (default: {DEFAULT_CALIBRATION_PROMPTS}, 32 prompts "
+                        "shaped like users' requests); refused when empty, binary or holding evaluation questions")
     p.add_argument("--num-prompts", type=positive_int, default=12)
     p.add_argument("--prompt-tokens", type=positive_int, default=128, help="keep the last N tokens of each prompt")
     p.add_argument("--new-tokens", type=positive_int, default=64)

@@ -182,7 +182,7 @@ def test_training_exports_heads_with_a_tree_chosen_by_training(tmp_path, tiny_ta
     result = run(cfg)
     saved = json.loads((result.heads_dir / "tree.json").read_text())
     assert (result.heads_dir / "tree.json").stat().st_mode & 0o044 == 0o044  # readable like the weights
-    assert saved["format_version"] == 3
+    assert saved["format_version"] == 4
     # greedy, 0.7 and 1.0, chosen by training for its device type, each timed against generate at
     # batch sizes 1, 4 and 8 (a tree that drafts nothing: prompt lookup alone is its one candidate)
     assert [e["temperature"] for e in saved["plans"] if e["batch_size"] == 1] == [0.0, 0.7, 1.0]

@@ -188,7 +188,7 @@ def test_calibrate_measures_each_temperature_and_keeps_other_device_types(tiny_t
     assert cpu == [(0.0, 1), (0.0, 2), (0.7, 1), (0.7, 2)]  # the old cpu entry is replaced
     assert [e for e in saved.entries if e.device_type == "cuda"] == [gpu]  # another device type's is kept
     assert all("batch" in e.measured for e in saved.entries if e.device_type == "cpu")
-    assert json.loads((heads_dir / "tree.json").read_text())["format_version"] == 3
+    assert json.loads((heads_dir / "tree.json").read_text())["format_version"] == 4
     # these random heads pay for no tree (root-only, "tree: []"), so lookup alone (the default candidate) is what
     # each size timed against generate, and an entry speculates by it where it won
     assert "tree: []" in printed and "prompt lookup alone (the tree drafts nothing) / plain" in printed and "behind prompt lookup" not in printed

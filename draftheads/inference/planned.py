@@ -34,9 +34,10 @@ from typing import Any, Mapping
 
 import torch
 
+from ..device import device_name
 from ..heads.io import check_plans
 from ..plans import PLAIN, SPECULATIVE, BatchPlan, PlanEntry, greedy_batch_plan, mode_for, parse_batch_plan, select
-from ..plans import DynamicTree, TreePlans, TreeSpec, plans_at, usable_entries
+from ..plans import DynamicTree, TreePlans, TreeSpec, measured_on, plans_at, usable_entries
 from .default_tree import default_for, heads_plans, source_of
 from .proposers.hybrid import LookupThenHeads
 from .proposers.prompt_lookup import PromptLookupProposer
@@ -79,6 +80,7 @@ class PlannedDrafts:
                  batch_plan: str | Mapping[int | str, str] | None = FOLLOW_HEADS,
                  prompt_lookup: bool | PromptLookupProposer | None = None, plans: TreePlans | None = None) -> None:
         self.device_type = torch.device(device).type
+        self.device_name = device_name(device)
         self.plans = plans if is_heads else None
         self.entries: list[PlanEntry] = []
         self._by_tree: dict[tuple, Any] = {}
@@ -87,8 +89,15 @@ class PlannedDrafts:
         self.explicit_tree = tree is not None
         self.ignored: tuple[str, ...] = ()
         if is_heads:  # the table decides plain decoding even under an explicit tree
-            self.entries, self.ignored = usable_entries(self.plans, self.device_type)
-        first = select(self.plans, self.device_type, 1, 0.0).entry if self.entries else None
+            self.entries, self.ignored = usable_entries(self.plans, self.device_type, self.device_name)
+        first = self._select(1, 0.0) if self.entries else None
+        self.measured_on = measured_on(self.plans, self.device_type, self.device_name) if self.entries else None
+        if self.measured_on is not None:
+            warnings.warn(
+                f"the heads' tree.json holds {self.device_type} plans measured on {self.measured_on!r}, not on this "
+                f"machine ({self.device_name!r}); they are followed, but the cost of verifying a tree differs between "
+                "machines of one device type: run `draftheads calibrate` here to measure plans for this machine",
+                stacklevel=3)
         if not is_heads:
             self.default = proposer  # a Proposer brings its own drafts
         elif tree is not None:
@@ -115,6 +124,9 @@ class PlannedDrafts:
         self._first = first
         self.override = _resolve_override(batch_plan)
         self.always_speculate = batch_plan is None
+
+    def _select(self, batch_size: int, temperature: float) -> PlanEntry | None:
+        return select(self.plans, self.device_type, batch_size, temperature, self.device_name).entry
 
     def _uses_lookup(self, entry: PlanEntry | None) -> bool:
         """Lookup in front for the requests of ``entry``: as asked, else as the entry measured
@@ -167,7 +179,7 @@ class PlannedDrafts:
     def run_for(self, batch_size: int, temperature: float) -> PlannedRun:
         """What a request of ``batch_size`` rows at ``temperature`` (0: greedy) runs: the table's
         entry for it, under what the caller asked (module docstring)."""
-        entry = select(self.plans, self.device_type, batch_size, temperature).entry if self.entries else None
+        entry = self._select(batch_size, temperature) if self.entries else None
         proposer = self._drafter_for(entry)
         lookup = isinstance(proposer, LookupThenHeads)
         if self.override is not None:
@@ -192,6 +204,8 @@ class PlannedDrafts:
             stats["mode_from"] = source
         if self.ignored and not self.entries:
             stats["ignored_device_types"] = list(self.ignored)
+        if self.measured_on is not None:
+            stats["measured_on"] = self.measured_on  # another machine's plan (warned when the decoder was built)
         if lookup:
             stats["prompt_lookup"] = "tree.json" if self._lookup is None else "prompt_lookup argument"
         stats["from"] = {
