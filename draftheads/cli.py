@@ -212,14 +212,15 @@ def _calibration_prompts(args, tokenizer) -> list:
     return encode_prompts(tokenizer, texts[: args.num_prompts], not args.no_chat_template, args.prompt_tokens)
 
 
-def _calibrate_dynamic(args, target, heads, prompts, temperature: float, greedy_choice: dict | None) -> tuple[list, dict]:
-    """EAGLE heads: time each (token budget, depth, top-k) setting of the device's grid at
-    ``temperature`` (after a greedy choice, the short sampling grid beside it); the fastest as
-    tree.json entries, and the chosen setting."""
+def _calibrate_dynamic(args, target, heads, prompts, temperature: float, greedy_choice: dict | None,
+                       curve) -> tuple[list, dict]:
+    """EAGLE heads: time each (token budget, depth, top-k) setting of the device's grid, sized by
+    this machine's cost ``curve``, at ``temperature`` (after a greedy choice, the short sampling
+    grid beside it); the fastest as tree.json entries, and the chosen setting."""
     from .tune.calibrate import calibrate_dynamic_tree, dynamic_grid, restricts_vocab, sampling_grid
     from .tune.tables import dynamic_entries
 
-    grid = dynamic_grid(target.device.type, restricts_vocab(heads))
+    grid = dynamic_grid(target.device.type, restricts_vocab(heads), curve.verify_seconds)
     if temperature > 0 and greedy_choice is not None:
         grid = sampling_grid(grid, greedy_choice)
     result = calibrate_dynamic_tree(target, heads, prompts, new_tokens=args.new_tokens, grid=grid, temperature=temperature)
@@ -229,7 +230,7 @@ def _calibrate_dynamic(args, target, heads, prompts, temperature: float, greedy_
     print(f"chosen: {result.tree}, {result.mean_accept_length:.2f} tokens/step, "
           f"{result.expected_speedup:.2f}x our plain one-token steps")
     plan = _batch_plan(args, target, heads, result.tree, prompts, temperature)
-    return dynamic_entries(result, target.device.type, plan), result.tree
+    return dynamic_entries(result, target.device.type, plan, device_name=curve.device_name), result.tree
 
 
 def _calibrate_static(args, target, heads, prompts, temperature: float, verify: dict | None) -> tuple[list, dict]:
@@ -244,8 +245,6 @@ def _calibrate_static(args, target, heads, prompts, temperature: float, verify: 
                                                    if temperature > 0 else ":"))
     for k, row in enumerate(result.accuracy):
         print(f"  head {k}: " + " ".join(f"{a:.2f}" for a in row))
-    print("verify forward, median ms by tree size: " + ", ".join(
-        f"{n}: {s * 1000:.1f}" for n, s in sorted(result.verify_seconds.items())))
     print("drafting, median ms by heads used: " + ", ".join(
         f"{d}: {s * 1000:.2f}" for d, s in sorted(result.draft_seconds.items()) if d))
     print(f"chosen tree: {len(result.tree) + 1} nodes, expected {result.expected_tokens_per_step:.2f} tokens/step, "
@@ -254,7 +253,9 @@ def _calibrate_static(args, target, heads, prompts, temperature: float, verify: 
     vocab = result.draft_vocab_size
     print(f"draft vocabulary: {'the whole vocabulary' if vocab is None else f'the {vocab} most frequent training tokens'}")
     plan = _batch_plan(args, target, heads, result.tree, prompts, temperature, vocab)  # as its entry will run it
-    return static_entries(result, target.device.type, plan), result.verify_seconds
+    from .device import device_name
+
+    return static_entries(result, target.device.type, plan, device_name=device_name(target.device)), result.verify_seconds
 
 
 def _batch_plan(args, target, heads, tree, prompts, temperature: float = 0.0, draft_vocab_size: int | None = None):
@@ -268,7 +269,8 @@ def _batch_plan(args, target, heads, tree, prompts, temperature: float = 0.0, dr
 
     result = measure_batch_plan(target, heads, tree, prompts, args.batch_sizes, new_tokens=args.new_tokens,
                                 temperature=temperature, try_lookup=args.prompt_lookup,
-                                draft_vocab_size=draft_vocab_size)
+                                draft_vocab_size=draft_vocab_size, rounds=args.rounds, resolution=args.resolution,
+                                max_seconds=args.max_seconds)
     print("\n".join(result.lines()))
     return result
 
@@ -299,12 +301,18 @@ def cmd_calibrate(args) -> int:
     heads = _load_heads(args.heads, target, not args.no_fingerprint_check)
     prompts = _calibration_prompts(args, tokenizer)
     saved = heads.plans  # the file as loaded (read once), before calibration changes the heads
-    entries, verify, greedy_choice = [], None, None
+    from .tune.calibrate import describe_curve, measure_cost_curve
+
+    context = min(256, max(int(p.shape[-1]) for p in prompts) + args.new_tokens)
+    sizes = [n for n in (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64) if n <= args.max_nodes + 1]
+    curve = measure_cost_curve(target, sizes, context=context)  # this machine's own: the widths are chosen with it
+    print(describe_curve(curve))
+    entries, verify, greedy_choice = [], curve.verify_seconds, None
     for temperature in args.temperatures:
         if len(args.temperatures) > 1:
             print(f"-- temperature {temperature:g}{' (greedy)' if temperature == 0 else ''}")
         if method_of(heads).tree is TreeKind.DYNAMIC:
-            found, chosen = _calibrate_dynamic(args, target, heads, prompts, temperature, greedy_choice)
+            found, chosen = _calibrate_dynamic(args, target, heads, prompts, temperature, greedy_choice, curve)
             entries += found
             greedy_choice = chosen if temperature == 0 else greedy_choice
         elif temperature > 0 and method_of(heads).tree is TreeKind.ONE_FORWARD:
@@ -315,7 +323,7 @@ def cmd_calibrate(args) -> int:
         else:
             found, verify = _calibrate_static(args, target, heads, prompts, temperature, verify)
             entries += found
-    measured = TreePlans(tuple(entries))
+    measured = TreePlans(tuple(entries), curves=(curve,))
     if not args.dry_run:
         plans = saved.merged(measured) if saved is not None else measured
         path = write_plans(args.heads, plans)
@@ -404,6 +412,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prompt-lookup", action=argparse.BooleanOptionalAction, default=True,
                    help="with --batch-sizes: also time the tree behind prompt lookup and save it where it is faster "
                         "(tree.json prompt_lookup; default: on)")
+    p.add_argument("--rounds", type=positive_int, default=2,
+                   help="with --batch-sizes: rounds over the prompts at most (default: 2)")
+    p.add_argument("--resolution", type=float, default=0.01,
+                   help="with --batch-sizes: stop timing a batch size once its verdict is settled to this (the 95%% "
+                        "interval excludes the threshold or is narrower than this either side; default: 0.01)")
+    p.add_argument("--max-seconds", type=float, default=None,
+                   help="with --batch-sizes: time bound per batch size and temperature (default: none)")
     p.add_argument("--temperatures", type=_temperatures, default=[0.0], metavar="0,0.7,1.0",
                    help="measure a tree (and the batch plan) at each of these sampling temperatures (0 = greedy); "
                         "the decoder runs the one nearest a request's temperature (default: 0)")
