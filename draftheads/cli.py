@@ -203,10 +203,13 @@ def _calibration_prompts(args, tokenizer) -> list:
     users' requests, never the evaluation questions) or a text/jsonl file (one prompt per line or
     `turns`/`prompt`/`text` fields), checked (`data.plan_prompts`: an empty, binary or
     evaluation-overlapping file is refused by name)."""
-    from .data.plan_prompts import PromptFileError, encode_prompts, read_prompt_texts
+    from .data.plan_prompts import AUTO, PromptFileError, default_set, encode_prompts, read_prompt_texts
 
+    name = args.prompts
+    if name == AUTO:  # the user-like set for a chat model, raw-text beginnings for a base model
+        name = default_set(bool(getattr(tokenizer, "chat_template", None)) and not args.no_chat_template)
     try:
-        texts = read_prompt_texts(args.prompts, "--prompts")
+        texts = read_prompt_texts(name, "--prompts")
     except PromptFileError as e:
         raise SystemExit(f"error: {e}") from None
     return encode_prompts(tokenizer, texts[: args.num_prompts], not args.no_chat_template, args.prompt_tokens)
@@ -396,10 +399,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("calibrate", help="measure acceptance and verify cost, save the best tree")
     _add_target_args(p)
     p.add_argument("--heads", required=True)
-    p.add_argument("--prompts", default=DEFAULT_CALIBRATION_PROMPTS, metavar="NAME_OR_FILE",
+    p.add_argument("--prompts", default="auto", metavar="NAME_OR_FILE",
                    help=f"a set shipped in the package ({describe_names()}; not the evaluation sets), a text file "
-                        f"(one prompt per line) or a Spec-Bench .jsonl (default: {DEFAULT_CALIBRATION_PROMPTS}, 32 prompts "
-                        "shaped like users' requests); refused when empty, binary or holding evaluation questions")
+                        f"(one prompt per line) or a Spec-Bench .jsonl (default auto: {DEFAULT_CALIBRATION_PROMPTS}, 32 "
+                        "prompts shaped like users' requests, or text, raw-text beginnings, for a model without a chat "
+                        "template); refused when empty, binary or holding evaluation questions")
     p.add_argument("--num-prompts", type=positive_int, default=12)
     p.add_argument("--prompt-tokens", type=positive_int, default=128, help="keep the last N tokens of each prompt")
     p.add_argument("--new-tokens", type=positive_int, default=64)

@@ -323,9 +323,11 @@ def test_measured_plan_takes_a_root_only_tree(setup, one_torch_thread):
         assert m["chosen"] == ("prompt lookup alone" if mode == "speculative" else "plain")
     lines = result.lines()
     assert "prompt lookup alone (the tree drafts nothing) / plain tokens/s" in lines[0]
-    for size, line in zip(sorted(result.plan), lines[1:]):
+    verdicts = [line for line in lines[1:] if line.startswith("  batch ")]
+    for size, line in zip(sorted(result.plan), verdicts):
         assert line.endswith(f"-> {result.plan[size]}{' by prompt lookup alone' if result.lookup[size] else ''} "
                              "(speculative needs > 1.00x)")
+    assert sum("lookup against plain: 95% interval" in line for line in lines) == len(result.plan)
 
 
 def test_recalibrating_ignores_a_saved_plan(monkeypatch, one_torch_thread):

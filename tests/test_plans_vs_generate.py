@@ -135,7 +135,7 @@ def fixed_trees(monkeypatch, trees: dict[float, object], fail_above: float | Non
     DFlash's do (no tree chosen at T > 0)."""
     asked = []
 
-    def choose(target, heads, rows, rank_accuracy=None, temperature=0.0, greedy_choice=None, timings=None):
+    def choose(target, heads, rows, rank_accuracy=None, temperature=0.0, greedy_choice=None, timings=None, prompts=None):
         asked.append(temperature)
         if fail_above is not None and temperature > fail_above:
             raise ValueError("greedy only")
@@ -154,7 +154,8 @@ def scripted_measure(target, monkeypatch, ratios: dict[float, list[float]], call
 
     def measure(*args, temperature, **kwargs):
         if calls is not None:
-            calls.append((temperature, args[2], args[4], kwargs))
+            calls.append((temperature, args[2], args[4], dict(kwargs)))
+        kwargs["resolution"] = None  # every scripted pair is timed (early stopping: test_timing_stops_once_settled)
         behind = lookup[temperature] * kwargs["rounds"] if lookup and temperature in lookup else None
         clock = scripted(target, monkeypatch, ratios[temperature] * kwargs["rounds"], behind)
         return measure_batch_plan(*args, temperature=temperature, clock=clock, **kwargs)
@@ -397,7 +398,7 @@ def test_the_timed_heads_draft_with_the_entrys_vocabulary_and_are_restored(setup
     assert heads.training and heads.plans is None  # the heads were timed, never changed
     heads.eval()
     assert seen[0][:2] == (32, False)
-    assert len(seen[0][2]) == min(training.VS_GENERATE_PROMPTS, len(rows))
+    assert len(seen[0][2]) == min(training.VS_GENERATE_ROWS, len(rows))
 
 
 @pytest.mark.parametrize("temperatures, message", [
