@@ -4,6 +4,7 @@
     draftheads generate --target PATH_OR_ID --heads DIR --prompt "..."
     draftheads calibrate --target PATH_OR_ID --heads DIR [--prompts user|text|FILE] [--batch-sizes 1,4,8]
     draftheads bench --target PATH_OR_ID --heads DIR [--prompt-lookup] [--questions mt-bench|spec-bench|FILE] --out results/
+    draftheads demo --target PATH_OR_ID --heads DIR             # plain vs the plan vs lookup alone, and why
     draftheads distill --target PATH_OR_ID --data FILE --out data/regen.jsonl [--engine hf|vllm] [--resume]
     draftheads cache-features --config CONFIG --out DIR [--dtype bfloat16]
     draftheads export HEADS OUT --format vllm|sglang|speculators
@@ -431,6 +432,11 @@ def build_parser() -> argparse.ArgumentParser:
     from .bench.command import add_parser as add_bench_parser
 
     add_bench_parser(sub, _add_target_args).set_defaults(func=cmd_bench)
+
+    from .bench.demo import add_parser as add_demo_parser, run_demo
+
+    add_demo_parser(sub, _add_target_args).set_defaults(
+        func=lambda args: run_demo(args, lambda path: _load_target(path, args.device, args.dtype, args.trust_remote_code)))
 
     from .data.distill_command import add_parser as add_distill_parser
 

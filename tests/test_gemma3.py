@@ -98,3 +98,29 @@ def test_the_right_chunks_are_converted_once_and_the_folder_reused(tmp_path, mon
 def test_the_readme_names_the_gemma_licence():
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     assert "Gemma Terms of Use" in readme and "GEMMA_TERMS.html" in readme
+
+
+# -- the real model ---------------------------------------------------------------------------------
+def test_the_converted_gemma_is_a_base_gemma3_that_heads_decode_exactly(gemma3_dir, one_torch_thread):
+    """The real Gemma-3-270M: the folder is a plain Gemma 3 text model (sliding window 512, 262k
+    vocabulary, no chat template, licence beside the weights), and EAGLE-3 heads (fresh, their own
+    draft vocabulary) decode it greedily exactly as its own generate, alone and behind lookup."""
+    import torch
+
+    import draftheads as dh
+    from draftheads.target import load_target
+
+    config = json.loads((gemma3_dir / "config.json").read_text())
+    assert config["model_type"] == "gemma3_text" and config["num_hidden_layers"] == 18
+    assert config["vocab_size"] == 262144 and config["sliding_window"] == 512 and "quantization_config" not in config
+    assert (gemma3_dir / gemma3.LICENSE_FILE).is_file()
+    target, tokenizer = load_target("gemma3")
+    assert target.config._name_or_path == "gemma3-270m" and not getattr(tokenizer, "chat_template", None)
+    ids = tokenizer("The river runs north past the old mill, and the river runs", return_tensors="pt").input_ids
+    reference = target.generate(ids, max_new_tokens=12, do_sample=False)
+    torch.manual_seed(0)
+    heads = dh.Eagle3Head.for_target(target, num_heads=2, draft_vocab_size=512)
+    for lookup in (False, True):
+        out = dh.SpeculativeDecoder(target, heads, tree={"total_tokens": 4, "depth": 2, "top_k": 2},
+                                    prompt_lookup=lookup).generate(ids, max_new_tokens=12, temperature=0, eos_token_id=[])
+        assert torch.equal(out.sequences[:, : reference.shape[1]], reference)
