@@ -120,6 +120,7 @@ def test_the_converted_gemma_is_a_base_gemma3_that_heads_decode_exactly(gemma3_d
     reference = target.generate(ids, max_new_tokens=12, do_sample=False)
     torch.manual_seed(0)
     heads = dh.Eagle3Head.for_target(target, num_heads=2, draft_vocab_size=512)
+    heads.set_draft_vocab(torch.bincount(ids.flatten(), minlength=target.config.vocab_size))  # as training sets it
     for lookup in (False, True):
         out = dh.SpeculativeDecoder(target, heads, tree={"total_tokens": 4, "depth": 2, "top_k": 2},
                                     prompt_lookup=lookup).generate(ids, max_new_tokens=12, temperature=0, eos_token_id=[])

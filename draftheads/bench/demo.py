@@ -13,11 +13,12 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-from typing import Any, Callable
-
-import torch
+from typing import TYPE_CHECKING, Any, Callable
 
 from ..arguments import positive_int
+
+if TYPE_CHECKING:
+    import torch
 from .questions import load_questions, select
 
 DEMO_CATEGORIES = ("writing", "extraction", "coding", "reasoning", "humanities")
@@ -36,7 +37,7 @@ def add_parser(sub, add_target_args: Callable) -> argparse.ArgumentParser:
     return p
 
 
-def _prompts(args, tokenizer) -> list[tuple[str, torch.Tensor]]:
+def _prompts(args, tokenizer) -> list[tuple[str, "torch.Tensor"]]:
     from .runner import encode_turn
 
     chat = bool(getattr(tokenizer, "chat_template", None)) and not args.no_chat_template
@@ -51,6 +52,8 @@ def _prompts(args, tokenizer) -> list[tuple[str, torch.Tensor]]:
 
 
 def run_demo(args, load_target: Callable) -> int:
+    import torch
+
     import draftheads as dh
 
     from ..arguments import heads_error

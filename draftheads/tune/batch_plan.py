@@ -58,7 +58,6 @@ PLAIN_MARGIN = 1.0  # the tree must beat plain decoding (median per-batch ratio)
 #: (the upper end of the 95% interval of its paired ratio below 1 - LOOKUP_RESOLUTION): its own cost
 #: where nothing repeats, a few microseconds of search per step, is far below it (module docstring).
 LOOKUP_RESOLUTION = 0.01
-LOOKUP_TIE = LOOKUP_RESOLUTION  # the older name of the rule's margin
 LOOKUP = "lookup"  # the tree behind prompt lookup, the second candidate of ``try_lookup``
 MIN_PAIRS = 3  # a time bound (max_seconds) never leaves a size with fewer ratios than this
 #: Two-sided 95% quantiles of Student's t by degrees of freedom (the rest: the normal's 1.96).

@@ -108,8 +108,8 @@ VS_GENERATE_ROUNDS = 2
 VS_GENERATE_NEW_TOKENS = 64
 VS_GENERATE_PROMPT_LEN = 64  # held-out rows are cut to this; plan prompts keep their last PLAN_PROMPT_TOKENS
 PLAN_PROMPT_TOKENS = 256
-VS_GENERATE_MAX_SECONDS = 60.0  # per temperature at batch 1, warm-up excluded (at least batch_plan.MIN_PAIRS pairs)
-VS_GENERATE_BATCH_SECONDS = 20.0  # per temperature at each larger batch size
+VS_GENERATE_MAX_SECONDS = 45.0  # per temperature at batch 1, warm-up excluded (at least batch_plan.MIN_PAIRS pairs)
+VS_GENERATE_BATCH_SECONDS = 15.0  # per temperature at each larger batch size
 VS_GENERATE_RESOLUTION = 0.01  # stop timing a size once its verdict is settled to 1% (batch_plan)
 # Batch sizes timed against generate: a tree that pays for one sequence can lose at 8, where every
 # drafted token is verified 8 times (toy target: Medusa's greedy tree 0.87x at batch 8, EAGLE's 0.98x), and
