@@ -23,6 +23,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--heads", required=True)
     p.add_argument("--temperatures", default="0")
     p.add_argument("--batch-sizes", default="1")
+    p.add_argument("--num-prompts", default="12")
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args(argv)
     import torch
@@ -34,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(2)
     command = ["calibrate", "--target", args.target, "--heads", args.heads, "--temperatures", args.temperatures,
-               "--batch-sizes", args.batch_sizes]
+               "--batch-sizes", args.batch_sizes, "--num-prompts", args.num_prompts]
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
         code = cli(command)
