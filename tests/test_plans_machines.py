@@ -115,6 +115,9 @@ def test_the_widths_timed_come_from_this_machines_curve():
     assert {"total_tokens": 8, "depth": 3, "top_k": 3, "draft_vocab_size": None} in epyc  # a tree of 8
     xeon = dynamic_grid("cpu", False, XEON_CURVE)
     assert {"total_tokens": 2, "depth": 1, "top_k": 1, "draft_vocab_size": None} in xeon  # a chain of one
+    assert {g["total_tokens"] for g in xeon} == {2, 3, 4, 8}  # at most 4 widths, each within 2.5x one token
+    costly = dynamic_grid("cpu", False, {1: 0.01, 2: 0.011, 3: 0.012, 4: 0.013, 6: 0.014, 8: 0.03, 16: 0.04})
+    assert {g["total_tokens"] for g in costly} == {2, 3, 4, 6}
     text = describe_curve(CostCurve("cpu", EPYC_CURVE, EPYC, context=256, threads=2))
     assert text.startswith("verify cost on cpu (AMD EPYC, 2 threads, 256-token cache) by tree width: 1: 57.0 ms")
     assert "3: 2.04x" in text and "8: 1.42x" in text

@@ -337,6 +337,11 @@ DRAFT_VOCAB_SIZE = 1024
 
 #: A dynamic tree of this many tokens or more is also timed as a top-3 tree, not only as a chain.
 MIN_TREE_TOKENS = 6
+#: The CPU grid times at most this many widths, each verifying at most MAX_WIDTH_COST one-token steps
+#: (a wider verify would need more accepted tokens than the heads here commit): a grid of every cheap
+#: width timed for minutes on a noisy curve.
+MAX_GRID_WIDTHS = 4
+MAX_WIDTH_COST = 2.5
 #: The widest chain timed on a CPU (each of its drafts is one draft-layer forward).
 MAX_CHAIN_DEPTH = 7
 
@@ -350,7 +355,9 @@ def dynamic_grid(device_type: str, restrict_vocab: bool, verify_seconds: dict[in
         base = [{"total_tokens": t, "depth": d, "top_k": 8} for t in (32, 64) for d in (5, 7)]
     elif verify_seconds:
         base = []
-        for width in [w for w in cheap_widths(verify_seconds) if w <= 16]:
+        one = verify_seconds.get(1) or min(verify_seconds.values())
+        widths = [w for w in cheap_widths(verify_seconds) if w <= 16 and verify_seconds[w] <= MAX_WIDTH_COST * one]
+        for width in widths[:MAX_GRID_WIDTHS]:
             if width - 1 <= MAX_CHAIN_DEPTH:
                 base.append(chain(width - 1))
             if width >= MIN_TREE_TOKENS:
