@@ -161,6 +161,12 @@ class TrainConfig:
     # earlier n-gram drafts the copy, the heads the others) and save it in tree.json where it is
     # faster; the decoder follows (SpeculativeDecoder's prompt_lookup=None). false: heads alone.
     choose_prompt_lookup: Bool = True
+    # With choose_tree: the prompts the plan is timed on. "auto": the package's "user" set (prompts
+    # shaped like users' requests, never the evaluation questions) for a target with a chat template,
+    # "text" (raw-text beginnings) for a base model; or a named set or your own file (text: one prompt
+    # a line; .jsonl: turns/prompt/text rows), checked before training starts: an empty, binary or
+    # evaluation-overlapping file is refused by name (draftheads/data/plan_prompts.py).
+    plan_prompts: Str = "auto"
 
     def __post_init__(self) -> None:
         betas = self.adam_betas

@@ -99,7 +99,9 @@ class SpeculativeDecoder:
 
     ``tree`` (heads only) drafts one tree for every request: a `StaticTree` or rank paths such
     as ``[[0], [1], [0, 0]]`` (Medusa, Hydra, P-EAGLE, DFlash), a `DynamicTree` or its settings
-    such as ``{"total_tokens": 12, "depth": 5, "top_k": 4}`` (EAGLE, EAGLE-3) (`plans.trees`).
+    such as ``{"total_tokens": 12, "depth": 5, "top_k": 4}`` (EAGLE, EAGLE-3) (`plans.trees`),
+    also where the table says plain, and without the table's prompt lookup (what the caller asks
+    for wins; the table fills in only what is left open: `inference.planned`).
     Heads without a ``tree`` follow a table (tree.json, `draftheads.plans`): ``plans`` (a
     `TreePlans`, or a heads folder or tree.json path), else the one they were loaded with
     (``heads.plans``); what to run per device type x batch size x temperature, a tree or plain decoding (the
@@ -142,7 +144,9 @@ class SpeculativeDecoder:
     matches an earlier n-gram (by default n from 3 down to 2) drafts the copy, and the heads draft
     the other rows (`proposers.hybrid.LookupThenHeads`). None (the default) does so where the
     heads' plan says it measured faster (tree.json's ``prompt_lookup``); True (or a configured
-    `PromptLookupProposer`) for every request, False never. Steps the plan marks plain stay plain."""
+    `PromptLookupProposer`) for every request, also those the plan marks plain; False never (an
+    entry that speculated only by lookup then decodes plainly). ``out.stats["plan"]["from"]`` says
+    what decided the mode, the tree and the lookup: the arguments or tree.json."""
 
     def __init__(
         self,

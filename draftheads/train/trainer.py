@@ -67,7 +67,8 @@ from .components import (
 )
 from .distributed import Parallelism
 from .evaluation import BestHeads, EvalShard, evaluate_and_log
-from ..tune.training import SAMPLE_ROWS, write_export_tree
+from ..data.plan_prompts import AUTO as AUTO_PROMPTS, default_set as default_plan_set, encode_prompts, read_prompt_texts
+from ..tune.training import PLAN_PROMPT_TOKENS, SAMPLE_ROWS, write_export_tree
 from .features import AUTO, auto_cache_dir, build_cache, fingerprint, open_cache
 from .packing import check_packable, pack_for_training
 from .model import TargetWithHeads
@@ -114,6 +115,7 @@ class Trainer:
         self.last_saved = -1
         self.tracker_run: str | None = None  # the W&B run's id: a resumed run continues that W&B run
         self.took_over_folder = False  # a folder whose earlier run never saved a step (check_run_folder)
+        self.plan_prompts: list[torch.Tensor] | None = None  # what the plan is timed on (train.plan_prompts)
 
     def run(self) -> TrainResult:
         """Check, set up, train, finish; the run lock is released however the run ends, and a run
@@ -135,6 +137,7 @@ class Trainer:
         check_writable(output_dir)
         check_is_run_folder(output_dir)  # a model, heads, a user's files: never written over nor removed
         check_eval_source(cfg.data)  # never evaluate (and pick best/) on the training rows
+        self.plan_prompt_texts()  # a bad train.plan_prompts file fails before anything loads
         if self.overwrite and t.resume is not None:
             raise RunFolderError("--overwrite and --resume (train.resume) contradict each other: choose one")
         abandoned = False
@@ -236,8 +239,10 @@ class Trainer:
     def load_target_and_data(self) -> None:
         """The frozen target and its tokenizer; the tokenized train/eval splits."""
         accelerator = self.accelerator
+        texts = self.plan_prompt_texts()  # a bad prompt file fails now, not after training
         with self.timer("load_target"):
             self.target, self.tokenizer = load_target(self.cfg.target, accelerator, device=self.parallel.target_device())
+        self.plan_prompts = self.encode_plan_prompts(texts)
         check_context(self.cfg.data.max_length, self.target.config, self.say)
         if self.cfg.data.packing:  # before the data is built: a hybrid target cannot keep packed documents apart
             check_packable(self.target)
@@ -245,6 +250,26 @@ class Trainer:
             with accelerator.main_process_first():
                 self.train_ds, self.eval_ds, self.data_stats = build_datasets(self.cfg.data, self.tokenizer)
         self.say(self.data_stats.summary())
+
+    def plan_prompt_texts(self) -> list[str] | None:
+        """The texts of ``train.plan_prompts`` (checked: `data.plan_prompts`), or None when no plan
+        is chosen. "auto" is resolved once the tokenizer says whether there is a chat template."""
+        if not self.t.choose_tree or self.t.plan_prompts == AUTO_PROMPTS:
+            return None
+        return read_prompt_texts(self.t.plan_prompts, "train.plan_prompts")
+
+    def encode_plan_prompts(self, texts: list[str] | None) -> list[torch.Tensor] | None:
+        """The plan prompts as the target sees a user's request (1-D token rows)."""
+        if not self.t.choose_tree:
+            return None
+        chat = bool(getattr(self.tokenizer, "chat_template", None))
+        if texts is None:
+            name = default_plan_set(chat)
+            texts = read_prompt_texts(name, "train.plan_prompts")
+            self.say(f"plan prompts: the package's {name!r} set ({len(texts)} prompts)")
+        else:
+            self.say(f"plan prompts: {self.t.plan_prompts} ({len(texts)} prompts)")
+        return [ids[0] for ids in encode_prompts(self.tokenizer, texts, chat, PLAN_PROMPT_TOKENS)]
 
     def build_heads_and_optimizer(self) -> None:
         """Heads (initialised as heads.init says), the wrapper module, AdamW on the heads only."""
@@ -552,6 +577,7 @@ class Trainer:
         return write_export_tree(
             self.accelerator, model, heads_dir, rows, final_eval.get("eval/rank_accuracy"),
             skip_reason=skip or self.parallel.tree_skip_reason(), try_lookup=self.t.choose_prompt_lookup,
+            prompts=self.plan_prompts,
         )  # fmt: skip
 
     def metrics(self, final_eval: dict[str, Any], chosen_tree: Any) -> dict[str, Any]:
