@@ -184,3 +184,12 @@ def test_the_static_cache_refuses_hybrid_targets_by_name():
     target = tiny_hybrid("lfm2")
     with pytest.raises(ValueError, match="cache='static'.*recurrent state.*LFM2|cache='static'.*Lfm2"):
         dh.SpeculativeDecoder(target, dh.PromptLookupProposer(), cache="static")
+
+
+def test_calibrate_times_verify_forwards_on_a_hybrid_and_leaves_its_state():
+    """calibrate's cost curve runs uncommitted verify forwards over one cache: on a hybrid each forward
+    records its states aside, so the prefix state every timed forward starts from stays the prompt's."""
+    from draftheads.tune.calibrate import measure_verify_times
+
+    times = measure_verify_times(tiny_hybrid("qwen3_5_text"), sizes=[1, 2, 4], context=16, repeats=2)
+    assert sorted(times) == [1, 2, 4] and all(t > 0 for t in times.values())

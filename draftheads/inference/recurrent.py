@@ -53,6 +53,13 @@ def attention_layers(cache) -> list:
     return [layer for layer in cache.layers if getattr(layer, "keys", None) is not None]
 
 
+def keep_prefix(cache, length: int) -> None:
+    """Drop every attention entry past ``length`` (what a verify forward that is not committed added:
+    calibrate's and the benchmarks' timed forwards). A verify forward leaves recurrent state as it was."""
+    for layer in attention_layers(cache):
+        layer.keys, layer.values = layer.keys[..., :length, :], layer.values[..., :length, :]
+
+
 def _mixer_of(decoder_layer: torch.nn.Module, index: int) -> torch.nn.Module | None:
     """The module of ``decoder_layer`` that advances cache layer ``index``'s state: the one that
     carries ``layer_idx == index`` and a depthwise convolution (every transformers mixer keeps a conv

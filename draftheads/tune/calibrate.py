@@ -30,7 +30,6 @@ import time
 from dataclasses import asdict, dataclass, field
 
 import torch
-from transformers import DynamicCache
 
 from ..device import device_name
 from ..heads.acceptance import expected_tokens_per_step, grow_tree  # noqa: F401 (re-exported)
@@ -43,6 +42,7 @@ from ..inference.one_forward_tree import (
     one_forward_draft_seconds,
     one_forward_vocab_sizes,
 )
+from ..inference.recurrent import keep_prefix
 from ..inference.sampling import SamplingParams
 from ..inference.tree import Tree, TreeShape
 from ..inference.verify import TreeVerifier
@@ -108,7 +108,7 @@ def measure_verify_times(
     vocab = target.get_output_embeddings().weight.shape[0]
     gen = torch.Generator().manual_seed(0)
     prompt = torch.randint(0, vocab, (1, context), generator=gen).to(target.device)
-    cache = DynamicCache()
+    cache = verifier.new_cache()  # a hybrid target's state layers too
     target(input_ids=prompt, use_cache=True, **{verifier.cache_arg: cache})
     sync = torch.cuda.synchronize if target.device.type == "cuda" else (lambda: None)
     # A bushy tree of each size (the shape hardly matters for the cost; the size does).
@@ -124,8 +124,7 @@ def measure_verify_times(
         verifier.forward(cache, trees[n], context)
         sync()
         seconds = time.perf_counter() - t0
-        for layer in cache.layers:  # drop the tree again
-            layer.keys, layer.values = layer.keys[..., :context, :], layer.values[..., :context, :]
+        keep_prefix(cache, context)  # drop the tree again
         return seconds
 
     for n in sizes:  # warm-up: allocator, thread pool, kernels
