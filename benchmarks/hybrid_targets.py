@@ -216,7 +216,7 @@ def verify_costs(target, sizes: list[int], context: int, rounds: int) -> dict:
                     step = result[3]
                     t1 = time.perf_counter()
                     saved = _snapshot(cache, layout)
-                    commit_states(cache, step, [max(0, n // 2 - 1)])
+                    commit_states(cache, step, [max(0, n // 2 - 1)], max(1, n // 2))
                     commit_seconds = time.perf_counter() - t1
                     _restore(cache, layout, saved)
                     if r >= 2:

@@ -168,7 +168,6 @@ class RecurrentStep:
 
     conv: dict[int, dict[int, torch.Tensor]] = field(default_factory=dict)
     rec: dict[int, dict[int, torch.Tensor]] = field(default_factory=dict)
-    added: int = 0  # tokens the forward added to each state layer's token count
 
 
 def _select(slots: torch.Tensor, picks: torch.Tensor) -> torch.Tensor:
@@ -178,9 +177,10 @@ def _select(slots: torch.Tensor, picks: torch.Tensor) -> torch.Tensor:
     return slots[torch.arange(slots.shape[0], device=slots.device), picks.to(slots.device)]
 
 
-def commit_states(cache, step: RecurrentStep, last_nodes: Sequence[int]) -> None:
+def commit_states(cache, step: RecurrentStep, last_nodes: Sequence[int], kept: int) -> None:
     """Every row's state := the state after its last accepted node (``last_nodes[r]``, node index in
-    the row's tree; 0 = the root only)."""
+    the row's tree; 0 = the root only). ``kept``: the most tokens a row kept, what the layers' token
+    count (one per batch) moves by."""
     picks = torch.tensor([n + 1 for n in last_nodes], dtype=torch.long)
     for index, per_state in step.conv.items():
         layer = cache.layers[index]
@@ -190,7 +190,6 @@ def commit_states(cache, step: RecurrentStep, last_nodes: Sequence[int]) -> None
         layer = cache.layers[index]
         for s, slots in per_state.items():
             layer.recurrent_states[s] = _select(slots, picks)
-    kept = 1 + max(last_nodes)
     for index in set(step.conv) | set(step.rec):
         cache.layers[index].cumulative_length_linear.add_(kept)
 
@@ -229,7 +228,7 @@ def _collect_chain(cache, layout: RecurrentLayout, n: int, before: dict[int, dic
                    recorded: bool = True) -> RecurrentStep:
     """The recorded states as slots (``recorded``: the forward ran to its end), and every layer back to its
     state before the forward."""
-    step = RecurrentStep(added=n)
+    step = RecurrentStep()
     for index in layout.layers:
         layer = cache.layers[index]
         conv, rec = {}, {}
@@ -379,7 +378,7 @@ def recording(cache, layout: RecurrentLayout | None, parents: torch.Tensor | Non
     if _chains(parents):
         n = parents.shape[1]
         before = _record_chain(cache, layout, n)
-        holder = RecurrentStep(added=n)
+        holder = RecurrentStep()
         try:
             yield holder
         except BaseException:  # the rows keep their state and stop recording; the error is the forward's
@@ -389,7 +388,7 @@ def recording(cache, layout: RecurrentLayout | None, parents: torch.Tensor | Non
         holder.conv, holder.rec = collected.conv, collected.rec
         return
     scan = _LevelScan.of(parents)
-    step = RecurrentStep(added=0)
+    step = RecurrentStep()
     swapped = []  # (mixer, its own instance-level forward if it had one)
     try:
         for mixer in layout.mixers.values():
