@@ -219,6 +219,39 @@ class PlannedDrafts:
         return PlannedRun(PLAIN if mode == PLAIN else SPECULATIVE, proposer, stats)
 
 
+def check_plans_target(heads: torch.nn.Module, folder: str | os.PathLike) -> None:
+    """Plans from another heads folder were measured on that folder's target: refuse them for heads of
+    another target (a hybrid's verify costs and acceptance say nothing about a transformer's, and back),
+    naming both. A bare tree.json carries no target and is taken as it is."""
+    import json
+    from pathlib import Path
+
+    from ..heads.config import TargetInfo
+
+    config = Path(folder) / "config.json"
+    mine = getattr(getattr(heads, "config", None), "target", None)
+    if not config.is_file() or mine is None:
+        return
+    try:
+        theirs = json.loads(config.read_text()).get("target")
+    except (OSError, ValueError):
+        return  # not a heads folder's config: plans_at says what is wrong with the folder
+    if not isinstance(theirs, dict):
+        return
+    try:
+        info = TargetInfo(**theirs)
+    except TypeError:
+        return
+    problems = info.mismatches(mine)
+    if problems:
+        raise ValueError(
+            f"plans={folder} were measured with heads for another target ({info.architecture}, "
+            f"{info.name_or_path or 'unnamed'}) than these heads' ({mine.architecture}, {mine.name_or_path or 'unnamed'}): "
+            f"{'; '.join(problems)}. Plans are measured per target: calibrate these heads "
+            "(draftheads calibrate) instead"
+        )
+
+
 def resolve_plans(heads: torch.nn.Module, plans: TreePlans | str | os.PathLike | None) -> TreePlans | None:
     """The table ``heads`` follow: ``plans`` (a `TreePlans`, or a heads folder or tree file,
     read), checked to fit the heads; None: the heads' own (``heads.plans``, their tree.json)."""
@@ -226,6 +259,7 @@ def resolve_plans(heads: torch.nn.Module, plans: TreePlans | str | os.PathLike |
         return heads_plans(heads)
     where = "plans"
     if isinstance(plans, (str, os.PathLike)):
+        check_plans_target(heads, plans)
         where, plans = str(plans), plans_at(plans)
     elif not isinstance(plans, TreePlans):
         raise TypeError(f"plans must be a TreePlans, a heads folder or a tree.json path (None: the heads' own), "
