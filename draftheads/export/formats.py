@@ -47,4 +47,8 @@ IMPORT_FORMATS = {
               "layers.{i}.* with q/k norms + fc + hidden_norm + norm",
     "speculators-dflash": "speculators DFlash: config speculators_model_type dflash, aux_hidden_state_layer_ids, "
                           "mask_token_id, transformer_layer_config",
+    "dspark": "DSpark, vLLM's dense Qwen3DSparkModel (DeepSpec): DFlash's tensors + markov_head.markov_w1/w2 "
+              "(+ confidence_head.proj), config target_layer_ids, mask_token_id, markov_rank, block_size",
+    "speculators-dspark": "speculators DSpark: config speculators_model_type dspark, aux_hidden_state_layer_ids, "
+                          "markov_rank, transformer_layer_config",
 }
