@@ -51,4 +51,8 @@ IMPORT_FORMATS = {
               "(+ confidence_head.proj), config target_layer_ids, mask_token_id, markov_rank, block_size",
     "speculators-dspark": "speculators DSpark: config speculators_model_type dspark, aux_hidden_state_layer_ids, "
                           "markov_rank, transformer_layer_config",
+    "dflash2": "DFlash2 (z-lab, SpecForge): config DFlash2DraftModel + dflash_config {conv_kernel_size, conv_group_size, "
+               "selector_rank, selector_top_k}, DFlash's tensors + layers.{i}.{attention,mlp}_conv.* + candidate_selector.*",
+    "speculators-dflash2": "speculators DFlash2: config speculators_model_type dflash2, the DFlash keys + the "
+                           "convolution and selector sizes",
 }

@@ -126,3 +126,22 @@ class ChainedDrafter(ParallelDrafter):
             laws.append(law)
             previous = token
         return chains(roots, drafts, laws, depths)
+
+
+def conditioned_candidates(drafter: ChainedDrafter, root: int, ranks: int, following: torch.Tensor) -> torch.Tensor:
+    """[depths, <= ranks] target ids of a batch of one row: depth d's best candidates given the
+    TRUE token at d-1 (the root for d = 1, else ``following[d-2]``), from one backbone forward.
+    A depth-d node is only ever accepted under the parent holding the true token, so this is what
+    the static tree search's acceptance table ranks (`rank_table.rank_hit_table(conditioned=True)`)."""
+    depths = drafter.heads.config.num_heads
+    with torch.inference_mode():
+        slots = drafter.scores([root], [depths])
+        previous = torch.cat([torch.tensor([root]), following.cpu()[: depths - 1]]).to(drafter.device)
+        row = torch.zeros(1, dtype=torch.long, device=drafter.device)
+        out = []
+        for d in range(1, previous.numel() + 1):
+            step = drafter.step_scores(slots, row, d, previous[d - 1 : d])[0]
+            ids = step.topk(min(ranks, step.shape[-1])).indices
+            out.append(ids if drafter.vocab_ids is None else drafter.vocab_ids[ids])
+        drafter.forwards += 1
+    return torch.stack(out)

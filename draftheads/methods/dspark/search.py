@@ -13,24 +13,9 @@ import torch
 
 from .drafter import DSparkDrafter
 from ..dflash.search import whole_or
+from ...inference.proposers.chained import conditioned_candidates
 from ...inference.proposers.rank_table import rank_hit_table
 from ...inference.sampling import SamplingParams
-
-
-def conditioned_candidates(drafter, root: int, ranks: int, following: torch.Tensor) -> torch.Tensor:
-    """[depths, <= ranks] target ids: depth d's best candidates given the true token at d-1 (the
-    root for d = 1), from one block forward (a batch of one row)."""
-    depths = drafter.heads.config.num_heads
-    with torch.inference_mode():
-        slots = drafter.scores([root], [depths])
-        previous = torch.cat([torch.tensor([root]), following.cpu()[: depths - 1]]).to(drafter.device)
-        rows = torch.zeros(previous.numel(), dtype=torch.long, device=drafter.device)
-        out = []
-        for d in range(1, previous.numel() + 1):
-            step = drafter.step_scores(slots, rows[d - 1 : d], d, previous[d - 1 : d])[0]
-            out.append(drafter.target_ids(step.topk(min(ranks, step.shape[-1])).indices))
-        drafter.forwards += 1
-    return torch.stack(out)
 
 
 def markov_accuracy_table(target, heads, sequences, max_rank: int = 10, skip_prompt=None, draft_vocab_size=None):
