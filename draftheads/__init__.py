@@ -22,6 +22,8 @@ _METHODS = {  # each head type's heads class and drafter, in its method's packag
     "Eagle3Head": ".methods.eagle3.heads",
     "PEagleHead": ".methods.peagle.heads", "PEagleDrafter": ".methods.peagle.drafter",
     "DFlashHeads": ".methods.dflash.heads", "DFlashDrafter": ".methods.dflash.drafter",
+    "DSparkHeads": ".methods.dspark.heads", "DSparkDrafter": ".methods.dspark.drafter",
+    "DFlash2Heads": ".methods.dflash2.heads", "DFlash2Drafter": ".methods.dflash2.drafter",
     # deprecated names of the head drafters: they warn and build the drafter
     "DFlashProposer": ".methods.deprecated", "EagleProposer": ".methods.deprecated",
     "HydraProposer": ".methods.deprecated", "MedusaProposer": ".methods.deprecated",
@@ -40,6 +42,10 @@ if TYPE_CHECKING:
     from .methods.deprecated import DFlashProposer, EagleProposer, HydraProposer, MedusaProposer
     from .methods.dflash.drafter import DFlashDrafter
     from .methods.dflash.heads import DFlashHeads
+    from .methods.dflash2.drafter import DFlash2Drafter
+    from .methods.dflash2.heads import DFlash2Heads
+    from .methods.dspark.drafter import DSparkDrafter
+    from .methods.dspark.heads import DSparkHeads
     from .methods.eagle.drafter import EagleDrafter
     from .methods.eagle.heads import EagleHead
     from .methods.eagle3.heads import Eagle3Head
@@ -54,9 +60,13 @@ if TYPE_CHECKING:
 __version__ = "0.1.0"
 
 __all__ = [
+    "DFlash2Drafter",
+    "DFlash2Heads",
     "DFlashDrafter",
     "DFlashHeads",
     "DFlashProposer",
+    "DSparkDrafter",
+    "DSparkHeads",
     "DraftModelProposer",
     "Drafter",
     "DynamicTree",
