@@ -71,7 +71,9 @@ def read_dspark(source: Source, target: torch.nn.Module, layout: str) -> DSparkH
     w1 = tensors.get("markov_head.markov_w1.weight")
     if w1 is None:
         raise ValueError(f"{where}: no markov_head.markov_w1.weight (a DSpark draft without its Markov head)")
-    rank = check_markov_rank(int(cfg.get("markov_rank") or w1.shape[1]), info.vocab_size)
+    rank = check_markov_rank(cfg["markov_rank"] if "markov_rank" in cfg else int(w1.shape[1]), info.vocab_size)
+    if rank != w1.shape[1]:
+        raise ValueError(f"{where}: markov_rank {rank} in the config, but markov_w1 is {tuple(w1.shape)}")
     w2 = tensors.get("markov_head.markov_w2.weight")
     if vocab_ids is not None and w2 is not None and w2.shape[0] == vocab_ids.numel() < info.vocab_size:
         full = w2.new_zeros(info.vocab_size, w2.shape[1])
