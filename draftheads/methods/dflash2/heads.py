@@ -1,7 +1,7 @@
 """DFlash2 draft heads: DFlash's block drafting with a grouped dynamic convolution in every layer
 and a candidate selector (``head_type: dflash2``; Inco AI / z-lab's DFlash 2, as vLLM 0.32 runs
 it in vllm/model_executor/models/qwen3_dflash2.py and speculators 0.8 trains it in
-src/speculators/models/dflash2/).
+speculators/models/dflash2/).
 
 The backbone is DFlash's (methods/dflash/heads.py): block ``[root, mask x (B-1)]``, slot k drafts
 the k-th token after the root. Two additions:

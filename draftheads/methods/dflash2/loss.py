@@ -3,7 +3,7 @@
 The blocks, their mask, the slot weights and the unary term (each slot's LM-head logits scored
 against the target with `heads.loss`) are DFlash's (methods/dflash/loss.py), the convolution
 inside the layers being part of the one draft forward. The selector is trained as speculators 0.8
-trains it (src/speculators/models/dflash2/metrics.py, `compute_selector_loss`) and SpecForge PR
+trains it (speculators/models/dflash2/metrics.py, `compute_selector_loss`) and SpecForge PR
 #772 describes: over each slot's top ``selector_top_k`` unary candidates (no gradient through the
 choice), a K-way cross-entropy of the selector scores towards the target's greedy token, with the
 predecessor teacher-forced (the data's token before the slot's label). Where the target's token is
