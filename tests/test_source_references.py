@@ -69,6 +69,7 @@ CLASS_NAME = re.compile(r"`(?:(?:dh|draftheads)\.)?([A-Z][a-z0-9]+[A-Z]\w*)`")
 #: Classes and calls of other libraries the docs name (engines' model classes, torch/transformers calls).
 EXTERNAL_NAMES = {
     "MedusaModel", "LlamaForCausalLM", "LlamaForCausalLMEagle", "LlamaForCausalLMEagle3", "DFlashDraftModel",
+    "Qwen3DSparkModel", "DFlash2DraftModel",
     "WarmupDecayLR", "FusedAdam", "AdamW", "EConfig", "DynamicCache", "GatheredParameters", "load", "compile",
     "generate", "from_pretrained", "prepare", "backward", "step", "multinomial", "apply_chat_template",
 }
