@@ -399,3 +399,18 @@ def test_the_acceptance_table_conditions_each_depth_on_the_true_previous_token(t
     assert table.shape == (BLOCK, 4) and float(table[0, 0]) > 0.3  # seen continuations: depth 1 mostly right
     seconds = draft_seconds(heads)
     assert seconds[0] == 0.0 and len({v for d, v in seconds.items() if d > 0}) == 1
+
+
+def test_the_fill_in_layout_decodes_exactly_too():
+    """sample_from_anchor off (speculators' default): slot 0 drafts nothing and a block of B drafts B-1,
+    DFlash's layout; the Markov stage still conditions each draft on the one before."""
+    target = tiny_target("qwen2", layers=3)
+    torch.manual_seed(3)
+    heads = dspark(target, block_size=4, sample_from_anchor=False)
+    with torch.no_grad():
+        heads.markov_head.markov_w2.weight.normal_(0.0, 1.0)
+    assert heads.first_slot == 1 and heads.config.num_heads == 3
+    ids = torch.tensor([[5, 9, 33, 17, 4]])
+    for tree in (None, TREE):
+        out = dh.SpeculativeDecoder(target, heads, tree=tree).generate(ids, max_new_tokens=24, eos_token_id=[])
+        assert torch.equal(out.sequences, greedy_reference(target, ids, 24))
