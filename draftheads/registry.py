@@ -49,12 +49,15 @@ class EngineLayout:
     ``speculators_model_type``); ``write(heads, *, verifier, verifier_cfg, num_speculative_tokens)``
     builds the engine folder (an `export.common.EngineFolder`); ``serve_extra``: what vLLM's
     speculative config also needs for it (P-EAGLE: parallel drafting); ``serves_alone``: the folder
-    names its verifier, so vLLM serves it without the target's name (speculators' EAGLE-3)."""
+    names its verifier, so vLLM serves it without the target's name (speculators' EAGLE-3);
+    ``check_engine()``: raises an `export.common.ExportError` naming what the installed engine
+    lacks to serve this layout (DSpark, DFlash2: vLLM's Model Runner V2), before a folder is written."""
 
     engine_name: str
     write: Callable[..., Any]
     serve_extra: Mapping[str, Any] = field(default_factory=dict)
     serves_alone: bool = False
+    check_engine: Callable[[], None] | None = None
 
 
 @dataclass(frozen=True)
