@@ -218,7 +218,7 @@ def test_feature_layers_outside_the_target_are_refused():
 
 
 def test_unknown_head_type_lists_the_valid_ones(tmp_path):
-    with pytest.raises(ConfigError, match="valid: dflash, eagle, eagle3, hydra, medusa, peagle"):
+    with pytest.raises(ConfigError, match="valid: dflash, eagle, eagle3, hydra, medusa, mtp, peagle"):
         config_from_dict({"heads": {"head_type": "medussa"}})
     target = tiny_target("llama")
     dh.MedusaHeads.for_target(target, num_heads=1).save_pretrained(tmp_path / "h")
