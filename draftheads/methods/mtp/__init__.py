@@ -3,9 +3,10 @@
 with EAGLE's drafter (chains, EAGLE-2 trees), exported in the layout vLLM's ``*_mtp`` methods load."""
 from .heads import MtpHead
 from .builtin import builtin_heads
+from .export import export_vllm
 from ..eagle.drafter import eagle_drafter
 from ..eagle.loss import EagleLoss
-from ...registry import Method, TreeKind, register
+from ...registry import EngineLayout, Method, TreeKind, register
 
 METHOD = register(Method(
     name="mtp",
@@ -15,5 +16,6 @@ METHOD = register(Method(
     loss=EagleLoss,
     drafter=eagle_drafter,
     tree=TreeKind.DYNAMIC,
+    exports={"vllm": EngineLayout("mtp", export_vllm)},
     builtin=builtin_heads,
 ))
