@@ -66,12 +66,13 @@ def attention_layer_index(config) -> int:
     return max(i for i, t in enumerate(types) if t == "full_attention")
 
 
-def target_like_layer(model, noise: float, gen: torch.Generator) -> dict[str, torch.Tensor]:
-    """The target's last attention layer's tensors (names inside a decoder layer), with noise."""
+def target_like_layer(model, noise: float, gen: torch.Generator, state: dict) -> dict[str, torch.Tensor]:
+    """The target's last attention layer's tensors as its checkpoint ``state`` names them (experts
+    one by one), names inside a decoder layer, with noise."""
     index = attention_layer_index(model.config)
     prefix = f"model.layers.{index}."
     out = {}
-    for name, value in model.state_dict().items():
+    for name, value in state.items():
         if name.startswith(prefix):
             out[name[len(prefix):]] = value + noise * value.abs().mean().clamp(min=0.05) * torch.randn(value.shape, generator=gen)
     return out
@@ -89,7 +90,7 @@ def add_qwen_mtp(model, path: Path, seed: int = 0, noise: float = 0.05) -> None:
     gen = torch.Generator().manual_seed(seed + 100)
     width = model.config.hidden_size
     state = load_file(path / "model.safetensors")
-    for name, value in target_like_layer(model, noise, gen).items():
+    for name, value in target_like_layer(model, noise, gen, state).items():
         state[f"mtp.layers.0.{name}"] = value
     state["mtp.fc.weight"] = fusion(width, noise, gen)
     final = model.state_dict()["model.norm.weight"]
@@ -120,3 +121,54 @@ def greedy(target, ids: torch.Tensor, new: int, attention_mask: torch.Tensor | N
     mask = torch.ones_like(ids) if attention_mask is None else attention_mask
     return target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=new, min_new_tokens=new,
                            pad_token_id=0)
+
+
+#: Qwen3-Next's mixture of experts, tiny (its MTP layer has experts too).
+QWEN3_NEXT = dict(num_experts=2, num_experts_per_tok=1, moe_intermediate_size=64, shared_expert_intermediate_size=64,
+                  num_nextn_predict_layers=1)
+
+
+def margined(path: Path, model_type: str = "qwen3_5_text", keep: float = 0.5, seed: int = 0, scale: float = 0.1) -> Path:
+    """A Qwen3.5 or Qwen3-Next (vocab = width = 128) whose every greedy choice, the target's and its MTP layer's,
+    wins by a wide logit margin, for engines that compute in bf16 with kernels of their own (vLLM's
+    CPU build): near ties there would make two correct engines disagree.
+
+    The embedding rows are orthonormal; the LM head maps row x to token pi(x) (a fixed permutation),
+    so the target continues x with pi(x) by a margin of ~sqrt(128) logits; its layers add to the
+    residual only a little (their output projections scaled by ``scale``), which moves no argmax.
+    The MTP layer's fc passes the next token's embedding on for a ``keep`` share of the vocabulary
+    (it then drafts pi(x): right) and another token's for the rest (wrong), so its drafts are right
+    about half the time at each depth, each by the same margin; its block is the target's attention
+    layer (outputs scaled likewise). What this cannot show is a block tensor lost in an export: the
+    margins hide its small contribution (test_mtp_transformers.py checks those in fp32)."""
+    config = qwen35_config(width=128, head_dim=32, linear_head_dim=128, vocab_size=128)
+    if model_type != "qwen3_5_text":
+        values = {k: v for k, v in config.to_dict().items() if k not in ("model_type", "mtp_num_hidden_layers",
+                                                                          "transformers_version", "architectures")}
+        config = AutoConfig.for_model(model_type, **{**values, **QWEN3_NEXT})
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config).eval()
+    gen = torch.Generator().manual_seed(seed + 1)
+    d = config.hidden_size
+    basis = torch.linalg.qr(torch.randn(d, d, generator=gen))[0]  # orthonormal rows: token x's embedding
+    perm = torch.randperm(d, generator=gen)
+    with torch.no_grad():
+        model.model.embed_tokens.weight.copy_(basis)
+        model.lm_head.weight.copy_(basis[perm.argsort()])  # row y scores embedding pi^-1(y): x -> pi(x)
+        for name, param in model.named_parameters():
+            if name.endswith(("o_proj.weight", "down_proj.weight", "down_proj", "out_proj.weight")):
+                param.mul_(scale)
+    model.save_pretrained(path)
+    wrong = torch.randperm(d, generator=gen)
+    passed = torch.rand(d, generator=gen) < keep
+    tau = torch.where(passed, torch.arange(d), wrong)  # the embedding fc hands on for token x
+    state = load_file(path / "model.safetensors")
+    for name, value in target_like_layer(model, 0.0, gen, state).items():
+        state[f"mtp.layers.0.{name}"] = value
+    fc = torch.zeros(d, 2 * d)
+    fc[:, :d] = basis[tau].T @ basis  # enorm(e_x) -> e_tau(x)
+    state["mtp.fc.weight"] = fc
+    for name in ("pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm"):
+        state[f"mtp.{name}.weight"] = torch.zeros(d)  # zero-centred: gain 1
+    save_file({k: v.contiguous() for k, v in state.items()}, path / "model.safetensors", metadata={"format": "pt"})
+    return path

@@ -61,6 +61,8 @@ def config_from_dict(data: dict[str, Any]):
         raise ValueError(f"mtp_config: model_type {model_type!r} is not one this transformers knows")
     config = CONFIG_MAPPING[model_type].from_dict(copy.deepcopy(data))
     config._attn_implementation = "sdpa"
+    if hasattr(config, "_experts_implementation"):  # experts outside a PreTrainedModel: the plain loop
+        config._experts_implementation = "eager"
     return config
 
 
