@@ -195,3 +195,30 @@ def test_generate_with_builtin_mtp_prints_the_targets_own_text(folder, target, t
     ref = target.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=12,
                           eos_token_id=tiny_tokenizer.eos_token_id, pad_token_id=tiny_tokenizer.pad_token_id)
     assert printed == tiny_tokenizer.decode(ref[0, ids.shape[1]:], skip_special_tokens=True).strip()
+
+
+# -- training ------------------------------------------------------------------------------------------
+def test_the_trainer_fine_tunes_the_shipped_layer(tmp_path, folder, target, builtin, tiny_text_jsonl):
+    """``heads.head_type: mtp`` through train.py's trainer: it starts from the checkpoint's own layer
+    (not a fresh one), unrolls two MTP steps, moves the weights, exports heads that load and decode exactly."""
+    from draftheads.config import config_from_dict
+    from draftheads.train.loop import run
+
+    cfg = config_from_dict({
+        "target": {"name_or_path": str(folder), "dtype": "float32"},
+        "heads": {"head_type": "mtp", "num_heads": 2, "num_layers": 1},
+        "data": {"path": str(tiny_text_jsonl), "format": "text", "max_length": 32, "eval_fraction": 0.1,
+                 "cache_dir": str(tmp_path / "hf-cache")},
+        "train": {"output_dir": str(tmp_path / "run"), "max_steps": 4, "batch_size": 4, "lr": 1e-3, "eval_every": 0,
+                  "eval_batches": 1, "save_every": 0, "log_every": 2, "choose_tree": False},
+    }, [])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)  # a fresh layer would be said: it must not be one
+        result = run(cfg)
+    trained = dh.load_heads(result.heads_dir, target=target)
+    assert trained.config.extra["origin"] == "shipped" and trained.config.num_heads == 2
+    moved = [n for n, v in trained.state_dict().items() if n != "token_counts" and not torch.equal(v, builtin.state_dict()[n])]
+    assert "layers.0.eh_proj.weight" in moved and any("mtp_block" in n for n in moved)
+    ids = mu.prompts(1, seed=3)
+    out = exact(target, trained, TREE).generate(ids, max_new_tokens=NEW, eos_token_id=[])
+    assert out.sequences.tolist() == mu.greedy(target, ids, NEW).tolist()
