@@ -222,3 +222,49 @@ def test_the_trainer_fine_tunes_the_shipped_layer(tmp_path, folder, target, buil
     ids = mu.prompts(1, seed=3)
     out = exact(target, trained, TREE).generate(ids, max_new_tokens=NEW, eos_token_id=[])
     assert out.sequences.tolist() == mu.greedy(target, ids, NEW).tolist()
+
+
+# -- export --------------------------------------------------------------------------------------------
+def test_the_vllm_export_writes_the_checkpoints_own_names_which_transformers_reads(tmp_path, folder, target, builtin):
+    """The export holds the layer under the names the checkpoint shipped it with (vLLM's qwen3_5_mtp
+    names), the target's embedding and LM head (vLLM's strict loader wants its drafter's), and a
+    config counting one MTP layer; transformers' MtpModel reads the layer back from it."""
+    import json
+
+    from transformers import AutoModelForCausalLM
+    from transformers.modeling_layers import MtpModel
+
+    from draftheads.export import export_heads
+
+    heads_dir = builtin.save_pretrained(tmp_path / "heads")
+    out = export_heads(heads_dir, tmp_path / "export", "vllm", verifier=str(folder), num_speculative_tokens=2)
+    written = load_file(out / "model.safetensors")
+    assert set(written) == set(mu.QWEN35_MTP_NAMES) | {"model.embed_tokens.weight", "lm_head.weight"}
+    shipped = load_file(folder / "model.safetensors")
+    for name, value in written.items():
+        assert torch.equal(value, shipped[name]), name
+    config = json.loads((out / "config.json").read_text())
+    assert config["model_type"] == "qwen3_5_text" and config["mtp_num_hidden_layers"] == 1
+    main = AutoModelForCausalLM.from_pretrained(folder)
+    main.config._name_or_path = str(out)  # MtpModel opens the main model's checkpoint: here, the export
+    main.config.num_mtp_layers, main.config.mtp_layer_types = 1, ["full_attention"]
+    read = MtpModel.from_pretrained(main).layers[0].state_dict()
+    for name, value in builtin.state_dict().items():
+        if name != "token_counts":
+            assert torch.equal(read[name[len("layers.0."):]], value), name
+
+
+def test_an_mtp_export_for_a_model_vllm_has_no_mtp_drafter_for_is_refused_by_name(tmp_path, tiny_target_dir):
+    from transformers import AutoModelForCausalLM
+
+    from draftheads.export import export_heads
+    from draftheads.export.common import ExportError
+
+    llama = AutoModelForCausalLM.from_pretrained(tiny_target_dir)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # a fresh layer: Llama ships none
+        heads_dir = MtpHead.for_target(llama).save_pretrained(tmp_path / "heads")
+    with pytest.raises(ExportError, match=r"vLLM has no MTP drafter for LlamaForCausalLM \(model type 'llama'\).*"
+                                          r"qwen3_5 \(qwen3_5_mtp\)"):
+        export_heads(heads_dir, tmp_path / "export", "vllm", verifier=str(tiny_target_dir))
+    assert not (tmp_path / "export").exists()
