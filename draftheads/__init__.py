@@ -22,6 +22,7 @@ _METHODS = {  # each head type's heads class and drafter, in its method's packag
     "Eagle3Head": ".methods.eagle3.heads",
     "PEagleHead": ".methods.peagle.heads", "PEagleDrafter": ".methods.peagle.drafter",
     "DFlashHeads": ".methods.dflash.heads", "DFlashDrafter": ".methods.dflash.drafter",
+    "MtpHead": ".methods.mtp.heads",  # drafts with EagleDrafter
     # deprecated names of the head drafters: they warn and build the drafter
     "DFlashProposer": ".methods.deprecated", "EagleProposer": ".methods.deprecated",
     "HydraProposer": ".methods.deprecated", "MedusaProposer": ".methods.deprecated",
@@ -47,6 +48,7 @@ if TYPE_CHECKING:
     from .methods.hydra.heads import HydraHeads
     from .methods.medusa.drafter import MedusaDrafter
     from .methods.medusa.heads import MedusaHeads
+    from .methods.mtp.heads import MtpHead
     from .methods.peagle.drafter import PEagleDrafter
     from .methods.peagle.heads import PEagleHead
     from .plans import DynamicTree, StaticTree
@@ -71,6 +73,7 @@ __all__ = [
     "MedusaDrafter",
     "MedusaHeads",
     "MedusaProposer",
+    "MtpHead",
     "PEagleDrafter",
     "PEagleHead",
     "PromptLookupProposer",
