@@ -225,7 +225,7 @@ def test_unknown_head_type_lists_the_valid_ones(tmp_path):
     cfg = json.loads((tmp_path / "h" / "config.json").read_text())
     cfg["head_type"] = "hydra2"
     (tmp_path / "h" / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(ValueError, match="unknown head_type 'hydra2'; valid: dflash, eagle, eagle3, hydra, medusa, peagle"):
+    with pytest.raises(ValueError, match="unknown head_type 'hydra2'; valid: dflash, eagle, eagle3, hydra, medusa, mtp, peagle"):
         dh.load_heads(tmp_path / "h")
 
 
