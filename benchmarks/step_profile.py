@@ -57,15 +57,14 @@ def verify_vs_bare(target, sizes: list[int], context: int, rounds: int = 25) -> 
     the two interleaved round by round (the chain's tree mask is the causal one: no mask is built)."""
     import statistics
 
-    from transformers import DynamicCache
-
+    from draftheads.inference.recurrent import keep_prefix
     from draftheads.inference.tree import Tree, TreeShape
     from draftheads.inference.verify import TreeVerifier
 
     verifier = TreeVerifier(target)
     gen = torch.Generator().manual_seed(0)
     vocab = target.get_output_embeddings().weight.shape[0]
-    cache = DynamicCache()
+    cache = verifier.new_cache()
     with torch.no_grad():
         target(input_ids=torch.randint(0, vocab, (1, context), generator=gen), use_cache=True,
                **{verifier.cache_arg: cache})
@@ -81,8 +80,7 @@ def verify_vs_bare(target, sizes: list[int], context: int, rounds: int = 25) -> 
                     runs[name]()
                     if r >= 2:
                         samples[name][n].append(time.perf_counter() - t0)
-                    for layer in cache.layers:  # drop the chain again, as calibrate's timing does
-                        layer.keys, layer.values = layer.keys[..., :context, :], layer.values[..., :context, :]
+                    keep_prefix(cache, context)  # drop the chain again, as calibrate's timing does
     return {"chain_ms": {name: {n: 1e3 * statistics.median(xs) for n, xs in by_n.items()}
                          for name, by_n in samples.items()}, "context": context, "rounds": rounds}
 

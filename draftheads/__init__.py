@@ -5,7 +5,7 @@ then), so ``import draftheads`` and the command line's ``--help`` stay fast."""
 from typing import TYPE_CHECKING
 
 from .lazy import lazy_exports
-from .registry import set_loader
+from .registry import moved, set_loader
 
 
 def _register_methods() -> None:
@@ -23,24 +23,38 @@ _METHODS = {  # each head type's heads class and drafter, in its method's packag
     "PEagleHead": ".methods.peagle.heads", "PEagleDrafter": ".methods.peagle.drafter",
     "DFlashHeads": ".methods.dflash.heads", "DFlashDrafter": ".methods.dflash.drafter",
     "MtpHead": ".methods.mtp.heads",  # drafts with EagleDrafter
-    # deprecated names of the head drafters: they warn and build the drafter
-    "DFlashProposer": ".methods.deprecated", "EagleProposer": ".methods.deprecated",
-    "HydraProposer": ".methods.deprecated", "MedusaProposer": ".methods.deprecated",
+    "DSparkHeads": ".methods.dspark.heads", "DSparkDrafter": ".methods.dspark.drafter",
+    "DFlash2Heads": ".methods.dflash2.heads", "DFlash2Drafter": ".methods.dflash2.drafter",
 }
 _HEADS = ("HeadsConfig", "TargetInfo", "load_heads", "save_heads")
 _INFERENCE = ("DraftModelProposer", "Drafter", "PromptLookupProposer", "Proposer", "SamplingParams", "SpeculativeDecoder",
               "SpeculativeOutput", "Tree", "TreeShape", "UnsupportedModelError", "check_same_tokenizer")
 _PLANS = ("DynamicTree", "StaticTree")  # the typed tree a decoder drafts (`tree=`) and tree.json holds
-__getattr__, __dir__ = lazy_exports(__name__, {**_METHODS, **dict.fromkeys(_HEADS, ".heads"),
-                                               **dict.fromkeys(_INFERENCE, ".inference"), **dict.fromkeys(_PLANS, ".plans")})
+_exported, __dir__ = lazy_exports(__name__, {**_METHODS, **dict.fromkeys(_HEADS, ".heads"),
+                                             **dict.fromkeys(_INFERENCE, ".inference"), **dict.fromkeys(_PLANS, ".plans")})
+
+
+def __getattr__(name: str):
+    """The public names, loaded on first use; a head drafter's former name (``dh.MedusaProposer``)
+    is its drafter, with a DeprecationWarning (`registry.moved`, the one path of the old names)."""
+    try:
+        return _exported(name)
+    except AttributeError:
+        if name.endswith("Proposer"):
+            return moved(__name__, name)
+        raise
+
 
 if TYPE_CHECKING:
     from .heads import HeadsConfig, TargetInfo, load_heads, save_heads
     from .inference import (DraftModelProposer, Drafter, PromptLookupProposer, Proposer, SamplingParams, SpeculativeDecoder,
                             SpeculativeOutput, Tree, TreeShape, UnsupportedModelError, check_same_tokenizer)
-    from .methods.deprecated import DFlashProposer, EagleProposer, HydraProposer, MedusaProposer
     from .methods.dflash.drafter import DFlashDrafter
     from .methods.dflash.heads import DFlashHeads
+    from .methods.dflash2.drafter import DFlash2Drafter
+    from .methods.dflash2.heads import DFlash2Heads
+    from .methods.dspark.drafter import DSparkDrafter
+    from .methods.dspark.heads import DSparkHeads
     from .methods.eagle.drafter import EagleDrafter
     from .methods.eagle.heads import EagleHead
     from .methods.eagle3.heads import Eagle3Head
@@ -56,23 +70,23 @@ if TYPE_CHECKING:
 __version__ = "0.1.0"
 
 __all__ = [
+    "DFlash2Drafter",
+    "DFlash2Heads",
     "DFlashDrafter",
     "DFlashHeads",
-    "DFlashProposer",
+    "DSparkDrafter",
+    "DSparkHeads",
     "DraftModelProposer",
     "Drafter",
     "DynamicTree",
     "Eagle3Head",
     "EagleDrafter",
     "EagleHead",
-    "EagleProposer",
     "HeadsConfig",
     "HydraDrafter",
     "HydraHeads",
-    "HydraProposer",
     "MedusaDrafter",
     "MedusaHeads",
-    "MedusaProposer",
     "MtpHead",
     "PEagleDrafter",
     "PEagleHead",

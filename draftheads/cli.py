@@ -2,8 +2,9 @@
 
     draftheads train --config configs/smollm2.yaml [key.sub=value ...]
     draftheads generate --target PATH_OR_ID --heads DIR --prompt "..."
-    draftheads calibrate --target PATH_OR_ID --heads DIR [--prompts chat|FILE] [--batch-sizes 1,4,8]
+    draftheads calibrate --target PATH_OR_ID --heads DIR [--prompts user|text|FILE] [--batch-sizes 1,4,8]
     draftheads bench --target PATH_OR_ID --heads DIR [--prompt-lookup] [--questions mt-bench|spec-bench|FILE] --out results/
+    draftheads demo --target PATH_OR_ID --heads DIR             # plain vs the plan vs lookup alone, and why
     draftheads distill --target PATH_OR_ID --data FILE --out data/regen.jsonl [--engine hf|vllm] [--resume]
     draftheads cache-features --config CONFIG --out DIR [--dtype bfloat16]
     draftheads export HEADS OUT --format vllm|sglang|speculators
@@ -14,7 +15,6 @@ Every command imports torch and transformers only when it runs, so ``--help`` is
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -135,6 +135,9 @@ def cmd_generate(args) -> int:
         f"{out.mean_accept_length:.2f} tokens per target forward over {len(out.accept_lengths)} steps]",
         file=sys.stderr,
     )
+    line = plan_line(out.stats)
+    if line:
+        print(line, file=sys.stderr)
     budget = out.stats.get("draft_budget")
     if budget:  # what the draft budget chose: full drafts, shorter ones, plain steps
         steps = budget["steps"]
@@ -151,23 +154,31 @@ def cmd_generate(args) -> int:
     return 0
 
 
-def _calibration_text(row, where: str) -> str:
-    """The first user turn of a questions row (``turns``, a list of strings as in Spec-Bench and
-    `draftheads bench`), else its ``prompt`` or ``text``. A string ``turns`` is refused, as bench
-    refuses it, rather than guessed at (it used to calibrate on its first character)."""
-    if not isinstance(row, dict):
-        raise SystemExit(f"error: {where}: expected a JSON object with 'turns', 'prompt' or 'text', got {type(row).__name__}")
-    if "turns" in row:
-        turns = row["turns"]
-        if not isinstance(turns, list) or not turns or not all(isinstance(t, str) and t.strip() for t in turns):
-            raise SystemExit(f"error: {where}: 'turns' must be a non-empty list of non-empty strings, got {turns!r:.80}")
-        return turns[0]
-    for key in ("prompt", "text"):
-        if key in row:
-            if not isinstance(row[key], str) or not row[key].strip():
-                raise SystemExit(f"error: {where}: '{key}' must be a non-empty string, got {row[key]!r:.80}")
-            return row[key]
-    raise SystemExit(f"error: {where} has no 'turns', 'prompt' or 'text' field")
+_ASKED = {"prompt_lookup argument": "asked: --prompt-lookup", "tree argument": "asked: a tree",
+          "batch_plan argument": "asked: a batch plan"}
+
+
+def plan_line(stats: dict) -> str | None:
+    """One line on what a heads decode ran and what decided it: tree.json's entry, or what the
+    command line asked for over it (``out.stats["plan"]``; None for drafters without a plan)."""
+    plan = stats.get("plan") or {}
+    if "from" not in plan:
+        return None
+    entry = plan.get("entry")
+    where = (f"{entry['chosen_by']}'s entry for {entry['device_type'] or 'any device'}, batch {entry['batch_size']}, "
+             f"temperature {entry['temperature']:g}" if entry else "no plan entry")
+    source = plan["from"]["mode"]
+    if stats.get("mode") == "plain":
+        why = "tree.json" if source == "tree.json" else _ASKED.get(source, source)
+        return f"[plan: plain decoding ({why}, {where})]"
+    if plan.get("lookup"):
+        lookup_from = plan["from"]["prompt_lookup"]
+        what = f"prompt lookup in front ({'tree.json' if lookup_from == 'tree.json' else _ASKED.get(lookup_from, lookup_from)})"
+    else:
+        what = "the heads alone"
+    over = (f", over the plan's plain entry ({where})" if entry and entry["mode"] == "plain" and source in _ASKED
+            else f" ({where})")
+    return f"[plan: speculative, {what}{over}]"
 
 
 def _check_writable(folder: Path) -> None:
@@ -189,41 +200,31 @@ def _check_writable(folder: Path) -> None:
 
 
 def _calibration_prompts(args, tokenizer) -> list:
-    """Prompts from a named set shipped in the package (default: ``chat``, general chat prompts
-    that are not the evaluation questions) or a text/jsonl file (one prompt per line or
-    `turns`/`prompt`/`text` fields)."""
-    from .data.prompt_sets import resolve_prompt_set
+    """Prompts from a named set shipped in the package (default: ``user``, prompts shaped like
+    users' requests, never the evaluation questions) or a text/jsonl file (one prompt per line or
+    `turns`/`prompt`/`text` fields), checked (`data.plan_prompts`: an empty, binary or
+    evaluation-overlapping file is refused by name)."""
+    from .data.plan_prompts import AUTO, PromptFileError, default_set, encode_prompts, read_prompt_texts
 
-    path = resolve_prompt_set(args.prompts)
-    if not path.is_file():
-        raise SystemExit(f"error: prompts file not found: {path} (pass a text or .jsonl file, or a named set: "
-                         f"{describe_names()})")
-    texts: list[str] = []
-    for n, line in enumerate(path.read_text().splitlines(), start=1):
-        if not line.strip():
-            continue
-        if path.suffix == ".jsonl":
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise SystemExit(f"error: {path}:{n} is not valid JSON ({e})") from None
-            texts.append(_calibration_text(row, f"{path}:{n}"))
-        else:
-            texts.append(line)
-    texts = texts[: args.num_prompts]
-    if not texts:
-        raise SystemExit("error: no prompts to calibrate on")
-    return [_encode_prompt(tokenizer, t, not args.no_chat_template)[:, -args.prompt_tokens :] for t in texts]
+    name = args.prompts
+    if name == AUTO:  # the user-like set for a chat model, raw-text beginnings for a base model
+        name = default_set(bool(getattr(tokenizer, "chat_template", None)) and not args.no_chat_template)
+    try:
+        texts = read_prompt_texts(name, "--prompts")
+    except PromptFileError as e:
+        raise SystemExit(f"error: {e}") from None
+    return encode_prompts(tokenizer, texts[: args.num_prompts], not args.no_chat_template, args.prompt_tokens)
 
 
-def _calibrate_dynamic(args, target, heads, prompts, temperature: float, greedy_choice: dict | None) -> tuple[list, dict]:
-    """EAGLE heads: time each (token budget, depth, top-k) setting of the device's grid at
-    ``temperature`` (after a greedy choice, the short sampling grid beside it); the fastest as
-    tree.json entries, and the chosen setting."""
+def _calibrate_dynamic(args, target, heads, prompts, temperature: float, greedy_choice: dict | None,
+                       curve) -> tuple[list, dict]:
+    """EAGLE heads: time each (token budget, depth, top-k) setting of the device's grid, sized by
+    this machine's cost ``curve``, at ``temperature`` (after a greedy choice, the short sampling
+    grid beside it); the fastest as tree.json entries, and the chosen setting."""
     from .tune.calibrate import calibrate_dynamic_tree, dynamic_grid, restricts_vocab, sampling_grid
     from .tune.tables import dynamic_entries
 
-    grid = dynamic_grid(target.device.type, restricts_vocab(heads))
+    grid = dynamic_grid(target.device.type, restricts_vocab(heads), curve.verify_seconds)
     if temperature > 0 and greedy_choice is not None:
         grid = sampling_grid(grid, greedy_choice)
     result = calibrate_dynamic_tree(target, heads, prompts, new_tokens=args.new_tokens, grid=grid, temperature=temperature)
@@ -233,7 +234,7 @@ def _calibrate_dynamic(args, target, heads, prompts, temperature: float, greedy_
     print(f"chosen: {result.tree}, {result.mean_accept_length:.2f} tokens/step, "
           f"{result.expected_speedup:.2f}x our plain one-token steps")
     plan = _batch_plan(args, target, heads, result.tree, prompts, temperature)
-    return dynamic_entries(result, target.device.type, plan), result.tree
+    return dynamic_entries(result, target.device.type, plan, device_name=curve.device_name), result.tree
 
 
 def _calibrate_static(args, target, heads, prompts, temperature: float, verify: dict | None) -> tuple[list, dict]:
@@ -248,8 +249,6 @@ def _calibrate_static(args, target, heads, prompts, temperature: float, verify: 
                                                    if temperature > 0 else ":"))
     for k, row in enumerate(result.accuracy):
         print(f"  head {k}: " + " ".join(f"{a:.2f}" for a in row))
-    print("verify forward, median ms by tree size: " + ", ".join(
-        f"{n}: {s * 1000:.1f}" for n, s in sorted(result.verify_seconds.items())))
     print("drafting, median ms by heads used: " + ", ".join(
         f"{d}: {s * 1000:.2f}" for d, s in sorted(result.draft_seconds.items()) if d))
     print(f"chosen tree: {len(result.tree) + 1} nodes, expected {result.expected_tokens_per_step:.2f} tokens/step, "
@@ -258,7 +257,9 @@ def _calibrate_static(args, target, heads, prompts, temperature: float, verify: 
     vocab = result.draft_vocab_size
     print(f"draft vocabulary: {'the whole vocabulary' if vocab is None else f'the {vocab} most frequent training tokens'}")
     plan = _batch_plan(args, target, heads, result.tree, prompts, temperature, vocab)  # as its entry will run it
-    return static_entries(result, target.device.type, plan), result.verify_seconds
+    from .device import device_name
+
+    return static_entries(result, target.device.type, plan, device_name=device_name(target.device)), result.verify_seconds
 
 
 def _batch_plan(args, target, heads, tree, prompts, temperature: float = 0.0, draft_vocab_size: int | None = None):
@@ -272,7 +273,8 @@ def _batch_plan(args, target, heads, tree, prompts, temperature: float = 0.0, dr
 
     result = measure_batch_plan(target, heads, tree, prompts, args.batch_sizes, new_tokens=args.new_tokens,
                                 temperature=temperature, try_lookup=args.prompt_lookup,
-                                draft_vocab_size=draft_vocab_size)
+                                draft_vocab_size=draft_vocab_size, rounds=args.rounds, resolution=args.resolution,
+                                max_seconds=args.max_seconds)
     print("\n".join(result.lines()))
     return result
 
@@ -303,12 +305,18 @@ def cmd_calibrate(args) -> int:
     heads = _load_heads(args.heads, target, not args.no_fingerprint_check)
     prompts = _calibration_prompts(args, tokenizer)
     saved = heads.plans  # the file as loaded (read once), before calibration changes the heads
-    entries, verify, greedy_choice = [], None, None
+    from .tune.calibrate import describe_curve, measure_cost_curve
+
+    context = min(256, max(int(p.shape[-1]) for p in prompts) + args.new_tokens)
+    sizes = [n for n in (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64) if n <= args.max_nodes + 1]
+    curve = measure_cost_curve(target, sizes, context=context)  # this machine's own: the widths are chosen with it
+    print(describe_curve(curve))
+    entries, verify, greedy_choice = [], curve.verify_seconds, None
     for temperature in args.temperatures:
         if len(args.temperatures) > 1:
             print(f"-- temperature {temperature:g}{' (greedy)' if temperature == 0 else ''}")
         if method_of(heads).tree is TreeKind.DYNAMIC:
-            found, chosen = _calibrate_dynamic(args, target, heads, prompts, temperature, greedy_choice)
+            found, chosen = _calibrate_dynamic(args, target, heads, prompts, temperature, greedy_choice, curve)
             entries += found
             greedy_choice = chosen if temperature == 0 else greedy_choice
         elif temperature > 0 and method_of(heads).tree is TreeKind.ONE_FORWARD:
@@ -319,7 +327,7 @@ def cmd_calibrate(args) -> int:
         else:
             found, verify = _calibrate_static(args, target, heads, prompts, temperature, verify)
             entries += found
-    measured = TreePlans(tuple(entries))
+    measured = TreePlans(tuple(entries), curves=(curve,))
     if not args.dry_run:
         plans = saved.merged(measured) if saved is not None else measured
         path = write_plans(args.heads, plans)
@@ -392,9 +400,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("calibrate", help="measure acceptance and verify cost, save the best tree")
     _add_target_args(p)
     p.add_argument("--heads", required=True)
-    p.add_argument("--prompts", default=DEFAULT_CALIBRATION_PROMPTS, metavar="NAME_OR_FILE",
-                   help=f"a set shipped in the package ({describe_names()}), a text file (one prompt per line) or a "
-                        f"Spec-Bench .jsonl (default: {DEFAULT_CALIBRATION_PROMPTS}, 40 general chat prompts)")
+    p.add_argument("--prompts", default="auto", metavar="NAME_OR_FILE",
+                   help=f"a set shipped in the package ({describe_names()}; not the evaluation sets), a text file "
+                        f"(one prompt per line) or a Spec-Bench .jsonl (default auto: {DEFAULT_CALIBRATION_PROMPTS}, 32 "
+                        "prompts shaped like users' requests, or text, raw-text beginnings, for a model without a chat "
+                        "template); refused when empty, binary or holding evaluation questions")
     p.add_argument("--num-prompts", type=positive_int, default=12)
     p.add_argument("--prompt-tokens", type=positive_int, default=128, help="keep the last N tokens of each prompt")
     p.add_argument("--new-tokens", type=positive_int, default=64)
@@ -407,6 +417,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prompt-lookup", action=argparse.BooleanOptionalAction, default=True,
                    help="with --batch-sizes: also time the tree behind prompt lookup and save it where it is faster "
                         "(tree.json prompt_lookup; default: on)")
+    p.add_argument("--rounds", type=positive_int, default=2,
+                   help="with --batch-sizes: rounds over the prompts at most (default: 2)")
+    p.add_argument("--resolution", type=float, default=0.01,
+                   help="with --batch-sizes: stop timing a batch size once its verdict is settled to this (the 95%% "
+                        "interval excludes the threshold or is narrower than this either side; default: 0.01)")
+    p.add_argument("--max-seconds", type=float, default=None,
+                   help="with --batch-sizes: time bound per batch size and temperature (default: none)")
     p.add_argument("--temperatures", type=_temperatures, default=[0.0], metavar="0,0.7,1.0",
                    help="measure a tree (and the batch plan) at each of these sampling temperatures (0 = greedy); "
                         "the decoder runs the one nearest a request's temperature (default: 0)")
@@ -415,6 +432,11 @@ def build_parser() -> argparse.ArgumentParser:
     from .bench.command import add_parser as add_bench_parser
 
     add_bench_parser(sub, _add_target_args).set_defaults(func=cmd_bench)
+
+    from .bench.demo import add_parser as add_demo_parser, run_demo
+
+    add_demo_parser(sub, _add_target_args).set_defaults(
+        func=lambda args: run_demo(args, lambda path: _load_target(path, args.device, args.dtype, args.trust_remote_code)))
 
     from .data.distill_command import add_parser as add_distill_parser
 

@@ -24,6 +24,7 @@ from pydantic.dataclasses import dataclass
 
 from . import smollm2
 from .data.config import DataConfig
+from .registry import default_head_type
 from .schema import CHECKED, Bool, Float, Int, NonNegative, Positive, Str, TargetLoss
 
 
@@ -55,9 +56,10 @@ class TargetConfig:
 class HeadsSpec:
     """Which draft heads to train (the architecture itself is fixed by the target's sizes)."""
 
-    # medusa | hydra | eagle | eagle3 | peagle | dflash; the same name as HeadsConfig.head_type in a heads folder's
-    # config.json. Files written before the rename say ``type``: read as this (see _upgrade).
-    head_type: Str = "medusa"
+    # medusa | hydra | eagle | eagle3 | peagle | dflash | dspark | dflash2 | ...; the same name as HeadsConfig.head_type in a heads folder's
+    # config.json. Files written before the rename say ``type``: read as this (see _upgrade). Unset:
+    # the method the registry declares the default (`registry.default_head_type`).
+    head_type: Str = field(default_factory=default_head_type)
     # medusa/hydra: heads (one per future position); eagle/eagle3: draft steps unrolled in training
     # (eagle: 1 = EAGLE-1's teacher-forced recipe; eagle3: training-time test, step k weighted train.loss_decay^k);
     # peagle: the depths trained (the most tokens one draft forward may propose).
@@ -103,6 +105,24 @@ class HeadsSpec:
     # own greedy tokens (what verification requires before it accepts depth d); off: every depth
     # everywhere, the published recipe on target-generated data.
     greedy_path: Bool = False
+    # dspark (methods/dspark/heads.py): the Markov head's rank r (its V x r and r x V factors; default 256,
+    # 1..vocabulary); the confidence head (each draft's acceptance estimate, which the draft budget reads),
+    # fed the Markov embedding of the previous token too (confidence_with_markov), trained with weight
+    # confidence_alpha (default 1.0); sample_from_anchor: the root's slot drafts the first token, so a block
+    # of block_size slots drafts block_size tokens (vLLM's default for Qwen3DSparkModel; off: block_size - 1).
+    markov_rank: Int | None = None
+    confidence_head: Bool = True
+    confidence_with_markov: Bool = True
+    confidence_alpha: Annotated[Float, Ge(0)] | None = None
+    sample_from_anchor: Bool = True
+    # dflash2 (methods/dflash2/heads.py): the grouped dynamic convolution's taps (default 2, at most the
+    # block) and channels per group (default 16, dividing the hidden size); the candidate selector's
+    # rank (default 256) and candidates per slot (default 16), its loss weight selector_alpha (default 1.0).
+    conv_kernel_size: Int | None = None
+    conv_group_size: Int | None = None
+    selector_rank: Int | None = None
+    selector_top_k: Int | None = None
+    selector_alpha: Annotated[Float, Ge(0)] | None = None
     # A heads folder (draftheads' own, or `draftheads import`ed) to continue training from: loaded
     # strictly; its type and sizes must equal the ones configured here.
     init_from: Str | None = None
@@ -119,7 +139,7 @@ class HeadsSpec:
 
 @dataclass(config=CHECKED)
 class TrainConfig:
-    output_dir: Str = "runs/medusa"
+    output_dir: Str = "runs/draftheads"
     max_steps: Positive | None = None  # optimizer steps; None: num_epochs over the training split
     num_epochs: Positive = 1
     batch_size: Positive = 8  # sequences per process per micro-step
@@ -159,6 +179,12 @@ class TrainConfig:
     # earlier n-gram drafts the copy, the heads the others) and save it in tree.json where it is
     # faster; the decoder follows (SpeculativeDecoder's prompt_lookup=None). false: heads alone.
     choose_prompt_lookup: Bool = True
+    # With choose_tree: the prompts the plan is timed on. "auto": the package's "user" set (prompts
+    # shaped like users' requests, never the evaluation questions) for a target with a chat template,
+    # "text" (raw-text beginnings) for a base model; or a named set or your own file (text: one prompt
+    # a line; .jsonl: turns/prompt/text rows), checked before training starts: an empty, binary or
+    # evaluation-overlapping file is refused by name (draftheads/data/plan_prompts.py).
+    plan_prompts: Str = "auto"
 
     def __post_init__(self) -> None:
         betas = self.adam_betas
@@ -288,6 +314,17 @@ ADDED_KEYS: dict[str, Any] = {
     "heads.loss": "soft_ce",
     "heads.num_anchors": None,
     "heads.greedy_path": False,
+    # DSpark's and DFlash2's options (runs before them had neither head type)
+    "heads.markov_rank": None,
+    "heads.confidence_head": True,
+    "heads.confidence_with_markov": True,
+    "heads.confidence_alpha": None,
+    "heads.sample_from_anchor": True,
+    "heads.conv_kernel_size": None,
+    "heads.conv_group_size": None,
+    "heads.selector_rank": None,
+    "heads.selector_top_k": None,
+    "heads.selector_alpha": None,
     # EAGLE 3.1 / speculators' norms, and where EAGLE-3's own LM head starts
     "heads.fc_norm": False,
     "heads.norm_output": False,
@@ -510,7 +547,7 @@ def validate(cfg: ExperimentConfig) -> None:
             raise ConfigError(
                 f"tracking.{key}={name!r}: with tracking.report_to=tensorboard it names the log folder inside "
                 f"train.output_dir, so it must be one plain folder name (no '/', '\\', '.' or '..'), e.g. "
-                f"{'medusa-run1'!r}"
+                f"{'heads-run1'!r}"
             )
     if cfg.data.packing and cfg.train.group_by_length:  # before anything is loaded or written
         raise ConfigError(

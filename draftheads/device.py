@@ -10,7 +10,10 @@ The launcher traps live here so the training loop does not carry them (see the C
 from __future__ import annotations
 
 import os
+import platform
 from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
 
 import torch
 
@@ -49,6 +52,30 @@ def resolve_dtype(name: str, device: torch.device | str | None = None) -> torch.
         return _DTYPES[name]
     except KeyError:
         raise ValueError(f"unknown dtype {name!r}; valid: auto, {', '.join(_DTYPES)}") from None
+
+
+@lru_cache(maxsize=1)
+def cpu_name() -> str:
+    """The CPU model ("AMD EPYC", "Intel(R) Xeon(R) CPU @ 2.20GHz"), read once per process."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown CPU"
+
+
+def device_name(device: torch.device | str) -> str:
+    """The machine a measurement on ``device`` describes: the GPU's name on CUDA, else the CPU
+    model. Plans record it (tree.json's ``device_name``) because the cost of verifying n tokens
+    differs between machines of one device type."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device) if torch.cuda.is_available() else "cuda"
+    if device.type != "cpu":
+        return device.type  # mps, xpu, ...: no model name to read here
+    return cpu_name()
 
 
 def resolve_mixed_precision(name: str) -> str:

@@ -49,12 +49,15 @@ class EngineLayout:
     ``speculators_model_type``); ``write(heads, *, verifier, verifier_cfg, num_speculative_tokens)``
     builds the engine folder (an `export.common.EngineFolder`); ``serve_extra``: what vLLM's
     speculative config also needs for it (P-EAGLE: parallel drafting); ``serves_alone``: the folder
-    names its verifier, so vLLM serves it without the target's name (speculators' EAGLE-3)."""
+    names its verifier, so vLLM serves it without the target's name (speculators' EAGLE-3);
+    ``check_engine()``: raises an `export.common.ExportError` naming what the installed engine
+    lacks to serve this layout (DSpark, DFlash2: vLLM's Model Runner V2), before a folder is written."""
 
     engine_name: str
     write: Callable[..., Any]
     serve_extra: Mapping[str, Any] = field(default_factory=dict)
     serves_alone: bool = False
+    check_engine: Callable[[], None] | None = None
 
 
 @dataclass(frozen=True)
@@ -73,20 +76,28 @@ class OneForwardSearch:
 
 @dataclass(frozen=True)
 class ImportLayout:
-    """A public checkpoint layout that imports as this method's heads (its name and description
-    are in `export.formats.IMPORT_FORMATS`): ``detect(source)`` says whether a checkpoint is in
-    it, ``read(source, target)`` builds the heads. ``rank`` orders detection across methods:
-    0 = a config key names the layout, 1 = tensor names tell it, 2 = only tensor shapes do.
-    ``weight_files``: file names its checkpoints keep their weights in, besides the usual
-    ``model.safetensors`` / ``pytorch_model.bin`` (tried before the catch-all ``*.safetensors``).
-    ``keep_only``: tensor-name prefixes that, when a file holds any, are all of it read (a release
-    that is a whole fine-tuned model with the heads inside loads only the heads)."""
+    """A public checkpoint layout that imports as this method's heads, under its import format's
+    name (the key in `Method.imports`, what ``draftheads import --format`` takes): ``description``
+    says what the layout is and how it is recognised (`export.formats.import_formats` lists them);
+    ``detect(source)`` says whether a checkpoint is in it, ``read(source, target)`` builds the
+    heads. ``rank`` orders detection across methods: 0 = a config key names the layout, 1 = tensor
+    names tell it, 2 = only tensor shapes do. ``weight_files``: file names its checkpoints keep
+    their weights in, besides the usual ``model.safetensors`` / ``pytorch_model.bin`` (tried before
+    the catch-all ``*.safetensors``). ``keep_only``: tensor-name prefixes that, when a file holds
+    any, are all of it read (a release that is a whole fine-tuned model with the heads inside loads
+    only the heads). ``config_names``: words (lower case) its checkpoints' config.json holds in
+    ``model_type``, ``speculators_model_type`` or ``architectures``; ``config_keys``: keys only its
+    config.json has. With them a checkpoint passed where a heads folder goes is named as one to
+    import (`heads.io`), its tensors unread."""
 
     detect: Callable[[Any], bool]
     read: Callable[[Any, Any], Any]
+    description: str = ""
     rank: int = 1
     weight_files: tuple[str, ...] = ()
     keep_only: tuple[str, ...] = ()
+    config_names: tuple[str, ...] = ()
+    config_keys: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -103,7 +114,8 @@ class Method:
     ``one_forward``: what its tree search measures (`OneForwardSearch`), for ONE_FORWARD trees.
     ``builtin``: heads a target may ship in its own checkpoint (MTP layers): ``builtin(target)``
     builds them, or raises a ValueError saying why that target has none; ``load_heads`` and
-    ``--heads`` name them ``builtin-<name>`` (`builtin_named`)."""
+    ``--heads`` name them ``builtin-<name>`` (`builtin_named`).
+    ``default``: the head type a config that names none trains (one method is)."""
 
     name: str
     title: str
@@ -117,6 +129,7 @@ class Method:
     aliases: tuple[str, ...] = ()
     one_forward: OneForwardSearch | None = None
     builtin: Callable[[Any], Any] | None = None
+    default: bool = False
 
     @property
     def options(self) -> tuple[str, ...]:
@@ -180,6 +193,9 @@ def register(method: Method) -> Method:
         known = _METHODS.get(name) or _METHODS.get(_ALIASES.get(name, ""))
         if known is not None and known is not method:
             raise ValueError(f"method {name!r} is registered twice ({known.heads.__name__} and {method.heads.__name__})")
+    other_default = next((m for m in _METHODS.values() if m.default and m.name != method.name), None)
+    if method.default and other_default is not None:
+        raise ValueError(f"method {method.name!r} is declared the default head type, but {other_default.name!r} is")
     _METHODS[method.name] = method
     for alias in method.aliases:
         _ALIASES[alias] = method.name
@@ -202,6 +218,14 @@ def method_named(name: str) -> Method:
     if found is None:
         raise UnknownMethodError(f"unknown head type {name!r}; valid: {', '.join(sorted(_METHODS))}")
     return found
+
+
+def default_head_type() -> str:
+    """The head type a config that names none trains (the method declared ``default``)."""
+    found = [m.name for m in _registered().values() if m.default]
+    if len(found) != 1:
+        raise UnknownMethodError(f"no default head type is registered (registered: {', '.join(sorted(_METHODS))})")
+    return found[0]
 
 
 def method_of(heads: Any) -> Method:
@@ -243,10 +267,11 @@ def head_classes(found: Iterable[Method] | None = None) -> dict[str, type]:
 
 
 def moved(package: str, name: str) -> Any:
-    """``name`` read from ``package`` (heads, inference, inference.proposers), where the heads
-    classes and drafters lived before each method got its own package under draftheads/methods/:
-    a class defined in the module of a registered method's heads or drafter, with a DeprecationWarning
-    naming its home now. ``XProposer``, a head drafter's former per-sequence name, finds ``XDrafter``.
+    """``name`` read from ``package`` (heads, inference, inference.proposers; the package root for
+    ``XProposer`` names), where the heads classes and drafters lived before each method got its
+    own package under draftheads/methods/: a class defined in the module of a registered method's
+    heads or drafter, with a DeprecationWarning naming its home now. ``XProposer``, a head
+    drafter's former per-sequence name, finds ``XDrafter``. The one path of every old name.
     Anything else is the usual AttributeError."""
     wanted = name[: -len("Proposer")] + "Drafter" if name.endswith("Proposer") else name
     if not name.startswith("_"):

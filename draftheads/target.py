@@ -2,7 +2,8 @@
 
 Every command (training, feature caching, generate, bench, calibrate, import) loads its target
 here, so the dtype rule (`device.resolve_dtype`), the named targets ("smollm2", the real small
-model converted from its PyPI wheel) and the frozen state are the same everywhere.
+chat model converted from its PyPI wheel; "gemma3", Gemma-3-270M base reassembled from four PyPI
+chunk packages) and the frozen state are the same everywhere.
 """
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from typing import Any, ContextManager
 
 import torch
 
-from . import smollm2
+from . import gemma3, smollm2
 from .device import default_device, resolve_dtype
 
 
@@ -26,19 +27,25 @@ class TargetLoadError(ValueError):
 
 
 def named_target(name_or_path: str) -> str | None:
-    """The canonical name when ``name_or_path`` names a target draftheads builds itself, else None."""
-    return smollm2.CANONICAL if smollm2.is_name(name_or_path) else None
+    """The canonical name when ``name_or_path`` names a target draftheads builds itself
+    ("smollm2", "gemma3"), else None."""
+    if smollm2.is_name(name_or_path):
+        return smollm2.CANONICAL
+    return gemma3.CANONICAL if gemma3.is_name(name_or_path) else None
 
 
 def resolve_target(name_or_path: str) -> str:
     """The folder a named target lives in (built on first use), or ``name_or_path`` unchanged.
     The retired demo target's name is refused, naming its replacement, before it reaches the Hub
     (where "demo" would be looked up as a model id)."""
-    if named_target(name_or_path) == smollm2.CANONICAL:
-        try:
+    name = named_target(name_or_path)
+    try:
+        if name == smollm2.CANONICAL:
             return str(smollm2.ensure_smollm2())
-        except smollm2.SmolLM2Error as err:
-            raise TargetLoadError(str(err)) from None
+        if name == gemma3.CANONICAL:
+            return str(gemma3.ensure_gemma3())
+    except (smollm2.SmolLM2Error, gemma3.Gemma3Error) as err:
+        raise TargetLoadError(str(err)) from None
     refuse_retired(name_or_path)
     return name_or_path
 

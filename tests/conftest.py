@@ -179,6 +179,24 @@ def smollm2_dir() -> Path:
 
 
 @pytest.fixture(scope="session")
+def gemma3_dir() -> Path:
+    """The second real target (Gemma-3-270M, base), reassembled from its four chunk packages and
+    converted once into the draftheads cache. Skips without the packages; with ``CI`` set, fails
+    instead: CI must run the real-model checks."""
+    from draftheads import gemma3
+    from draftheads.gguf_targets import is_complete
+
+    if not is_complete(gemma3.folder_for(), gemma3.GGUF_SHA256):
+        try:
+            gemma3.chunk_paths()
+        except gemma3.Gemma3Error as err:
+            if os.environ.get("CI"):
+                pytest.fail(f"CI must run the real-model tests: {err}", pytrace=False)
+            pytest.skip(str(err))
+    return gemma3.ensure_gemma3()
+
+
+@pytest.fixture(scope="session")
 def smollm2_eagle3_heads(smollm2_dir: Path, tmp_path_factory) -> Path:
     """EAGLE-3 heads trained a few steps on SmolLM2's own answers (tests/smollm2_heads.py): built
     once per test session, shared by the xdist workers."""

@@ -47,12 +47,42 @@ def test_smollm2_prefix_holds_its_default_system_turn(smollm2_dir):
     )
 
 
-def test_a_model_without_a_chat_template_is_refused_by_name(tmp_path):
+def test_a_base_model_writes_text_and_continues_it(tmp_path):
+    """No chat template (a base model such as Gemma-3-270M): candidates are drawn from the BOS token
+    alone, one that reaches --prompt-max-tokens is kept (text has no turn to end), and each kept
+    text becomes a plain-text row distill continues from its first --prompt-tokens tokens."""
     plain = byte_chat_tokenizer(template=None)
+    bos = plain.bos_token_id
+    drawn = iter([("The river runs north past the old mill and the bridge.", False), ("", True),
+                  ("The river runs north past the old mill and the bridge.", False),
+                  ("A recipe for bread: flour, water, salt and yeast.", True)])
+
+    def answer(prompt, n):
+        if prompt == [bos]:
+            text, finished = next(drawn)
+            return plain(text, add_special_tokens=False)["input_ids"], finished
+        return plain(" and so on", add_special_tokens=False)["input_ids"], True
+
+    engine = ScriptedEngine(answer)
+    settings = _settings(tmp_path, synthesize=2, prompt_tokens=4, temperature=0.0)
+    stats = synthesize(settings, engine, plain, progress=False)
+    rows = _rows(settings.out)
+    assert [r["text"].endswith(" and so on") for r in rows] == [True, True]
+    first = plain.decode(plain("The river runs north past the old mill and the bridge.", add_special_tokens=False)["input_ids"][:4])
+    assert rows[0]["text"] == first + " and so on" and TOKEN_IDS in rows[0]  # its first 4 tokens, then continued
+    continued = [p for call in engine.calls for p in call[0] if p != [bos]]
+    assert all(p[0] == bos and len(p) == 1 + 4 for p in continued)  # BOS + the row's first 4 tokens
+    assert stats.extra["prompts"]["truncated"] == 0 and stats.extra["prompts"]["duplicates"] == 1
+    assert stats.extra["prompts"]["empty"] == 1
+
+
+def test_a_model_with_neither_a_chat_template_nor_a_bos_token_is_refused_by_name(tmp_path):
+    plain = byte_chat_tokenizer(template=None)
+    plain.bos_token = None
     plain.name_or_path = "my-base-model"
-    with pytest.raises(DistillError, match=r"--synthesize needs a chat model: the tokenizer of 'my-base-model' has no chat template"):
+    with pytest.raises(DistillError, match=r"'my-base-model' has no chat template and no BOS token"):
         synthesize(_settings(tmp_path), ScriptedEngine(lambda p, n: ([], True)), plain, progress=False)
-    assert not Path(_settings(tmp_path).out).exists() and not prompts_path(_settings(tmp_path).out).exists()
+    assert not Path(_settings(tmp_path).out).exists()
 
 
 def test_prompts_are_deduplicated_filtered_and_answered(tmp_path, tok, capsys):

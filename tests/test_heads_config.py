@@ -86,6 +86,22 @@ def test_a_model_folder_passed_as_heads_is_recognised(target, tmp_path):
     refused(tmp_path / "model", r"this is a model folder \(a llama model's config.json\), not a heads folder")
 
 
+@pytest.mark.parametrize("config", [
+    {"medusa_num_heads": 5, "base_model_name_or_path": "lmsys/vicuna-7b-v1.3"},  # FasterDecoding Medusa: a key
+    {"model_type": "medusa", "architectures": ["MedusaModel"]},  # vLLM Medusa
+    {"architectures": ["LlamaForCausalLMEagle3"]},  # SGLang EAGLE-3
+    {"speculators_model_type": "peagle", "architectures": ["Eagle3Speculator"]},
+    {"architectures": ["DFlashDraftModel"], "dflash_config": {}},
+])
+def test_a_public_draft_checkpoint_passed_as_heads_is_named_one_to_import(tmp_path, config):
+    """The marks of each public layout (its method's `ImportLayout.config_names` / ``config_keys``)
+    tell a user who passes such a checkpoint where a heads folder goes to import it."""
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "ckpt" / "config.json").write_text(json.dumps(config))
+    refused(tmp_path / "ckpt", r"this is a draft checkpoint in an engine's layout .*not a draftheads heads folder: "
+                               r"convert it into a heads folder with `draftheads import")
+
+
 def test_a_run_folder_passed_as_heads_points_to_its_heads(target, tmp_path):
     run = tmp_path / "run"
     run.mkdir()

@@ -184,3 +184,27 @@ def test_the_static_cache_refuses_hybrid_targets_by_name():
     target = tiny_hybrid("lfm2")
     with pytest.raises(ValueError, match="cache='static'.*recurrent state.*LFM2|cache='static'.*Lfm2"):
         dh.SpeculativeDecoder(target, dh.PromptLookupProposer(), cache="static")
+
+
+def test_calibrate_times_verify_forwards_on_a_hybrid_and_leaves_its_state():
+    """calibrate's cost curve runs uncommitted verify forwards over one cache: on a hybrid each forward
+    records its states aside, so the prefix state every timed forward starts from stays the prompt's."""
+    from draftheads.tune.calibrate import measure_verify_times
+
+    times = measure_verify_times(tiny_hybrid("qwen3_5_text"), sizes=[1, 2, 4], context=16, repeats=2)
+    assert sorted(times) == [1, 2, 4] and all(t > 0 for t in times.values())
+
+
+def test_plans_measured_on_a_hybrid_are_refused_for_heads_of_a_transformer(tmp_path):
+    """Plans are per target: a folder whose heads were trained for a hybrid does not plan a Llama's."""
+    from draftheads.plans import PlanEntry, TreePlans
+    from inference_utils import tiny_target
+
+    hybrid = tiny_hybrid("qwen3_5_text", vocab=64)
+    dh.MedusaHeads.for_target(hybrid, num_heads=2).save_pretrained(
+        tmp_path / "hybrid-heads", plans=TreePlans((PlanEntry(tree=[[0]], device_type="cpu"),)))
+    llama = tiny_target("llama")
+    heads = dh.MedusaHeads.for_target(llama, num_heads=2)
+    with pytest.raises(ValueError, match=r"plans=.*hybrid-heads were measured with heads for another target "
+                                         r"\(Qwen3_5ForCausalLM.*model_type"):
+        dh.SpeculativeDecoder(llama, heads, plans=tmp_path / "hybrid-heads")

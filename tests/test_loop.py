@@ -68,7 +68,8 @@ def test_the_loop_drafts_through_one_drafter_interface(target):
 
 def test_the_former_proposer_names_warn_and_build_the_drafter(target):
     head = dh.EagleHead.for_target(target)
-    with pytest.warns(DeprecationWarning, match="EagleProposer is deprecated: use EagleDrafter"):
+    with pytest.warns(DeprecationWarning, match=r"draftheads\.EagleProposer is deprecated: import EagleDrafter from "
+                                                 r"draftheads\.methods\.eagle\.drafter"):
         drafter = dh.EagleProposer(head, total_tokens=4, depth=2, top_k=2)
     assert isinstance(drafter, EagleDrafter) and (drafter.total_tokens, drafter.depth) == (4, 2)
     with pytest.warns(DeprecationWarning, match="MedusaProposer"):

@@ -9,11 +9,11 @@ import torch
 
 import draftheads as dh
 from draftheads import registry
-from draftheads.export.formats import EXPORT_FORMATS, IMPORT_FORMATS
+from draftheads.export.formats import EXPORT_FORMATS, import_formats
 from draftheads.registry import EngineLayout, ImportLayout, Method, TreeKind, UnknownMethodError
 from draftheads.train.head_loss import HeadLoss, HeadLossOutput, LossBatch, LossSettings
 
-ALL = ("medusa", "hydra", "eagle", "eagle3", "peagle", "dflash", "mtp")
+ALL = ("medusa", "hydra", "eagle", "eagle3", "peagle", "dflash", "dspark", "dflash2", "mtp")
 
 
 def test_every_method_is_registered_once_under_its_heads_name():
@@ -32,8 +32,10 @@ def test_every_method_declares_its_parts():
         assert method.title and method.summary, method
         assert set(method.exports) <= set(EXPORT_FORMATS), method
         assert all(isinstance(layout, EngineLayout) and layout.engine_name for layout in method.exports.values())
-        assert set(method.imports) <= set(IMPORT_FORMATS), method
-        assert all(isinstance(layout, ImportLayout) for layout in method.imports.values())
+        assert all(isinstance(layout, ImportLayout) and layout.description and layout.config_names
+                   for layout in method.imports.values()), method
+        assert set(method.imports) <= set(import_formats()), method
+    assert sum(m.default for m in registry.methods()) == 1 and registry.default_head_type() == "medusa"
 
 
 def test_a_subclass_of_a_methods_heads_belongs_to_that_method():
@@ -186,6 +188,61 @@ def test_no_layer_below_methods_dispatches_on_a_method_name():
     assert not grown, f"dispatch on a method's name outside draftheads/methods/ (declare it on the method instead): {grown}"
     shrunk = {f: n for f, n in NOT_YET.items() if len(found.get(f, [])) < n}
     assert not shrunk, f"fewer name dispatches than NOT_YET allows (lower it): {shrunk}"
+
+
+def method_name_sites(source: str, names: set[str]) -> list[tuple[int, str]]:
+    """Where ``source`` holds one of ``names`` as a value, not as prose: a string without spaces (a
+    default, a key, a path such as "runs/medusa", a layout name) or an identifier, one of whose
+    words (split at anything but letters and digits) is a name. Docstrings, and messages or help
+    texts that describe the methods in sentences, are prose."""
+    import ast
+    import re
+
+    def words(text: str) -> set[str]:
+        return set(re.split(r"[^a-z0-9]+", text.lower()))
+
+    tree = ast.parse(source)
+    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                  if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                  and node.body and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
+            if not re.search(r"\s", node.value) and words(node.value) & names:
+                found.append((node.lineno, node.value))
+        elif isinstance(node, (ast.Name, ast.Attribute, ast.arg, ast.FunctionDef, ast.ClassDef)):
+            name = getattr(node, "id", None) or getattr(node, "attr", None) or getattr(node, "arg", None) or node.name
+            if words(name) & names:
+                found.append((node.lineno, name))
+    return sorted(found)
+
+
+def test_no_code_below_methods_names_a_method():
+    """A method's facts live on its `Method` (its package under draftheads/methods/): the default head
+    type, its layouts' names and config marks too. Outside methods/, only the registry and the
+    package root (the public names) may name one."""
+    names = {n for m in registry.methods() for n in (m.name, *m.aliases)}
+    found = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(PACKAGE).as_posix()
+        if not rel.startswith("methods/") and rel not in ("registry.py", "__init__.py"):
+            sites = method_name_sites(path.read_text(), names)
+            if sites:
+                found[rel] = sites
+    assert found == {}
+
+
+def test_the_name_finder_sees_values_and_identifiers_not_prose():
+    source = '''"""Medusa heads, and EAGLE: a docstring."""
+head_type = "medusa"
+folder = "runs/medusa"
+marks = ("eagle", "x")
+key = "medusa_num_heads"
+def draft_eagle(x): pass
+message = f"EAGLE heads take a dynamic tree: {x}"
+flag = "--speculators"
+'''
+    assert [line for line, _ in method_name_sites(source, {"medusa", "eagle"})] == [2, 3, 4, 5, 6]
 
 
 def test_the_dispatch_finder_sees_each_kind_of_name_branch():

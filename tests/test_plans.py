@@ -135,7 +135,7 @@ def table() -> TreePlans:
 def test_a_table_round_trips_through_the_file(tmp_path):
     path = write_plans(tmp_path, table())
     data = json.loads(path.read_text())
-    assert data["format_version"] == 3 and len(data["plans"]) == 5
+    assert data["format_version"] == 4 and len(data["plans"]) == 5
     assert "tree" not in data["plans"][2] and data["plans"][3]["tree"] == [[0]]  # a plain entry keeps its timed tree
     assert read_plans(tmp_path) == table()
     assert not list(tmp_path.glob(".tree.json*"))  # written atomically: no temporary left
@@ -159,7 +159,7 @@ def _v2(**entry):
      r"two plans for device type any, batch size 1, temperature 0.0"),
     ({"format_version": 2, "plans": []}, r"'plans' must be a non-empty list"),
     ({"format_version": 2, "plans": [{"tree": [[0]]}], "batch_plan": {"1": "plain"}}, r"unknown key\(s\) \['batch_plan'\]"),
-    ({"format_version": 4, "plans": []}, r"format_version 4; this draftheads reads tree files up to version 3: upgrade"),
+    ({"format_version": 5, "plans": []}, r"format_version 5; this draftheads reads tree files up to version 4: upgrade"),
     ({"format_version": 3, "plans": [{"tree": [[0]], "prompt_lookup": "yes"}]}, r"prompt_lookup must be true or false, got 'yes'"),
     ({"draft_vocab_size": 3}, r"not a valid tree file \(no 'tree' and no 'format_version'\)"),
 ])

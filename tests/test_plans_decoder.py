@@ -127,7 +127,7 @@ def test_arguments_still_override_the_table(setup, tmp_path):
     given = dh.SpeculativeDecoder(target, heads, tree=[[0], [0, 0]])
     out = given.generate(prompts[:1], max_new_tokens=6, eos_token_id=[], temperature=0.7, seed=0)
     assert out.stats["plan"]["tree"] == "given" and sorted(map(list, given.proposer.shape.choices)) == [[0], [0, 0]]
-    assert given.mode_for(1, 1.0) == "plain"  # the table still says where plain decoding is faster
+    assert given.mode_for(1, 1.0) == "speculative"  # an explicit tree is drafted, also where the table says plain
     always = dh.SpeculativeDecoder(target, heads, batch_plan=None)
     assert always.mode_for(1, 1.0) == "speculative" and always.mode_for(2, 0.0) == "speculative"
     out = always.generate(prompts[:1], max_new_tokens=6, eos_token_id=[], temperature=0.7, seed=0)
@@ -188,7 +188,7 @@ def test_calibrate_measures_each_temperature_and_keeps_other_device_types(tiny_t
     assert cpu == [(0.0, 1), (0.0, 2), (0.7, 1), (0.7, 2)]  # the old cpu entry is replaced
     assert [e for e in saved.entries if e.device_type == "cuda"] == [gpu]  # another device type's is kept
     assert all("batch" in e.measured for e in saved.entries if e.device_type == "cpu")
-    assert json.loads((heads_dir / "tree.json").read_text())["format_version"] == 3
+    assert json.loads((heads_dir / "tree.json").read_text())["format_version"] == 4
     # these random heads pay for no tree (root-only, "tree: []"), so lookup alone (the default candidate) is what
     # each size timed against generate, and an entry speculates by it where it won
     assert "tree: []" in printed and "prompt lookup alone (the tree drafts nothing) / plain" in printed and "behind prompt lookup" not in printed

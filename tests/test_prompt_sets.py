@@ -20,7 +20,7 @@ CHAT_CATEGORIES = ["writing", "coding", "math", "reasoning", "extraction", "summ
 
 
 def test_named_sets_resolve_to_the_packaged_files_and_a_path_stays_a_path(tmp_path):
-    assert set(PROMPT_SETS) == {"mt-bench", "spec-bench", "chat"}
+    assert set(PROMPT_SETS) == {"mt-bench", "spec-bench", "chat", "user", "text"}
     for path in PROMPT_SETS.values():
         assert path.is_file() and path.is_relative_to(ROOT / "draftheads")
     mine = tmp_path / "mine.jsonl"
@@ -41,7 +41,7 @@ def test_the_named_sets_load_as_questions():
 
 
 def test_a_missing_question_file_names_the_sets(tmp_path):
-    with pytest.raises(QuestionFileError, match="named set: mt-bench, spec-bench or chat"):
+    with pytest.raises(QuestionFileError, match="named set: mt-bench, spec-bench, chat, user or text"):
         load_questions(tmp_path / "mt-bnch.jsonl")
 
 
@@ -75,18 +75,34 @@ def test_bench_spec_bench_by_name_with_categories(tiny_target_dir, tmp_path):
     assert report["questions"]["source"] == "spec-bench" and report["questions"]["categories"] == ["qa"]
 
 
-def test_calibrate_defaults_to_the_chat_prompts(tiny_tokenizer):
+def test_calibrate_defaults_to_the_user_prompts_or_raw_text_without_a_template(tiny_tokenizer):
     args = build_parser().parse_args(["calibrate", "--heads", "h", "--no-chat-template", "--num-prompts", "3",
                                       "--prompt-tokens", "64"])
-    assert args.prompts == "chat"
+    assert args.prompts == "auto"
+    prompts = _calibration_prompts(args, tiny_tokenizer)  # fed as raw text: raw-text beginnings
+    texts = [q.turns[0] for q in load_questions("text")[:3]]
+    assert [p.tolist() for p in prompts] == [_encode_prompt(tiny_tokenizer, t, False)[:, -64:].tolist() for t in texts]
+    args.prompts = "user"
     prompts = _calibration_prompts(args, tiny_tokenizer)
-    texts = [q.turns[0] for q in load_questions("chat")[:3]]
+    texts = [q.turns[0] for q in load_questions("user")[:3]]
     assert [p.tolist() for p in prompts] == [_encode_prompt(tiny_tokenizer, t, False)[:, -64:].tolist() for t in texts]
 
 
-def test_calibrate_takes_a_named_set_or_names_them_for_a_missing_file(tiny_tokenizer, tmp_path):
-    args = argparse.Namespace(prompts="mt-bench", num_prompts=2, no_chat_template=True, prompt_tokens=32)
+def test_calibrate_takes_a_plan_set_refuses_an_evaluation_set_and_names_the_sets(tiny_tokenizer, tmp_path):
+    args = argparse.Namespace(prompts="text", num_prompts=2, no_chat_template=True, prompt_tokens=32)
     assert len(_calibration_prompts(args, tiny_tokenizer)) == 2
-    args.prompts = str(tmp_path / "missing.txt")
-    with pytest.raises(SystemExit, match="named set: mt-bench, spec-bench or chat"):
+    args.prompts = "mt-bench"  # plans chosen on the evaluation questions would be tuned on the test
+    with pytest.raises(SystemExit, match="--prompts mt-bench: that is an evaluation set"):
         _calibration_prompts(args, tiny_tokenizer)
+    args.prompts = str(tmp_path / "missing.txt")
+    with pytest.raises(SystemExit, match="named set: mt-bench, spec-bench, chat, user or text"):
+        _calibration_prompts(args, tiny_tokenizer)
+
+
+def test_the_plan_sets_hold_no_evaluation_question_and_mix_categories():
+    index = eval_index()
+    for name, least in (("user", 10), ("text", 10)):
+        rows = [json.loads(line) for line in PROMPT_SETS[name].read_text().splitlines() if line.strip()]
+        assert len({r["question_id"] for r in rows}) == len(rows)
+        assert len({r["category"] for r in rows}) >= least
+        assert [r["question_id"] for r in rows if index.find(r["turns"][0])] == []

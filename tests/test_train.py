@@ -346,10 +346,9 @@ def test_shared_lm_head_trains(tmp_path, tiny_target_dir, tiny_text_jsonl):
     assert heads(torch.zeros(1, target.config.hidden_size)).shape == (1, 3, target.config.vocab_size)
 
 
-def test_wandb_goes_offline_without_a_key(tmp_path, tiny_target_dir, tiny_text_jsonl, monkeypatch, capsys):
+def keyless_wandb(monkeypatch, tmp_path: Path) -> Path:
+    """W&B without an API key (so offline), writing under ``tmp_path``: its run folders' parent."""
     pytest.importorskip("wandb")
-    from draftheads.train.loop import run
-
     for var in ("WANDB_API_KEY", "WANDB_MODE"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("NETRC", str(tmp_path / "no-netrc"))
@@ -357,6 +356,13 @@ def test_wandb_goes_offline_without_a_key(tmp_path, tiny_target_dir, tiny_text_j
     for var in ("WANDB_CACHE_DIR", "WANDB_CONFIG_DIR", "WANDB_DATA_DIR", "WANDB_ARTIFACT_DIR"):
         monkeypatch.setenv(var, str(tmp_path / "wandb-home"))
     monkeypatch.setenv("WANDB_SILENT", "true")
+    return tmp_path / "wandb"
+
+
+def test_wandb_goes_offline_without_a_key(tmp_path, tiny_target_dir, tiny_text_jsonl, monkeypatch, capsys):
+    from draftheads.train.loop import run
+
+    keyless_wandb(monkeypatch, tmp_path)
     cfg = _cfg(tmp_path, tiny_target_dir, tiny_text_jsonl, "tracking.report_to=wandb", max_steps=2, eval_every=0)
     run(cfg)
     assert os.environ["WANDB_MODE"] == "offline"

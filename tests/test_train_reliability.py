@@ -13,7 +13,7 @@ import yaml
 from draftheads import MedusaHeads
 from draftheads.train.run_dir import RunFolderError
 from draftheads.train.stability import NonFiniteGuard, TrainingDiverged
-from test_train import _cfg
+from test_train import _cfg, keyless_wandb
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -183,6 +183,56 @@ def test_a_resumed_runs_metrics_equal_the_uninterrupted_runs(tmp_path, tiny_targ
     assert resumed["train_tokens"] == straight["train_tokens"] > 0
     assert resumed["final_eval"] == json.loads(json.dumps(straight["final_eval"]))
     assert resumed["best"]["step"] == straight["best"]["step"]
+
+
+def _same_folder(value, folder: Path, name: str):
+    """``value`` with the run folder's path written as ``name``: two runs differ only there."""
+    return json.loads(json.dumps(value, default=float).replace(str(folder), name))
+
+
+# metrics.json's wall times: the extended run's stage_seconds are its second process's stages (a
+# "resume" among them); its training seconds (both legs') and so its throughput are other seconds
+WALL_TIMES = {"stage_seconds", "train_seconds", "train_tokens_per_second"}
+
+
+def test_an_extended_runs_metrics_equal_the_uninterrupted_runs(tmp_path, tiny_target_dir, tiny_text_jsonl):
+    """Trained to step 4, then resumed with a larger budget (train.max_steps=8): metrics.json is
+    one 8-step run's, field by field, wall times apart. The first leg's final evaluation is the
+    step-4 evaluation the uninterrupted run makes; it was lost (evals at steps [2, 6] for [2, 4, 6]),
+    and best/ was chosen without it. A constant schedule, so that both runs take the same steps
+    (a decaying one is planned over the budget: the first leg's decays over 4 steps)."""
+    from draftheads.train import loop
+
+    common = dict(eval_every=2, save_every=2, log_every=2, lr_schedule="constant")
+    straight_cfg = _cfg(tmp_path / "straight", tiny_target_dir, tiny_text_jsonl, max_steps=8, **common)
+    straight = _same_folder(loop.run(straight_cfg).metrics, Path(straight_cfg.train.output_dir), "RUN")
+    first = _cfg(tmp_path / "extended", tiny_target_dir, tiny_text_jsonl, max_steps=4, **common)
+    loop.run(first)
+    out = Path(first.train.output_dir)
+    assert [e["step"] for e in json.loads((out / "metrics.json").read_text())["evals"]] == [2]
+    loop.run(_cfg(tmp_path / "extended", tiny_target_dir, tiny_text_jsonl, max_steps=8, resume="auto", **common))
+    extended = _same_folder(json.loads((out / "metrics.json").read_text()), out, "RUN")
+
+    assert [e["step"] for e in straight["evals"]] == [2, 4, 6]
+    assert extended.keys() == straight.keys()
+    for key in sorted(straight.keys() - WALL_TIMES):
+        assert extended[key] == straight[key], key
+    assert extended["train_seconds"] > 0 and "resume" in extended["stage_seconds"]
+
+
+def test_a_resumed_run_continues_its_wandb_run(tmp_path, tiny_target_dir, tiny_text_jsonl, monkeypatch):
+    """Extended with --resume, a run logs on into the W&B run it started (it started a second
+    one). Offline, each process's part is a folder named by the run's id; `wandb sync` uploads
+    them into that one run, in order."""
+    from draftheads.train import loop
+
+    runs = keyless_wandb(monkeypatch, tmp_path)
+    common = dict(eval_every=0, save_every=2)
+    loop.run(_cfg(tmp_path, tiny_target_dir, tiny_text_jsonl, "tracking.report_to=wandb", max_steps=2, **common))
+    loop.run(_cfg(tmp_path, tiny_target_dir, tiny_text_jsonl, "tracking.report_to=wandb", max_steps=4, resume="auto",
+                  **common))  # fmt: skip
+    ids = {folder.name.rsplit("-", 1)[1] for folder in runs.rglob("offline-run-*")}
+    assert len(ids) == 1, ids
 
 
 # ---------------------------------------------------------------------------------------------

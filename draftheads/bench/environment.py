@@ -7,15 +7,7 @@ from typing import Any
 
 import torch
 
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+from ..device import cpu_name
 
 
 def environment(target) -> dict[str, Any]:

@@ -16,6 +16,12 @@ So:
    it is an evaluation question. A set that collapses into duplicates says so, with the counts.
 3. The kept prompts are answered like any prompt set (``distill``): mixed temperatures, exact ids.
 
+A base model (no chat template, e.g. Gemma-3-270M) has no user turn to write, but it writes text:
+candidates are drawn from its BOS token alone (a candidate that reaches ``prompt_max_tokens`` is
+kept, as text has no turn to end), and each kept text becomes a plain-text row that ``distill``
+continues from its first ``prompt_tokens`` tokens: raw text the target wrote and then continued
+itself, never evaluation text (overlaps are dropped as for chat prompts).
+
 Resumable after a kill, nothing lost or repeated: each candidate batch is one line of
 ``<out>.prompts.jsonl`` (a torn last line is a lost batch, drawn again with the same seed), the
 kept set is replayed from that file, and answers resume by ``_row`` (the prompt's index) as any
@@ -42,6 +48,24 @@ PROMPTS_SUFFIX = ".prompts.jsonl"
 def prompts_path(out: str | Path) -> Path:
     out = Path(out)
     return out.with_name(out.name + PROMPTS_SUFFIX)
+
+
+def is_base_model(tokenizer: Any) -> bool:
+    """A tokenizer without a chat template: its model continues text (the base-model path)."""
+    return getattr(tokenizer, "chat_template", None) is None
+
+
+def draw_prefix(tokenizer: Any) -> list[int]:
+    """The token ids candidates are drawn from: the start of a user turn for a chat model, the BOS
+    token alone for a base model (refused by name when it has none)."""
+    if not is_base_model(tokenizer):
+        return list(tokenizer(user_turn_prefix(tokenizer), add_special_tokens=False)["input_ids"])
+    bos = getattr(tokenizer, "bos_token_id", None)
+    if bos is None:
+        name = getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__
+        raise DistillError(f"--synthesize: {name!r} has no chat template and no BOS token, so there is nothing to draw "
+                           "text from; give prompts or text with --data")
+    return [int(bos)]
 
 
 def user_turn_prefix(tokenizer: Any) -> str:
@@ -141,7 +165,8 @@ def synthesize_prompts(
     read_candidates(path, prompts)
     stats = prompts.stats
     seconds_before = _seconds_so_far(settings)
-    prefix = list(tokenizer(user_turn_prefix(tokenizer), add_special_tokens=False)["input_ids"])
+    prefix = draw_prefix(tokenizer)
+    text_rows = is_base_model(tokenizer)  # raw text: a draw that reaches the limit is kept
     sampling = Sampling(settings.prompt_temperature, settings.prompt_top_p, settings.prompt_max_tokens)
     if stats.candidates and stats.kept < want and stats.candidates < cap:
         print(f"resuming the prompts: {stats.kept} kept of {stats.candidates} drawn", flush=True)
@@ -154,8 +179,8 @@ def synthesize_prompts(
             first = stats.candidates
             size = min(settings.batch_size, cap - first)
             results = engine.generate([prefix] * size, settings.seed + first, [sampling] * size)
-            batch = [{"text": tokenizer.decode(ids, skip_special_tokens=True), "finished": done, "tokens": len(ids)}
-                     for ids, done in results]
+            batch = [{"text": tokenizer.decode(ids, skip_special_tokens=True), "finished": done or text_rows,
+                      "tokens": len(ids)} for ids, done in results]
             f.write(json.dumps({"_batch": first, "candidates": batch}, ensure_ascii=False) + "\n")
             f.flush()
             os.fsync(f.fileno())
@@ -220,6 +245,9 @@ def synthesize(
     note = collapse_note(prompt_stats)
     if note:
         print(f"warning: {note}", flush=True)
-    rows = [{"messages": [{"role": "user", "content": p}]} for p in prompts]
+    if is_base_model(tokenizer):  # raw text the target wrote, continued from its first --prompt-tokens tokens
+        rows = [{"text": p} for p in prompts]
+    else:
+        rows = [{"messages": [{"role": "user", "content": p}]} for p in prompts]
     stats = DistillStats(extra={"prompts": asdict(prompt_stats)})
     return distill(settings, engine, tokenizer, resume=resume, progress=progress, rows=rows, stats=stats)

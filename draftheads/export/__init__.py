@@ -8,7 +8,7 @@ Each method writes and reads its own layouts (e.g. methods/medusa/export.py and
 methods/medusa/imports.py); this package drives them and holds what they share: the tensor names and
 shapes of every layout (`layouts`), the engine folder (`common`), the sources read, the model card.
 """
-from .formats import EXPORT_FORMATS, IMPORT_FORMATS
+from .formats import EXPORT_FORMATS
 
 __all__ = ["EXPORT_FORMATS", "ExportError", "IMPORT_FORMATS", "export_heads", "import_heads", "read_heads"]
 
@@ -18,6 +18,10 @@ def __getattr__(name):  # torch and the heads load on first use, not when the co
         from . import exporter
 
         return getattr(exporter, name)
+    if name == "IMPORT_FORMATS":  # the methods declare them (`formats.import_formats`)
+        from .formats import import_formats
+
+        return import_formats()
     if name == "ExportError":
         from .common import ExportError
 

@@ -269,6 +269,14 @@ def _eval_row(summary: dict[str, Any]) -> dict[str, Any]:
             "simulated_acceptance": summary.get("eval/simulated_acceptance")}
 
 
+def _train_seconds(metrics: dict[str, Any]) -> float | None:
+    """The run's seconds of training: metrics.json's whole-run figure, else (metrics written before
+    it had one) its last process's train stage."""
+    if isinstance(metrics.get("train_seconds"), (int, float)):
+        return metrics["train_seconds"]
+    return (metrics.get("stage_seconds") or {}).get("train")
+
+
 def training_facts(experiment: dict[str, Any], metrics: dict[str, Any], command: str | None = None) -> dict[str, Any]:
     """What a card says about a run: ``experiment`` is the run's config (``ExperimentConfig.to_dict()``),
     ``metrics`` what train/loop.py writes to metrics.json."""
@@ -284,7 +292,7 @@ def training_facts(experiment: dict[str, Any], metrics: dict[str, Any], command:
         "budget": {"steps": metrics.get("step"), "batch_size": train.get("batch_size"), "grad_accum": train.get("grad_accum"),
                    "processes": metrics.get("num_processes", 1), "train_tokens": int(metrics.get("train_tokens") or 0),
                    "lr": train.get("lr"), "seed": train.get("seed"),
-                   "train_seconds": (metrics.get("stage_seconds") or {}).get("train")},
+                   "train_seconds": _train_seconds(metrics)},
         "evals": evals,
         "best": metrics.get("best"),
         "command": command,

@@ -27,6 +27,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
                         "step written to the config (default: the heads' training draft steps); refused for exports "
                         "that do not record it (the engine takes it at serve time)")
     p.add_argument("--overwrite", action="store_true", help="replace OUT if it exists (an earlier export or import)")
+    p.add_argument("--no-engine-check", action="store_true",
+                   help="write a layout the installed engine cannot serve (DSpark and DFlash2 need vLLM's Model Runner "
+                        "V2, on a GPU), for a machine whose engine can")
     p.set_defaults(func=cmd_export)
     return p
 
@@ -36,7 +39,8 @@ def cmd_export(args) -> int:
 
     try:
         out = export_heads(args.heads, args.out, args.format, verifier=args.verifier,
-                           num_speculative_tokens=args.num_speculative_tokens, overwrite=args.overwrite)
+                           num_speculative_tokens=args.num_speculative_tokens, overwrite=args.overwrite,
+                           engine_check=not args.no_engine_check)
     except (ExportError, FileExistsError, FileNotFoundError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -45,17 +49,20 @@ def cmd_export(args) -> int:
 
 
 def add_import_parser(sub, add_target_args: Callable[[argparse.ArgumentParser], None]) -> argparse.ArgumentParser:
-    from .formats import IMPORT_FORMATS
-
     p = sub.add_parser(
         "import",
         help="convert a Medusa / EAGLE / EAGLE-3 / speculators checkpoint into a draftheads heads folder",
-        description="Layouts: " + "; ".join(f"{k} = {v}" for k, v in IMPORT_FORMATS.items()),
+        # The layouts are the methods' (registry.ImportLayout): listing them would load torch, which
+        # --help must not. An unknown --format, or a checkpoint in no layout, is refused with the list.
+        description="Reads the public checkpoint layouts the drafting methods declare, detected from the "
+                    "checkpoint's config and tensors or forced with --format; an unknown --format is refused "
+                    "with the list of layouts and what each holds.",
     )
     p.add_argument("src", metavar="SRC", help="checkpoint folder or weights file")
     p.add_argument("out", metavar="OUT", help="heads folder to write")
     add_target_args(p)
-    p.add_argument("--format", choices=list(IMPORT_FORMATS), default=None, help="skip detection")
+    p.add_argument("--format", default=None, metavar="LAYOUT",
+                   help="skip detection: the checkpoint's layout (an unknown name is refused with the list of layouts)")
     p.add_argument("--overwrite", action="store_true", help="replace OUT if it exists (an earlier import or export)")
     p.add_argument("--allow-other-verifier", action="store_true",
                    help="import even though SRC's config names another verifier than --target (you vouch that "
@@ -67,11 +74,12 @@ def run_import(args, load_model: Callable[[str], tuple]) -> int:
     from pathlib import Path
 
     from .common import check_output_folder
-    from .importers import import_heads
+    from .importers import check_import_format, import_heads
 
     try:  # before loading the target: a typo costs a second
         check_output_folder(Path(args.out), args.src, args.overwrite)
-    except FileExistsError as e:
+        check_import_format(args.format)
+    except (FileExistsError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     target, _ = load_model(args.target)

@@ -33,18 +33,21 @@ def layouts_sentence() -> str:
     return ", ".join(f"{kind} ({', '.join(held)})" for kind, held in engine_layouts().items())
 
 
-# The public layouts `draftheads import` reads, and how each is recognised. Which method's heads a
-# layout becomes is declared by the methods (`registry.Method.imports`).
-IMPORT_FORMATS = {
-    "medusa": "FasterDecoding Medusa v1/v2: {h}.{l}.linear.weight/bias + {h}.{L}.weight (medusa_lm_head.*)",
-    "vllm-medusa": "vLLM Medusa: blocks.{h}.layers.{l}.weight + lm_heads.{h}.weight, config model_type medusa",
-    "eagle": "EAGLE-1/2 (SafeAILab, vLLM, SGLang): fc.weight [H, 2H] + layers.{i}.self_attn/mlp.*",
-    "eagle3": "EAGLE-3 (SafeAILab, SpecForge, SGLang): midlayer.* + fc + norm + lm_head + d2t/t2d; "
-              "aux ids in SGLang's numbering",
-    "speculators": "speculators EAGLE-3 / P-EAGLE: config speculators_model_type eagle3 or peagle, layers.0.* + "
-                   "d2t/t2d (peagle: + mask_hidden, mask_token_id, embed_tokens); aux ids in vLLM's numbering",
-    "dflash": "DFlash (z-lab, SpecForge): config DFlashDraftModel + dflash_config {mask_token_id, target_layer_ids}, "
-              "layers.{i}.* with q/k norms + fc + hidden_norm + norm",
-    "speculators-dflash": "speculators DFlash: config speculators_model_type dflash, aux_hidden_state_layer_ids, "
-                          "mask_token_id, transformer_layer_config",
-}
+def import_formats() -> dict[str, str]:
+    """import format -> what the layout is and how it is recognised: every public layout
+    ``draftheads import`` reads, as the methods declare them (`registry.ImportLayout`), in
+    registration order. A format several methods read (speculators: EAGLE-3 and P-EAGLE) lists each
+    method's description."""
+    described: dict[str, list[str]] = {}
+    for method in methods():
+        for name, layout in method.imports.items():
+            described.setdefault(name, []).append(layout.description)
+    return {name: "; ".join(dict.fromkeys(d for d in texts if d)) for name, texts in described.items()}
+
+
+def __getattr__(name: str):
+    """``IMPORT_FORMATS``: `import_formats`, read on first use (the methods declare the layouts, and
+    registering them loads torch, which listing the export formats must not)."""
+    if name == "IMPORT_FORMATS":
+        return import_formats()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

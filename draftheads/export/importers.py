@@ -1,7 +1,7 @@
 """`import_heads`: a public draft checkpoint -> a draftheads heads folder, checked against the target.
 
 The layout is detected from tensor names and config keys (or forced with ``format``); see
-`IMPORT_FORMATS` for what is recognised.
+`formats.import_formats` for what is recognised (each method declares its layouts).
 """
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 from ..registry import ImportLayout, Method, methods
-from .formats import IMPORT_FORMATS
+from .formats import import_formats
 from ..heads.folder import save_heads
 from .common import IMPORT_METADATA, check_output_folder, read_token_counts
 from .sources import Source, read_source
@@ -37,11 +37,18 @@ def _detected(source: Source) -> tuple[str, Method, ImportLayout]:
     for entry in import_layouts():
         if (entry[2].rank == 0 or not named) and entry[2].detect(source):
             return entry
-    looked_for = "\n  - ".join(f"{k}: {v}" for k, v in IMPORT_FORMATS.items())
+    looked_for = "\n  - ".join(f"{k}: {v}" for k, v in import_formats().items())
     sample = ", ".join(sorted(source.tensors)[:6])
     kind = source.config.get("speculators_model_type")
     what = f"speculators_model_type {kind!r} is no layout draftheads imports" if kind is not None else "layout not recognised"
     raise ValueError(f"{source.describe()}: {what} (tensors: {sample} ...). Looked for:\n  - {looked_for}")
+
+
+def check_import_format(format: str | None) -> None:
+    """Refuse an import format no method reads (None: detect it), listing the ones there are."""
+    known = import_formats()
+    if format is not None and format not in known:
+        raise ValueError(f"unknown import format {format!r}; valid: {', '.join(known)}")
 
 
 def read_heads(src: str | os.PathLike, target: torch.nn.Module, format: str | None = None) -> torch.nn.Module:
@@ -53,8 +60,7 @@ def read_heads(src: str | os.PathLike, target: torch.nn.Module, format: str | No
 
 def _read(src: str | os.PathLike, target: torch.nn.Module, format: str | None) -> tuple[torch.nn.Module, str, Source]:
     """(heads, the import format read, the source)."""
-    if format is not None and format not in IMPORT_FORMATS:
-        raise ValueError(f"unknown import format {format!r}; valid: {', '.join(IMPORT_FORMATS)}")
+    check_import_format(format)
     layouts = [entry[2] for entry in import_layouts()]
     source = read_source(src, weight_names=tuple(dict.fromkeys(n for layout in layouts for n in layout.weight_files)),
                          keep_only=tuple(dict.fromkeys(p for layout in layouts for p in layout.keep_only)))

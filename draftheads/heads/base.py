@@ -17,6 +17,7 @@ from ..plans import TreePlans, TreeSpec
 from ..registry import method_of
 from .config import HeadsConfig, TargetInfo
 from .folder import LEGACY_ATTRIBUTES, plans_view, save_heads, with_attribute
+from .tree_check import check_plans
 
 
 def _deprecated_view(name: str) -> property:
@@ -88,6 +89,14 @@ class DraftHeads(nn.Module):
     #: The only decode setting heads hold; drafters take theirs as arguments.
     plans: TreePlans | None = None
     tree, draft_vocab_size, tree_origin, batch_plan = (_deprecated_view(name) for name in LEGACY_ATTRIBUTES)
+
+    def use_plans(self, plans: TreePlans | None, where: str | os.PathLike = "plans"):
+        """Decode with ``plans`` from now on (None: the device default), as loading a heads folder,
+        an import or training sets them: checked first, so a tree that does not fit these heads
+        is refused here, naming ``where`` it came from. Returns the heads."""
+        check_plans(self, plans, where)
+        self.plans = plans
+        return self
 
     # -- construction -------------------------------------------------------------------------
     @classmethod

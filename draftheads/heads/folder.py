@@ -102,7 +102,7 @@ def with_attribute(plans: TreePlans | None, name: str, value: Any) -> TreePlans 
     if current["tree"] is None:
         if current["draft_vocab_size"] is not None:
             raise ValueError("a draft vocabulary is saved with the tree it was measured for: pass both, as "
-                             "heads.plans = draftheads.plans.given_tree(tree, draft_vocab_size)")
+                             "heads.use_plans(draftheads.plans.given_tree(tree, draft_vocab_size))")
         return None
     legacy = {"tree": current["tree"], "draft_vocab_size": current["draft_vocab_size"], **(current["tree_origin"] or {})}
     if current["batch_plan"]:

@@ -18,11 +18,11 @@ from safetensors.torch import load_file
 
 from ..atomic import restore_interrupted_swap, write_folder_atomically, write_json_atomically  # noqa: F401 (re-exported)
 from ..plans import TREE_NAME, TreePlans, read_plans
-from ..registry import UnknownMethodError, builtin_named, head_classes, method_named
+from ..registry import UnknownMethodError, builtin_named, head_classes, method_named, methods
 from .config import FORMAT_VERSION, HeadsConfig
 from .folder import CONFIG_NAME, WEIGHTS_NAME, non_finite_tensors, save_heads  # noqa: F401 (re-exported)
 from .hub import resolve_heads_folder
-from .tree_check import plans_problem
+from .tree_check import check_plans  # noqa: F401 (re-exported)
 
 
 def head_types() -> dict[str, type]:
@@ -52,10 +52,6 @@ def _not_heads_folder(path: Path, data: Any) -> str | None:
     return None
 
 
-# What marks a draft model in an engine's layout (vLLM, SGLang, speculators, the papers' releases).
-_DRAFT_ARCHITECTURES = ("medusa", "eagle", "dflash", "speculator")
-
-
 def _engine_export(path: Path, data: Any) -> str | None:
     """When ``path`` holds draft heads in an engine's layout (a `draftheads export`, or a public
     Medusa / EAGLE / DFlash / speculators checkpoint): where its heads folder is, or how to make one."""
@@ -73,7 +69,9 @@ def _engine_export(path: Path, data: Any) -> str | None:
         return None
     names = [str(data.get("model_type") or ""), str(data.get("speculators_model_type") or "")]
     names += [str(a) for a in data.get("architectures") or []]
-    if any(d in n.lower() for n in names for d in _DRAFT_ARCHITECTURES) or "medusa_num_heads" in data:
+    layouts = [layout for method in methods() for layout in method.imports.values()]  # what marks each layout's configs
+    if any(word in n.lower() for n in names for layout in layouts for word in layout.config_names) \
+            or any(key in data for layout in layouts for key in layout.config_keys):
         kind = next(n for n in names if n) if any(names) else "draft"
         return f"this is a draft checkpoint in an engine's layout ({kind}), not a draftheads heads folder: {convert}"
     return None
@@ -154,17 +152,9 @@ def _require_fingerprint(config: HeadsConfig, cfg_file: Path) -> None:
 
 
 def attach_plans(heads: torch.nn.Module, plans: TreePlans | None, path: Path) -> None:
-    """Check that every tree in ``plans`` fits ``heads`` (a bad one is refused here, naming the
-    file, not in the first decode step) and set them as ``heads.plans``."""
-    check_plans(heads, plans, path / TREE_NAME)
-    heads.plans = plans
-
-
-def check_plans(heads: torch.nn.Module, plans: TreePlans | None, where: str | os.PathLike) -> None:
-    """Refuse ``plans`` whose trees do not fit ``heads``, naming ``where`` they came from."""
-    problem = plans_problem(heads, plans)
-    if problem:
-        raise ValueError(f"{where}: {problem}; fix it, delete it or run draftheads calibrate again")
+    """Give ``heads`` the plans of the folder at ``path`` (`DraftHeads.use_plans`: a tree that does
+    not fit them is refused here, naming the file, not in the first decode step)."""
+    heads.use_plans(plans, path / TREE_NAME)
 
 
 def load_heads(

@@ -30,6 +30,13 @@ def plans_problem(heads: torch.nn.Module, plans: Any) -> str | None:
     return None
 
 
+def check_plans(heads: torch.nn.Module, plans: Any, where: Any) -> None:
+    """Refuse ``plans`` whose trees do not fit ``heads``, naming ``where`` they came from."""
+    problem = plans_problem(heads, plans)
+    if problem:
+        raise ValueError(f"{where}: {problem}; fix it, delete it or run draftheads calibrate again")
+
+
 def _where(entry: Any) -> str:
     return f"{entry.device_type or 'any device'}, batch {entry.batch_size}, temperature {entry.temperature:g}"
 

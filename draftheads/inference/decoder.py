@@ -1,6 +1,8 @@
 """`SpeculativeDecoder`: argument checks and the choice of mode; the decoding itself is `loop.py`.
 
-A call is decoded plainly (the target's `generate`, for batch sizes the batch plan marks plain) or
+``generate`` checks a call once (``_check_request``: every error a call can meet before it
+decodes, in a fixed order), which leaves a `Request`; then it decodes that request. A request is
+decoded plainly (the target's `generate`, for batch sizes the batch plan marks plain) or
 speculatively: one unpadded row in a dynamic or static cache (`kv.SequenceKV`, `kv.StaticKV`),
 anything else in a ragged batch cache (`kv.RaggedKV`); all through the same loop.
 """
@@ -24,7 +26,7 @@ from .loop import Settings, decode
 from .output import SpeculativeOutput
 from .draft_budget import DraftBudget, PerSourceBudget, resolve_budget
 from .plain import generate_plain
-from .planned import PlannedDrafts, resolve_plans
+from .planned import PlannedDrafts, PlannedRun, resolve_plans
 from .probe import check_tree_attention
 from .proposers.drafter import Drafter
 from .proposers.prompt_lookup import PromptLookupProposer
@@ -43,6 +45,27 @@ def _whole_number(value: Any, name: str) -> int:
         return operator.index(value)
     except TypeError:
         raise ValueError(f"{name} must be a whole number, got {type(value).__name__} {value!r}") from None
+
+
+_ONE_ROW_STREAMING = "streaming supports one sequence at a time (as transformers' streamers do): pass one row"
+
+
+@dataclasses.dataclass(frozen=True)
+class Request:
+    """One ``generate`` call as `SpeculativeDecoder._check_request` leaves it: every argument
+    checked and resolved, so decoding reads it and checks nothing again."""
+
+    input_ids: torch.Tensor  # [B, T]
+    attention_mask: torch.Tensor | None  # [B, T] where ``batched``; None for one unpadded row
+    batched: bool  # several rows or padding (the ragged cache), or plain decoding: it reads the mask
+    max_new_tokens: int
+    params: SamplingParams
+    eos: list[int]
+    pad: int | None
+    acceptance: str
+    generator: torch.Generator | None
+    streamer: Any
+    run: PlannedRun  # the plan's entry for the batch size and temperature: mode and proposer
 
 
 def _device_of(model: torch.nn.Module) -> torch.device:
@@ -76,7 +99,9 @@ class SpeculativeDecoder:
 
     ``tree`` (heads only) drafts one tree for every request: a `StaticTree` or rank paths such
     as ``[[0], [1], [0, 0]]`` (Medusa, Hydra, P-EAGLE, DFlash), a `DynamicTree` or its settings
-    such as ``{"total_tokens": 12, "depth": 5, "top_k": 4}`` (EAGLE, EAGLE-3) (`plans.trees`).
+    such as ``{"total_tokens": 12, "depth": 5, "top_k": 4}`` (EAGLE, EAGLE-3) (`plans.trees`),
+    also where the table says plain, and without the table's prompt lookup (what the caller asks
+    for wins; the table fills in only what is left open: `inference.planned`).
     Heads without a ``tree`` follow a table (tree.json, `draftheads.plans`): ``plans`` (a
     `TreePlans`, or a heads folder or tree.json path), else the one they were loaded with
     (``heads.plans``); what to run per device type x batch size x temperature, a tree or plain decoding (the
@@ -119,7 +144,9 @@ class SpeculativeDecoder:
     matches an earlier n-gram (by default n from 3 down to 2) drafts the copy, and the heads draft
     the other rows (`proposers.hybrid.LookupThenHeads`). None (the default) does so where the
     heads' plan says it measured faster (tree.json's ``prompt_lookup``); True (or a configured
-    `PromptLookupProposer`) for every request, False never. Steps the plan marks plain stay plain."""
+    `PromptLookupProposer`) for every request, also those the plan marks plain; False never (an
+    entry that speculated only by lookup then decodes plainly). ``out.stats["plan"]["from"]`` says
+    what decided the mode, the tree and the lookup: the arguments or tree.json."""
 
     def __init__(
         self,
@@ -235,6 +262,31 @@ class SpeculativeDecoder:
         ``out.stats["plan"]`` which tree.json entry chose it (``entry``: device type, batch size,
         temperature, mode, chosen_by; ``tree``: "calibration", "training", "device default" or
         "given")."""
+        request = self._check_request(input_ids, max_new_tokens, temperature, top_p, top_k, eos_token_id, streamer,
+                                      generator, seed, acceptance, do_sample, attention_mask)
+        if request.run.mode == PLAIN:  # the target's own `generate`, on the same checked inputs
+            out = generate_plain(self.target, request.input_ids, request.attention_mask, request.max_new_tokens,
+                                 request.params, request.eos, request.pad, request.generator, request.streamer)
+            out.stats = {**out.stats, "plan": request.run.stats}
+            return out
+        if request.batched:
+            store = RaggedKV(self.verifier, request.attention_mask, self.compaction)
+        else:
+            store = (StaticKV if self.cache == "static" else SequenceKV)(self.verifier, request.max_new_tokens)
+        settings = Settings(request.max_new_tokens, request.params, self.target.device, set(request.eos), request.pad,
+                            request.acceptance, request.generator, request.streamer,
+                            self._budget(request.run.proposer, request.params))
+        out = decode(store, request.run.proposer, request.input_ids, settings)
+        out.stats = {"mode": SPECULATIVE, "plan": request.run.stats, **out.stats}
+        return out
+
+    def _check_request(self, input_ids, max_new_tokens, temperature, top_p, top_k, eos_token_id, streamer,
+                       generator, seed, acceptance, do_sample, attention_mask) -> Request:
+        """``generate``'s arguments checked, in one place and in this order: the settings
+        (acceptance, sampling, the generator, ``max_new_tokens``), the plan's run for the batch
+        size and temperature (its mode decides which path the inputs take), what that path cannot
+        decode with, then the inputs as `generate` reads them (left padding, EOS and pad ids) and
+        the context they fit in. Decoding checks nothing of the call after this."""
         if acceptance not in ACCEPTANCE:
             raise ValueError(f"acceptance must be {' or '.join(map(repr, ACCEPTANCE))}, got {acceptance!r}")
         params = resolve_sampling(getattr(self.target, "generation_config", None), do_sample, temperature, top_k, top_p)
@@ -245,26 +297,44 @@ class SpeculativeDecoder:
         max_new_tokens = _whole_number(max_new_tokens, "max_new_tokens")
         input_ids = token_matrix(input_ids)
         run = self.drafts.run_for(input_ids.shape[0], 0.0 if params.greedy else params.temperature)
-        if run.mode == PLAIN:
-            out = self._generate_plain(input_ids, attention_mask, max_new_tokens, params, eos_token_id, streamer,
-                                       generator)
-            out.stats = {**out.stats, "plan": run.stats}
-            return out
-        if wants_batch_path(input_ids, attention_mask):
-            self._check_batch_options(input_ids, attention_mask, streamer)
-            input_ids, attention_mask, eos, pad = self._checked_batch(input_ids, attention_mask, max_new_tokens,
-                                                                      eos_token_id)
-            store = RaggedKV(self.verifier, attention_mask, self.compaction)
-        else:
-            input_ids = self._check_inputs(input_ids, max_new_tokens)
-            eos = eos_ids(self.target, eos_token_id)
-            pad = pad_id(self.target, eos)
-            store = (StaticKV if self.cache == "static" else SequenceKV)(self.verifier, max_new_tokens)
-        settings = Settings(max_new_tokens, params, self.target.device, set(eos), pad, acceptance, generator, streamer,
-                            self._budget(run.proposer, params))
-        out = decode(store, run.proposer, input_ids, settings)
-        out.stats = {"mode": SPECULATIVE, "plan": run.stats, **out.stats}
-        return out
+        plain = run.mode == PLAIN
+        batched = plain or wants_batch_path(input_ids, attention_mask)  # plain decoding reads a batch and its mask
+        if plain:
+            if streamer is not None and input_ids.shape[0] > 1:
+                raise ValueError(_ONE_ROW_STREAMING)
+        elif batched:  # a batch, or a padded row: the ragged cache
+            if self.cache == "static":
+                raise ValueError(
+                    f"cache='static' decodes one sequence at a time (got input_ids of shape {list(input_ids.shape)}"
+                    f"{' with an attention_mask' if attention_mask is not None else ''}); for batches use the default "
+                    "cache='dynamic', whose batched loop keeps a ragged cache"
+                )
+            if streamer is not None:
+                raise ValueError(_ONE_ROW_STREAMING)
+        eos = eos_ids(self.target, eos_token_id)
+        pad = pad_id(self.target, eos)
+        if batched:
+            input_ids, attention_mask = check_batch(input_ids, attention_mask, pad, eos)
+            prompt = f"{input_ids.shape[1]} tokens, padding included"
+        else:  # one unpadded row: its mask says nothing
+            if input_ids.shape[1] == 0:
+                raise ValueError("the prompt is empty: give at least one token (e.g. the BOS token)")
+            attention_mask, prompt = None, f"{input_ids.shape[1]} tokens"
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        total = input_ids.shape[1] + max_new_tokens
+        if self.max_positions is not None and total > self.max_positions:
+            raise ValueError(
+                f"prompt ({prompt}) + max_new_tokens ({max_new_tokens}) = {total} exceeds "
+                f"the model's context of {self.max_positions} positions"
+            )
+        sources = getattr(run.proposer, "budget_sources", ())
+        if not plain and isinstance(self.draft_budget, PerSourceBudget) and not sources:  # given so, explicitly
+            raise ValueError(f"a PerSourceBudget caps the sources of a drafter that routes rows between them "
+                             f"(heads behind prompt lookup); {getattr(run.proposer, 'name', type(run.proposer).__name__)} "
+                             "drafts one way: pass 'auto', None or a DraftBudget")
+        return Request(input_ids, attention_mask, batched, max_new_tokens, params, eos, pad, acceptance, generator,
+                       streamer, run)
 
     def _budget(self, proposer: Any, params: SamplingParams) -> DraftBudget:
         """This call's draft budget, started for a new generation: one per proposer (the plan's tree
@@ -281,63 +351,12 @@ class SpeculativeDecoder:
                 else:
                     self._budgets[key] = budget if not self._budgets else resolve_budget(self._draft_budget_arg)
             budget = self._budgets[key]
-        if isinstance(budget, PerSourceBudget) and not sources:
-            raise ValueError(f"a PerSourceBudget caps the sources of a drafter that routes rows between them "
-                             f"(heads behind prompt lookup); {getattr(proposer, 'name', type(proposer).__name__)} "
-                             "drafts one way: pass 'auto', None or a DraftBudget")
         if sources:
             proposer.use_budget(budget if isinstance(budget, PerSourceBudget) else None)
         budget.start()
         return budget
 
-    def _check_batch_options(self, input_ids: torch.Tensor, attention_mask: Any, streamer: Any) -> None:
-        """What a batch (or a padded row) cannot be decoded with: the static cache, a streamer."""
-        if self.cache == "static":
-            raise ValueError(
-                f"cache='static' decodes one sequence at a time (got input_ids of shape {list(input_ids.shape)}"
-                f"{' with an attention_mask' if attention_mask is not None else ''}); for batches use the default "
-                "cache='dynamic', whose batched loop keeps a ragged cache"
-            )
-        if streamer is not None:
-            raise ValueError("streaming supports one sequence at a time (as transformers' streamers do): pass one row")
-
     def mode_for(self, batch_size: int, temperature: float = 0.0) -> str:
         """"speculative" or "plain": how a batch of ``batch_size`` rows at ``temperature`` (0:
         greedy) is decoded under this decoder's plan."""
         return self.drafts.run_for(batch_size, temperature).mode
-
-    def _generate_plain(self, input_ids, attention_mask, max_new_tokens, params, eos_token_id, streamer,
-                        generator) -> SpeculativeOutput:
-        """A batch size the plan marks plain: the target's own `generate`, same inputs checks."""
-        if streamer is not None and input_ids.shape[0] > 1:
-            raise ValueError("streaming supports one sequence at a time (as transformers' streamers do): pass one row")
-        input_ids, attention_mask, eos_list, pad = self._checked_batch(input_ids, attention_mask, max_new_tokens,
-                                                                       eos_token_id)
-        return generate_plain(self.target, input_ids, attention_mask, max_new_tokens, params, eos_list, pad,
-                              generator, streamer)
-
-    def _checked_batch(self, input_ids, attention_mask, max_new_tokens, eos_token_id):
-        """A batch's inputs checked as `generate` checks them: (ids, mask, EOS ids, pad id)."""
-        eos = eos_ids(self.target, eos_token_id)
-        pad = pad_id(self.target, eos)
-        input_ids, attention_mask = check_batch(input_ids, attention_mask, pad, eos)
-        self._check_budget(f"{input_ids.shape[1]} tokens, padding included", input_ids.shape[1], max_new_tokens)
-        return input_ids, attention_mask, eos, pad
-
-    def _check_inputs(self, input_ids: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
-        """One row ([1, T], from `token_matrix`): not empty, and within the model's context."""
-        if input_ids.shape[1] == 0:
-            raise ValueError("the prompt is empty: give at least one token (e.g. the BOS token)")
-        self._check_budget(f"{input_ids.shape[1]} tokens", input_ids.shape[1], max_new_tokens)
-        return input_ids
-
-    def _check_budget(self, prompt_text: str, prompt_len: int, max_new_tokens: int) -> None:
-        """max_new_tokens >= 1 and prompt + new tokens within the model's positions."""
-        if max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-        total = prompt_len + max_new_tokens
-        if self.max_positions is not None and total > self.max_positions:
-            raise ValueError(
-                f"prompt ({prompt_text}) + max_new_tokens ({max_new_tokens}) = {total} exceeds "
-                f"the model's context of {self.max_positions} positions"
-            )

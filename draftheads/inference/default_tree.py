@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from ..device import device_name
 from ..heads.acceptance import default_choices, grow_tree
 from ..plans import CHOSEN_BY_TRAINING, DynamicTree, PlanEntry, StaticTree, TreePlans, TreeSpec, primary, select
 from ..plans import tree_spec
@@ -65,7 +66,7 @@ def source_of(entry: PlanEntry | None) -> str:
 
 def tree_source(heads: torch.nn.Module, device: torch.device | str) -> str:
     """Where ``resolve_tree``'s answer comes from for one greedy sequence on ``device``."""
-    return source_of(select(heads_plans(heads), torch.device(device).type, 1, 0.0).entry)
+    return source_of(select(heads_plans(heads), torch.device(device).type, 1, 0.0, device_name(device)).entry)
 
 
 def default_for(heads: torch.nn.Module, device: torch.device | str, plans: TreePlans | None) -> TreeSpec:
@@ -85,7 +86,7 @@ def resolve_tree(heads: torch.nn.Module, device: torch.device | str, batch_size:
     ``temperature`` when the caller gave none: the tree.json entry that `plans.select` picks
     (never one measured on another device type), else the device default."""
     plans = heads_plans(heads)
-    entry = select(plans, torch.device(device).type, batch_size, temperature).entry
+    entry = select(plans, torch.device(device).type, batch_size, temperature, device_name(device)).entry
     if entry is None or entry.tree is None:
         return default_for(heads, device, plans)
     return entry.tree

@@ -10,9 +10,20 @@ another device type are ignored (warned once): the device default tree is drafte
 
 An entry may also put prompt lookup in front of the heads (``prompt_lookup``: it measured faster
 there): that request runs the entry's drafter behind `proposers.hybrid.LookupThenHeads`.
-A tree passed to the decoder, and proposers that are not heads (prompt lookup, a draft model),
-have no table: one proposer serves every request. The choice depends only on the request's
-settings, never on what the target produces, so decoding stays lossless.
+Proposers that are not heads (prompt lookup, a draft model) have no table: one proposer serves
+every request. The choice depends only on the request's settings, never on what the target
+produces, so decoding stays lossless.
+
+**What the caller asked for wins; the table fills in only what was left open:**
+- ``prompt_lookup=True`` runs lookup in front of the heads for every request, also where the
+  entry says plain (then the heads draft the entry's tree behind it, which may draft nothing:
+  lookup alone); ``False`` never runs lookup, and an entry that speculated only BY lookup (its
+  tree drafts nothing) is then plain decoding;
+- an explicit ``tree`` drafts that tree for every request, also where the entry says plain, and
+  without the entry's lookup (which was measured with the entry's tree, not this one) unless
+  ``prompt_lookup=True`` asks for it;
+- a ``batch_plan`` argument (a dict, or None: always speculate) decides the mode.
+``out.stats["plan"]["from"]`` says, for the mode, the tree and the lookup, which one decided.
 """
 from __future__ import annotations
 
@@ -23,9 +34,10 @@ from typing import Any, Mapping
 
 import torch
 
+from ..device import device_name
 from ..heads.io import check_plans
 from ..plans import PLAIN, SPECULATIVE, BatchPlan, PlanEntry, greedy_batch_plan, mode_for, parse_batch_plan, select
-from ..plans import DynamicTree, TreePlans, TreeSpec, plans_at, usable_entries
+from ..plans import DynamicTree, TreePlans, TreeSpec, measured_on, plans_at, usable_entries
 from .default_tree import default_for, heads_plans, source_of
 from .proposers.hybrid import LookupThenHeads
 from .proposers.prompt_lookup import PromptLookupProposer
@@ -68,15 +80,24 @@ class PlannedDrafts:
                  batch_plan: str | Mapping[int | str, str] | None = FOLLOW_HEADS,
                  prompt_lookup: bool | PromptLookupProposer | None = None, plans: TreePlans | None = None) -> None:
         self.device_type = torch.device(device).type
+        self.device_name = device_name(device)
         self.plans = plans if is_heads else None
         self.entries: list[PlanEntry] = []
         self._by_tree: dict[tuple, Any] = {}
         self._behind_lookup: dict[int, LookupThenHeads] = {}  # id(heads drafter) -> it behind prompt lookup
         self._lookup = prompt_lookup
+        self.explicit_tree = tree is not None
         self.ignored: tuple[str, ...] = ()
         if is_heads:  # the table decides plain decoding even under an explicit tree
-            self.entries, self.ignored = usable_entries(self.plans, self.device_type)
-        first = select(self.plans, self.device_type, 1, 0.0).entry if self.entries else None
+            self.entries, self.ignored = usable_entries(self.plans, self.device_type, self.device_name)
+        first = self._select(1, 0.0) if self.entries else None
+        self.measured_on = measured_on(self.plans, self.device_type, self.device_name) if self.entries else None
+        if self.measured_on is not None:
+            warnings.warn(
+                f"the heads' tree.json holds {self.device_type} plans measured on {self.measured_on!r}, not on this "
+                f"machine ({self.device_name!r}); they are followed, but the cost of verifying a tree differs between "
+                "machines of one device type: run `draftheads calibrate` here to measure plans for this machine",
+                stacklevel=3)
         if not is_heads:
             self.default = proposer  # a Proposer brings its own drafts
         elif tree is not None:
@@ -101,14 +122,24 @@ class PlannedDrafts:
                 if self._uses_lookup(entry):
                     self._behind(self._heads_drafter(entry))
         self._first = first
-        self.explicit_tree = tree is not None
         self.override = _resolve_override(batch_plan)
         self.always_speculate = batch_plan is None
 
+    def _select(self, batch_size: int, temperature: float) -> PlanEntry | None:
+        return select(self.plans, self.device_type, batch_size, temperature, self.device_name).entry
+
     def _uses_lookup(self, entry: PlanEntry | None) -> bool:
+        """Lookup in front for the requests of ``entry``: as asked, else as the entry measured
+        (never the entry's lookup under an explicit tree: module docstring)."""
         if self._lookup is None:
-            return entry is not None and entry.prompt_lookup
+            return not self.explicit_tree and entry is not None and entry.prompt_lookup
         return bool(self._lookup)
+
+    def _drafts_nothing(self, entry: PlanEntry | None) -> bool:
+        """Whether the heads' drafter for ``entry`` drafts nothing (a root-only tree)."""
+        if self.explicit_tree or entry is None or entry.tree is None:
+            return False
+        return entry.tree.drafts_nothing
 
     def _heads_drafter(self, entry: PlanEntry | None) -> Any:
         if entry is None or entry.tree is None or not self._by_tree:  # no table, or an explicit tree
@@ -146,26 +177,79 @@ class PlannedDrafts:
         return greedy_batch_plan(self.plans, self.device_type) if self.plans is not None else None
 
     def run_for(self, batch_size: int, temperature: float) -> PlannedRun:
-        """What a request of ``batch_size`` rows at ``temperature`` (0: greedy) runs."""
-        entry = select(self.plans, self.device_type, batch_size, temperature).entry if self.entries else None
+        """What a request of ``batch_size`` rows at ``temperature`` (0: greedy) runs: the table's
+        entry for it, under what the caller asked (module docstring)."""
+        entry = self._select(batch_size, temperature) if self.entries else None
         proposer = self._drafter_for(entry)
+        lookup = isinstance(proposer, LookupThenHeads)
         if self.override is not None:
             mode, source = mode_for(self.override, batch_size), "batch_plan argument"
         elif self.always_speculate:
             mode, source = SPECULATIVE, "batch_plan=None"
+        elif entry is None:
+            mode, source = SPECULATIVE, "no plan (speculative)"
+        elif entry.mode == PLAIN and self._lookup:
+            mode, source = SPECULATIVE, "prompt_lookup argument"  # lookup was asked for: it runs
+        elif entry.mode == PLAIN and self.explicit_tree:
+            mode, source = SPECULATIVE, "tree argument"  # the tree was asked for: it is drafted
+        elif entry.mode == SPECULATIVE and not lookup and self._drafts_nothing(entry):
+            # the entry speculated only by lookup, which the caller turned off: nothing is left to draft
+            mode, source = PLAIN, "prompt_lookup argument"
         else:
-            mode = entry.mode if entry is not None else SPECULATIVE
-            source = "tree.json"
+            mode, source = entry.mode, "tree.json"
         stats: dict[str, Any] = {"tree": "given" if self.explicit_tree else source_of(entry)}
         if entry is not None:
             stats["entry"] = entry.describe()
-        if source != "tree.json" or entry is None:
-            stats["mode_from"] = source if source != "tree.json" else "no plan (speculative)"
+        if source != "tree.json":
+            stats["mode_from"] = source
         if self.ignored and not self.entries:
             stats["ignored_device_types"] = list(self.ignored)
-        if isinstance(proposer, LookupThenHeads):
+        if self.measured_on is not None:
+            stats["measured_on"] = self.measured_on  # another machine's plan (warned when the decoder was built)
+        if lookup:
             stats["prompt_lookup"] = "tree.json" if self._lookup is None else "prompt_lookup argument"
+        stats["from"] = {
+            "mode": source,
+            "tree": "tree argument" if self.explicit_tree else ("tree.json" if entry is not None else "device default"),
+            "prompt_lookup": ("prompt_lookup argument" if self._lookup is not None
+                              else "tree argument (no lookup)" if self.explicit_tree
+                              else "tree.json" if entry is not None else "no plan (no lookup)"),
+        }
+        stats["lookup"] = lookup and mode == SPECULATIVE
         return PlannedRun(PLAIN if mode == PLAIN else SPECULATIVE, proposer, stats)
+
+
+def check_plans_target(heads: torch.nn.Module, folder: str | os.PathLike) -> None:
+    """Plans from another heads folder were measured on that folder's target: refuse them for heads of
+    another target (a hybrid's verify costs and acceptance say nothing about a transformer's, and back),
+    naming both. A bare tree.json carries no target and is taken as it is."""
+    import json
+    from pathlib import Path
+
+    from ..heads.config import TargetInfo
+
+    config = Path(folder) / "config.json"
+    mine = getattr(getattr(heads, "config", None), "target", None)
+    if not config.is_file() or mine is None:
+        return
+    try:
+        theirs = json.loads(config.read_text()).get("target")
+    except (OSError, ValueError):
+        return  # not a heads folder's config: plans_at says what is wrong with the folder
+    if not isinstance(theirs, dict):
+        return
+    try:
+        info = TargetInfo(**theirs)
+    except TypeError:
+        return
+    problems = info.mismatches(mine)
+    if problems:
+        raise ValueError(
+            f"plans={folder} were measured with heads for another target ({info.architecture}, "
+            f"{info.name_or_path or 'unnamed'}) than these heads' ({mine.architecture}, {mine.name_or_path or 'unnamed'}): "
+            f"{'; '.join(problems)}. Plans are measured per target: calibrate these heads "
+            "(draftheads calibrate) instead"
+        )
 
 
 def resolve_plans(heads: torch.nn.Module, plans: TreePlans | str | os.PathLike | None) -> TreePlans | None:
@@ -175,6 +259,7 @@ def resolve_plans(heads: torch.nn.Module, plans: TreePlans | str | os.PathLike |
         return heads_plans(heads)
     where = "plans"
     if isinstance(plans, (str, os.PathLike)):
+        check_plans_target(heads, plans)
         where, plans = str(plans), plans_at(plans)
     elif not isinstance(plans, TreePlans):
         raise TypeError(f"plans must be a TreePlans, a heads folder or a tree.json path (None: the heads' own), "

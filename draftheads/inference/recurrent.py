@@ -53,6 +53,13 @@ def attention_layers(cache) -> list:
     return [layer for layer in cache.layers if getattr(layer, "keys", None) is not None]
 
 
+def keep_prefix(cache, length: int) -> None:
+    """Drop every attention entry past ``length`` (what a verify forward that is not committed added:
+    calibrate's and the benchmarks' timed forwards). A verify forward leaves recurrent state as it was."""
+    for layer in attention_layers(cache):
+        layer.keys, layer.values = layer.keys[..., :length, :], layer.values[..., :length, :]
+
+
 def _mixer_of(decoder_layer: torch.nn.Module, index: int) -> torch.nn.Module | None:
     """The module of ``decoder_layer`` that advances cache layer ``index``'s state: the one that
     carries ``layer_idx == index`` and a depthwise convolution (every transformers mixer keeps a conv
@@ -107,17 +114,30 @@ class RecurrentLayout:
         return cache
 
 
+def cache_kinds(model_or_config) -> tuple[type, ...]:
+    """The class of every cache layer transformers lays out for this model (empty where it cannot)."""
+    cfg = text_config(model_or_config)
+    if not getattr(cfg, "layer_types", None) or not hasattr(cfg, "get_text_config"):
+        return ()
+    try:
+        return tuple(type(layer) for layer in DynamicCache(config=cfg).layers)
+    except Exception:  # noqa: BLE001 - a config transformers cannot lay a cache out for: attention-only path
+        return ()
+
+
+def state_layer_types(model_or_config) -> tuple[str, ...]:
+    """The layer types of a model (or config) that keep a recurrent state: linear attention, state-space
+    or convolution layers (empty for attention-only models)."""
+    types = getattr(text_config(model_or_config), "layer_types", None) or ()
+    return tuple(dict.fromkeys(t for t, kind in zip(types, cache_kinds(model_or_config))
+                               if issubclass(kind, LinearAttentionCacheLayerMixin)))
+
+
 def recurrent_layout(target: torch.nn.Module) -> RecurrentLayout | None:
     """The target's recurrent layers, or None for an attention-only target. Refuses, by name, a state
     layer this version cannot record and roll back (no mixer found for it)."""
-    cfg = text_config(target)
-    layer_types = getattr(cfg, "layer_types", None)
-    if not layer_types or not hasattr(cfg, "get_text_config"):
-        return None
-    try:
-        kinds = tuple(type(layer) for layer in DynamicCache(config=cfg).layers)
-    except Exception:  # noqa: BLE001 - a config transformers cannot lay a cache out for: attention-only path
-        return None
+    kinds = cache_kinds(target)
+    layer_types = getattr(text_config(target), "layer_types", None)
     state_layers = [i for i, kind in enumerate(kinds) if issubclass(kind, LinearAttentionCacheLayerMixin)]
     if not state_layers:
         return None
@@ -148,7 +168,6 @@ class RecurrentStep:
 
     conv: dict[int, dict[int, torch.Tensor]] = field(default_factory=dict)
     rec: dict[int, dict[int, torch.Tensor]] = field(default_factory=dict)
-    added: int = 0  # tokens the forward added to each state layer's token count
 
 
 def _select(slots: torch.Tensor, picks: torch.Tensor) -> torch.Tensor:
@@ -158,9 +177,10 @@ def _select(slots: torch.Tensor, picks: torch.Tensor) -> torch.Tensor:
     return slots[torch.arange(slots.shape[0], device=slots.device), picks.to(slots.device)]
 
 
-def commit_states(cache, step: RecurrentStep, last_nodes: Sequence[int]) -> None:
+def commit_states(cache, step: RecurrentStep, last_nodes: Sequence[int], kept: int) -> None:
     """Every row's state := the state after its last accepted node (``last_nodes[r]``, node index in
-    the row's tree; 0 = the root only)."""
+    the row's tree; 0 = the root only). ``kept``: the most tokens a row kept, what the layers' token
+    count (one per batch) moves by."""
     picks = torch.tensor([n + 1 for n in last_nodes], dtype=torch.long)
     for index, per_state in step.conv.items():
         layer = cache.layers[index]
@@ -170,7 +190,6 @@ def commit_states(cache, step: RecurrentStep, last_nodes: Sequence[int]) -> None
         layer = cache.layers[index]
         for s, slots in per_state.items():
             layer.recurrent_states[s] = _select(slots, picks)
-    kept = 1 + max(last_nodes)
     for index in set(step.conv) | set(step.rec):
         cache.layers[index].cumulative_length_linear.add_(kept)
 
@@ -209,7 +228,7 @@ def _collect_chain(cache, layout: RecurrentLayout, n: int, before: dict[int, dic
                    recorded: bool = True) -> RecurrentStep:
     """The recorded states as slots (``recorded``: the forward ran to its end), and every layer back to its
     state before the forward."""
-    step = RecurrentStep(added=n)
+    step = RecurrentStep()
     for index in layout.layers:
         layer = cache.layers[index]
         conv, rec = {}, {}
@@ -359,7 +378,7 @@ def recording(cache, layout: RecurrentLayout | None, parents: torch.Tensor | Non
     if _chains(parents):
         n = parents.shape[1]
         before = _record_chain(cache, layout, n)
-        holder = RecurrentStep(added=n)
+        holder = RecurrentStep()
         try:
             yield holder
         except BaseException:  # the rows keep their state and stop recording; the error is the forward's
@@ -369,7 +388,7 @@ def recording(cache, layout: RecurrentLayout | None, parents: torch.Tensor | Non
         holder.conv, holder.rec = collected.conv, collected.rec
         return
     scan = _LevelScan.of(parents)
-    step = RecurrentStep(added=0)
+    step = RecurrentStep()
     swapped = []  # (mixer, its own instance-level forward if it had one)
     try:
         for mixer in layout.mixers.values():

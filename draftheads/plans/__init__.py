@@ -12,6 +12,7 @@ from .schema import (
     CHOSEN_BY_HAND,
     CHOSEN_BY_TRAINING,
     FORMAT_VERSION,
+    CostCurve,
     PlanEntry,
     TreePlans,
     check_temperature,
@@ -19,12 +20,12 @@ from .schema import (
     given_tree,
     parse_temperatures,
 )
-from .select import Choice, greedy_batch_plan, primary, select, usable_entries
+from .select import Choice, greedy_batch_plan, measured_on, primary, select, usable_entries
 from .trees import DynamicTree, StaticTree, TreeSpec, tree_json, tree_spec
 
 __all__ = [
     "CHOSEN_BY_CALIBRATION", "CHOSEN_BY_HAND", "CHOSEN_BY_TRAINING", "FORMAT_VERSION", "MODES", "PLAIN", "SPECULATIVE",
-    "BatchPlan", "Choice", "DynamicTree", "PlanEntry", "StaticTree", "TreeSpec", "TreePlans", "TREE_NAME", "check_temperature", "from_json", "given_tree",
-    "greedy_batch_plan", "mode_for", "parse_batch_plan", "parse_temperatures", "plan_to_json", "plans_at", "plans_json", "primary",
+    "BatchPlan", "Choice", "CostCurve", "DynamicTree", "PlanEntry", "StaticTree", "TreeSpec", "TreePlans", "TREE_NAME", "check_temperature", "from_json", "given_tree",
+    "greedy_batch_plan", "measured_on", "mode_for", "parse_batch_plan", "parse_temperatures", "plan_to_json", "plans_at", "plans_json", "primary",
     "read_plans", "select", "tree_file", "tree_json", "tree_spec", "usable_entries", "write_plans",
 ]

@@ -28,7 +28,7 @@ from accelerate.utils.other import load
 from safetensors import safe_open
 from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
-from ..atomic import install_folder, recover, temp_folder
+from ..atomic import install_folder, recover, temp_folder, write_text_atomically
 from .disk import disk_note, folder_size, is_short_write
 
 CHECKPOINTS = "checkpoints"
@@ -161,6 +161,20 @@ def save_checkpoint(accelerator, output_dir: str | os.PathLike, step: int, state
                 shutil.rmtree(old, ignore_errors=True)
     _agree_or_fail(accelerator, error, final, tmp)
     return final
+
+
+def record_state(accelerator, output_dir: str | os.PathLike, step: int, state: dict[str, Any]) -> Path | None:
+    """Replace the trainer state of this run's checkpoint at ``step`` with ``state`` (on the main
+    process, atomically): what the run learnt after it saved that step, its final evaluation and
+    the best/ that evaluation chose, which a resume with a larger step budget continues from. The
+    weights, optimizer and RNG states are the step's already. None when the run folder has no such
+    checkpoint (``save_every: 0``, or a run resumed from another folder's checkpoint)."""
+    file = checkpoint_root(output_dir) / f"step-{step}" / STATE_FILE
+    written = None
+    if accelerator.is_main_process and file.is_file():
+        written = write_text_atomically(file, json.dumps(state, indent=2) + "\n")
+    accelerator.wait_for_everyone()
+    return written
 
 
 def _agree_or_fail(accelerator, error: BaseException | None, final: Path, tmp: Path) -> None:
@@ -315,8 +329,7 @@ def heads_from_state(heads: torch.nn.Module, state: dict[str, torch.Tensor]) -> 
     with torch.device("meta"):  # no RNG draws, no second allocation: weights are assigned
         copy = type(heads)(heads.config)
     copy.load_state_dict(state, strict=True, assign=True)
-    copy.plans = heads.plans
-    return copy
+    return copy.use_plans(heads.plans)
 
 
 def export_heads(accelerator, model: torch.nn.Module, path: str | os.PathLike) -> Path | None:

@@ -64,6 +64,22 @@ def target_inputs(attention_mask: torch.Tensor | None, position_ids: torch.Tenso
     return {"attention_mask": None, "position_ids": position_ids}
 
 
+def check_packable(target: nn.Module) -> None:
+    """Refuse packing for a target with recurrent layers (linear attention, state-space, convolution):
+    their state runs through a packed window from one document into the next, and unlike attention no
+    mask or ``position_ids`` can keep documents apart (transformers resets such a state per document
+    only in the flash-linear-attention / mamba_ssm CUDA kernels, given ``cu_seqlens``)."""
+    from ..inference.recurrent import state_layer_types
+
+    types = state_layer_types(target)
+    if types:
+        raise PackingError(
+            f"data.packing: the target ({type(target).__name__}) has layers that keep a recurrent state "
+            f"({', '.join(types)}): it would carry from one packed document into the next; set data.packing: "
+            "false (train.group_by_length reduces padding without packing)"
+        )
+
+
 @torch.no_grad()
 def check_target_packing(target: nn.Module) -> None:
     """Raise ``PackingError`` unless the target, run on two documents packed into one window with

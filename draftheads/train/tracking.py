@@ -40,7 +40,11 @@ def prepare_tracker(cfg: TrackingConfig, announce=print) -> str | None:
     raise ValueError(f"unknown tracking.report_to {cfg.report_to!r}")
 
 
-def init_trackers(accelerator, cfg: TrackingConfig, config: dict[str, Any], output_dir: Path) -> None:
+def init_trackers(accelerator, cfg: TrackingConfig, config: dict[str, Any], output_dir: Path,
+                  run_id: str | None = None) -> None:
+    """Start the configured tracker. ``run_id``: the W&B run a resumed training run continues
+    (``tracker_run_id`` of the run before it, kept in its checkpoints), so one training run is one
+    W&B run however often it resumes. TensorBoard needs none: it appends to the same folder."""
     if cfg.report_to == "none":
         return
     init_kwargs: dict[str, Any] = {}
@@ -48,8 +52,18 @@ def init_trackers(accelerator, cfg: TrackingConfig, config: dict[str, Any], outp
         init_kwargs["wandb"] = {"dir": os.environ.get("WANDB_DIR") or str(output_dir)}
         if cfg.run_name:
             init_kwargs["wandb"]["name"] = cfg.run_name
+        if run_id:
+            init_kwargs["wandb"].update(id=run_id, resume="allow")
     project = cfg.project if cfg.report_to == "wandb" else (cfg.run_name or cfg.project)
     accelerator.init_trackers(project, config=flat_config(config), init_kwargs=init_kwargs)
+
+
+def tracker_run_id(accelerator, cfg: TrackingConfig) -> str | None:
+    """The id of the W&B run ``init_trackers`` started (on the main process, which runs it), for
+    the checkpoints to keep; None for the other trackers."""
+    if cfg.report_to != "wandb" or not accelerator.is_main_process:
+        return None
+    return getattr(accelerator.get_tracker("wandb", unwrap=True), "id", None)
 
 
 def flat_config(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -15,8 +15,9 @@ Read it top to bottom; each method is one stage and keeps what it builds on the 
       evaluate          the eval set's figures; the heads of the evaluation with the best simulated
                         acceptance are exported to best/
       save              a resumable checkpoint (heads, optimizer, schedule, RNG, where the data is)
-      finish            final evaluation, export the heads, choose their tree, metrics.json,
-                        tear down
+      finish            final evaluation (kept in the last checkpoint: a run extended with a
+                        larger max_steps keeps it in its history), export the heads, choose
+                        their tree, metrics.json, tear down
 
 DDP / DeepSpeed ZeRO / FSDP / mixed precision come from the ``accelerate launch`` config, not
 from here; ``distributed.py`` says what each of them needs from the recipe.
@@ -51,6 +52,7 @@ from .checkpoint import (
     export_heads,
     load_checkpoint,
     read_state,
+    record_state,
     resume_candidates,
     save_checkpoint,
 )
@@ -65,9 +67,10 @@ from .components import (
 )
 from .distributed import Parallelism
 from .evaluation import BestHeads, EvalShard, evaluate_and_log
-from ..tune.training import SAMPLE_ROWS, write_export_tree
+from ..data.plan_prompts import AUTO as AUTO_PROMPTS, default_set as default_plan_set, encode_prompts, read_prompt_texts
+from ..tune.training import PLAN_PROMPT_TOKENS, SAMPLE_ROWS, write_export_tree
 from .features import AUTO, auto_cache_dir, build_cache, fingerprint, open_cache
-from .packing import pack_for_training
+from .packing import check_packable, pack_for_training
 from .model import TargetWithHeads
 from .optim import build_optimizer, build_scheduler
 from .progress import StageTimer, TrainWindow, main_print, progress_bar, train_line, write_line
@@ -84,7 +87,7 @@ from .run_dir import (
 from .run_lock import RunLock
 from .stability import MAX_NONFINITE_STEPS, NonFiniteGuard
 from .step import EpochShuffleSampler, data_position, merge_label_counts, noise_seed, step_denominators
-from .tracking import init_trackers, prepare_tracker
+from .tracking import init_trackers, prepare_tracker, tracker_run_id
 
 
 @dataclass
@@ -110,7 +113,9 @@ class Trainer:
         self.step, self.epoch, self.batch_in_epoch = 0, 0, 0
         self.evals: list[dict[str, Any]] = []
         self.last_saved = -1
+        self.tracker_run: str | None = None  # the W&B run's id: a resumed run continues that W&B run
         self.took_over_folder = False  # a folder whose earlier run never saved a step (check_run_folder)
+        self.plan_prompts: list[torch.Tensor] | None = None  # what the plan is timed on (train.plan_prompts)
 
     def run(self) -> TrainResult:
         """Check, set up, train, finish; the run lock is released however the run ends, and a run
@@ -132,6 +137,7 @@ class Trainer:
         check_writable(output_dir)
         check_is_run_folder(output_dir)  # a model, heads, a user's files: never written over nor removed
         check_eval_source(cfg.data)  # never evaluate (and pick best/) on the training rows
+        self.plan_prompt_texts()  # a bad train.plan_prompts file fails before anything loads
         if self.overwrite and t.resume is not None:
             raise RunFolderError("--overwrite and --resume (train.resume) contradict each other: choose one")
         abandoned = False
@@ -233,13 +239,37 @@ class Trainer:
     def load_target_and_data(self) -> None:
         """The frozen target and its tokenizer; the tokenized train/eval splits."""
         accelerator = self.accelerator
+        texts = self.plan_prompt_texts()  # a bad prompt file fails now, not after training
         with self.timer("load_target"):
             self.target, self.tokenizer = load_target(self.cfg.target, accelerator, device=self.parallel.target_device())
+        self.plan_prompts = self.encode_plan_prompts(texts)
         check_context(self.cfg.data.max_length, self.target.config, self.say)
+        if self.cfg.data.packing:  # before the data is built: a hybrid target cannot keep packed documents apart
+            check_packable(self.target)
         with self.timer("build_data"):
             with accelerator.main_process_first():
                 self.train_ds, self.eval_ds, self.data_stats = build_datasets(self.cfg.data, self.tokenizer)
         self.say(self.data_stats.summary())
+
+    def plan_prompt_texts(self) -> list[str] | None:
+        """The texts of ``train.plan_prompts`` (checked: `data.plan_prompts`), or None when no plan
+        is chosen. "auto" is resolved once the tokenizer says whether there is a chat template."""
+        if not self.t.choose_tree or self.t.plan_prompts == AUTO_PROMPTS:
+            return None
+        return read_prompt_texts(self.t.plan_prompts, "train.plan_prompts")
+
+    def encode_plan_prompts(self, texts: list[str] | None) -> list[torch.Tensor] | None:
+        """The plan prompts as the target sees a user's request (1-D token rows)."""
+        if not self.t.choose_tree:
+            return None
+        chat = bool(getattr(self.tokenizer, "chat_template", None))
+        if texts is None:
+            name = default_plan_set(chat)
+            texts = read_prompt_texts(name, "train.plan_prompts")
+            self.say(f"plan prompts: the package's {name!r} set ({len(texts)} prompts)")
+        else:
+            self.say(f"plan prompts: {self.t.plan_prompts} ({len(texts)} prompts)")
+        return [ids[0] for ids in encode_prompts(self.tokenizer, texts, chat, PLAN_PROMPT_TOKENS)]
 
     def build_heads_and_optimizer(self) -> None:
         """Heads (initialised as heads.init says), the wrapper module, AdamW on the heads only."""
@@ -350,7 +380,8 @@ class Trainer:
             self.resume()
         elif t.resume == "auto":
             self.say(f"resume=auto: no checkpoint in {self.output_dir / 'checkpoints'} yet, starting fresh")
-        init_trackers(accelerator, self.cfg.tracking, self.cfg.to_dict(), self.output_dir)
+        init_trackers(accelerator, self.cfg.tracking, self.cfg.to_dict(), self.output_dir, run_id=self.tracker_run)
+        self.tracker_run = tracker_run_id(accelerator, self.cfg.tracking) or self.tracker_run
         if self.step >= self.max_steps:  # resumed at the last step (killed while finishing): finish only
             self.say(f"the checkpoint is at step {self.step} = the step budget: nothing left to train; "
                      "finishing the run (final evaluation, export)")
@@ -363,8 +394,10 @@ class Trainer:
 
     def resume(self) -> None:
         """Heads, optimizer, schedule and RNG from the newest loadable checkpoint; the step, the data
-        position, best/ and the history metrics.json reports (it covers the whole run, not only
-        the part after the resume)."""
+        position, best/, the tracker's run and the history metrics.json reports (it covers the
+        whole run, not only the part after the resume). A run that finished at the checkpoint's
+        step and now trains on (a larger ``train.max_steps``) keeps its final evaluation there, as
+        the evaluation of that step."""
         accelerator = self.accelerator
         self.parallel.before_resume(self.optimizer)
         with self.timer("resume"):
@@ -377,6 +410,10 @@ class Trainer:
         self.say(f"resumed from {checkpoint}: step {self.step}, epoch {self.epoch}, {self.batch_in_epoch} batches into the epoch")
         self.last_saved = self.step
         self.evals = list(state.get("evals") or [])
+        finished = state.get("final_eval")
+        if finished and self.step < self.max_steps:  # else finish() evaluates this step again
+            self.evals.append(finished)
+        self.tracker_run = state.get("tracker_run")
         self.window.total_tokens = int(state.get("train_tokens", 0))
         self.window.total_seconds = float(state.get("train_seconds", 0.0))
 
@@ -476,14 +513,16 @@ class Trainer:
         save_checkpoint(self.accelerator, self.output_dir, self.step, self.trainer_state())
         self.last_saved = self.step
 
-    def trainer_state(self) -> dict[str, Any]:
+    def trainer_state(self, final_eval: dict[str, Any] | None = None) -> dict[str, Any]:
         """What a checkpoint records besides the weights: where the data stands, best/, the
-        history metrics.json reports, and the config a resume compares against (a collective:
-        the trained tokens are summed over processes)."""
+        history metrics.json reports (with ``final_eval``, the run's final evaluation at this
+        step), the tracker's run and the config a resume compares against (a collective: the
+        trained tokens are summed over processes)."""
         epoch, batches = data_position(self.epoch, self.batch_in_epoch, self.batches_per_epoch)
         accelerator = self.accelerator
         return {
             "evals": self.evals,
+            "final_eval": final_eval or None,
             "train_tokens": self.window.tokens_so_far(accelerator),
             "train_seconds": self.window.total_seconds,
             "step": self.step,
@@ -493,15 +532,18 @@ class Trainer:
             "num_processes": accelerator.num_processes,
             "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
             "best": self.best.as_dict(),
+            "tracker_run": self.tracker_run,
             "config": self.cfg.to_dict(),  # what a resume compares against (run_dir.check_resume_config)
         }
 
     # -- 5. finish ---------------------------------------------------------------------------------
     def finish(self) -> TrainResult:
-        """Last checkpoint, final evaluation, the exported heads and their tree, metrics.json."""
+        """Last checkpoint, final evaluation (recorded in that checkpoint, with the best/ it
+        chose: a resume with a larger step budget continues the run's history), the exported
+        heads and their tree, metrics.json."""
         accelerator = self.accelerator
         merge_label_counts(accelerator, self.heads, self.label_counts)
-        if self.t.save_every and self.last_saved != self.step:
+        if self.t.save_every and self.last_saved != self.step:  # before the evaluation: a kill there resumes here
             save_checkpoint(accelerator, self.output_dir, self.step, self.trainer_state())
         final_eval: dict[str, Any] = {}
         if self.eval_dl is not None:
@@ -509,6 +551,8 @@ class Trainer:
                 final_eval = self.evaluate()
             with self.timer("export"):
                 self.best.offer(accelerator, self.model, self.heads, self.label_counts, final_eval)
+            if self.t.save_every:
+                record_state(accelerator, self.output_dir, self.step, self.trainer_state(final_eval))
         heads_dir = self.output_dir / "heads"
         with self.timer("export"):
             export_heads(accelerator, self.model, heads_dir)
@@ -533,6 +577,7 @@ class Trainer:
         return write_export_tree(
             self.accelerator, model, heads_dir, rows, final_eval.get("eval/rank_accuracy"),
             skip_reason=skip or self.parallel.tree_skip_reason(), try_lookup=self.t.choose_prompt_lookup,
+            prompts=self.plan_prompts,
         )  # fmt: skip
 
     def metrics(self, final_eval: dict[str, Any], chosen_tree: Any) -> dict[str, Any]:
@@ -548,9 +593,11 @@ class Trainer:
             # the evaluation whose heads are in best/ (highest eval/simulated_acceptance); None without eval
             "best": self.best.as_dict(),
             "train_tokens": window.total_tokens,
-            # tokens over time spent in training steps (evaluation and checkpoint time excluded)
+            # seconds spent in training steps (evaluation and checkpoint time excluded), and the
+            # tokens per such second: over the whole run, like train_tokens, however often it resumed
+            "train_seconds": window.total_seconds,
             "train_tokens_per_second": window.total_tokens / window.total_seconds if window.total_seconds else 0.0,
-            "stage_seconds": self.timer.seconds,
+            "stage_seconds": self.timer.seconds,  # this process's stages (a resumed run's: since it resumed)
             "data": self.data_stats.as_dict(),
             "tree": chosen_tree,  # what write_export_tree put in heads/tree.json (None: device default)
         }

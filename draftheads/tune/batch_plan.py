@@ -18,13 +18,23 @@ sent heads plain that decode at 1.1-1.5x on longer ones ("Training's plans" in `
 
 With ``try_lookup`` the same tree behind prompt lookup (`inference.proposers.hybrid`: a row whose
 text repeats an earlier n-gram drafts the copy, the heads the others) is a second candidate, timed
-in the same interleaved rounds against the same plain decodes: a size speculates with whichever
-candidate's median is higher, if it beats plain, lookup in front winning close calls (within
-``LOOKUP_TIE``), and the entry records whether that was lookup.
-Lookup wins where the text repeats itself or its prompt (extraction, code, lists) and costs one
-n-gram search per row and step elsewhere, so it is measured, like everything else here. A tree
-that drafts nothing (no tree of the heads paid for itself) has no heads-alone candidate: with
-``try_lookup`` its one candidate is prompt lookup alone (the heads drafting nothing behind it).
+in the same interleaved rounds against the same plain decodes. A tree that drafts nothing (no tree
+of the heads paid for itself) has no heads-alone candidate: with ``try_lookup`` its one candidate
+is prompt lookup alone (the heads drafting nothing behind it).
+
+**Keeping lookup in front weighs its downside against its upside** (`_keeps_lookup`). Its upside
+is the copies it drafts where the text repeats (extraction, code, rewriting, lists: 1.7x on
+MT-Bench on a 2-core EPYC); its downside, where nothing repeats, is one n-gram search per row and
+step: a few microseconds (measured here, ``lookup_search_seconds``) against a step of tens of
+milliseconds, far below what timing resolves. So lookup is not asked to WIN on prompts that may
+repeat little: it stays in front unless it measured slower than its alternative (the heads alone
+where they beat plain, else plain) by more than ``LOOKUP_RESOLUTION`` with 95% confidence (the
+paired per-batch ratios, `ratio_interval`).
+
+**Enough timed runs to separate small differences**: with ``resolution`` (training's plans pass
+it) a size keeps timing pairs until every comparison its verdict rests on is settled (its 95%
+interval excludes the threshold, or is narrower than ``resolution`` either side) or its time bound
+is spent, instead of stopping after a fixed few; the figures say how many pairs and the interval.
 
 Training's tree choice runs the same measurement at batch size 1 per temperature (a few held-out
 rows), so "plain where the tree loses to ``generate``" means one thing in both places.
@@ -44,15 +54,59 @@ from ..inference.inputs import eos_ids, left_pad, pad_id
 from ..plans import PLAIN, SPECULATIVE, BatchPlan, TreeSpec, given_tree, tree_spec
 
 PLAIN_MARGIN = 1.0  # the tree must beat plain decoding (median per-batch ratio), else plain
-#: How far the heads alone may lead and still leave prompt lookup in front: lookup is kept when its
-#: median beats plain and is within this of the heads alone's. The held-out prompts plans are timed
-#: on are chats the target wrote itself, which repeat little of their prompt, so they understate
-#: lookup: on every benchmark of SmolLM2 heads (MT-Bench greedy, T = 0.7 and 1, Spec-Bench's other
-#: categories; docs/results.md) lookup in front beat the same heads alone, while the plan's
-#: verdicts between the two sat within about 0.1 of each other, in both directions.
-LOOKUP_TIE = 0.1
+#: Lookup in front is dropped only when measured slower than its alternative by more than this
+#: (the upper end of the 95% interval of its paired ratio below 1 - LOOKUP_RESOLUTION): its own cost
+#: where nothing repeats, a few microseconds of search per step, is far below it (module docstring).
+LOOKUP_RESOLUTION = 0.01
 LOOKUP = "lookup"  # the tree behind prompt lookup, the second candidate of ``try_lookup``
 MIN_PAIRS = 3  # a time bound (max_seconds) never leaves a size with fewer ratios than this
+#: Two-sided 95% quantiles of Student's t by degrees of freedom (the rest: the normal's 1.96).
+_T95 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26, 10: 2.23, 12: 2.18,
+        15: 2.13, 20: 2.09, 25: 2.06, 30: 2.04}
+
+
+def ratio_interval(ratios: list[float]) -> tuple[float, float]:
+    """The 95% interval of the geometric mean of ``ratios`` (timings are multiplicative: the mean
+    of their logs, Student's t); (0, inf) for fewer than two."""
+    logs = [math.log(r) for r in ratios if r > 0]
+    if len(logs) < 2:
+        return 0.0, math.inf
+    mean, spread = statistics.fmean(logs), statistics.stdev(logs) / math.sqrt(len(logs))
+    df = len(logs) - 1
+    t = next((v for k, v in sorted(_T95.items()) if k >= df), 1.96)
+    return math.exp(mean - t * spread), math.exp(mean + t * spread)
+
+
+def _settled(ratios: list[float], threshold: float, resolution: float) -> bool:
+    """Whether more pairs could change a comparison of ``ratios`` with ``threshold``: no, once
+    its interval excludes the threshold or is narrower than ``resolution`` either side."""
+    lo, hi = ratio_interval(ratios)
+    return lo > threshold or hi < threshold or (hi / lo) ** 0.5 < 1 + resolution
+
+
+def _keeps_lookup(lookup: list[float], alternative: list[float]) -> bool:
+    """The rule for lookup in front (module docstring): kept unless its per-batch ratios, paired
+    with the alternative's, are slower by more than ``LOOKUP_RESOLUTION`` with 95% confidence."""
+    relative = [a / b for a, b in zip(lookup, alternative) if b > 0]
+    return ratio_interval(relative)[1] >= 1 - LOOKUP_RESOLUTION
+
+
+def lookup_search_seconds(history: int = 256, steps: int = 200) -> float:
+    """Median seconds of one prompt-lookup step (a search that finds nothing, then committing the
+    token) over a ``history``-token text that never repeats: what lookup in front costs a row
+    where its text does not repeat."""
+    from ..inference.proposers.prompt_lookup import PromptLookupProposer
+    from ..inference.sampling import SamplingParams
+
+    lookup = PromptLookupProposer()
+    lookup.start(torch.arange(history)[None], None, SamplingParams(), None)
+    samples = []
+    for i in range(steps):
+        t0 = time.perf_counter()
+        lookup.propose(history + i, 10)
+        lookup.accepted(torch.tensor([history + i]))
+        samples.append(time.perf_counter() - t0)
+    return statistics.median(samples)
 
 
 def prompt_batches(prompts: list[torch.Tensor], size: int, pad_id: int, min_batches: int = 2) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -90,6 +144,14 @@ class BatchPlanResult:
             if behind:
                 out.append(f"    behind prompt lookup: per batch {behind['speedup_median']:.2f}x "
                            f"[{behind['speedup_min']:.2f}-{behind['speedup_max']:.2f}]")
+            against = m.get("lookup_vs")
+            if against:
+                lo, hi = against["interval"]
+                share = m.get("lookup_search_share")
+                cost = f"; its search costs {share * 100:.3f}% of a step where nothing repeats" if share else ""
+                out.append(f"    lookup against {against['against']}: 95% interval {lo:.3f}-"
+                           f"{'inf' if hi is None else f'{hi:.3f}'}x, kept unless below "
+                           f"{against['kept_unless_below']:.2f}{cost}")
         return out
 
 
@@ -115,6 +177,8 @@ def measure_batch_plan(
     max_seconds: float | None = None,
     try_lookup: bool = False,
     draft_vocab_size: int | None = None,
+    resolution: float | None = None,
+    max_seconds_by_size: dict[int, float] | None = None,
 ) -> BatchPlanResult:
     """Time speculative decoding with ``tree`` against plain decoding at every batch size (see the
     module docstring), at ``temperature`` (0: greedy), and return the plan with its measurements.
@@ -128,7 +192,9 @@ def measure_batch_plan(
     ``try_lookup``: also time the tree behind prompt lookup (module docstring); the measured figures
     at a size are the heads alone's, with the lookup candidate's under ``prompt_lookup``.
     ``draft_vocab_size``: the static tree's draft vocabulary (None: the whole vocabulary), as
-    its plan entry will carry it."""
+    its plan entry will carry it. ``resolution`` (e.g. 0.01): stop timing a size early once its
+    verdict's comparisons are settled to that (module docstring); None: every batch of every
+    round. ``max_seconds_by_size``: a bound per batch size, where it differs from ``max_seconds``."""
     if max_seconds is not None:
         _check_positive(max_seconds, "max_seconds", "None = no bound")
     _check_positive(min_speedup, "min_speedup", "1 = merely faster than plain")
@@ -144,15 +210,38 @@ def measure_batch_plan(
     pad = 0 if pad is None else pad  # masked left padding: any id will do when the model names none
     batches = {size: prompt_batches(prompts, size, pad) for size in sizes}
     sync = (lambda: torch.cuda.synchronize(target.device)) if target.device.type == "cuda" else (lambda: None)
-    tokens, seconds, ratios = _interleaved(decoders, batches, rounds, new_tokens, temperature, clock, sync, max_seconds)
+    bounds = {size: (max_seconds_by_size or {}).get(size, max_seconds) for size in sizes}
+    for bound in bounds.values():
+        if bound is not None:
+            _check_positive(bound, "max_seconds_by_size", "None = no bound")
+    done = (lambda r: _all_settled(r, min_speedup, resolution)) if resolution else None
+    tokens, seconds, ratios = _interleaved(decoders, batches, rounds, new_tokens, temperature, clock, sync, bounds, done)
+    search = lookup_search_seconds() if try_lookup else None
     plan: BatchPlan = {}
     lookup: dict[int, bool] = {}
     measured: dict[int, dict[str, Any]] = {}
     for size in sizes:
         plan[size], lookup[size], measured[size] = _verdict(tokens[size], seconds[size], ratios[size], min_speedup)
-        measured[size].update(cut_by_time=max_seconds is not None and measured[size]["timed_batches"] < rounds * len(batches[size]),
-                              new_tokens=new_tokens)
+        timed = measured[size]["timed_batches"]
+        measured[size].update(cut_by_time=bounds[size] is not None and timed < rounds * len(batches[size])
+                              and not (done and done(ratios[size])), new_tokens=new_tokens)
+        if resolution:
+            measured[size].update(resolution=resolution, settled=bool(done(ratios[size])))
+        if search is not None and tokens[size][PLAIN]:
+            measured[size]["lookup_search_seconds"] = search  # per row and step, where nothing repeats
+            measured[size]["lookup_search_share"] = search / (seconds[size][PLAIN] / tokens[size][PLAIN])
     return BatchPlanResult(plan, measured, temperature, lookup)
+
+
+def _all_settled(ratios: dict[str, list[float]], min_speedup: float, resolution: float) -> bool:
+    """Whether every comparison a size's verdict rests on is settled (`_settled`): each candidate
+    against ``min_speedup``, and lookup in front against the heads alone."""
+    if any(not _settled(r, min_speedup, resolution) for r in ratios.values()):
+        return False
+    if LOOKUP in ratios and SPECULATIVE in ratios:
+        relative = [a / b for a, b in zip(ratios[LOOKUP], ratios[SPECULATIVE]) if b > 0]
+        return _settled(relative, 1 - LOOKUP_RESOLUTION, resolution)
+    return True
 
 
 def _decoders(target: torch.nn.Module, heads: torch.nn.Module, tree: Any, draft_vocab_size: int | None,
@@ -184,13 +273,16 @@ def _verdict(tokens: dict[str, int], seconds: dict[str, float], ratios: dict[str
              min_speedup: float) -> tuple[str, bool, dict[str, Any]]:
     """One batch size's mode, whether it speculates behind prompt lookup, and its figures, from
     each mode's totals and each candidate's per-batch ratios to plain (``ratios``' keys, the heads
-    alone first when they were timed)."""
+    alone first when they were timed). The heads alone speculate where their median beats
+    ``min_speedup``; lookup in front is then kept against that choice (the heads alone, or plain)
+    unless measured slower than it (`_keeps_lookup`)."""
     candidates = list(ratios)
     plain = tokens[PLAIN] / max(seconds[PLAIN], 1e-12)
     figures = {}
     for mode in candidates:
         spec = tokens[mode] / max(seconds[mode], 1e-12)
         timed = ratios[mode]
+        lo, hi = ratio_interval(timed)
         figures[mode] = {
             "speculative_tokens_per_second": spec,
             "plain_tokens_per_second": plain,
@@ -198,17 +290,19 @@ def _verdict(tokens: dict[str, int], seconds: dict[str, float], ratios: dict[str
             "speedup_median": statistics.median(timed) if timed else spec / max(plain, 1e-12),
             "speedup_min": min(timed) if timed else None,
             "speedup_max": max(timed) if timed else None,
+            "speedup_interval": [lo, hi if math.isfinite(hi) else None],  # 95%, of the geometric mean
         }
-    best = max(candidates, key=lambda m: figures[m]["speedup_median"])
-    if LOOKUP in candidates and figures[LOOKUP]["speedup_median"] > min_speedup \
-            and figures[LOOKUP]["speedup_median"] >= figures[best]["speedup_median"] - LOOKUP_TIE:
-        best = LOOKUP  # a close call keeps lookup in front (LOOKUP_TIE)
-    mode = SPECULATIVE if figures[best]["speedup_median"] > min_speedup else PLAIN
-    behind = mode == SPECULATIVE and best == LOOKUP
+    heads = SPECULATIVE in candidates and figures[SPECULATIVE]["speedup_median"] > min_speedup
+    behind = False
+    if LOOKUP in candidates:
+        n = len(ratios[LOOKUP])
+        alternative = ratios[SPECULATIVE] if heads else [1.0] * n  # plain: 1.0 against itself
+        behind = n > 0 and _keeps_lookup(ratios[LOOKUP], alternative)
+    mode = SPECULATIVE if heads or behind else PLAIN
     measured = {
-        **figures[candidates[0]],  # the heads alone (with try_lookup, lookup in front wins ties: LOOKUP_TIE)
+        **figures[candidates[0]],  # the heads alone, or lookup alone where the tree drafts nothing
         "timed_batches": len(ratios[candidates[0]]),
-        "min_speedup": float(min_speedup),  # the median had to exceed this for "speculative"
+        "min_speedup": float(min_speedup),  # the heads' median had to exceed this for "speculative"
         "timed_seconds": sum(seconds.values()),  # warm-up excluded
     }
     if SPECULATIVE not in candidates:  # a tree that drafts nothing: lookup alone was the one candidate
@@ -216,15 +310,23 @@ def _verdict(tokens: dict[str, int], seconds: dict[str, float], ratios: dict[str
     elif LOOKUP in candidates:
         measured["prompt_lookup"] = figures[LOOKUP]
         measured["chosen"] = "heads behind prompt lookup" if behind else ("heads" if mode == SPECULATIVE else "plain")
+    if LOOKUP in candidates and ratios[LOOKUP]:
+        alternative = ratios[SPECULATIVE] if heads else [1.0] * len(ratios[LOOKUP])
+        lo, hi = ratio_interval([a / b for a, b in zip(ratios[LOOKUP], alternative) if b > 0])
+        measured["lookup_vs"] = {"against": "heads alone" if heads else "plain", "interval": [lo, hi if math.isfinite(hi) else None],
+                                 "kept_unless_below": 1 - LOOKUP_RESOLUTION}
     return mode, behind, measured
 
 
 def _interleaved(decoders: dict[str, SpeculativeDecoder], batches: dict[int, list[tuple[torch.Tensor, torch.Tensor]]],
                  rounds: int, new_tokens: int, temperature: float, clock: Callable[[], float],
-                 sync: Callable[[], None], max_seconds: float | None) -> tuple[dict, dict, dict]:
+                 sync: Callable[[], None], max_seconds: dict[int, float | None],
+                 settled: Callable[[dict[str, list[float]]], bool] | None = None) -> tuple[dict, dict, dict]:
     """Every mode decodes every batch, the modes interleaved batch by batch with the first mode
-    rotating, after one warm-up decode per mode and size. Returns per size each mode's tokens and
-    seconds, and each candidate's per-batch ratios to plain."""
+    rotating, after one warm-up decode per mode and size. A size stops early once ``settled``
+    says its ratios need no more pairs (after ``MIN_PAIRS``), or when its time bound is spent.
+    Returns per size each mode's tokens and seconds, and each candidate's per-batch ratios to
+    plain."""
     candidates = [m for m in decoders if m != PLAIN]
     first = candidates[0]  # the heads alone, else lookup alone: its ratios count the size's pairs
 
@@ -240,9 +342,13 @@ def _interleaved(decoders: dict[str, SpeculativeDecoder], batches: dict[int, lis
             raise RuntimeError(f"asked for {expected} decoding but the decoder ran {out.stats.get('mode')!r}")
         return out.num_new_tokens, spent
 
-    def out_of_time(spent: dict[str, float], pairs: int) -> bool:
-        """Past ``max_seconds`` of timed decoding at a size that has its ``MIN_PAIRS`` ratios."""
-        return max_seconds is not None and pairs >= MIN_PAIRS and sum(spent.values()) >= max_seconds
+    def stop(size: int, spent: dict[str, float], done: dict[str, list[float]]) -> bool:
+        """Enough at ``size``: its ``MIN_PAIRS`` ratios and either settled or past its time bound."""
+        pairs = len(done[first])
+        if pairs < MIN_PAIRS:
+            return False
+        bound = max_seconds.get(size)
+        return (bound is not None and sum(spent.values()) >= bound) or (settled is not None and settled(done))
 
     for size, size_batches in batches.items():  # warm-up at each shape: allocator, thread pool, lazy initialisation
         ids, mask = size_batches[0]
@@ -255,7 +361,7 @@ def _interleaved(decoders: dict[str, SpeculativeDecoder], batches: dict[int, lis
     for _ in range(rounds):
         for size, size_batches in batches.items():
             for ids, mask in size_batches:
-                if out_of_time(seconds[size], len(ratios[size][first])):
+                if stop(size, seconds[size], ratios[size]):
                     continue
                 modes = list(decoders)  # each mode first in turn, so none always runs on a cold or warm machine
                 order = modes[index % len(modes):] + modes[: index % len(modes)]

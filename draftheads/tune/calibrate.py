@@ -14,6 +14,14 @@ Trees are grown greedily, adding the node with the highest path probability (the
 tokens per step of a tree is 1 + the sum of its nodes' path probabilities (at most one child of
 an accepted node can match the target, so accepted nodes form one path). The chosen size is the
 one with the best expected tokens / (verify time + drafting time).
+
+The verify cost is this machine's own curve, as measured (`measure_verify_times`): it is NOT
+forced to rise with the width. CPU GEMM kernels switch at small row counts, so on one 2-core AMD
+EPYC 8 tokens verify cheaper than 3 (1 / 1.67 / 2.03 / 1.52 / 1.42x one token for 1 / 2 / 3 / 4 /
+8), while a Xeon's cost rises with every token (1.11 / 1.19 / 1.46 / 1.66 for 2 / 3 / 4 / 8): a
+grid sized on one machine's curve misses the other's. So the widths EAGLE's dynamic trees are
+timed at come from the curve too (`cheap_widths`: the widths no wider tree undercuts), and the
+curve is kept in tree.json (`plans.CostCurve`) and printed by `draftheads calibrate`.
 """
 from __future__ import annotations
 
@@ -22,9 +30,10 @@ import time
 from dataclasses import asdict, dataclass, field
 
 import torch
-from transformers import DynamicCache
 
+from ..device import device_name
 from ..heads.acceptance import expected_tokens_per_step, grow_tree  # noqa: F401 (re-exported)
+from ..plans import CHOSEN_BY_CALIBRATION, CostCurve
 from ..heads.base import token_context
 from ..inference.decoder import SpeculativeDecoder
 from ..registry import TreeKind, method_of
@@ -33,6 +42,7 @@ from ..inference.one_forward_tree import (
     one_forward_draft_seconds,
     one_forward_vocab_sizes,
 )
+from ..inference.recurrent import keep_prefix
 from ..inference.sampling import SamplingParams
 from ..inference.tree import Tree, TreeShape
 from ..inference.verify import TreeVerifier
@@ -92,12 +102,13 @@ def measure_verify_times(
     context: int = 256,
     repeats: int = 15,
 ) -> dict[int, float]:
-    """Median seconds of one tree forward with n nodes over a ``context``-token cache."""
+    """Median seconds of one tree forward with n nodes over a ``context``-token cache, as measured
+    (sizes interleaved round by round; a wider tree may cost less: the module docstring)."""
     verifier = TreeVerifier(target)
     vocab = target.get_output_embeddings().weight.shape[0]
     gen = torch.Generator().manual_seed(0)
     prompt = torch.randint(0, vocab, (1, context), generator=gen).to(target.device)
-    cache = DynamicCache()
+    cache = verifier.new_cache()  # a hybrid target's state layers too
     target(input_ids=prompt, use_cache=True, **{verifier.cache_arg: cache})
     sync = torch.cuda.synchronize if target.device.type == "cuda" else (lambda: None)
     # A bushy tree of each size (the shape hardly matters for the cost; the size does).
@@ -113,8 +124,7 @@ def measure_verify_times(
         verifier.forward(cache, trees[n], context)
         sync()
         seconds = time.perf_counter() - t0
-        for layer in cache.layers:  # drop the tree again
-            layer.keys, layer.values = layer.keys[..., :context, :], layer.values[..., :context, :]
+        keep_prefix(cache, context)  # drop the tree again
         return seconds
 
     for n in sizes:  # warm-up: allocator, thread pool, kernels
@@ -124,12 +134,37 @@ def measure_verify_times(
     for _ in range(repeats):
         for n in sizes:
             samples[n].append(timed(n))
-    # A larger tree never costs less: a running maximum removes what is left of the noise.
-    times, floor = {}, 0.0
-    for n in sorted(sizes):
-        floor = max(floor, statistics.median(samples[n]))
-        times[n] = floor
-    return times
+    return {n: statistics.median(samples[n]) for n in sorted(sizes)}
+
+
+def measure_cost_curve(target: torch.nn.Module, sizes: list[int], context: int = 256, repeats: int = 15,
+                       chosen_by: str = CHOSEN_BY_CALIBRATION) -> CostCurve:
+    """This machine's verify cost by width (`measure_verify_times`), named by its device and
+    machine, as tree.json keeps it."""
+    seconds = measure_verify_times(target, sizes, context=context, repeats=repeats)
+    device = target.device
+    return CostCurve(device_type=device.type, verify_seconds=seconds, device_name=device_name(device), context=context,
+                     threads=torch.get_num_threads() if device.type == "cpu" else None, chosen_by=chosen_by)
+
+
+def cheap_widths(verify_seconds: dict[int, float], tolerance: float = 0.02) -> list[int]:
+    """The widths worth drafting to on this machine: each width above 1 that no wider measured
+    width verifies cheaper than (within ``tolerance``, so noise does not drop a width that ties).
+    On a curve that rises with every token that is every width; on the EPYC's (8 tokens cheaper
+    than 3) the widths 2-4 drop out and 8 stays."""
+    widths = sorted(verify_seconds)
+    return [n for i, n in enumerate(widths) if n > 1
+            and all(verify_seconds[m] > verify_seconds[n] * (1 - tolerance) for m in widths[i + 1:])]
+
+
+def describe_curve(curve: CostCurve) -> str:
+    """One line: "verify cost on cpu (AMD EPYC, 2 threads, 256-token cache): 1: 57.0 ms, 2: 1.67x, ..."."""
+    where = ", ".join(x for x in (curve.device_name, f"{curve.threads} threads" if curve.threads else None,
+                                  f"{curve.context}-token cache" if curve.context else None) if x)
+    relative = curve.relative()
+    parts = [f"{n}: {s * 1000:.1f} ms" if n == 1 else f"{n}: {relative[n]:.2f}x"
+             for n, s in sorted(curve.verify_seconds.items())]
+    return f"verify cost on {curve.device_type} ({where}) by tree width: " + ", ".join(parts)
 
 
 def interpolate(times: dict[int, float], n: int) -> float:
@@ -299,11 +334,34 @@ SHORT_CHAINS = [chain(d) for d in (1, 2)]  # CPU only: verify cost climbs fast
 DRAFT_VOCAB_SIZE = 1024
 
 
-def dynamic_grid(device_type: str, restrict_vocab: bool) -> list[dict]:
+#: A dynamic tree of this many tokens or more is also timed as a top-3 tree, not only as a chain.
+MIN_TREE_TOKENS = 6
+#: The CPU grid times at most this many widths, each verifying at most MAX_WIDTH_COST one-token steps
+#: (a wider verify would need more accepted tokens than the heads here commit): a grid of every cheap
+#: width timed for minutes on a noisy curve.
+MAX_GRID_WIDTHS = 4
+MAX_WIDTH_COST = 2.5
+#: The widest chain timed on a CPU (each of its drafts is one draft-layer forward).
+MAX_CHAIN_DEPTH = 7
+
+
+def dynamic_grid(device_type: str, restrict_vocab: bool, verify_seconds: dict[int, float] | None = None) -> list[dict]:
     """A few EAGLE-2 settings sized for the device (small trees on CPU, large on CUDA): what
-    training's tree choice and `draftheads calibrate` both time."""
+    training's tree choice and `draftheads calibrate` both time. With this machine's
+    ``verify_seconds`` (a CPU's cost curve), the widths come from the curve (`cheap_widths`): a
+    chain and, from ``MIN_TREE_TOKENS`` on, top-3 trees of each width that no wider one undercuts."""
     if device_type == "cuda":
         base = [{"total_tokens": t, "depth": d, "top_k": 8} for t in (32, 64) for d in (5, 7)]
+    elif verify_seconds:
+        base = []
+        one = verify_seconds.get(1) or min(verify_seconds.values())
+        widths = [w for w in cheap_widths(verify_seconds) if w <= 16 and verify_seconds[w] <= MAX_WIDTH_COST * one]
+        for width in widths[:MAX_GRID_WIDTHS]:
+            if width - 1 <= MAX_CHAIN_DEPTH:
+                base.append(chain(width - 1))
+            if width >= MIN_TREE_TOKENS:
+                base += [{"total_tokens": width, "depth": d, "top_k": 3} for d in (3, 5) if d < width]
+        base = base or list(SHORT_CHAINS)
     else:
         # Chains too: on a CPU every verified token costs, and a confident draft's chain goes
         # deeper for fewer tokens than a tree. Short chains for heads that are seldom right twice

@@ -32,6 +32,16 @@ which accepts less: then plain without timing); DFlash's
 block tree is chosen for greedy decoding only (at a sampling temperature its greedy tree is the
 candidate, timed as below).
 
+What the trees are timed on: with ``prompts`` (training passes the ``train.plan_prompts`` set,
+by default `data.plan_prompts`' ``user`` prompts, shaped like users' requests, or ``text`` for a
+base model), the dynamic grid and the check against ``generate`` decode those prompts, rendered as
+a user's request reaches the target; without, the first held-out rows, cut to prompts. The
+target's own synthesized chats repeat little of their prompt, and a plan timed on them turned
+prompt lookup off on a 2-core EPYC where lookup alone ran 1.7x on MT-Bench (issue 55). The verify
+cost by width is measured once on this machine (`calibrate.measure_cost_curve`, kept in tree.json
+as its ``cost_curves``) and sizes the dynamic grid (`calibrate.dynamic_grid`): on that EPYC 8
+tokens verify cheaper than 3, so trees of 8 are timed rather than chains of 2.
+
 Then every temperature's tree meets the decoder's real baseline: the cost models above compare a
 tree with the decode loop's own one-token steps, not with the target's ``generate``, which is
 what a plain entry runs and what a user would otherwise call. So, per temperature, speculative
@@ -41,8 +51,10 @@ decoding with the chosen tree (through `SpeculativeDecoder`, the tree in full) i
 and each batch size's entry is PLAIN unless the median of its per-batch ratios exceeds
 ``PLAIN_MARGIN``. The same tree behind prompt lookup is timed in the same rounds (``try_lookup``,
 ``train.choose_prompt_lookup``): an entry speculates with whichever of the two has the higher
-median, and records ``prompt_lookup`` when that is the lookup (a tree that drafts nothing is
-not timed, so neither is its lookup). The figures are kept in the entries' ``measured["batch"]`` (as `draftheads
+median, and records ``prompt_lookup`` when that is the lookup, which stays in front unless it
+measured slower (`batch_plan`'s rule: its cost where nothing repeats is microseconds of search).
+Each batch size times pairs until its verdict is settled to ``VS_GENERATE_RESOLUTION`` or its
+time bound (``VS_GENERATE_MAX_SECONDS``) is spent, instead of stopping at a fixed four. The figures are kept in the entries' ``measured["batch"]`` (as `draftheads
 calibrate --batch-sizes` keeps them) and, for batch size 1, in metrics.json (`describe`). Its cost
 is bounded per temperature and batch size: at most prompts x rounds pairs of
 short decodes, and no new pair once ``VS_GENERATE_MAX_SECONDS`` of decoding are spent (a loaded
@@ -58,12 +70,14 @@ from typing import Any, Callable, Iterator
 import torch
 
 from ..registry import TreeKind, method_of
-from ..plans import CHOSEN_BY_TRAINING, PLAIN, SPECULATIVE, DynamicTree, PlanEntry, TreePlans, parse_temperatures, tree_spec
+from ..device import device_name
+from ..plans import CHOSEN_BY_TRAINING, PLAIN, SPECULATIVE, CostCurve, DynamicTree, PlanEntry, TreePlans, parse_temperatures, tree_spec
 from ..plans import write_plans
 from .batch_plan import PLAIN_MARGIN, BatchPlanResult, measure_batch_plan
 from .calibrate import (
     calibrate_dynamic_tree,
     choose_tree,
+    describe_curve,
     dynamic_grid,
     head_accuracy_table,
     measure_draft_seconds,
@@ -88,11 +102,15 @@ DEFAULT_TEMPERATURES = (0.0, 0.7, 1.0)  # greedy, what most chat models ship, an
 # decodes per temperature, each of VS_GENERATE_NEW_TOKENS tokens after a VS_GENERATE_PROMPT_LEN
 # prompt; speculation must beat generate by batch_plan.PLAIN_MARGIN (median of per-prompt
 # ratios), as in calibrate --batch-sizes.
-VS_GENERATE_PROMPTS = 4
+VS_GENERATE_PROMPTS = 12  # plan prompts (held-out rows: the first 4, as before there were plan prompts)
+VS_GENERATE_ROWS = 4
 VS_GENERATE_ROUNDS = 2
-VS_GENERATE_NEW_TOKENS = 48
-VS_GENERATE_PROMPT_LEN = 64
-VS_GENERATE_MAX_SECONDS = 20.0  # per temperature and batch size, warm-up excluded (at least batch_plan.MIN_PAIRS pairs)
+VS_GENERATE_NEW_TOKENS = 64
+VS_GENERATE_PROMPT_LEN = 64  # held-out rows are cut to this; plan prompts keep their last PLAN_PROMPT_TOKENS
+PLAN_PROMPT_TOKENS = 256
+VS_GENERATE_MAX_SECONDS = 45.0  # per temperature at batch 1, warm-up excluded (at least batch_plan.MIN_PAIRS pairs)
+VS_GENERATE_BATCH_SECONDS = 15.0  # per temperature at each larger batch size
+VS_GENERATE_RESOLUTION = 0.01  # stop timing a size once its verdict is settled to 1% (batch_plan)
 # Batch sizes timed against generate: a tree that pays for one sequence can lose at 8, where every
 # drafted token is verified 8 times (toy target: Medusa's greedy tree 0.87x at batch 8, EAGLE's 0.98x), and
 # a user who never runs calibrate decodes batches with training's plan.
@@ -107,6 +125,15 @@ def _device_label(target: torch.nn.Module) -> str:
 def _verify_context(target: torch.nn.Module) -> int:
     limit = getattr(target.config, "max_position_embeddings", None) or 4096
     return max(1, min(256, limit - max(VERIFY_SIZES) - 1))
+
+
+def cost_curve(target: torch.nn.Module) -> CostCurve:
+    """This machine's verify cost by width, measured once per training (module docstring)."""
+    context = _verify_context(target)
+    seconds = measure_verify_times(target, list(VERIFY_SIZES), context=context)
+    return CostCurve(device_type=target.device.type, verify_seconds=seconds, device_name=device_name(target.device),
+                     context=context, threads=torch.get_num_threads() if target.device.type == "cpu" else None,
+                     chosen_by=CHOSEN_BY_TRAINING)
 
 
 @torch.no_grad()
@@ -184,15 +211,20 @@ def choose_block_tree(target: torch.nn.Module, heads: torch.nn.Module, rank_accu
 
 @torch.no_grad()
 def choose_dynamic(target: torch.nn.Module, heads: torch.nn.Module, rows: list[torch.Tensor],
-                   temperature: float = 0.0, greedy_choice: dict | None = None) -> dict[str, Any]:
-    """EAGLE-2 settings for EAGLE/EAGLE-3 heads, timed end to end on held-out rows. At a
-    sampling ``temperature``, with the greedy ``greedy_choice``: the short grid of the module
-    docstring."""
+                   temperature: float = 0.0, greedy_choice: dict | None = None,
+                   verify: dict[int, float] | None = None, prompts: list[torch.Tensor] | None = None) -> dict[str, Any]:
+    """EAGLE-2 settings for EAGLE/EAGLE-3 heads, timed end to end on ``prompts`` (the plan
+    prompts; else held-out rows), at widths this machine's ``verify`` curve makes worth timing.
+    At a sampling ``temperature``, with the greedy ``greedy_choice``: the short grid of the
+    module docstring."""
     limit = getattr(target.config, "max_position_embeddings", None) or 4096
     new_tokens = 48
     prompt_len = max(1, min(128, limit - new_tokens - 8))
-    prompts = [row[:prompt_len][None] for row in rows[:DYNAMIC_PROMPTS]]
-    grid = dynamic_grid(target.device.type, restricts_vocab(heads))
+    if prompts:
+        prompts = [p[-prompt_len:][None].to(target.device) for p in prompts[:DYNAMIC_PROMPTS]]
+    else:
+        prompts = [row[:prompt_len][None] for row in rows[:DYNAMIC_PROMPTS]]
+    grid = dynamic_grid(target.device.type, restricts_vocab(heads), verify)
     if temperature > 0 and greedy_choice is not None:
         if greedy_choice.get("total_tokens") == 1:  # plain won greedily: sampling accepts less
             return {"tree": dict(greedy_choice), "calibration": {"skipped": "plain decoding won at temperature 0"},
@@ -211,6 +243,7 @@ def choose_export_tree(
     temperature: float = 0.0,
     greedy_choice: Any = None,
     timings: dict | None = None,
+    prompts: list[torch.Tensor] | None = None,
 ) -> dict[str, Any]:
     """The tree chosen at the end of training for ``temperature`` (0: greedy), measured on
     ``target``'s device: the tree, its draft vocabulary and the measurements behind them.
@@ -218,14 +251,16 @@ def choose_export_tree(
     ``rows``: a few held-out token rows (1-D); ``rank_accuracy``: the final evaluation's
     ``eval/rank_accuracy`` (static-tree heads), if there was an evaluation; ``greedy_choice``:
     the greedy tree (dynamic heads time a short grid around it); ``timings``: kept between
-    temperatures (static heads)."""
+    temperatures (the verify curve, drafting times); ``prompts``: the plan prompts (1-D token
+    rows) dynamic trees are timed on."""
     rows = [r.to(target.device) for r in rows if r.numel() >= 8][:SAMPLE_ROWS]
     if not rows:
         raise ValueError("no held-out rows of at least 8 tokens to choose a tree on")
     was_training, kind = heads.training, method_of(heads).tree
     try:
         if kind is TreeKind.DYNAMIC:
-            data = choose_dynamic(target, heads, rows, temperature, greedy_choice)
+            verify = (timings or {}).get("verify")
+            data = choose_dynamic(target, heads, rows, temperature, greedy_choice, verify=verify, prompts=prompts)
         elif kind is TreeKind.ONE_FORWARD:
             table = None if rank_accuracy is None else torch.tensor(rank_accuracy, dtype=torch.float32)
             if table is None or table.dim() != 2 or table.shape[0] != heads.config.num_heads:
@@ -244,6 +279,7 @@ def choose_export_tree(
         heads.train(was_training)
     data["chosen_by"] = CHOSEN_BY_TRAINING
     data["device_type"] = target.device.type
+    data["device_name"] = device_name(target.device)
     data["temperature"] = float(temperature)
     return data
 
@@ -259,14 +295,19 @@ def _in_eval(heads: torch.nn.Module) -> Iterator[None]:
         heads.train(was_training)
 
 
-def vs_generate_prompts(target: torch.nn.Module, rows: list[torch.Tensor]) -> list[torch.Tensor]:
-    """The first ``VS_GENERATE_PROMPTS`` held-out rows, cut to prompts that leave room in the
-    target's context for the new tokens (rows shorter than 8 tokens are left out, as in the tree
-    choice)."""
+def vs_generate_prompts(target: torch.nn.Module, rows: list[torch.Tensor],
+                        prompts: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
+    """What the check against ``generate`` decodes: the first ``VS_GENERATE_PROMPTS`` plan
+    ``prompts`` (their last ``PLAN_PROMPT_TOKENS``), else the first ``VS_GENERATE_ROWS`` held-out
+    rows cut to prompts (rows shorter than 8 tokens are left out, as in the tree choice); both
+    leave room in the target's context for the new tokens."""
     limit = getattr(target.config, "max_position_embeddings", None) or 4096
+    if prompts:
+        length = max(1, min(PLAN_PROMPT_TOKENS, limit - VS_GENERATE_NEW_TOKENS - 8))
+        return [p[-length:].to(target.device) for p in prompts[:VS_GENERATE_PROMPTS]]
     length = max(1, min(VS_GENERATE_PROMPT_LEN, limit - VS_GENERATE_NEW_TOKENS - 8))
     rows = [r.to(target.device) for r in rows if r.numel() >= 8]
-    return [row[:length] for row in rows[:VS_GENERATE_PROMPTS]]
+    return [row[:length] for row in rows[:VS_GENERATE_ROWS]]
 
 
 def time_against_generate(
@@ -276,24 +317,27 @@ def time_against_generate(
     rows: list[torch.Tensor],
     measure: Callable[..., BatchPlanResult] = measure_batch_plan,
     try_lookup: bool = True,
+    prompts: list[torch.Tensor] | None = None,
 ) -> BatchPlanResult | None:
     """``data``'s tree (a `choose_export_tree` result) against the target's ``generate`` at its
-    temperature, at each of ``VS_GENERATE_BATCH_SIZES`` (module docstring); its plan says
-    speculative or plain per batch size, and, with ``try_lookup``, where the tree behind prompt
-    lookup is the faster candidate. A tree that drafts nothing is plain decoding: None without
-    ``try_lookup`` (nothing to time), else prompt lookup alone is its one candidate.
-    ``measure``: `measure_batch_plan`, replaceable so a test can give the timings."""
+    temperature, at each of ``VS_GENERATE_BATCH_SIZES`` (module docstring), on the plan
+    ``prompts`` (else held-out ``rows``); its plan says speculative or plain per batch size, and,
+    with ``try_lookup``, where the tree behind prompt lookup runs. A tree that drafts nothing is
+    plain decoding: None without ``try_lookup`` (nothing to time), else prompt lookup alone is its
+    one candidate. ``measure``: `measure_batch_plan`, replaceable so a test can give the timings."""
     if drafts_nothing(data["tree"]) and not try_lookup:
         return None
-    prompts = vs_generate_prompts(target, rows)
+    prompts = vs_generate_prompts(target, rows, prompts)
     if not prompts:
         raise ValueError("no held-out rows of at least 8 tokens to time the tree against generate on")
     started = time.perf_counter()
     vocab = data.get("draft_vocab_size") if method_of(heads).tree.rank_paths else None  # a dynamic tree carries its own
+    bounds = {size: VS_GENERATE_BATCH_SECONDS for size in VS_GENERATE_BATCH_SIZES if size > 1}
     with _in_eval(heads):
         result = measure(target, heads, data["tree"], prompts, list(VS_GENERATE_BATCH_SIZES), new_tokens=VS_GENERATE_NEW_TOKENS,
                          rounds=VS_GENERATE_ROUNDS, temperature=data["temperature"], min_speedup=PLAIN_MARGIN,
-                         max_seconds=VS_GENERATE_MAX_SECONDS, try_lookup=try_lookup, draft_vocab_size=vocab)
+                         max_seconds=VS_GENERATE_MAX_SECONDS, try_lookup=try_lookup, draft_vocab_size=vocab,
+                         resolution=VS_GENERATE_RESOLUTION, max_seconds_by_size=bounds)
     result.measured[1]["seconds"] = time.perf_counter() - started  # warm-up included: what it cost the training
     return result
 
@@ -301,12 +345,12 @@ def time_against_generate(
 def check_against_generate(target: torch.nn.Module, heads: torch.nn.Module, data: dict[str, Any],
                            rows: list[torch.Tensor],
                            measure: Callable[..., BatchPlanResult] = measure_batch_plan,
-                           try_lookup: bool = True) -> BatchPlanResult | None:
+                           try_lookup: bool = True, prompts: list[torch.Tensor] | None = None) -> BatchPlanResult | None:
     """`time_against_generate`, its verdict noted in ``data`` (``mode``, and ``batch``: the
     figures). A timing that fails keeps the chosen tree, as before this check existed, and says so:
     the heads and the other temperatures are worth more than this one check."""
     try:
-        batch = time_against_generate(target, heads, data, rows, measure, try_lookup)
+        batch = time_against_generate(target, heads, data, rows, measure, try_lookup, prompts)
     except (RuntimeError, ValueError) as e:
         print(f"warning: timing the temperature-{data['temperature']:g} tree against generate failed ({e!r}); "
               "its entry stays speculative, unchecked (draftheads calibrate --batch-sizes 1 checks it)", flush=True)
@@ -328,6 +372,7 @@ def choose_export_plans(
     temperatures: tuple[float, ...] = DEFAULT_TEMPERATURES,
     measure: Callable[..., BatchPlanResult] = measure_batch_plan,
     try_lookup: bool = True,
+    prompts: list[torch.Tensor] | None = None,
 ) -> tuple[TreePlans, list[dict[str, Any]]]:
     """The whole tree.json training writes: per temperature one entry per timed batch size, greedy first
     (which must succeed, and is chosen whether or not ``temperatures`` names 0), each timed
@@ -335,26 +380,31 @@ def choose_export_plans(
     where no tree can be chosen (DFlash, P-EAGLE) times the greedy tree there instead.
     ``temperatures``: checked like calibrate's ``--temperatures`` (a negative, NaN or duplicate
     is a named error). ``try_lookup``: each tree is also timed behind prompt lookup, and an
-    entry takes it where that is faster (`batch_plan`). Returns the table and each temperature's
-    `choose_export_tree` result, with ``mode``, ``prompt_lookup`` and the ``batch`` figures added."""
+    entry keeps it unless it is slower (`batch_plan`). ``prompts``: the plan prompts (1-D token
+    rows) the trees are timed on (None: held-out ``rows``). Returns the table (with this machine's
+    cost curve) and each temperature's `choose_export_tree` result, with ``mode``,
+    ``prompt_lookup`` and the ``batch`` figures added."""
     temperatures = tuple(parse_temperatures(list(temperatures)))
-    timings: dict = {}
-    greedy = choose_export_tree(target, heads, rows, rank_accuracy, 0.0, timings=timings)
+    curve = cost_curve(target)
+    print(describe_curve(curve), flush=True)
+    timings: dict = {"verify": curve.verify_seconds}
+    greedy = choose_export_tree(target, heads, rows, rank_accuracy, 0.0, timings=timings, prompts=prompts)
     chosen = [greedy]
     for temperature in (t for t in temperatures if t > 0):
         try:
             chosen.append(choose_export_tree(target, heads, rows, rank_accuracy, temperature,
-                                             greedy_choice=greedy["tree"], timings=timings))
+                                             greedy_choice=greedy["tree"], timings=timings, prompts=prompts))
         except ValueError as e:
             print(f"tree: none chosen for temperature {temperature:g} ({e}); the greedy tree is timed there instead",
                   flush=True)
             chosen.append({**greedy, "temperature": temperature, "tree_from": f"temperature 0 ({e})"})
     entries: list[PlanEntry] = []
     for data in chosen:
-        batch = check_against_generate(target, heads, data, rows, measure, try_lookup)
+        batch = check_against_generate(target, heads, data, rows, measure, try_lookup, prompts)
         entries += entries_for(data["tree"], data.get("draft_vocab_size"), data, data["device_type"],
-                               data["temperature"], batch=batch, chosen_by=CHOSEN_BY_TRAINING)
-    return TreePlans(tuple(entries)), chosen
+                               data["temperature"], batch=batch, chosen_by=CHOSEN_BY_TRAINING,
+                               device_name=data.get("device_name"))
+    return TreePlans(tuple(entries), curves=(curve,)), chosen
 
 
 def write_export_tree(
@@ -366,6 +416,7 @@ def write_export_tree(
     skip_reason: str | None = None,
     temperatures: tuple[float, ...] = DEFAULT_TEMPERATURES,
     try_lookup: bool = True,
+    prompts: list[torch.Tensor] | None = None,
 ) -> dict[str, Any] | None:
     """On the main process: choose the trees (one per temperature), time them against
     ``generate``, and write ``heads_dir/tree.json`` (atomically); every process meets at a barrier
@@ -383,7 +434,7 @@ def write_export_tree(
             started = time.perf_counter()
             try:
                 plans, chosen = choose_export_plans(unwrapped.target, unwrapped.heads, rows, rank_accuracy, temperatures,
-                                                    try_lookup=try_lookup)
+                                                    try_lookup=try_lookup, prompts=prompts)
             except Exception as e:  # the heads are exported already; decoding falls back to a default
                 print(f"warning: choosing a tree for the exported heads failed ({e!r}); "
                       "the decoder will use its device default (or run `draftheads calibrate`)", flush=True)

@@ -72,7 +72,7 @@ class SequenceKV(KVStore):
         (acc,) = accs
         self.commit_path(acc)
         if self._recorded is not None:
-            commit_states(self.cache, self._recorded, [acc.nodes[-1]])
+            commit_states(self.cache, self._recorded, [acc.nodes[-1]], len(acc.nodes))
             self._recorded = None
         self.prefix_len += len(acc.nodes)
 

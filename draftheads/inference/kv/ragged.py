@@ -217,7 +217,8 @@ class RaggedKV(KVStore):
     def commit(self, accs: list[Acceptance]) -> None:
         self.state = commit_rows(self.cache, self.state, [acc.nodes for acc in accs], self.state.next_pos)
         if self._recorded is not None:
-            commit_states(self.cache, self._recorded, [acc.nodes[-1] for acc in accs])
+            commit_states(self.cache, self._recorded, [acc.nodes[-1] for acc in accs],
+                          max(len(acc.nodes) for acc in accs))
             self._recorded = None
         self.max_holes = max(self.max_holes, self.state.holes)
         self._compacted = False

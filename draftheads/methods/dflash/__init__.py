@@ -9,9 +9,13 @@ from .loss import DFlashLoss
 
 
 def _is_zlab(source) -> bool:
-    """z-lab / SpecForge's layout: a dflash_config, or a DFlash architecture."""
+    """z-lab / SpecForge's layout: a dflash_config, or a DFlash architecture (not a family built
+    on it: DFlash2's ``DFlash2DraftModel``, DSpark's ``Qwen3DSparkModel`` read as theirs)."""
     cfg = source.config
-    return "dflash_config" in cfg or any(str(a).startswith("DFlash") for a in cfg.get("architectures") or [])
+    archs = [str(a) for a in cfg.get("architectures") or []]
+    if any(a in ("DFlash2DraftModel", "Qwen3DSparkModel") for a in archs):
+        return False
+    return "dflash_config" in cfg or any(a.startswith("DFlash") for a in archs)
 
 
 METHOD = register(Method(
@@ -28,8 +32,14 @@ METHOD = register(Method(
     imports={
         "speculators-dflash": ImportLayout(
             detect=lambda source: source.config.get("speculators_model_type") == "dflash",
-            read=lambda source, target: read_dflash(source, target, "speculators-dflash"), rank=0),
-        "dflash": ImportLayout(detect=_is_zlab, read=lambda source, target: read_dflash(source, target, "dflash"),
-                               rank=0),
+            read=lambda source, target: read_dflash(source, target, "speculators-dflash"), rank=0,
+            description="speculators DFlash: config speculators_model_type dflash, aux_hidden_state_layer_ids, "
+                        "mask_token_id, transformer_layer_config",
+            config_names=("speculator", "dflash")),
+        "dflash": ImportLayout(
+            detect=_is_zlab, read=lambda source, target: read_dflash(source, target, "dflash"), rank=0,
+            description="DFlash (z-lab, SpecForge): config DFlashDraftModel + dflash_config {mask_token_id, "
+                        "target_layer_ids}, layers.{i}.* with q/k norms + fc + hidden_norm + norm",
+            config_names=("dflash",)),
     },
 ))

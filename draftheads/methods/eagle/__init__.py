@@ -23,5 +23,7 @@ METHOD = register(Method(
     drafter=eagle_drafter,
     tree=TreeKind.DYNAMIC,
     exports={"vllm": EngineLayout("eagle", export_vllm), "sglang": EngineLayout("EAGLE", export_sglang)},
-    imports={"eagle": ImportLayout(detect=_is_eagle1, read=read_eagle, rank=2)},
+    imports={"eagle": ImportLayout(
+        detect=_is_eagle1, read=read_eagle, rank=2, config_names=("eagle",),
+        description="EAGLE-1/2 (SafeAILab, vLLM, SGLang): fc.weight [H, 2H] + layers.{i}.self_attn/mlp.*")},
 ))

@@ -31,8 +31,16 @@ METHOD = register(Method(
              "sglang": EngineLayout("EAGLE3", export_sglang),
              "speculators": EngineLayout("eagle3", export_speculators, serves_alone=True)},
     imports={
-        "speculators": ImportLayout(detect=lambda source: source.config.get("speculators_model_type") == "eagle3",
-                                    read=lambda source, target: read_eagle3(source, target, "speculators"), rank=0),
-        "eagle3": ImportLayout(detect=_is_eagle3, read=lambda source, target: read_eagle3(source, target, "eagle3")),
+        "eagle3": ImportLayout(
+            detect=_is_eagle3, read=lambda source, target: read_eagle3(source, target, "eagle3"),
+            description="EAGLE-3 (SafeAILab, SpecForge, SGLang): midlayer.* + fc + norm + lm_head + d2t/t2d; aux ids in "
+                        "SGLang's numbering",
+            config_names=("eagle",)),
+        "speculators": ImportLayout(
+            detect=lambda source: source.config.get("speculators_model_type") == "eagle3",
+            read=lambda source, target: read_eagle3(source, target, "speculators"), rank=0,
+            description="speculators EAGLE-3: config speculators_model_type eagle3, layers.0.* + d2t/t2d; aux ids in "
+                        "vLLM's numbering",
+            config_names=("speculator", "eagle")),
     },
 ))

@@ -15,12 +15,19 @@ METHOD = register(Method(
     loss=MedusaLoss,
     drafter=MedusaDrafter,
     tree=TreeKind.STATIC,
+    default=True,  # the simplest to train and to serve: what a config without heads.head_type trains
     exports={"vllm": EngineLayout("medusa", export_medusa)},
     imports={
-        "vllm-medusa": ImportLayout(detect=lambda source: medusa_layout(source) == "vllm-medusa",
-                                    read=lambda source, target: read_medusa(source, target, "vllm-medusa")),
-        "medusa": ImportLayout(detect=lambda source: medusa_layout(source) == "medusa",
-                               read=lambda source, target: read_medusa(source, target, "medusa"),
-                               weight_files=WEIGHT_FILES, keep_only=MEDUSA_PREFIXES),
+        "medusa": ImportLayout(
+            detect=lambda source: medusa_layout(source) == "medusa",
+            read=lambda source, target: read_medusa(source, target, "medusa"),
+            description="FasterDecoding Medusa v1/v2: {h}.{l}.linear.weight/bias + {h}.{L}.weight (medusa_lm_head.*)",
+            weight_files=WEIGHT_FILES, keep_only=MEDUSA_PREFIXES, config_names=("medusa",),
+            config_keys=("medusa_num_heads",)),
+        "vllm-medusa": ImportLayout(
+            detect=lambda source: medusa_layout(source) == "vllm-medusa",
+            read=lambda source, target: read_medusa(source, target, "vllm-medusa"),
+            description="vLLM Medusa: blocks.{h}.layers.{l}.weight + lm_heads.{h}.weight, config model_type medusa",
+            config_names=("medusa",)),
     },
 ))

@@ -24,5 +24,8 @@ METHOD = register(Method(
              "speculators": EngineLayout("peagle", export_peagle)},
     imports={"speculators": ImportLayout(
         detect=lambda source: source.config.get("speculators_model_type") == "peagle",
-        read=lambda source, target: read_eagle3(source, target, "speculators", PEagleReading()), rank=0)},
+        read=lambda source, target: read_eagle3(source, target, "speculators", PEagleReading()), rank=0,
+        description="speculators P-EAGLE: config speculators_model_type peagle, layers.0.* + d2t/t2d + mask_hidden, "
+                    "mask_token_id, embed_tokens; aux ids in vLLM's numbering",
+        config_names=("speculator", "eagle"))},
 ))
