@@ -22,6 +22,7 @@ _METHODS = {  # each head type's heads class and drafter, in its method's packag
     "Eagle3Head": ".methods.eagle3.heads",
     "PEagleHead": ".methods.peagle.heads", "PEagleDrafter": ".methods.peagle.drafter",
     "DFlashHeads": ".methods.dflash.heads", "DFlashDrafter": ".methods.dflash.drafter",
+    "MtpHead": ".methods.mtp.heads",  # drafts with EagleDrafter
     "DSparkHeads": ".methods.dspark.heads", "DSparkDrafter": ".methods.dspark.drafter",
     "DFlash2Heads": ".methods.dflash2.heads", "DFlash2Drafter": ".methods.dflash2.drafter",
 }
@@ -61,6 +62,7 @@ if TYPE_CHECKING:
     from .methods.hydra.heads import HydraHeads
     from .methods.medusa.drafter import MedusaDrafter
     from .methods.medusa.heads import MedusaHeads
+    from .methods.mtp.heads import MtpHead
     from .methods.peagle.drafter import PEagleDrafter
     from .methods.peagle.heads import PEagleHead
     from .plans import DynamicTree, StaticTree
@@ -85,6 +87,7 @@ __all__ = [
     "HydraHeads",
     "MedusaDrafter",
     "MedusaHeads",
+    "MtpHead",
     "PEagleDrafter",
     "PEagleHead",
     "PromptLookupProposer",

@@ -72,6 +72,7 @@ EXTERNAL_NAMES = {
     "Qwen3DSparkModel", "DFlash2DraftModel",
     "WarmupDecayLR", "FusedAdam", "AdamW", "EConfig", "DynamicCache", "GatheredParameters", "load", "compile",
     "generate", "from_pretrained", "prepare", "backward", "step", "multinomial", "apply_chat_template",
+    "MtpLayer", "MtpModel",  # transformers.modeling_layers (not exported at its top level)
 }
 REPO_DIRS = ("draftheads", "tests", "benchmarks", "configs", "scripts", "docs")
 
