@@ -231,7 +231,8 @@ def test_a_resumed_run_continues_its_wandb_run(tmp_path, tiny_target_dir, tiny_t
     loop.run(_cfg(tmp_path, tiny_target_dir, tiny_text_jsonl, "tracking.report_to=wandb", max_steps=2, **common))
     loop.run(_cfg(tmp_path, tiny_target_dir, tiny_text_jsonl, "tracking.report_to=wandb", max_steps=4, resume="auto",
                   **common))  # fmt: skip
-    ids = {folder.name.rsplit("-", 1)[1] for folder in runs.rglob("offline-run-*")}
+    # offline-run-<time>-<id>, with "-1" after it where two parts start in the same second
+    ids = {folder.name.split("-")[3] for folder in runs.rglob("offline-run-*")}
     assert len(ids) == 1, ids
 
 
