@@ -22,6 +22,9 @@ _METHODS = {  # each head type's heads class and drafter, in its method's packag
     "Eagle3Head": ".methods.eagle3.heads",
     "PEagleHead": ".methods.peagle.heads", "PEagleDrafter": ".methods.peagle.drafter",
     "DFlashHeads": ".methods.dflash.heads", "DFlashDrafter": ".methods.dflash.drafter",
+    "MtpHead": ".methods.mtp.heads",  # drafts with EagleDrafter
+    "DSparkHeads": ".methods.dspark.heads", "DSparkDrafter": ".methods.dspark.drafter",
+    "DFlash2Heads": ".methods.dflash2.heads", "DFlash2Drafter": ".methods.dflash2.drafter",
 }
 _HEADS = ("HeadsConfig", "TargetInfo", "load_heads", "save_heads")
 _INFERENCE = ("DraftModelProposer", "Drafter", "PromptLookupProposer", "Proposer", "SamplingParams", "SpeculativeDecoder",
@@ -48,6 +51,10 @@ if TYPE_CHECKING:
                             SpeculativeOutput, Tree, TreeShape, UnsupportedModelError, check_same_tokenizer)
     from .methods.dflash.drafter import DFlashDrafter
     from .methods.dflash.heads import DFlashHeads
+    from .methods.dflash2.drafter import DFlash2Drafter
+    from .methods.dflash2.heads import DFlash2Heads
+    from .methods.dspark.drafter import DSparkDrafter
+    from .methods.dspark.heads import DSparkHeads
     from .methods.eagle.drafter import EagleDrafter
     from .methods.eagle.heads import EagleHead
     from .methods.eagle3.heads import Eagle3Head
@@ -55,6 +62,7 @@ if TYPE_CHECKING:
     from .methods.hydra.heads import HydraHeads
     from .methods.medusa.drafter import MedusaDrafter
     from .methods.medusa.heads import MedusaHeads
+    from .methods.mtp.heads import MtpHead
     from .methods.peagle.drafter import PEagleDrafter
     from .methods.peagle.heads import PEagleHead
     from .plans import DynamicTree, StaticTree
@@ -62,8 +70,12 @@ if TYPE_CHECKING:
 __version__ = "0.1.0"
 
 __all__ = [
+    "DFlash2Drafter",
+    "DFlash2Heads",
     "DFlashDrafter",
     "DFlashHeads",
+    "DSparkDrafter",
+    "DSparkHeads",
     "DraftModelProposer",
     "Drafter",
     "DynamicTree",
@@ -75,6 +87,7 @@ __all__ = [
     "HydraHeads",
     "MedusaDrafter",
     "MedusaHeads",
+    "MtpHead",
     "PEagleDrafter",
     "PEagleHead",
     "PromptLookupProposer",

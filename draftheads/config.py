@@ -56,7 +56,7 @@ class TargetConfig:
 class HeadsSpec:
     """Which draft heads to train (the architecture itself is fixed by the target's sizes)."""
 
-    # medusa | hydra | eagle | eagle3 | peagle | dflash; the same name as HeadsConfig.head_type in a heads folder's
+    # medusa | hydra | eagle | eagle3 | peagle | dflash | dspark | dflash2 | ...; the same name as HeadsConfig.head_type in a heads folder's
     # config.json. Files written before the rename say ``type``: read as this (see _upgrade). Unset:
     # the method the registry declares the default (`registry.default_head_type`).
     head_type: Str = field(default_factory=default_head_type)
@@ -105,6 +105,24 @@ class HeadsSpec:
     # own greedy tokens (what verification requires before it accepts depth d); off: every depth
     # everywhere, the published recipe on target-generated data.
     greedy_path: Bool = False
+    # dspark (methods/dspark/heads.py): the Markov head's rank r (its V x r and r x V factors; default 256,
+    # 1..vocabulary); the confidence head (each draft's acceptance estimate, which the draft budget reads),
+    # fed the Markov embedding of the previous token too (confidence_with_markov), trained with weight
+    # confidence_alpha (default 1.0); sample_from_anchor: the root's slot drafts the first token, so a block
+    # of block_size slots drafts block_size tokens (vLLM's default for Qwen3DSparkModel; off: block_size - 1).
+    markov_rank: Int | None = None
+    confidence_head: Bool = True
+    confidence_with_markov: Bool = True
+    confidence_alpha: Annotated[Float, Ge(0)] | None = None
+    sample_from_anchor: Bool = True
+    # dflash2 (methods/dflash2/heads.py): the grouped dynamic convolution's taps (default 2, at most the
+    # block) and channels per group (default 16, dividing the hidden size); the candidate selector's
+    # rank (default 256) and candidates per slot (default 16), its loss weight selector_alpha (default 1.0).
+    conv_kernel_size: Int | None = None
+    conv_group_size: Int | None = None
+    selector_rank: Int | None = None
+    selector_top_k: Int | None = None
+    selector_alpha: Annotated[Float, Ge(0)] | None = None
     # A heads folder (draftheads' own, or `draftheads import`ed) to continue training from: loaded
     # strictly; its type and sizes must equal the ones configured here.
     init_from: Str | None = None
@@ -296,6 +314,17 @@ ADDED_KEYS: dict[str, Any] = {
     "heads.loss": "soft_ce",
     "heads.num_anchors": None,
     "heads.greedy_path": False,
+    # DSpark's and DFlash2's options (runs before them had neither head type)
+    "heads.markov_rank": None,
+    "heads.confidence_head": True,
+    "heads.confidence_with_markov": True,
+    "heads.confidence_alpha": None,
+    "heads.sample_from_anchor": True,
+    "heads.conv_kernel_size": None,
+    "heads.conv_group_size": None,
+    "heads.selector_rank": None,
+    "heads.selector_top_k": None,
+    "heads.selector_alpha": None,
     # EAGLE 3.1 / speculators' norms, and where EAGLE-3's own LM head starts
     "heads.fc_norm": False,
     "heads.norm_output": False,

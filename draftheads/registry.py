@@ -49,12 +49,15 @@ class EngineLayout:
     ``speculators_model_type``); ``write(heads, *, verifier, verifier_cfg, num_speculative_tokens)``
     builds the engine folder (an `export.common.EngineFolder`); ``serve_extra``: what vLLM's
     speculative config also needs for it (P-EAGLE: parallel drafting); ``serves_alone``: the folder
-    names its verifier, so vLLM serves it without the target's name (speculators' EAGLE-3)."""
+    names its verifier, so vLLM serves it without the target's name (speculators' EAGLE-3);
+    ``check_engine()``: raises an `export.common.ExportError` naming what the installed engine
+    lacks to serve this layout (DSpark, DFlash2: vLLM's Model Runner V2), before a folder is written."""
 
     engine_name: str
     write: Callable[..., Any]
     serve_extra: Mapping[str, Any] = field(default_factory=dict)
     serves_alone: bool = False
+    check_engine: Callable[[], None] | None = None
 
 
 @dataclass(frozen=True)
@@ -109,6 +112,9 @@ class Method:
     kind of tree it drafts. ``exports``: export format -> `EngineLayout`; ``imports``: import
     format -> `ImportLayout`. ``aliases``: head_type names older heads folders carry for it.
     ``one_forward``: what its tree search measures (`OneForwardSearch`), for ONE_FORWARD trees.
+    ``builtin``: heads a target may ship in its own checkpoint (MTP layers): ``builtin(target)``
+    builds them, or raises a ValueError saying why that target has none; ``load_heads`` and
+    ``--heads`` name them ``builtin-<name>`` (`builtin_named`).
     ``default``: the head type a config that names none trains (one method is)."""
 
     name: str
@@ -122,6 +128,7 @@ class Method:
     imports: Mapping[str, ImportLayout] = field(default_factory=dict)
     aliases: tuple[str, ...] = ()
     one_forward: OneForwardSearch | None = None
+    builtin: Callable[[Any], Any] | None = None
     default: bool = False
 
     @property
@@ -232,6 +239,21 @@ def method_of(heads: Any) -> Method:
             return found
     raise UnknownMethodError(f"{cls.__name__} heads (head_type {getattr(cls, 'head_type', None)!r}) belong to no "
                              f"registered method; valid head types: {', '.join(sorted(registered))}")
+
+
+BUILTIN_PREFIX = "builtin-"
+
+
+def builtin_named(name: Any) -> Method | None:
+    """The method of ``builtin-<head type>`` (heads the target ships itself, e.g. ``builtin-mtp``),
+    None for any other name; a method that builds no such heads is refused naming those that do."""
+    if not isinstance(name, str) or not name.startswith(BUILTIN_PREFIX):
+        return None
+    method = method_named(name[len(BUILTIN_PREFIX):]) if name[len(BUILTIN_PREFIX):] in names() else None
+    if method is None or method.builtin is None:
+        have = ", ".join(BUILTIN_PREFIX + m.name for m in methods() if m.builtin is not None) or "none"
+        raise UnknownMethodError(f"{name!r} names no heads a target ships itself; valid: {have}")
+    return method
 
 
 def methods_with(predicate: Callable[[Method], bool]) -> tuple[Method, ...]:

@@ -41,6 +41,23 @@ def _peagle(target):
     return heads
 
 
+def _dspark(target):
+    heads = dh.DSparkHeads.for_target(target, num_layers=1, block_size=2, mask_token_id=5, markov_rank=3)
+    with torch.no_grad():  # a Markov bias that changes each depth's law with the token drawn before it
+        heads.markov_head.markov_w2.weight.normal_(0.0, 1.0)
+    return heads
+
+
+def _dflash2(target):
+    heads = dh.DFlash2Heads.for_target(target, num_layers=1, block_size=3, mask_token_id=5, selector_rank=4,
+                                       selector_top_k=4, conv_group_size=8)
+    with torch.no_grad():  # a selector whose scores depend on the token drawn before
+        for p in (heads.candidate_selector.predecessor_codebook, heads.candidate_selector.successor_codebook,
+                  heads.candidate_selector.hidden_projection.weight):
+            p.normal_(0.0, 1.0)
+    return heads
+
+
 HEADS = {
     "medusa": (lambda t: dh.MedusaHeads.for_target(t, num_heads=2), TREE),
     "hydra": (lambda t: dh.HydraHeads.for_target(t, num_heads=2), TREE),
@@ -48,6 +65,8 @@ HEADS = {
     "eagle3": (_eagle3, {"total_tokens": 6, "depth": 2, "top_k": 2}),
     "peagle": (_peagle, TREE),
     "dflash": (lambda t: DFlashHeads.for_target(t, num_layers=1, block_size=3, mask_token_id=5), TREE),
+    "dspark": (_dspark, TREE),
+    "dflash2": (_dflash2, TREE),
 }
 
 

@@ -23,6 +23,9 @@ def test_the_table_is_what_the_methods_declare():
         "eagle3": {"vllm": "eagle3", "sglang": "EAGLE3", "speculators": "eagle3"},
         "peagle": {"vllm": "eagle3", "speculators": "peagle"},  # vLLM: EAGLE-3 with parallel_drafting
         "dflash": {"vllm": "dflash", "transformers": "dflash"},  # transformers: generate's speculation_type
+        "dspark": {"vllm": "dspark"},
+        "dflash2": {"vllm": "dflash"},  # vLLM: method dflash, the DFlash2DraftModel architecture picks its speculator
+        "mtp": {"vllm": "mtp"},  # the target's own checkpoint layout, vLLM's mtp method
     }
 
 

@@ -18,7 +18,7 @@ from inference_utils import tiny_target
 @pytest.mark.parametrize(
     "heads, message",
     [
-        ({"head_type": "medusa", "feature_layers": [1, 2]}, r"heads.feature_layers is set \(\[1, 2\]\) but medusa heads do not use it: it applies to dflash, eagle3, peagle heads only"),
+        ({"head_type": "medusa", "feature_layers": [1, 2]}, r"heads.feature_layers is set \(\[1, 2\]\) but medusa heads do not use it: it applies to dflash, dflash2, dspark, eagle3, peagle heads only"),
         ({"head_type": "medusa", "draft_vocab_size": 1000}, "heads.draft_vocab_size is set .* it applies to eagle3, peagle heads only"),
         ({"head_type": "eagle3", "cod_ratio": 0.5}, r"heads.cod_ratio is set \(0.5\) but eagle3 heads do not use it: it applies to peagle heads only"),
         ({"head_type": "hydra", "noise": 0.3}, r"heads.noise is set \(0.3\) but hydra heads do not use it: it applies to eagle heads only"),

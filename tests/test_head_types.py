@@ -218,14 +218,14 @@ def test_feature_layers_outside_the_target_are_refused():
 
 
 def test_unknown_head_type_lists_the_valid_ones(tmp_path):
-    with pytest.raises(ConfigError, match="valid: dflash, eagle, eagle3, hydra, medusa, peagle"):
+    with pytest.raises(ConfigError, match="valid: dflash, dflash2, dspark, eagle, eagle3, hydra, medusa, mtp, peagle"):
         config_from_dict({"heads": {"head_type": "medussa"}})
     target = tiny_target("llama")
     dh.MedusaHeads.for_target(target, num_heads=1).save_pretrained(tmp_path / "h")
     cfg = json.loads((tmp_path / "h" / "config.json").read_text())
     cfg["head_type"] = "hydra2"
     (tmp_path / "h" / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(ValueError, match="unknown head_type 'hydra2'; valid: dflash, eagle, eagle3, hydra, medusa, peagle"):
+    with pytest.raises(ValueError, match="unknown head_type 'hydra2'; valid: dflash, dflash2, dspark, eagle, eagle3, hydra, medusa, mtp, peagle"):
         dh.load_heads(tmp_path / "h")
 
 

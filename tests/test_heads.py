@@ -73,7 +73,7 @@ def test_bad_heads_folders_are_refused_by_name(target, tmp_path):
     unknown = copy("unknown")
     cfg = json.loads((unknown / "config.json").read_text())
     (unknown / "config.json").write_text(json.dumps({**cfg, "head_type": "eagle9"}))
-    with pytest.raises(ValueError, match="unknown head_type 'eagle9'; valid: dflash, eagle, eagle3, hydra, medusa, peagle"):
+    with pytest.raises(ValueError, match="unknown head_type 'eagle9'; valid: dflash, dflash2, dspark, eagle, eagle3, hydra, medusa, mtp, peagle"):
         dh.load_heads(unknown)
 
     resized = copy("resized")

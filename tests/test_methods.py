@@ -13,7 +13,7 @@ from draftheads.export.formats import EXPORT_FORMATS, import_formats
 from draftheads.registry import EngineLayout, ImportLayout, Method, TreeKind, UnknownMethodError
 from draftheads.train.head_loss import HeadLoss, HeadLossOutput, LossBatch, LossSettings
 
-ALL = ("medusa", "hydra", "eagle", "eagle3", "peagle", "dflash")
+ALL = ("medusa", "hydra", "eagle", "eagle3", "peagle", "dflash", "dspark", "dflash2", "mtp")
 
 
 def test_every_method_is_registered_once_under_its_heads_name():

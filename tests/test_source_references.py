@@ -9,7 +9,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "draftheads"
 #: Other projects' files the package cites (vLLM, SGLang, speculators, Medusa's and EAGLE's repositories).
-EXTERNAL = ("vllm/", "sglang/", "speculators/", "medusa/", "eagle/", "cnets.py", "llama_eagle.py", "qwen3_dflash.py", "_dflash.py")
+EXTERNAL = ("vllm/", "sglang/", "speculators/", "deepspec/", "medusa/", "eagle/", "cnets.py", "llama_eagle.py", "qwen3_dflash.py", "_dflash.py")
 PATH = re.compile(r"(?<![\w/.])((?:[\w-]+/)*\w+\.py)\b")
 #: "`name` in file.py" or "some_name in file.py" (a bare word is prose: "is in draft_layer.py").
 DEFINED_IN = re.compile(r"(?:`(\w+)`|\b([a-z]\w*_\w+)) in `?((?:[\w-]+/)*\w+\.py)`?")
@@ -69,8 +69,10 @@ CLASS_NAME = re.compile(r"`(?:(?:dh|draftheads)\.)?([A-Z][a-z0-9]+[A-Z]\w*)`")
 #: Classes and calls of other libraries the docs name (engines' model classes, torch/transformers calls).
 EXTERNAL_NAMES = {
     "MedusaModel", "LlamaForCausalLM", "LlamaForCausalLMEagle", "LlamaForCausalLMEagle3", "DFlashDraftModel",
+    "Qwen3DSparkModel", "DFlash2DraftModel",
     "WarmupDecayLR", "FusedAdam", "AdamW", "EConfig", "DynamicCache", "GatheredParameters", "load", "compile",
     "generate", "from_pretrained", "prepare", "backward", "step", "multinomial", "apply_chat_template",
+    "MtpLayer", "MtpModel",  # transformers.modeling_layers (not exported at its top level)
 }
 REPO_DIRS = ("draftheads", "tests", "benchmarks", "configs", "scripts", "docs")
 

@@ -28,6 +28,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
                         "step written to the config (default: the heads' training draft steps); refused for exports "
                         "that do not record it (the engine takes it at serve time)")
     p.add_argument("--overwrite", action="store_true", help="replace OUT if it exists (an earlier export or import)")
+    p.add_argument("--no-engine-check", action="store_true",
+                   help="write a layout the installed engine cannot serve (DSpark and DFlash2 need vLLM's Model Runner "
+                        "V2, on a GPU), for a machine whose engine can")
     p.set_defaults(func=cmd_export)
     return p
 
@@ -37,7 +40,8 @@ def cmd_export(args) -> int:
 
     try:
         out = export_heads(args.heads, args.out, args.format, verifier=args.verifier,
-                           num_speculative_tokens=args.num_speculative_tokens, overwrite=args.overwrite)
+                           num_speculative_tokens=args.num_speculative_tokens, overwrite=args.overwrite,
+                           engine_check=not args.no_engine_check)
     except (ExportError, FileExistsError, FileNotFoundError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

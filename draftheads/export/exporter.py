@@ -73,12 +73,14 @@ def export_heads(
     verifier: str | None = None,
     num_speculative_tokens: int | None = None,
     overwrite: bool = False,
+    engine_check: bool = True,
 ) -> Path:
     """Write the heads in ``heads_dir`` as ``format`` ("vllm", "sglang", "speculators") to ``out_dir``.
 
     ``verifier``: the target as the engine should open it (default: the target the heads recorded;
     "smollm2" is its cache folder). Refuses, naming the reason, heads the format
-    cannot hold exactly, and an existing ``out_dir`` unless ``overwrite``."""
+    cannot hold exactly, an existing ``out_dir`` unless ``overwrite``, and (``engine_check``) a
+    layout the installed engine cannot serve (its `registry.EngineLayout.check_engine`)."""
     if format not in EXPORT_FORMATS:
         raise ExportError(f"unknown export format {format!r}; valid: {', '.join(EXPORT_FORMATS)}")
     out = Path(out_dir)
@@ -89,6 +91,8 @@ def export_heads(
     check_speculative_tokens(num_speculative_tokens, heads)
     if verifier is not None:
         check_verifier(verifier)
+    if engine_check and layout.check_engine is not None:
+        layout.check_engine()
     resolved = resolve_verifier(heads.config, verifier)
     folder = layout.write(
         heads, verifier=resolved, verifier_cfg=verifier_config(resolved), num_speculative_tokens=num_speculative_tokens

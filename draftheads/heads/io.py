@@ -18,7 +18,7 @@ from safetensors.torch import load_file
 
 from ..atomic import restore_interrupted_swap, write_folder_atomically, write_json_atomically  # noqa: F401 (re-exported)
 from ..plans import TREE_NAME, TreePlans, read_plans
-from ..registry import UnknownMethodError, head_classes, method_named, methods
+from ..registry import UnknownMethodError, builtin_named, head_classes, method_named, methods
 from .config import FORMAT_VERSION, HeadsConfig
 from .folder import CONFIG_NAME, WEIGHTS_NAME, non_finite_tensors, save_heads  # noqa: F401 (re-exported)
 from .hub import resolve_heads_folder
@@ -171,7 +171,18 @@ def load_heads(
     Every heads config draftheads writes records the target's LM-head fingerprint; one without it
     (hand-edited, or from another tool) cannot be told apart from heads of another fine-tune of
     the same architecture, so it is refused with a target unless ``check_fingerprint=False``
-    says the caller knows these heads belong to ``target``."""
+    says the caller knows these heads belong to ``target``.
+
+    ``builtin-<head type>`` (e.g. ``builtin-mtp``, when no folder of that name exists) is the heads
+    ``target`` ships in its own checkpoint (its MTP layers), untrained by draftheads."""
+    builtin = builtin_named(str(path)) if not Path(path).exists() else None
+    if builtin is not None:
+        if target is None:
+            raise ValueError(f"{path}: these heads are the target's own (read from its checkpoint): pass target=")
+        heads = builtin.builtin(target)
+        if dtype is not None:
+            heads.to(dtype=dtype)
+        return heads.to(device=device or target.get_output_embeddings().weight.device).eval()
     path = resolve_heads_folder(path)
     config = read_config(path)
     if target is not None and check_fingerprint:

@@ -65,6 +65,16 @@ class DraftBudget:
         """A step this budget was not asked about: another source of the same drafter drafted it
         (`PerSourceBudget`)."""
 
+    #: Whether `verify_depths` reads a drafter's acceptance estimates (`loop.verify_widths` asks
+    #: the drafter for them only then: reading them costs a host transfer).
+    uses_estimates = False
+
+    def verify_depths(self, estimates: Sequence[Sequence[float]], depths: Sequence[int]) -> list[int]:
+        """After drafting, how deep each row's tree is verified, from the drafter's estimates
+        (``estimates[r][j-1]``: its chance that row r accepts at least j drafts). The off budget
+        verifies everything drafted."""
+        return list(depths)
+
     def stats(self) -> dict[str, Any]:
         return {"draft_budget": {"policy": self.name, "steps": dict(self.counts)}}
 
@@ -143,6 +153,10 @@ class OnlineDraftBudget(DraftBudget):
       current cap's expected rate probes again at once (a good stretch of text is picked up within
       a few steps); a probe whose rate is below ``marginal`` x the winner's doubles the interval
       (up to ``max_probe_every``), which carries from one generation to the next.
+    - a drafter that estimates its own drafts' acceptance (DSpark's confidence head,
+      `Drafter.acceptance_estimates`) hands this step's estimates over after drafting; with
+      ``use_estimates`` (the default) the width verified is then chosen from them
+      (`verify_depths`), and the cap before drafting only decides whether to draft at all.
     """
 
     name = "online"
@@ -158,6 +172,7 @@ class OnlineDraftBudget(DraftBudget):
         marginal: float = 0.85,
         remeasure_every: int = 64,
         min_samples: int = 3,
+        use_estimates: bool = True,
     ) -> None:
         super().__init__()
         def number(value: Any, whole: bool) -> bool:
@@ -182,6 +197,12 @@ class OnlineDraftBudget(DraftBudget):
         self.warmup, self.decay, self.window, self.margin = warmup, decay, window, margin
         self.probe_every, self.max_probe_every, self.marginal = probe_every, max_probe_every, marginal
         self.remeasure_every, self.min_samples = remeasure_every, min_samples
+        if not isinstance(use_estimates, bool):
+            raise ValueError(f"OnlineDraftBudget: use_estimates must be True or False, got {use_estimates!r}")
+        self.use_estimates = use_estimates
+        self._estimated = False  # a drafter handed estimates: the verify width is chosen from them after drafting
+        self.estimate_cuts = 0  # steps whose verify width the estimates cut (this generation)
+        self._since_full = 0  # estimate-driven steps since the last one verifying every draft
         self.probe_interval = probe_every  # backs off while probes fail; carried across generations
         self.depth = 0  # deepest tree a full step has drafted (the proposer's full draft)
         self._seconds: dict[int, dict[int, deque[float]]] = {}  # rows -> cap -> last seconds
@@ -204,6 +225,7 @@ class OnlineDraftBudget(DraftBudget):
         self._last_cap = 0  # the cap of the last capped step
         self._grow_after = 1  # saturated capped steps the next one-level growth waits for
         self._growing = False  # this step drafts one level deeper than the last capped one
+        self.estimate_cuts = 0
 
     # -- estimates --------------------------------------------------------------------------------
     def expected_tokens(self, depth: int) -> float:
@@ -223,6 +245,15 @@ class OnlineDraftBudget(DraftBudget):
 
     # -- the decision -----------------------------------------------------------------------------
     def choose(self, rows: int) -> int | None:
+        choice = self._choose(rows)
+        if self._estimated and choice not in (None, 0):
+            # The drafter's estimates decide the width after drafting (`verify_depths`): before it,
+            # only whether to draft at all. A capped draft of a one-forward drafter costs the same
+            # forward and would hide the deeper slots from the estimates.
+            return None
+        return choice
+
+    def _choose(self, rows: int) -> int | None:
         self._rows, self._probing = rows, False
         self._generation_steps += 1
         measured = self._seconds.get(rows, {})  # the caps measured at this row count
@@ -298,6 +329,51 @@ class OnlineDraftBudget(DraftBudget):
             if earned >= self._expected_rate:
                 self._since_probe, self._escalate = self.probe_interval, True  # the next step probes again, in full
 
+    @property
+    def uses_estimates(self) -> bool:
+        return self.use_estimates
+
+    def verify_depths(self, estimates: Sequence[Sequence[float]], depths: Sequence[int]) -> list[int]:
+        """The verify width with the most expected tokens per second, from the drafter's estimates
+        and this budget's step costs (the least seconds measured per cap at this row count, straight
+        lines between): the rows' draft slots are admitted best-estimate first (each row's first
+        one always: it is drafted already and costs next to nothing to verify), so that T of them
+        expect ``rows + sum of their estimates`` tokens at the cost of a step capped at T / rows; the
+        deepest T within ``margin`` of the best rate is taken (as for caps: a shallower width must be
+        clearly faster). Until steps deeper than one draft are measured at this row count, and every
+        ``probe_every`` steps (so that the full width's cost stays measured), everything is verified.
+        A row's estimates only ever decrease with depth, so the admitted slots are prefixes."""
+        self._estimated = True
+        depths = list(depths)
+        drafting = [r for r, d in enumerate(depths) if d > 0 and len(estimates[r]) >= 1]
+        measured = self._seconds.get(len(depths), {})
+        deeper = [c for c in measured if c > 1]
+        self._since_full += 1
+        if not drafting or not deeper or self._since_full >= self.probe_every:
+            self._since_full = 0
+            return depths
+        costs = self.step_costs(len(depths))
+        costs.pop(0, None)  # after drafting, not verifying costs the draft all the same: plain's rate is no option
+        rows = len(depths)
+        base = float(rows + sum(estimates[r][0] for r in drafting))
+        slots = sorted(((float(estimates[r][j]), r) for r in drafting for j in range(1, min(depths[r], len(estimates[r])))),
+                       key=lambda item: -item[0])
+        gains, rates = [0.0], []
+        for value, _ in slots:
+            gains.append(gains[-1] + value)
+        for admitted, gain in enumerate(gains):
+            width = (len(drafting) + admitted) / rows
+            rates.append((base + gain) / max(interpolate(costs, width), 1e-12))
+        best = max(rates)
+        admitted = max(t for t, rate in enumerate(rates) if rate * (1.0 + self.margin) >= best)
+        out = [1 if r in drafting else d for r, d in enumerate(depths)]
+        for _, r in slots[:admitted]:
+            out[r] += 1
+        out = [min(o, d) for o, d in zip(out, depths)]
+        if out != depths:
+            self.estimate_cuts += 1
+        return out
+
     def idle(self) -> None:
         # The probe clock runs on steps, not on this source's steps: prompt lookup behind the heads
         # is asked only where the text matches, a small share of the steps on prose, so a clock of
@@ -308,6 +384,7 @@ class OnlineDraftBudget(DraftBudget):
         out = super().stats()
         out["draft_budget"].update(
             {"probes": self.probes, "plain_measurements": self.measurements, "full_depth": self.depth,
+             "estimate_cuts": self.estimate_cuts,
              "reach": [round(r, 4) for r in self.reach],
              "step_seconds": {rows: dict(sorted(self.step_costs(rows).items())) for rows in self._seconds}}
         )

@@ -64,6 +64,22 @@ def draft_depths(rows: Rows, settings: Settings) -> list[int]:
     return limits if settings.budget is None else settings.budget.caps(limits)
 
 
+def verify_widths(trees: list[Tree], proposer, settings: Settings) -> list[Tree]:
+    """The drafted trees cut to the depth the draft budget verifies, where the drafter estimated
+    each row's chance of acceptance by depth with its drafts (DSpark's confidence head:
+    `Drafter.acceptance_estimates`) and the budget reads such estimates. Lossless: the cut
+    depends on this step's drafts only, never on the target's output, and a truncated tree's
+    accepted path is the truncated path."""
+    budget = settings.budget
+    if budget is None or not budget.uses_estimates:
+        return trees
+    estimates = proposer.acceptance_estimates()
+    if estimates is None:
+        return trees
+    depths = budget.verify_depths(estimates, [t.shape.max_depth for t in trees])
+    return [t if d >= t.shape.max_depth else t.truncated(d) for t, d in zip(trees, depths)]
+
+
 def cut(emitted: list[int], eos: set[int], room: int) -> tuple[list[int], bool]:
     """``emitted`` up to its first EOS (included) and at most ``room`` tokens; whether the row is done."""
     for i, tok in enumerate(emitted):
@@ -140,7 +156,7 @@ def drop_finished(store, proposer, rows: Rows, finished: list[bool]) -> None:
 def step(store, proposer, rows: Rows, settings: Settings) -> None:
     """One speculative step for every active row: propose, one verify forward, accept, commit."""
     step_start = time.perf_counter()
-    trees = proposer.propose(rows.roots, draft_depths(rows, settings))
+    trees = verify_widths(proposer.propose(rows.roots, draft_depths(rows, settings)), proposer, settings)
     timer = ForwardTimer(settings.device)
     verified = store.verify(trees)
     timer.stop()

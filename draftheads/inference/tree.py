@@ -176,3 +176,13 @@ class Tree:
     def __post_init__(self) -> None:
         if self.tokens.shape != (self.shape.size,):
             raise ValueError(f"tree has {self.shape.size} nodes but {tuple(self.tokens.shape)} tokens")
+
+    def truncated(self, max_depth: int) -> "Tree":
+        """The same candidates without the nodes deeper than ``max_depth`` (their draft laws too)."""
+        shape = self.shape.truncated(max_depth)
+        if shape is self.shape:
+            return self
+        keep = (self.shape.depth <= max_depth).nonzero().squeeze(-1)
+        tokens = self.tokens[keep.to(self.tokens.device)]
+        probs = None if self.draft_probs is None else self.draft_probs[keep.to(self.draft_probs.device)]
+        return Tree(shape, tokens, probs)

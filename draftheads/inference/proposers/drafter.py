@@ -79,3 +79,10 @@ class Drafter:
     def stats(self) -> dict:
         """Drafter-specific figures for the output's ``stats`` (e.g. the chosen draft length)."""
         return {}
+
+    def acceptance_estimates(self) -> list[list[float]] | None:
+        """Per row of the last `propose`, the drafter's own estimate of the chance that at least j
+        of its drafts are accepted, j = 1..its tree's depth ([] for a row that did not draft), or
+        None (the default: it makes none). A draft budget may verify fewer drafts from it
+        (`loop.verify_widths`); DSpark's confidence head makes such estimates."""
+        return None

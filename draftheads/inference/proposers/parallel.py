@@ -105,11 +105,15 @@ class ParallelDrafter(FeedRows):
         scores = self.scores(roots, depths)
         self.forwards += 1
         if len(drafting) < len(roots):
-            scores = scores[torch.tensor(drafting, device=scores.device)]
+            scores = self.select_rows(scores, torch.tensor(drafting, device=self.device))
         read = self._drawn if self._params.draws_drafts else self._ranked
         for r, tree in zip(drafting, read([roots[r] for r in drafting], scores, [layouts[r] for r in drafting])):
             trees[r] = tree
         return trees
+
+    def select_rows(self, scores: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+        """``scores`` of the rows ``index`` only (the rows that draft this step)."""
+        return scores[index]
 
     def _ranked(self, roots: list[int], scores: torch.Tensor, layouts: list[Layout]) -> list[Tree]:
         """Each row's static tree: node (d, r) = position d's rank-r token, one top-k for all rows."""

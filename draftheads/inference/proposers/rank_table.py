@@ -22,11 +22,15 @@ def rank_hit_table(
     max_rank: int = 10,
     skip_prompt: list[int] | None = None,
     host_tokens: bool = False,
+    conditioned: bool = False,
 ) -> torch.Tensor:
     """acc[d, r] = P(depth d+1's rank-r token == the token d+1 after the root) over the roots of
     ``sequences``, one sequence at a time (a batch of one row). ``ranked(drafter, root_token, max_rank)``
     gives [depths, <= max_rank] candidate token ids; ``host_tokens``: the drafter takes its
-    committed tokens on the host."""
+    committed tokens on the host. ``conditioned`` (drafters whose depth d depends on the token at
+    d-1: `chained.ChainedDrafter`): ``ranked`` also gets the true tokens after the root, and ranks
+    depth d given the true token before it, which is the only parent verification ever accepts a
+    depth-d node under."""
     depths = heads.config.num_heads
     hits, totals = torch.zeros(depths, max_rank), torch.zeros(depths)
     tap = FeatureTap(target, heads.feature_layers)
@@ -41,7 +45,10 @@ def rank_hit_table(
         start = max(1, skip_prompt[i] if skip_prompt else 1)
         drafter.start([tokens[:start]], [features[:start]], SamplingParams(), None)
         for root in range(start, seq.numel() - 1):
-            ranks = ranked(drafter, int(seq[root]), max_rank)
+            if conditioned:
+                ranks = ranked(drafter, int(seq[root]), max_rank, seq[root + 1 : root + 1 + depths])
+            else:
+                ranks = ranked(drafter, int(seq[root]), max_rank)
             for d in range(min(depths, seq.numel() - 1 - root)):
                 totals[d] += 1
                 hit = (ranks[d] == seq[root + 1 + d]).nonzero()

@@ -9,9 +9,13 @@ from .loss import DFlashLoss
 
 
 def _is_zlab(source) -> bool:
-    """z-lab / SpecForge's layout: a dflash_config, or a DFlash architecture."""
+    """z-lab / SpecForge's layout: a dflash_config, or a DFlash architecture (not a family built
+    on it: DFlash2's ``DFlash2DraftModel``, DSpark's ``Qwen3DSparkModel`` read as theirs)."""
     cfg = source.config
-    return "dflash_config" in cfg or any(str(a).startswith("DFlash") for a in cfg.get("architectures") or [])
+    archs = [str(a) for a in cfg.get("architectures") or []]
+    if any(a in ("DFlash2DraftModel", "Qwen3DSparkModel") for a in archs):
+        return False
+    return "dflash_config" in cfg or any(a.startswith("DFlash") for a in archs)
 
 
 METHOD = register(Method(

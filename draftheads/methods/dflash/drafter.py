@@ -116,6 +116,11 @@ class DFlashDrafter(ParallelDrafter):
         self.forwards += 1
         return self.logits(self.block_states(roots, [True] * len(roots)))
 
+    @torch.inference_mode()
+    def draft_logits(self, roots: list[int]) -> torch.Tensor:
+        """[rows, K, V']: the logits of every row's draft slots (draft d at index d-1), from its block."""
+        return self.block_logits(roots)[:, self.heads.draft_slots]
+
     def _catch_up(self, drafting: list[bool]) -> None:
         """The context keys/values of the drafting rows' newly committed positions, each at its own
         positions (a context entry reads only its own feature: no attention, no mask)."""
@@ -147,9 +152,14 @@ class DFlashDrafter(ParallelDrafter):
                               torch.ones(rows, block, block, dtype=torch.bool, device=dev)], dim=2)
         return heads.block_states(tokens, positions, self.cache.prefix(), mask)
 
+    def draft_states(self, roots: list[int], depths: list[int]) -> torch.Tensor:
+        """[rows, D, H]: the final-normed states of the draft slots 1..D (D = the deepest row's)."""
+        states = self.block_states(roots, [d > 0 for d in depths])
+        first = self.heads.first_slot
+        return states[:, first : first + max(depths)]
+
     def scores(self, roots: list[int], depths: list[int]) -> torch.Tensor:
         """The whole block runs (its attention is bidirectional: fewer mask slots would change every
-        slot), the LM head scores only slots 1..D."""
-        states = self.block_states(roots, [d > 0 for d in depths])
-        return self.logits(states[:, 1 : max(depths) + 1])
+        slot), the LM head scores only the draft slots of depths 1..D."""
+        return self.logits(self.draft_states(roots, depths))
 

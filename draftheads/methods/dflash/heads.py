@@ -149,6 +149,7 @@ class DFlashHeads(DraftHeads):
 
     head_type = "dflash"
     training_objective = "block"
+    default_block_size = DEFAULT_BLOCK_SIZE
     spec_options: tuple[str, ...] = (
         "feature_layers", "block_size", "mask_token_id", "loss_gamma", "loss", "num_anchors", "greedy_path",
     )
@@ -161,10 +162,13 @@ class DFlashHeads(DraftHeads):
         super().__init__(config)
         ex = config.extra
         block = ex.get("block_size")
-        if isinstance(block, bool) or not isinstance(block, int) or block < 2:
-            raise ValueError(f"dflash block_size must be an integer >= 2 (the root plus at least one mask slot), got {block!r}")
-        if config.num_heads != block - 1:
-            raise ValueError(f"dflash heads draft block_size - 1 = {block - 1} tokens per block, config says num_heads {config.num_heads}")
+        first = self.first_draft_slot(ex)
+        if isinstance(block, bool) or not isinstance(block, int) or block < 1 + first:
+            raise ValueError(f"{self.head_type} block_size must be an integer >= {1 + first} (the root plus at least one "
+                             f"{'mask slot' if first else 'drafted slot'}), got {block!r}")
+        if config.num_heads != block - first:
+            raise ValueError(f"{self.head_type} heads draft {block - first} tokens per block of {block}, config says "
+                             f"num_heads {config.num_heads}")
         layers = list(ex.get("feature_layers") or [])
         if config.target is not None:
             check_dflash_feature_layers(layers, config.target.num_hidden_layers)
@@ -176,19 +180,48 @@ class DFlashHeads(DraftHeads):
             raise ValueError("dflash heads need at least one draft layer (heads.num_layers >= 1)")
         self.feature_layers: list[int] = layers
         self.block_size = block
+        self.first_slot = first
         d = config.hidden_size
         eps = ex["rms_norm_eps"]
         self.fc = nn.Linear(d * len(layers), d, bias=False)
         self.hidden_norm = nn.RMSNorm(d, eps=eps)
-        self.layers = nn.ModuleList([
-            DFlashLayer(d, ex["num_attention_heads"], ex["num_key_value_heads"], ex["head_dim"], ex["intermediate_size"],
-                        eps, ex["rope_theta"], ex.get("rope_scaling"), ex.get("max_position_embeddings"))
-            for _ in range(config.num_layers)
-        ])
+        self.layers = nn.ModuleList([self.make_layer(ex) for _ in range(config.num_layers)])
         self.norm = nn.RMSNorm(d, eps=eps)
         for module in self.modules():
             if isinstance(module, nn.Linear):
                 nn.init.normal_(module.weight, std=0.02)
+
+    # -- what the families built on this backbone (DSpark, DFlash2) change ------------------------
+    @classmethod
+    def first_draft_slot(cls, extra: dict) -> int:
+        """Which block slot scores the first drafted token: 1 for DFlash (slot 0 holds the root and
+        drafts nothing; slot k drafts the k-th token after it), 0 where the root's own slot drafts
+        the first token (DSpark's ``sample_from_anchor``)."""
+        return 1
+
+    def make_layer(self, ex: dict) -> nn.Module:
+        """One draft decoder layer (DFlash: a Qwen3 layer reading the context's keys/values)."""
+        return DFlashLayer(self.config.hidden_size, ex["num_attention_heads"], ex["num_key_value_heads"], ex["head_dim"],
+                           ex["intermediate_size"], ex["rms_norm_eps"], ex["rope_theta"], ex.get("rope_scaling"),
+                           ex.get("max_position_embeddings"))
+
+    @classmethod
+    def family_options(cls, target: nn.Module, **options) -> dict:
+        """config.json extra keys of the options `for_target` takes besides DFlash's own (DFlash:
+        none; a family built on this backbone checks and records its own)."""
+        if options:
+            raise TypeError(f"{cls.head_type} heads take no option {', '.join(sorted(options))}")
+        return {}
+
+    @property
+    def draft_slots(self) -> slice:
+        """The block slots that score drafted tokens 1..K, in order."""
+        return slice(self.first_slot, self.first_slot + self.config.num_heads)
+
+    @property
+    def span(self) -> int:
+        """Positions a training block covers in the row: its root and the K tokens it drafts."""
+        return self.config.num_heads + 1
 
     # -- construction -------------------------------------------------------------------------
     @classmethod
@@ -205,20 +238,24 @@ class DFlashHeads(DraftHeads):
         loss: str = "soft_ce",
         num_anchors: int | None = None,
         greedy_path: bool = False,
+        **options,
     ) -> "DFlashHeads":
         """Fresh heads for ``target``. ``block_size`` B (default 16) sets the drafted tokens K = B-1;
         ``num_heads`` is ignored when ``block_size`` is given (it is K) and sets B = num_heads + 1
-        otherwise. ``mask_token_id`` None: chosen later from the tokenizer (`choose_mask_token`)."""
+        otherwise. ``mask_token_id`` None: chosen later from the tokenizer (`choose_mask_token`).
+        ``options``: what a family built on this backbone adds (`family_options`)."""
         if lm_head not in ("auto", "shared"):
             raise ValueError(f"dflash heads score with the target's LM head (lm_head 'shared'); got lm_head={lm_head!r} (pass 'auto')")
         cfg = text_config(target)
         n_target = int(cfg.num_hidden_layers)
         layers = list(feature_layers) if feature_layers else default_feature_layers(n_target)
         check_dflash_feature_layers(layers, n_target)
+        family = cls.family_options(target, **options)
+        first = cls.first_draft_slot(family)
         if block_size is None:
-            block_size = DEFAULT_BLOCK_SIZE if num_heads is None else int(num_heads) + 1
-        if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 2:
-            raise ValueError(f"heads.block_size must be an integer >= 2, got {block_size!r}")
+            block_size = cls.default_block_size if num_heads is None else int(num_heads) + first
+        if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1 + first:
+            raise ValueError(f"heads.block_size must be an integer >= {1 + first}, got {block_size!r}")
         gamma = DEFAULT_GAMMA if loss_gamma is None else float(loss_gamma)
         if not math.isfinite(gamma) or gamma <= 0:
             raise ValueError(f"heads.loss_gamma must be > 0 (slot k weighs exp(-(k-1)/gamma)), got {loss_gamma!r}")
@@ -242,8 +279,9 @@ class DFlashHeads(DraftHeads):
             "loss": loss,
             "num_anchors": anchors,
             "greedy_path": bool(greedy_path),
+            **family,
         }
-        config = cls.target_config(target, block_size - 1, num_layers, "shared", extra)
+        config = cls.target_config(target, block_size - first, num_layers, "shared", extra)
         return cls.from_config_for(config, target)
 
     def settle_tokenizer(self, tokenizer) -> str:
@@ -335,10 +373,14 @@ class DFlashHeads(DraftHeads):
     ) -> torch.Tensor:
         """Final-normed draft states [B, n, H] of the block tokens [B, n] at ``positions``, attending
         to ``context_kv`` and to the block under ``mask`` [B, n, T + n] (None: everything)."""
-        x = self.target_embedding()(tokens).to(self.fc.weight.dtype)
+        x = self.embed(tokens)
         for layer, kv in zip(self.layers, context_kv):
             x = layer(x, positions, kv, mask)
         return self.norm(x)
+
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        """The block's input vectors: the target's frozen embedding of its tokens."""
+        return self.target_embedding()(tokens).to(self.fc.weight.dtype)
 
     def logits(self, state: torch.Tensor) -> torch.Tensor:
         """Logits over the target's vocabulary (its frozen LM head)."""

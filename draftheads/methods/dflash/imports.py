@@ -88,19 +88,43 @@ def _check_frozen_copies(tensors: dict[str, torch.Tensor], target: torch.nn.Modu
 
 def read_dflash(source: Source, target: torch.nn.Module, layout: str) -> DFlashHeads:
     where = source.describe()
+    tensors, vocab_ids = block_tensors(source, target)
+    if any(k.endswith(".bias") for k in tensors):
+        raise ValueError(f"{where}: biases ({next(k for k in tensors if k.endswith('.bias'))}): draftheads' DFlash layers have none")
+    layer_cfg = _layer_config(source, layout)
+    _refuse_causal_or_sliding(source, layout, layer_cfg)
+    info = TargetInfo.from_model(target)
+    layers = _feature_layers(source, layout, info.num_hidden_layers)
+    block = int(source.config.get("block_size") or 0)
+    if block < 2:
+        raise ValueError(f"{where}: no block_size >= 2 in the config")
+    return build_block_heads(source, target, tensors, layer_cfg, layers, block, _mask_token(source, layout), DFlashHeads,
+                             {}, vocab_ids)
+
+
+def block_tensors(source: Source, target: torch.nn.Module) -> tuple[dict[str, torch.Tensor], torch.Tensor | None]:
+    """The checkpoint's tensors without a ``model.`` prefix, ``t2d``, a draft vocabulary's ``d2t``
+    and LM head rows (returned as its target ids, None without one) or copies of the target's
+    embedding / LM head (refused if they differ); a separate mask embedding is refused."""
+    where = source.describe()
     if source.path.is_dir() and (source.path / "mask_embedding.pt").exists():
         raise ValueError(f"{where}: mask_embedding.pt (a separately trained mask vector): draftheads embeds the mask slots "
                          "with the target's row of the mask token; refused rather than decoded differently")
     tensors = {k[len("model."):] if k.startswith("model.") else k: v for k, v in source.tensors.items()}
     tensors.pop("t2d", None)
     vocab_ids = _draft_vocab_ids(tensors, target, where) if "d2t" in tensors else None
-    if any(k.endswith(".bias") for k in tensors):
-        raise ValueError(f"{where}: biases ({next(k for k in tensors if k.endswith('.bias'))}): draftheads' DFlash layers have none")
     _check_frozen_copies(tensors, target, where)
-    layer_cfg = _layer_config(source, layout)
-    _refuse_causal_or_sliding(source, layout, layer_cfg)
+    return tensors, vocab_ids
+
+
+def build_block_heads(source: Source, target: torch.nn.Module, tensors: dict[str, torch.Tensor], layer_cfg: dict,
+                      layers: list[int], block: int, mask: int, heads_cls, family: dict,
+                      vocab_ids: torch.Tensor | None):
+    """Heads of ``heads_cls`` (DFlash or a family built on it) from a checkpoint's tensors and its
+    layer geometry ``layer_cfg``; ``family``: the family's own config.json extra keys. Refuses
+    tensors that do not match the layout, by name."""
+    where = source.describe()
     info = TargetInfo.from_model(target)
-    layers = _feature_layers(source, layout, info.num_hidden_layers)
     if "fc.weight" not in tensors:
         raise ValueError(f"{where}: no fc.weight")
     d = int(tensors["fc.weight"].shape[0])
@@ -114,9 +138,6 @@ def read_dflash(source: Source, target: torch.nn.Module, layout: str) -> DFlashH
     rope = layer_cfg.get("rope_parameters") or {}
     scaling = layer_cfg.get("rope_scaling") or (rope if rope.get("rope_type", "default") != "default" else None)
     theta = layer_cfg.get("rope_theta") or rope.get("rope_theta") or 1e6  # vLLM's DFlash default
-    block = int(source.config.get("block_size") or 0)
-    if block < 2:
-        raise ValueError(f"{where}: no block_size >= 2 in the config")
     extra = {
         "num_attention_heads": heads_,
         "num_key_value_heads": int(layer_cfg.get("num_key_value_heads") or heads_),
@@ -126,30 +147,32 @@ def read_dflash(source: Source, target: torch.nn.Module, layout: str) -> DFlashH
         "rope_theta": float(theta),
         "feature_layers": layers,
         "block_size": block,
-        "mask_token_id": _mask_token(source, layout),
+        "mask_token_id": mask,
+        **family,
     }
     if scaling:
         extra["rope_scaling"] = {k: v for k, v in scaling.items() if k != "rope_theta"}
         extra["max_position_embeddings"] = int(layer_cfg.get("max_position_embeddings") or 4096)
-    config = HeadsConfig(head_type="dflash", num_heads=block - 1, num_layers=num_layers, hidden_size=d,
+    num_heads = block - heads_cls.first_draft_slot(extra)
+    config = HeadsConfig(head_type=heads_cls.head_type, num_heads=num_heads, num_layers=num_layers, hidden_size=d,
                          vocab_size=info.vocab_size, lm_head="shared", target=info, extra=extra)
-    heads = DFlashHeads(config)
+    heads = heads_cls(config)
     expected = {k for k in heads.state_dict() if k != "token_counts"}
     missing, unexpected = sorted(expected - set(tensors)), sorted(set(tensors) - expected)
     if missing or unexpected:
-        raise ValueError(f"{where}: DFlash tensors do not match the layout: missing {missing[:6]}, unexpected {unexpected[:6]}")
+        raise ValueError(f"{where}: {heads_cls.head_type} tensors do not match the layout: missing {missing[:6]}, "
+                         f"unexpected {unexpected[:6]}")
     state = heads.state_dict()
     wrong = [k for k in expected if tuple(tensors[k].shape) != tuple(state[k].shape)]
     if wrong:
         raise ValueError(f"{where}: wrong shapes: " + ", ".join(f"{k} {tuple(tensors[k].shape)} != {tuple(state[k].shape)}" for k in wrong[:6]))
-    dtype = heads.fc.weight.dtype
     counts = state["token_counts"]
     reduced = vocab_ids is not None and vocab_ids.numel() < info.vocab_size
     if reduced:
         counts[vocab_ids] = 1
-    heads.load_state_dict({**{k: tensors[k].to(dtype) for k in expected}, "token_counts": counts})
+    heads.load_state_dict({**{k: tensors[k].to(state[k].dtype) for k in expected}, "token_counts": counts})
     if reduced:  # the chain vLLM drafts, saved (tree.json) with the draft vocabulary it was trained over
-        heads.use_plans(given_tree(StaticTree.chain(block - 1), int(vocab_ids.numel())), where)
+        heads.use_plans(given_tree(StaticTree.chain(num_heads), int(vocab_ids.numel())), where)
     return heads
 
 

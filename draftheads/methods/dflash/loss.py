@@ -33,6 +33,7 @@ blocks a step will draw). Vocab-sized logits are computed in checkpointed chunks
 """
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from functools import partial
 
 import torch
@@ -90,6 +91,30 @@ def block_mask(
     return torch.cat([ctx, same], dim=-1)
 
 
+@dataclass
+class TrainedSlots:
+    """The slots a batch trains, flat: each one's final-normed draft state [m, H], the target's
+    window position it is scored against [m] (flat over [B, S]), its draft index 0..K-1 [m] and the
+    data's token just before its label [m] (what a family conditioning on the previous token is
+    teacher-forced with)."""
+
+    states: torch.Tensor
+    target: torch.Tensor
+    slot: torch.Tensor
+    previous: torch.Tensor
+
+
+@dataclass
+class SlotTerms:
+    """A loss's per-slot terms: ``rows`` [m] the distribution loss (with grad), ``hit`` [m, width]
+    rank hits against the target's greedy token, ``extra`` (weight, rows [m]) further terms, each
+    slot-weighted like ``rows`` and added with its weight."""
+
+    rows: torch.Tensor
+    hit: torch.Tensor
+    extra: list[tuple[float, torch.Tensor]] = field(default_factory=list)
+
+
 def _chunk_terms(heads, labels: TargetRows, topk: int, ranks: int, kind: str, state, positions):
     """The `heads.loss` of each ``state`` row against the target at its window position."""
     target_top, _, p, _ = labels.rows(positions)
@@ -113,29 +138,31 @@ class DFlashLoss(HeadLoss):
     (``batch.denominators`` is not read: which blocks are drawn is known only here)."""
 
     def __call__(self, heads: torch.nn.Module, batch: LossBatch) -> HeadLossOutput:
-        input_ids, slots = batch.input_ids, heads.block_size - 1
+        input_ids, slots = batch.input_ids, heads.config.num_heads
         bsz, seq = input_ids.shape
         device = input_ids.device
         kind = loss_of(heads.config.extra)
         lm = torch.ones_like(input_ids, dtype=torch.bool) if batch.loss_mask is None else batch.loss_mask.bool()
         am = torch.ones_like(input_ids, dtype=torch.bool) if batch.attention_mask is None else batch.attention_mask.bool()
-        states, positions, valid = _block_states(heads, batch, lm, am, self._anchor_generator(heads, batch))
+        states, label_pos, valid = _block_states(heads, batch, lm, am, self._anchor_generator(heads, batch))
         n = valid.shape[1]
 
-        # Slot k of block j predicts token a_j + k, against the target at a_j + k - 1.
-        label_pos = positions[:, :, 1:]
-        labels = TargetRows(heads.target_lm_head(), batch.hidden, kind, chunk_size=self.settings.chunk_size)
+        # Draft d of block j predicts token a_j + d, against the target at a_j + d - 1.
+        labels = TargetRows(heads.target_lm_head(), batch.hidden, self.label_kind(heads, kind),
+                            chunk_size=self.settings.chunk_size)
         counted = _counted_slots(heads, labels, valid, lm, am, label_pos, input_ids)
         slot_of = torch.arange(slots, device=device).expand(bsz, n, slots)
         idx = counted.reshape(-1).nonzero().squeeze(-1)
-        flat_states = states.reshape(-1, states.shape[-1])[idx]
         src = (label_pos - 1).reshape(bsz, -1) + torch.arange(bsz, device=device)[:, None] * seq
-        flat_target = src.reshape(-1)[idx]  # the target's position of each trained slot, flat over [B, S]
-        flat_slot = slot_of.reshape(-1)[idx]
-
+        flat = TrainedSlots(
+            states=states.reshape(-1, states.shape[-1])[idx],
+            target=src.reshape(-1)[idx],  # the target's position of each trained slot, flat over [B, S]
+            slot=slot_of.reshape(-1)[idx],
+            previous=input_ids.reshape(-1)[src.reshape(-1)[idx]],  # the data's token before each slot's label
+        )
         topk, ranks = self.settings.topk, batch.ranks
-        rows, hit = _row_terms(heads, labels, flat_states, flat_target, topk, ranks, kind, self.settings.chunk_size,
-                               self.settings.checkpoint_chunks)
+        terms = self.slot_terms(heads, labels, flat, topk, ranks, kind)
+        rows, hit, flat_slot = terms.rows, terms.hit, flat.slot
         count = torch.bincount(flat_slot, minlength=slots)
         ce_sum = torch.zeros(slots, device=device).index_add(0, flat_slot, rows.detach())
         top1 = torch.bincount(flat_slot[hit[:, 0]], minlength=slots) if hit.shape[1] else torch.zeros_like(count)
@@ -144,7 +171,22 @@ class DFlashLoss(HeadLoss):
         if ranks:
             rank_hits = torch.stack([torch.bincount(flat_slot[hit[:, r]], minlength=slots) for r in range(ranks)], dim=1)
         loss = _weighted_loss(heads, rows, flat_slot, count, states)
+        for weight, extra_rows in terms.extra:  # the families' own terms (DSpark's confidence, DFlash2's selector)
+            loss = loss + weight * _weighted_loss(heads, extra_rows, flat_slot, count, states)
         return HeadLossOutput(loss=loss, ce_sum=ce_sum, count=count, top1=top1, topk=topk_hits, rank_hits=rank_hits)
+
+    def label_kind(self, heads: torch.nn.Module, kind: str) -> str:
+        """The loss kind the target's labels are computed for (a family whose own terms read the
+        target's whole distribution asks for it even when ``kind`` is ``ce``)."""
+        return kind
+
+    def slot_terms(self, heads: torch.nn.Module, labels: TargetRows, flat: "TrainedSlots", topk: int, ranks: int,
+                   kind: str) -> "SlotTerms":
+        """Each trained slot's loss and rank hits (DFlash: the target's LM head on the slot's state,
+        against the target at its position), in checkpointed chunks."""
+        rows, hit = _row_terms(heads, labels, flat.states, flat.target, topk, ranks, kind, self.settings.chunk_size,
+                               self.settings.checkpoint_chunks)
+        return SlotTerms(rows, hit)
 
     @staticmethod
     def _anchor_generator(heads: torch.nn.Module, batch: LossBatch) -> torch.Generator | None:
@@ -159,15 +201,17 @@ class DFlashLoss(HeadLoss):
 
 
 def _block_states(heads, batch: LossBatch, lm: torch.Tensor, am: torch.Tensor, generator: torch.Generator | None):
-    """Draw the blocks (anchors) of every row and run them in ONE draft forward: the states of slots
-    1..K ``[B, N, K, H]``, every block position ``[B, N, block]`` and which drawn anchors are real."""
+    """Draw the blocks (anchors) of every row and run them in ONE draft forward: the states of the
+    draft slots ``[B, N, K, H]``, the positions of the tokens they draft ``[B, N, K]`` (a+1..a+K) and
+    which drawn anchors are real."""
     input_ids, position_ids, block = batch.input_ids, batch.position_ids, heads.block_size
     bsz, seq = input_ids.shape
-    candidates = anchor_candidates(input_ids, lm, am, block, position_ids)
+    candidates = anchor_candidates(input_ids, lm, am, heads.span, position_ids)
     anchors, valid = draw_anchors(candidates, int(heads.config.extra.get("num_anchors", 32)), generator)
     n = anchors.shape[1]
     offsets = torch.arange(block, device=input_ids.device)
-    positions = (anchors[:, :, None] + offsets).clamp(max=seq - 1)  # [B, N, block]; invalid anchors stay in range
+    drafted = torch.arange(1, heads.config.num_heads + 1, device=input_ids.device)
+    label_pos = (anchors[:, :, None] + drafted).clamp(max=seq - 1)  # [B, N, K]; invalid anchors stay in range
     tokens = heads.block_inputs(input_ids.gather(1, anchors))  # [B, N, block]
     documents = None if position_ids is None else document_ids(position_ids, input_ids)
     mask = block_mask(anchors, valid, am, block, documents)
@@ -177,7 +221,7 @@ def _block_states(heads, batch: LossBatch, lm: torch.Tensor, am: torch.Tensor, g
     context_kv = heads.context_kv(context, rope)
     block_positions = rope.gather(1, anchors)[:, :, None] + offsets
     states = heads.block_states(tokens.view(bsz, n * block), block_positions.view(bsz, n * block), context_kv, mask)
-    return states.view(bsz, n, block, -1)[:, :, 1:], positions, valid
+    return states.view(bsz, n, block, -1)[:, :, heads.draft_slots], label_pos, valid
 
 
 def _counted_slots(heads, labels: TargetRows, valid, lm, am, label_pos, input_ids) -> torch.Tensor:
@@ -232,5 +276,5 @@ def _weighted_loss(heads, rows: torch.Tensor, flat_slot: torch.Tensor, count: to
 def dflash_target_counts(heads, input_ids, loss_mask=None, attention_mask=None, position_ids=None) -> torch.Tensor:
     """``[K]``: the candidate anchors of this batch per slot (an upper bound of the positions each
     slot is trained on; the blocks are drawn in the forward, see the module docstring)."""
-    cand = anchor_candidates(input_ids, loss_mask, attention_mask, heads.block_size, position_ids)
+    cand = anchor_candidates(input_ids, loss_mask, attention_mask, heads.span, position_ids)
     return cand.sum().expand(heads.config.num_heads).clone()

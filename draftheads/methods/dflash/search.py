@@ -49,7 +49,7 @@ def block_accuracy_table(
     each block drafted exactly as decoding drafts it (the committed context before the root),
     ranking the draft vocabulary of ``draft_vocab_size`` tokens (None: the whole vocabulary)."""
     def ranked(drafter, token: int, ranks: int) -> torch.Tensor:
-        logits = drafter.block_logits([token])[0, 1:]
+        logits = drafter.draft_logits([token])[0]
         return drafter.target_ids(logits.topk(min(ranks, logits.shape[-1]), dim=-1).indices)
 
     size = whole_or(heads, draft_vocab_size)

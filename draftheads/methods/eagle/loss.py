@@ -34,6 +34,12 @@ from ...train.packing import document_ids, positions_or_arange, within_document
 SOFT_CE_WEIGHT = 0.1  # EAGLE-1: the classification loss is ~10x the regression loss
 
 
+def regresses(heads) -> bool:
+    """Whether the heads also regress onto the next feature: EAGLE-1/2 do; EAGLE-3 (no single
+    feature to regress onto) and heads that say ``regresses_features = False`` (MTP) do not."""
+    return bool(getattr(heads, "regresses_features", not heads.fuses_layers))
+
+
 def _chunk_terms(heads, labels: TargetRows, topk: int, state: torch.Tensor, positions: torch.Tensor):
     """Summed classification loss (`heads.loss`; and feature SmoothL1 for EAGLE) of draft states
     against the target at window ``positions``, plus top-1 / top-k hit counts of the target's
@@ -43,7 +49,7 @@ def _chunk_terms(heads, labels: TargetRows, topk: int, state: torch.Tensor, posi
     logits = heads.logits(state).float()
     ce = (row_losses(kind, logits, p, target_top) * inside).sum()
     reg = logits.new_zeros(())
-    if heads.vocab_ids() is None:
+    if regresses(heads):
         reg = F.smooth_l1_loss(state.float(), target_hidden.float(), reduction="none").mean(-1).sum()
     with torch.no_grad():
         top1 = ((logits.argmax(-1) == target_top) & inside).sum()
@@ -69,7 +75,7 @@ class EagleLoss(HeadLoss):
         ids = heads.vocab_ids()  # EAGLE-3: its draft vocabulary's target ids; EAGLE: None (the whole vocabulary)
         labels = TargetRows(heads.target_lm_head(), batch.hidden, loss_of(heads.config.extra), ids,
                             heads.target_to_draft if ids is not None else None, settings.chunk_size)
-        regress = not heads.fuses_layers  # EAGLE-1/2 also regress onto the next feature; EAGLE-3 has none
+        regress = regresses(heads)  # EAGLE-1/2 also regress onto the next feature; EAGLE-3 and MTP do not
         rows = _UnrolledBatch(input_ids, batch.loss_mask, batch.attention_mask, batch.position_ids)
         feats = _input_features(heads, features[:, : rows.n], regress, batch.generator)
         totals = _StepTotals(steps, input_ids.device)
