@@ -22,9 +22,10 @@ def test_the_table_is_what_the_methods_declare():
         "eagle": {"vllm": "eagle", "sglang": "EAGLE"},
         "eagle3": {"vllm": "eagle3", "sglang": "EAGLE3", "speculators": "eagle3"},
         "peagle": {"vllm": "eagle3", "speculators": "peagle"},  # vLLM: EAGLE-3 with parallel_drafting
-        "dflash": {"vllm": "dflash"},
+        "dflash": {"vllm": "dflash", "transformers": "dflash"},  # transformers: generate's speculation_type
         "dspark": {"vllm": "dspark"},
         "dflash2": {"vllm": "dflash"},  # vLLM: method dflash, the DFlash2DraftModel architecture picks its speculator
+        "mtp": {"vllm": "mtp"},  # the target's own checkpoint layout, vLLM's mtp method
     }
 
 
@@ -37,7 +38,7 @@ def test_a_format_refuses_the_methods_that_declare_no_layout_for_it_listing_ever
         with pytest.raises(ExportError, match=f"{method.name} heads have no .* layout") as e:
             engine_layout(method, fmt)
         assert layouts_sentence() in str(e.value)
-    assert "dflash (vllm)" in layouts_sentence() and "eagle3 (vllm, sglang, speculators)" in layouts_sentence()
+    assert "dflash (vllm, transformers)" in layouts_sentence() and "eagle3 (vllm, sglang, speculators)" in layouts_sentence()
 
 
 def test_card_serves_in_the_engines_of_the_table():

@@ -69,6 +69,23 @@ def sglang_lines(head_type: str, target: str, model: str, k: int) -> list[str]:
     ]
 
 
+def transformers_lines(head_type: str, target: str, model: str) -> list[str]:
+    """transformers' own speculative ``generate`` with an export (``speculation_type``: the name the
+    method's transformers layout declares)."""
+    kind = method_named(head_type).exports["transformers"].engine_name
+    return [
+        "```python",
+        "from transformers import AutoModel, AutoModelForCausalLM, AutoTokenizer",
+        "",
+        f"target = AutoModelForCausalLM.from_pretrained({target!r})",
+        f"draft = AutoModel.from_pretrained({model!r})",
+        f"input_ids = AutoTokenizer.from_pretrained({target!r})(\"def fib(n):\", return_tensors=\"pt\").input_ids",
+        f"out = target.generate(input_ids, assistant_model=draft, speculation_type={kind!r}, do_sample=False, "
+        "max_new_tokens=128)",
+        "```",
+    ]
+
+
 def draft_steps(heads_config: dict[str, Any]) -> int:
     """Draft tokens per step the export defaults to: Medusa's heads; EAGLE's training draft steps."""
     return int(heads_config.get("num_heads") or 1)
@@ -183,6 +200,11 @@ def serve_lines(config: dict[str, Any], where: str, target: str) -> list[str]:
         lines += ["", f"{title(head_type)} heads have no vLLM or SGLang format yet "
                       "(`draftheads export --help` lists the formats)."]
         return lines
+    if "transformers" in formats_for(head_type):
+        out = f"{Path(where).name or 'heads'}-transformers"
+        lines += ["", "### Run in transformers", "", "Export, then pass the export to the target's own `generate`:", "",
+                  "```bash", f"draftheads export {where} {out} --format transformers", "```", "",
+                  *transformers_lines(head_type, target, out)]
     for fmt in formats:
         engine = ENGINE_TITLES[fmt]
         out = f"{Path(where).name or 'heads'}-{fmt}"
@@ -236,6 +258,7 @@ def export_card(engine_config: dict[str, Any], metadata: dict[str, Any], heads_c
         proposals = engine_config["speculators_config"].get("proposal_methods") or [{}]
         k = int(proposals[0].get("speculative_tokens") or k)
     engine = {"vllm": "vLLM", "sglang": "SGLang", "speculators": "vLLM (speculators format)"}.get(fmt, fmt)
+    serve = "Run in" if fmt == "transformers" else "Serve in"
     lines = _front_matter(heads_config, ["speculative-decoding", "draft-heads", head_type, fmt]) + [
         MARKER, "", f"# {title(head_type)} draft heads for `{target}`, exported for {engine}", "",
         f"Exported by `draftheads export --format {fmt}` from the draftheads heads `{metadata.get('heads')}`. "
@@ -246,7 +269,7 @@ def export_card(engine_config: dict[str, Any], metadata: dict[str, Any], heads_c
     copied = copied_sections(heads_card_text or "")
     for name, render in (("training", training_lines), ("measured", measured_lines)):
         lines += ([copied[name]] if name in copied else _section(name, render(None))) + [""]
-    lines += [f"## Serve in {engine}", ""]
+    lines += [f"## {serve} {engine}", ""]
     if fmt in ("vllm", "speculators"):
         lines += vllm_lines(head_type, target, where, k)
         if layout is not None and layout.serves_alone:
@@ -254,6 +277,8 @@ def export_card(engine_config: dict[str, Any], metadata: dict[str, Any], heads_c
                       "```bash", f"vllm serve {where}", "```"]
     elif fmt == "sglang":
         lines += sglang_lines(head_type, target, where, k)
+    elif fmt == "transformers":
+        lines += transformers_lines(head_type, target, where)
     for note in metadata.get("notes") or []:
         lines.append(f"\nNote: {note}")
     return "\n".join(lines) + "\n"

@@ -11,9 +11,10 @@ from .formats import EXPORT_FORMATS
 def add_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser(
         "export",
-        help="write heads in an engine's format (vLLM, SGLang, speculators)",
+        help="write heads in an engine's format (vLLM, SGLang, speculators, transformers)",
         description="Medusa -> vLLM MedusaModel; EAGLE -> vLLM EAGLE-1 or SGLang EAGLE; EAGLE-3 -> speculators "
-                    "(what --format vllm writes) or SGLang LlamaForCausalLMEagle3. Heads a format cannot hold "
+                    "(what --format vllm writes) or SGLang LlamaForCausalLMEagle3; DFlash -> vLLM (z-lab layout) or "
+                    "transformers' own DFlash drafter (generate(..., speculation_type='dflash')). Heads a format cannot hold "
                     "exactly are refused, never approximated.",
     )
     p.add_argument("heads", metavar="HEADS", help="draftheads heads folder (config.json + model.safetensors)")

@@ -7,14 +7,14 @@ table that the exporter's refusals and the model card's serving snippets read.
 """
 from ..registry import UnknownMethodError, method_named, methods
 
-EXPORT_FORMATS = ("vllm", "sglang", "speculators")
-ENGINE_TITLES = {"vllm": "vLLM", "sglang": "SGLang", "speculators": "speculators"}
+EXPORT_FORMATS = ("vllm", "sglang", "speculators", "transformers")
+ENGINE_TITLES = {"vllm": "vLLM", "sglang": "SGLang", "speculators": "speculators", "transformers": "transformers"}
 SERVING_ENGINES = ("vllm", "sglang")  # the formats an engine serves directly (speculators is a checkpoint format)
 
 
 def engine_layouts() -> dict[str, dict[str, str]]:
     """head type -> {export format: the name the engine gives that draft (vLLM's method, SGLang's
-    --speculative-algorithm, speculators' speculators_model_type)}, for every method an engine holds."""
+    --speculative-algorithm, speculators' speculators_model_type, transformers' speculation_type)}, for every method an engine holds."""
     return {m.name: {f: m.exports[f].engine_name for f in EXPORT_FORMATS if f in m.exports} for m in methods() if m.exports}
 
 

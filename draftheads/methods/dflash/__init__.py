@@ -1,6 +1,6 @@
 """DFlash: a block of mask slots after the last accepted token, drafted in ONE forward of a small
 decoder reading fused target layers as context; trained on random blocks per row."""
-from . import export, search
+from . import export, search, transformers_layout
 from .imports import read_dflash
 from .heads import DFlashHeads
 from .drafter import DFlashDrafter
@@ -28,7 +28,8 @@ METHOD = register(Method(
     tree=TreeKind.ONE_FORWARD,
     one_forward=OneForwardSearch(draft_seconds=search.draft_seconds, accuracy=search.block_accuracy_table,
                                  ranks_draft_vocab=True),
-    exports={"vllm": EngineLayout("dflash", export.export)},
+    exports={"vllm": EngineLayout("dflash", export.export),
+             "transformers": EngineLayout("dflash", transformers_layout.export)},  # speculation_type="dflash"
     imports={
         "speculators-dflash": ImportLayout(
             detect=lambda source: source.config.get("speculators_model_type") == "dflash",
@@ -41,5 +42,10 @@ METHOD = register(Method(
             description="DFlash (z-lab, SpecForge): config DFlashDraftModel + dflash_config {mask_token_id, "
                         "target_layer_ids}, layers.{i}.* with q/k norms + fc + hidden_norm + norm",
             config_names=("dflash",)),
+        "transformers": ImportLayout(
+            detect=transformers_layout.is_transformers_dflash, read=transformers_layout.read_transformers, rank=0,
+            description="transformers' DFlash drafter: config model_type muse_glimmer_assistant (MuseGlimmerAssistantModel) "
+                        "with block_size, mask_token_id, target_layer_ids; encoder.fc + encoder.output_norm_enc, layers.{i}.*, norm",
+            config_names=("muse_glimmer_assistant", "museglimmerassistant")),
     },
 ))
