@@ -28,6 +28,8 @@ reused by a later run into the same folder (to measure again on a quieter machin
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import platform
 import statistics
 import sys
@@ -109,7 +111,7 @@ def pretrained_target(args, out: Path):
     tok = tokenizer_for(train, args.vocab)
     target = build_target(args.family, args.layers, args.hidden, tok.get_vocab_size())
     ids = torch.tensor([t for text in train for t in tok.encode(text).ids], dtype=torch.long)
-    window, batch = 256, 8
+    window, batch = args.window, 8
     opt = torch.optim.AdamW(target.parameters(), lr=3e-3, weight_decay=0.01)
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=3e-3, total_steps=args.pretrain_steps, pct_start=0.1)
     gen = torch.Generator().manual_seed(1)
@@ -125,13 +127,24 @@ def pretrained_target(args, out: Path):
         opt.step()
         sched.step()
         losses.append(float(loss.detach()))
+        if len(losses) % 25 == 0:
+            print(f"pretraining: step {len(losses)}/{args.pretrain_steps}, loss {statistics.mean(losses[-25:]):.2f}, "
+                  f"{(time.perf_counter() - t0) / len(losses):.1f} s/step", file=sys.stderr, flush=True)
     target.eval().requires_grad_(False)
     folder.mkdir(parents=True, exist_ok=True)
     target.save_pretrained(folder)
-    tok.save(str(folder / "tokenizer.json"))
+    save_tokenizer(tok, folder)
     return target, tok, train, held, {"steps": args.pretrain_steps, "tokens": args.pretrain_steps * batch * window,
                                       "corpus_tokens": len(ids), "seconds": time.perf_counter() - t0,
                                       "first_loss": losses[0], "last_loss": statistics.mean(losses[-20:])}
+
+
+def save_tokenizer(tok, folder: Path) -> None:
+    """The BPE as a transformers tokenizer in the target folder, so that ``draftheads calibrate`` loads
+    the target as users' targets are loaded."""
+    from transformers import PreTrainedTokenizerFast
+
+    PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>").save_pretrained(folder)
 
 
 def windows(tok, texts: list[str], count: int, length: int, seed: int) -> torch.Tensor:
@@ -170,6 +183,24 @@ def train_heads(target, seqs: torch.Tensor, steps: int, batch: int, seed: int = 
         losses.append(float(loss.detach()))
     return heads.eval(), {"steps": steps, "seconds": time.perf_counter() - t0, "first_loss": losses[0],
                           "last_loss": statistics.mean(losses[-10:])}
+
+
+def calibrated_plan(out: Path, tok, texts: list[str], args) -> dict:
+    """``draftheads calibrate`` on the target and heads folders, as a user runs it (its prompts:
+    beginnings of held-out files, raw text), and the batch-1 greedy entry it saved in tree.json."""
+    import subprocess
+
+    prompts = windows(tok, texts, args.plan_prompts, 64, seed=4)
+    prompt_file = out / "plan_prompts.txt"
+    write_text_atomically(prompt_file, "".join(tok.decode(row.tolist()).replace("\n", " ") + "\n" for row in prompts))
+    command = [sys.executable, "-m", "draftheads.cli", "calibrate", "--target", str(out / "target"), "--heads",
+               str(out / "heads"), "--prompts", str(prompt_file), "--no-chat-template", "--num-prompts",
+               str(args.plan_prompts), "--new-tokens", str(args.new_tokens), "--device", "cpu"]
+    t0 = time.perf_counter()
+    subprocess.run(command, check=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    plans = json.loads((out / "heads" / "tree.json").read_text())
+    entries = [e for e in plans.get("plans", []) if e.get("batch_size") == 1 and not e.get("temperature")]
+    return {"seconds": time.perf_counter() - t0, "entry": entries[0] if entries else None}
 
 
 def bushy(n: int) -> TreeShape:
@@ -287,12 +318,14 @@ def acceptance(target, heads, prompts: torch.Tensor, new: int, trees: dict[str, 
 
 
 @torch.no_grad()
-def speed(target, heads, prompts: torch.Tensor, new: int, methods: dict[str, dict | str], rounds: int) -> dict:
+def speed(target, heads, prompts: torch.Tensor, new: int, methods: dict[str, dict | str | tuple], rounds: int) -> dict:
     """Seconds per method and prompt, interleaved with plain generate (alternating order per round)."""
     decoders = {}
     for name, how in methods.items():
         if how == "lookup":
             decoders[name] = dh.SpeculativeDecoder(target, dh.PromptLookupProposer(), batch_plan=None)
+        elif isinstance(how, tuple):  # ("plan", heads read back with their tree.json): what a user gets
+            decoders[name] = dh.SpeculativeDecoder(target, how[1])
         else:
             decoders[name] = dh.SpeculativeDecoder(target, heads, tree=how, batch_plan=None, prompt_lookup=False)
     seconds = {name: [0.0] * prompts.shape[0] for name in ["plain", *decoders]}
@@ -344,6 +377,10 @@ def markdown(report: dict) -> str:
     acc = report["acceptance"]
     for n in (2, 4, 8):
         lines.append(f"| {n} | {acc[f'chain-{n}']['tokens_per_step']:.2f} | {acc[f'tree-{n}']['tokens_per_step']:.2f} |")
+    entry = (report.get("plan") or {}).get("entry")
+    if entry is not None:
+        shown = {k: entry[k] for k in ("mode", "tree", "draft_vocab_size", "prompt_lookup") if k in entry}
+        lines += ["", f"The plan `draftheads calibrate` chose here (batch 1, greedy): `{json.dumps(shown)}`"]
     lines += ["", "Speed against plain `generate`, interleaved per prompt (sum over prompts; per-prompt median, range):",
               "", "| method | speedup | per prompt |", "|---|---|---|"]
     for name, s in report["speed"].items():
@@ -358,10 +395,12 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--hidden", type=int, default=256)
     ap.add_argument("--vocab", type=int, default=4096)
-    ap.add_argument("--pretrain-steps", type=int, default=400)
+    ap.add_argument("--pretrain-steps", type=int, default=300)
+    ap.add_argument("--window", type=int, default=128, help="pretraining window (tokens; batches of 8)")
     ap.add_argument("--train-prompts", type=int, default=96)
     ap.add_argument("--train-steps", type=int, default=200)
     ap.add_argument("--eval-prompts", type=int, default=12)
+    ap.add_argument("--plan-prompts", type=int, default=8, help="prompts `draftheads calibrate` plans on")
     ap.add_argument("--new-tokens", type=int, default=48)
     ap.add_argument("--context", type=int, default=256)
     ap.add_argument("--rounds", type=int, default=10)
@@ -395,9 +434,12 @@ def main() -> None:
     report["acceptance"] = acceptance(target, heads, held, args.new_tokens, trees)
     best = {kind: max((k for k in trees if k.startswith(kind)), key=lambda k: report["acceptance"][k]["tokens_per_step"])
             for kind in ("chain", "tree")}
+    report["plan"] = calibrated_plan(out, tok, held_texts, args)
+    planned = dh.load_heads(out / "heads", target=target).eval()  # with the tree.json calibrate wrote
     report["speed"] = speed(target, heads, held, args.new_tokens,
                             {f"best chain ({best['chain']})": trees[best["chain"]],
-                             f"best tree ({best['tree']})": trees[best["tree"]], "prompt lookup": "lookup"},
+                             f"best tree ({best['tree']})": trees[best["tree"]], "prompt lookup": "lookup",
+                             "the plan (draftheads calibrate)": ("plan", planned)},
                             args.speed_rounds)
     out.mkdir(parents=True, exist_ok=True)
     write_json_atomically(out / "results.json", {"args": vars(args), **report})

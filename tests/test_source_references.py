@@ -9,7 +9,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "draftheads"
 #: Other projects' files the package cites (vLLM, SGLang, speculators, Medusa's and EAGLE's repositories).
-EXTERNAL = ("vllm/", "sglang/", "speculators/", "deepspec/", "medusa/", "eagle/", "cnets.py", "llama_eagle.py", "qwen3_dflash.py", "_dflash.py")
+EXTERNAL = ("vllm/", "transformers/", "sglang/", "speculators/", "deepspec/", "medusa/", "eagle/", "cnets.py", "llama_eagle.py", "qwen3_dflash.py", "_dflash.py")
 PATH = re.compile(r"(?<![\w/.])((?:[\w-]+/)*\w+\.py)\b")
 #: "`name` in file.py" or "some_name in file.py" (a bare word is prose: "is in draft_layer.py").
 DEFINED_IN = re.compile(r"(?:`(\w+)`|\b([a-z]\w*_\w+)) in `?((?:[\w-]+/)*\w+\.py)`?")
