@@ -54,6 +54,8 @@ PROMPT = 16
 
 
 def build_target(family: str, layers: int, hidden: int, vocab: int) -> torch.nn.Module:
+    if layers % 4:
+        raise SystemExit(f"--layers {layers}: a multiple of 4 (the families' pattern repeats every 4 layers)")
     over: dict = dict(num_hidden_layers=layers, hidden_size=hidden, intermediate_size=3 * hidden, vocab_size=vocab,
                       init=0.02, head_dim=64, pad_token_id=0, bos_token_id=1, eos_token_id=2)
     if family == "qwen3_5_text":
