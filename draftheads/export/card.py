@@ -188,7 +188,8 @@ def measured_lines(training: dict[str, Any] | None) -> list[str]:
 
 def serve_lines(config: dict[str, Any], where: str, target: str) -> list[str]:
     head_type = config["head_type"]
-    formats = [f for f in formats_for(head_type) if f in SERVING_ENGINES]
+    layouts = formats_for(head_type)
+    formats = [f for f in layouts if f in SERVING_ENGINES]
     k = draft_steps(config)
     lines = ["## Use", "", "With draftheads (lossless: greedy output equals the target's own greedy output):", "",
              "```python", "import draftheads as dh", "from transformers import AutoModelForCausalLM, AutoTokenizer", "",
@@ -200,7 +201,7 @@ def serve_lines(config: dict[str, Any], where: str, target: str) -> list[str]:
         lines += ["", f"{title(head_type)} heads have no vLLM or SGLang format yet "
                       "(`draftheads export --help` lists the formats)."]
         return lines
-    if "transformers" in formats_for(head_type):
+    if "transformers" in layouts:
         out = f"{Path(where).name or 'heads'}-transformers"
         lines += ["", "### Run in transformers", "", "Export, then pass the export to the target's own `generate`:", "",
                   "```bash", f"draftheads export {where} {out} --format transformers", "```", "",
