@@ -113,8 +113,10 @@ def test_verify_records_every_nodes_state_as_one_token_steps_reach_it(family, pa
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_every_drafter_decodes_a_hybrid_target_exactly(family):
-    """Prompt lookup, Medusa heads with a tree, an EAGLE-3 draft layer reading features of mixed layer
-    types, and a draft model, each through the one verifier."""
+    """Prompt lookup, every head type (Medusa with a tree, EAGLE-3 and the parallel drafters reading
+    features of mixed layer types; untrained, so mostly rejected: the verifier's rollback is what is
+    checked) and a draft model, each through the one verifier. MTP heads on a hybrid that ships them:
+    tests/test_mtp.py."""
     target = tiny_hybrid(family)
     phrase = prompt(5, 6)
     ids = torch.cat([phrase, phrase, phrase[:, :3]], dim=1)  # repeats itself: lookup drafts
@@ -122,10 +124,19 @@ def test_every_drafter_decodes_a_hybrid_target_exactly(family):
     draft_model = tiny_hybrid(family, seed=9)  # a hybrid draft model too: its own state rolls back
     eagle3 = dh.Eagle3Head.for_target(target, num_heads=2, draft_vocab_size=64)
     eagle3.set_draft_vocab(torch.arange(VOCAB).flip(0))  # untrained: any draft vocabulary
+    peagle = dh.PEagleHead.for_target(target, num_heads=2, draft_vocab_size=64, mask_token_id=VOCAB - 1)
+    peagle.set_draft_vocab(torch.arange(VOCAB).flip(0))
     drafters = {
         "prompt lookup": dh.PromptLookupProposer(),
         "medusa": dh.MedusaHeads.for_target(target, num_heads=2),
         "eagle3": eagle3,
+        "hydra": dh.HydraHeads.for_target(target, num_heads=2),
+        "eagle": dh.EagleHead.for_target(target, num_heads=2),
+        "peagle": peagle,
+        "dflash": dh.DFlashHeads.for_target(target, num_layers=1, block_size=3, mask_token_id=VOCAB - 1),
+        "dspark": dh.DSparkHeads.for_target(target, num_layers=1, block_size=3, mask_token_id=VOCAB - 1, markov_rank=4),
+        "dflash2": dh.DFlash2Heads.for_target(target, num_layers=1, block_size=3, mask_token_id=VOCAB - 1,
+                                              selector_rank=4),
         "draft model": dh.DraftModelProposer(draft_model, gamma=3),
     }
     trees = {"medusa": [[0], [1], [0, 0], [1, 0]], "eagle3": {"total_tokens": 6, "depth": 3, "top_k": 2}}
