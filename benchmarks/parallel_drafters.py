@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 import sys
 import tempfile
@@ -87,11 +86,12 @@ def decode(target, heads, tree, prompts, references, new_tokens: int, depth: int
     from draftheads import SpeculativeDecoder
 
     decoder = SpeculativeDecoder(target, heads, tree=tree, draft_budget=None, prompt_lookup=False)
-    lengths, reach, could = [], [0] * depth, [0] * depth
+    lengths, per_prompt, reach, could = [], [], [0] * depth, [0] * depth
     for ids, ref in zip(prompts, references):
         out = decoder.generate(ids, max_new_tokens=new_tokens)
         if not torch.equal(out.sequences.cpu(), ref):
             raise AssertionError("a speculative decode differs from target.generate")
+        per_prompt.append(sum(out.accept_lengths) / len(out.accept_lengths))
         emitted = 1  # the prefill's token
         total = ref.shape[1] - ids.shape[1]
         for n in out.accept_lengths:
@@ -104,7 +104,14 @@ def decode(target, heads, tree, prompts, references, new_tokens: int, depth: int
             lengths.append(n)
         assert emitted >= total
     return {"tokens_per_step": sum(lengths) / len(lengths), "steps": len(lengths),
-            "reach": [r / max(c, 1) for r, c in zip(reach, could)]}
+            "reach": [r / max(c, 1) for r, c in zip(reach, could)], "per_prompt": spread(per_prompt)}
+
+
+def spread(values: list[float]) -> dict:
+    """Median and quartiles over prompts: the mean over all steps alone hides whether a drafter
+    helps every answer a little or a few answers a lot."""
+    q1, median, q3 = statistics.quantiles(values, n=4, method="inclusive") if len(values) > 1 else values * 3
+    return {"median": median, "q1": q1, "q3": q3, "min": min(values), "max": max(values), "values": values}
 
 
 def timed(fn) -> float:
@@ -166,6 +173,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
 
     import draftheads as dh
+    from draftheads.device import cpu_name
     from draftheads.target import load_target
 
     target, tokenizer = load_target(args.target, device=torch.device("cpu"), dtype="float32")
@@ -179,7 +187,7 @@ def main() -> None:
             return target.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=args.new_tokens)
         tune_refs = [greedy(ids) for ids in tune]
         refs = [greedy(ids) for ids in measure]
-    results = {"command": " ".join(sys.argv), "cpu": platform.processor() or platform.machine(), "new_tokens": args.new_tokens,
+    results = {"command": " ".join(sys.argv), "cpu": cpu_name(), "new_tokens": args.new_tokens,
                "tune_prompts": len(tune), "prompts": len(measure), "max_nodes": args.max_nodes, "heads": {}}
     loaded, trees = {}, {}
     for spec in args.heads:
@@ -207,6 +215,14 @@ def main() -> None:
     (out / "summary.md").write_text(summary(results))
 
 
+def with_spread(stats: dict) -> str:
+    """``1.239 [1.21, 1.17-1.30]``: the mean over steps, then the per-prompt median and quartiles
+    (results.json files written before the spread was kept show the mean alone)."""
+    s = stats.get("per_prompt")
+    mean = f"{stats['tokens_per_step']:.3f}"
+    return mean if s is None else f"{mean} [{s['median']:.2f}, {s['q1']:.2f}-{s['q3']:.2f}]"
+
+
 def summary(results: dict) -> str:
     heads = results["heads"]
     depth = max(h["depth"] for h in heads.values())
@@ -214,13 +230,14 @@ def summary(results: dict) -> str:
              f"{results['prompts']} held-out prompts (first user turns of chats no heads trained on), {results['new_tokens']} "
              f"new tokens each, greedy, every output equal to target.generate; trees of at most {results['max_nodes']} "
              f"nodes chosen on {results['tune_prompts']} other prompts.", "",
+             "Tokens per step: over all steps, then in brackets the per-prompt median and quartiles.", "",
              "| heads | chain tokens/step | " + " | ".join(f"reach {j}" for j in range(1, depth + 1))
              + " | best tree tokens/step |",
              "|---|---:|" + "---:|" * depth + "---:|"]
     for name, h in heads.items():
         reach = [f"{x:.3f}" for x in h["chain"]["reach"]] + ["-"] * (depth - h["depth"])
-        lines.append(f"| {name} | {h['chain']['tokens_per_step']:.3f} | " + " | ".join(reach)
-                     + f" | {h['tree']['tokens_per_step']:.3f} |")
+        lines.append(f"| {name} | {with_spread(h['chain'])} | " + " | ".join(reach)
+                     + f" | {with_spread(h['tree'])} |")
     if "timing" in results:
         lines += ["", f"Wall clock on {results['cpu']}: plain seconds / drafter seconds per prompt, median (range), "
                       "interleaved per prompt.", "", "| decoder | ratio | tokens/step |", "|---|---:|---:|"]
