@@ -17,9 +17,10 @@ reused by a later run into the same folder (to measure again on a quieter machin
    bare forward (the chunked kernels, nothing kept: what no rollback costs), the same chain through the
    tree scan (one pass of each recurrent layer per token), a bushy tree of n nodes (the scan, one pass per
    level), and ``recurrent.commit_states`` (the rollback itself: a slot choice). The rollback cost of a
-   chain is (recorded - bare forward + commit) / one-token forward.
+   chain is (recorded - bare forward + commit) / one-token forward, round by round (median, quartiles).
+   ``--costs-only`` runs this part alone on an untrained target of the layout.
 2. **Tokens per step**, greedy, for chains and trees of equal verify tokens (2, 4, 8), each output
-   checked against ``generate``.
+   checked against ``generate``: EAGLE-2 trees as deep as the chain (`TREES`) and shallower ones.
 3. **Speed**: plain ``generate``, the best chain, the best tree and prompt lookup, interleaved per prompt;
    tokens/s ratio against plain (the sum over prompts) with the per-prompt median and range.
 
@@ -205,6 +206,16 @@ def calibrated_plan(out: Path, tok, texts: list[str], args) -> dict:
     return {"seconds": time.perf_counter() - t0, "entry": entries[0] if entries else None}
 
 
+#: Chains and EAGLE-2 trees of equal verify tokens (2, 4, 8). A tree as deep as the chain keeps the n
+#: nodes of highest joint draft probability among two children per node: the chain itself where the
+#: heads are sure of every top-1 draft, a branch where a second choice is likelier than a deeper first.
+TREES = {f"{kind}-{n}": {"total_tokens": n, "depth": n - 1, "top_k": 1 if kind == "chain" else 2}
+         for n in (2, 4, 8) for kind in ("chain", "tree")}
+#: Shallower, wider trees of the same sizes (what an earlier run of this benchmark compared alone).
+SHALLOW_TREES = {"shallow-4": {"total_tokens": 4, "depth": 2, "top_k": 2},
+                 "shallow-8": {"total_tokens": 8, "depth": 3, "top_k": 3}}
+
+
 def bushy(n: int) -> TreeShape:
     """n nodes, up to three children per node (what calibrate times a tree size with)."""
     return TreeShape(tuple([-1] + [max(0, (i - 1) // 3) for i in range(1, n)]))
@@ -259,11 +270,23 @@ def verify_costs(target, sizes: list[int], context: int, rounds: int) -> dict:
                     kinds[name][n].append(seconds)
     base = statistics.median(one)
     table = {name: {n: 1e3 * statistics.median(xs) for n, xs in by_n.items()} for name, by_n in kinds.items()}
+    # each round's own (recorded - bare + commit) / one-token: the forwards of one round ran back to back,
+    # so a slow stretch of the machine moves both sides of the difference
+    paired = {n: sorted((rec - bare + commit) / o for rec, bare, commit, o in
+                        zip(kinds["recorded chain"][n], kinds["bare forward"][n], kinds["commit"][n], one))
+              for n in sizes}
     return {"one_token_ms": 1e3 * base, "ms": table, "context": context, "rounds": rounds,
-            "rollback_share_of_one_token": {
-                n: (table["recorded chain"][n] - table["bare forward"][n] + table["commit"][n]) / (1e3 * base)
-                for n in sizes},
+            "rollback_share_of_one_token": {n: statistics.median(xs) for n, xs in paired.items()},
+            "rollback_share_quartiles": {n: quartiles(xs) for n, xs in paired.items()},
             "commit_share_of_one_token": {n: table["commit"][n] / (1e3 * base) for n in sizes}}
+
+
+def quartiles(xs: list[float]) -> tuple[float, float]:
+    """The first and third quartiles of ``xs`` (both the value itself for one round)."""
+    if len(xs) < 2:
+        return xs[0], xs[0]
+    q = statistics.quantiles(xs, n=4)
+    return q[0], q[2]
 
 
 def _snapshot(cache, layout) -> dict:
@@ -352,9 +375,32 @@ def speed(target, heads, prompts: torch.Tensor, new: int, methods: dict[str, dic
             for name, xs in seconds.items()}
 
 
-def markdown(report: dict) -> str:
+def share_cell(costs: dict, n: int) -> str:
+    """The rollback share at ``n`` tokens as a percentage, with its quartiles where they were kept."""
+    share = f"{100 * costs['rollback_share_of_one_token'][n]:.1f}%"
+    q = costs.get("rollback_share_quartiles", {}).get(n)
+    return share if q is None else f"{share} ({100 * q[0]:.1f} to {100 * q[1]:.1f})"
+
+
+def costs_markdown(report: dict) -> list[str]:
+    """The verify-cost table of ``report``."""
     c = report["costs"]
     sizes = sorted(c["ms"]["recorded chain"])
+    lines = [f"One verify forward over a {c['context']}-token cache, medians of {c['rounds']} interleaved rounds "
+             f"(one-token forward {c['one_token_ms']:.1f} ms = 1.00):", "",
+             "| tokens | recorded chain (the verifier) | bare forward (no rollback possible) | chain through the tree scan "
+             "| bushy tree (the scan) | commit (rollback) | rollback as a share of one token (round by round: "
+             "median, quartiles) |", "|---|---|---|---|---|---|---|"]
+    one = c["one_token_ms"]
+    for n in sizes:
+        ms = {k: c["ms"][k][n] for k in c["ms"]}
+        lines.append(f"| {n} | {ms['recorded chain'] / one:.2f} | {ms['bare forward'] / one:.2f} | "
+                     f"{ms['scanned chain'] / one:.2f} (n+1 nodes) | {ms['tree'] / one:.2f} | {ms['commit']:.2f} ms | "
+                     f"{share_cell(c, n)} |")
+    return lines
+
+
+def markdown(report: dict) -> str:
     pre = report["pretraining"]
     trained = (f"pretrained {pre['steps']} steps ({pre['tokens'] / 1e6:.1f} M tokens of the standard library, loss "
                f"{pre['first_loss']:.2f} -> {pre['last_loss']:.2f})" if "steps" in pre else f"read back from {pre['reused']}")
@@ -364,21 +410,16 @@ def markdown(report: dict) -> str:
                  f"trained {report['training']['steps']} steps on the target's own greedy continuations (loss "
                  f"{report['training']['first_loss']:.2f} -> {report['training']['last_loss']:.2f})."
                  if "steps" in report["training"] else f"read back from {report['training']['reused']}."), "",
-             f"One verify forward over a {c['context']}-token cache, medians of {c['rounds']} interleaved rounds "
-             f"(one-token forward {c['one_token_ms']:.1f} ms = 1.00):", "",
-             "| tokens | recorded chain (the verifier) | bare forward (no rollback possible) | chain through the tree scan "
-             "| bushy tree (the scan) | commit (rollback) | rollback as a share of one token |", "|---|---|---|---|---|---|---|"]
-    one = c["one_token_ms"]
-    for n in sizes:
-        ms = {k: c["ms"][k][n] for k in c["ms"]}
-        lines.append(f"| {n} | {ms['recorded chain'] / one:.2f} | {ms['bare forward'] / one:.2f} | "
-                     f"{ms['scanned chain'] / one:.2f} (n+1 nodes) | {ms['tree'] / one:.2f} | {ms['commit']:.2f} ms | "
-                     f"{100 * c['rollback_share_of_one_token'][n]:.1f}% |")
-    lines += ["", "Tokens per step (greedy, held-out prompts, every output equal to `generate`):", "",
-              "| verify tokens | chain | tree |", "|---|---|---|"]
+             *costs_markdown(report)]
+    lines += ["", "Tokens per step (greedy, held-out prompts, every output equal to `generate`); the trees are "
+              "EAGLE-2's, as deep as the chain (top 2 per node, the best n joint probabilities kept) and shallow "
+              "(depth 1 / 2 / 3, top 2 / 2 / 3):", "",
+              "| verify tokens | chain | tree, the chain's depth | shallow tree |", "|---|---|---|---|"]
     acc = report["acceptance"]
     for n in (2, 4, 8):
-        lines.append(f"| {n} | {acc[f'chain-{n}']['tokens_per_step']:.2f} | {acc[f'tree-{n}']['tokens_per_step']:.2f} |")
+        shallow = acc.get(f"shallow-{n}")
+        lines.append(f"| {n} | {acc[f'chain-{n}']['tokens_per_step']:.2f} | {acc[f'tree-{n}']['tokens_per_step']:.2f} | "
+                     + (f"{shallow['tokens_per_step']:.2f} |" if shallow else "- |"))
     entry = (report.get("plan") or {}).get("entry")
     if entry is not None:
         shown = {k: entry[k] for k in ("mode", "tree", "draft_vocab_size", "prompt_lookup") if k in entry}
@@ -389,6 +430,21 @@ def markdown(report: dict) -> str:
         p = s["per_prompt"]
         lines.append(f"| {name} | {s['speedup']:.2f}x | {p['median']:.2f}x ({p['min']:.2f}-{p['max']:.2f}) |")
     return "\n".join(lines) + "\n"
+
+
+def costs_only(args, out: Path) -> None:
+    """Part 1 alone, on an untrained target of the layout: written to ``out``/costs.{json,md}."""
+    target = build_target(args.family, args.layers, args.hidden, args.vocab).eval()
+    report = {"family": args.family, "layers": args.layers, "hidden": args.hidden, "vocab": args.vocab,
+              "machine": f"{device_name(torch.device('cpu'))} ({platform.machine()})", "threads": args.threads,
+              "date": time.strftime("%Y-%m-%d"), "costs": verify_costs(target, [2, 4, 8], args.context, args.rounds)}
+    out.mkdir(parents=True, exist_ok=True)
+    write_json_atomically(out / "costs.json", {"args": vars(args), **report})
+    text = "\n".join([f"Target: an untrained {args.family} ({args.layers} layers x {args.hidden}, vocab {args.vocab}); "
+                      f"{report['machine']}, {args.threads} threads, fp32; {report['date']}.", "",
+                      *costs_markdown(report)]) + "\n"
+    write_text_atomically(out / "costs.md", text)
+    print(text)
 
 
 def main() -> None:
@@ -408,10 +464,16 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--speed-rounds", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--costs-only", action="store_true",
+                    help="only part 1, on an untrained target of the same layout (a forward's cost does not depend "
+                         "on its weights' values): minutes instead of the pretraining's half hour")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     out = Path(args.out)
+    if args.costs_only:
+        costs_only(args, out)
+        return
     target, tok, train_texts, held_texts, pretraining = pretrained_target(args, out)
     args.vocab = tok.get_vocab_size()
     prompts = windows(tok, train_texts, args.train_prompts, PROMPT, seed=2)
@@ -425,17 +487,15 @@ def main() -> None:
         heads, training = train_heads(target, seqs, args.train_steps, batch=8)
         heads.save_pretrained(out / "heads")
     held = windows(tok, held_texts, args.eval_prompts, PROMPT, seed=3)
-    trees = {"chain-2": {"total_tokens": 2, "depth": 1, "top_k": 1}, "tree-2": {"total_tokens": 2, "depth": 1, "top_k": 2},
-             "chain-4": {"total_tokens": 4, "depth": 3, "top_k": 1}, "tree-4": {"total_tokens": 4, "depth": 2, "top_k": 2},
-             "chain-8": {"total_tokens": 8, "depth": 7, "top_k": 1}, "tree-8": {"total_tokens": 8, "depth": 3, "top_k": 3}}
+    trees = {**TREES, **SHALLOW_TREES}
     report = {"family": args.family, "layers": args.layers, "hidden": args.hidden, "vocab": args.vocab,
               "layer_types": list(target.config.layer_types), "threads": args.threads,
               "machine": f"{device_name(torch.device('cpu'))} ({platform.machine()})",
               "date": time.strftime("%Y-%m-%d"), "training": training, "pretraining": pretraining}
     report["costs"] = verify_costs(target, [2, 4, 8], args.context, args.rounds)
     report["acceptance"] = acceptance(target, heads, held, args.new_tokens, trees)
-    best = {kind: max((k for k in trees if k.startswith(kind)), key=lambda k: report["acceptance"][k]["tokens_per_step"])
-            for kind in ("chain", "tree")}
+    best = {kind: max((k for k in trees if k.startswith(prefixes)), key=lambda k: report["acceptance"][k]["tokens_per_step"])
+            for kind, prefixes in (("chain", ("chain",)), ("tree", ("tree", "shallow")))}
     report["plan"] = calibrated_plan(out, tok, held_texts, args)
     planned = dh.load_heads(out / "heads", target=target).eval()  # with the tree.json calibrate wrote
     report["speed"] = speed(target, heads, held, args.new_tokens,

@@ -219,3 +219,55 @@ def test_plans_measured_on_a_hybrid_are_refused_for_heads_of_a_transformer(tmp_p
     with pytest.raises(ValueError, match=r"plans=.*hybrid-heads were measured with heads for another target "
                                          r"\(Qwen3_5ForCausalLM.*model_type"):
         dh.SpeculativeDecoder(llama, heads, plans=tmp_path / "hybrid-heads")
+
+
+@pytest.mark.parametrize("family,kernel", [("qwen3_5_text", "torch_chunk_gated_delta_rule"),
+                                           ("nemotron_h", "mamba2_chunk_scan")])
+def test_recording_a_chain_answers_the_zero_token_chunked_calls_as_the_kernel_does(family, kernel, monkeypatch):
+    """Under past recording a mixer calls its chunked kernel on zero tokens before its per-token loop; the
+    recorder answers those calls itself (they cost a kernel call per layer) with what the kernel returns,
+    and the module's kernel is back after the forward."""
+    import sys
+
+    from draftheads.inference import recurrent
+
+    target = tiny_hybrid(family)
+    module = sys.modules[type(target).__module__]
+    own = getattr(module, kernel)
+    calls = []
+
+    def spy(first, *args, **kwargs):
+        calls.append((first, args, kwargs))
+        return own(first, *args, **kwargs)
+
+    monkeypatch.setattr(module, kernel, spy)
+    verifier = TreeVerifier(target)
+    ids, shape = prompt(3), TreeShape.chain(3)
+    tokens = torch.randint(3, VOCAB, (shape.size,), generator=torch.Generator().manual_seed(4))
+
+    def verify_chain():
+        cache = verifier.new_cache()
+        with torch.no_grad():
+            target(ids, cache=cache, use_cache=True)
+            calls.clear()
+            return verifier.forward_tree(cache, Tree(shape, tokens), ids.shape[1])
+
+    answered = verify_chain()
+    assert getattr(module, kernel) is spy  # restored
+    assert calls == []  # the chain's chunked calls (all on zero tokens) were answered without the kernel
+
+    monkeypatch.setattr(recurrent, "_EMPTY_CHUNK_ANSWERS", {})  # the kernel runs on zero tokens
+    ran = verify_chain()
+    zero = [c for c in calls if c[0].shape[1] == 0]
+    assert len(zero) == len(verifier.recurrent.layers)
+    answer = {"torch_chunk_gated_delta_rule": recurrent._empty_gated_delta,
+              "mamba2_chunk_scan": recurrent._empty_mamba2_scan}[kernel]
+    for first, args, kwargs in zero:
+        want, got = own(first, *args, **kwargs), answer(first, *args, **kwargs)
+        for w, g in zip(want, got):
+            assert w.shape == g.shape and w.dtype == g.dtype
+            assert torch.equal(w, g)
+    assert torch.equal(answered[1], ran[1])  # the same logits either way
+    for i in verifier.recurrent.layers:
+        for s, slots in ran[3].rec[i].items():
+            assert torch.equal(answered[3].rec[i][s], slots)

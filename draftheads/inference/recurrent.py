@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
@@ -209,6 +210,68 @@ def keep_state_rows(cache, rows: torch.Tensor) -> None:
 
 # -- recording a chain: transformers' past recording, then the row's state restored ---------------
 
+# A mixer under past recording splits its input into a chunked head and a recorded tail, and calls its
+# chunked kernel on the head even when a verify chain is all tail: on ZERO tokens. Such a call's answer
+# is known without running it (an empty output, the initial state in float32, as the torch kernels
+# return it), and running it costs about a one-token kernel call per layer on a CPU (padding, reshapes
+# and masks over an empty sequence): some 13% of a one-token forward on an 8 x 256 Qwen3.5 layout. So
+# while a chain is recorded (`_empty_chunks_skipped`) these kernels answer zero-token calls themselves.
+
+def _empty_gated_delta(query, key, value, *args, initial_state=None, output_final_state=False, **kwargs):
+    """A gated delta rule (Gated DeltaNet: Qwen3.5/3.6, Qwen3-Next, OLMo-hybrid) over no tokens: the output
+    [B, 0, Hv, Dv] in the query's dtype and the initial state, as the torch kernel returns them."""
+    out = query.new_empty((value.shape[0], 0, *value.shape[2:]))
+    return out, initial_state.to(torch.float32) if output_final_state else None
+
+
+def _empty_mamba2_scan(hidden_states, *args, initial_states=None, return_final_states=False, **kwargs):
+    """A Mamba-2 chunked scan (Nemotron-H, Falcon-H1, Bamba, Granite hybrids) over no tokens: a float32
+    output [B, 0, H, P] and a copy of the initial state (the mixer then advances it in place)."""
+    out = hidden_states.new_empty(hidden_states.shape, dtype=torch.float32)
+    return (out, initial_states.to(torch.float32, copy=True)) if return_final_states else out
+
+
+#: module-level kernel name -> its zero-token answer, and the keyword that carries its initial state
+_EMPTY_CHUNK_ANSWERS = {
+    "torch_chunk_gated_delta_rule": (_empty_gated_delta, "initial_state"),
+    "mamba2_chunk_scan": (_empty_mamba2_scan, "initial_states"),
+}
+
+
+def _answering_empty_calls(kernel, answer, state_keyword: str):
+    """``kernel``, except that a call on zero tokens (its first argument's dim 1) that starts from a state
+    is answered by ``answer``."""
+
+    def chunked(first, *args, **kwargs):
+        if first.shape[1] or kwargs.get(state_keyword) is None:
+            return kernel(first, *args, **kwargs)
+        return answer(first, *args, **kwargs)
+
+    chunked.answers_empty_calls = True
+    return chunked
+
+
+@contextlib.contextmanager
+def _empty_chunks_skipped(layout: RecurrentLayout) -> Iterator[None]:
+    """While a chain is recorded, the mixers' modules' zero-token chunked kernel calls answered directly
+    (`_EMPTY_CHUNK_ANSWERS`); the modules' own kernels are back when it ends. The swap is of a module
+    global, the name the mixer's forward calls, so it holds for every model of that module for the
+    forward's length (the answer is the kernel's own, so another model's forward is not changed)."""
+    swapped = []
+    for module_name in {type(mixer).__module__ for mixer in layout.mixers.values()}:
+        module = sys.modules.get(module_name)
+        for name, (answer, state_keyword) in _EMPTY_CHUNK_ANSWERS.items():
+            kernel = getattr(module, name, None)
+            if kernel is None or getattr(kernel, "answers_empty_calls", False):  # absent, or swapped already
+                continue
+            setattr(module, name, _answering_empty_calls(kernel, answer, state_keyword))
+            swapped.append((module, name, kernel))
+    try:
+        yield
+    finally:
+        for module, name, kernel in swapped:
+            setattr(module, name, kernel)
+
 
 def _record_chain(cache, layout: RecurrentLayout, n: int) -> dict[int, dict[int, torch.Tensor]]:
     """Past recording on for an n-token chain; returns every row's recurrent state before it (copies: some
@@ -380,7 +443,8 @@ def recording(cache, layout: RecurrentLayout | None, parents: torch.Tensor | Non
         before = _record_chain(cache, layout, n)
         holder = RecurrentStep()
         try:
-            yield holder
+            with _empty_chunks_skipped(layout):
+                yield holder
         except BaseException:  # the rows keep their state and stop recording; the error is the forward's
             _collect_chain(cache, layout, n, before, recorded=False)
             raise
