@@ -322,19 +322,25 @@ def _scanned_chain(verifier, cache, tokens: torch.Tensor, context: int) -> None:
 
 
 @torch.no_grad()
-def acceptance(target, heads, prompts: torch.Tensor, new: int, trees: dict[str, dict]) -> dict:
-    """Tokens per step of each tree over the held-out prompts, greedy, every output checked."""
+def acceptance(target, heads, prompts: torch.Tensor, new: int, trees: dict[str, dict], temperature: float = 0.0,
+               seed: int = 0) -> dict:
+    """Tokens per step of each tree over the held-out prompts: greedy, every output checked against
+    ``generate``, or sampled at ``temperature`` (top-k 50, transformers' default; the same seed for every
+    tree), whose law the tests check (`test_sampling_keeps_the_target_law_on_a_hybrid`). Sampled, a chain
+    is drawn from the heads' distribution (the decoder's default) and a tree keeps its top-k candidates
+    (``draw_drafts=False``: a drawn "tree" would be a chain)."""
     target.generation_config.eos_token_id = None
-    want = target.generate(prompts, attention_mask=torch.ones_like(prompts), do_sample=False, max_new_tokens=new,
-                           min_new_tokens=new)
+    want = None if temperature else target.generate(
+        prompts, attention_mask=torch.ones_like(prompts), do_sample=False, max_new_tokens=new, min_new_tokens=new)
     out = {}
     for name, tree in trees.items():
         decoder = dh.SpeculativeDecoder(target, heads, tree=tree, draft_budget=None, batch_plan=None,
-                                        prompt_lookup=False)
+                                        prompt_lookup=False, draw_drafts=tree["top_k"] == 1)
         steps = tokens = 0
         for r in range(prompts.shape[0]):
-            got = decoder.generate(prompts[r : r + 1], max_new_tokens=new, eos_token_id=[])
-            if got.sequences[0].tolist() != want[r].tolist():
+            sampled = {"temperature": temperature, "top_k": 50, "seed": seed + r} if temperature else {}
+            got = decoder.generate(prompts[r : r + 1], max_new_tokens=new, eos_token_id=[], **sampled)
+            if want is not None and got.sequences[0].tolist() != want[r].tolist():
                 raise AssertionError(f"{name}: prompt {r} differs from generate")
             steps += len(got.accept_lengths)
             tokens += sum(got.accept_lengths)
@@ -400,6 +406,28 @@ def costs_markdown(report: dict) -> list[str]:
     return lines
 
 
+def acceptance_markdown(report: dict) -> list[str]:
+    """Part 2's table: tokens per step greedy and, where measured, sampled."""
+    sampled = report.get("acceptance_sampled")
+    t = f"T = {report['sampled_temperature']:g}" if sampled else None
+    lines = ["Tokens per step on the held-out prompts (greedy: every output equal to `generate`"
+             + (f"; {t}: sampled, top-k 50, the same seeds for every tree, chains drawn from the heads' "
+                "distribution and trees of their top-k candidates" if sampled else "") + "). The trees are "
+             "EAGLE-2's, as deep as the chain (top 2 per node, the n nodes of highest joint draft probability kept) "
+             "and shallow (depth 2 / 3, top 2 / 3):", "",
+             "| verify tokens | chain | tree, the chain's depth | shallow tree |"
+             + (f" chain, {t} | tree, {t} | shallow, {t} |" if sampled else ""),
+             "|---|---|---|---|" + ("---|---|---|" if sampled else "")]
+
+    def cells(acc: dict, n: int) -> str:
+        return " | ".join(f"{acc[k]['tokens_per_step']:.2f}" if k in acc else "-"
+                          for k in (f"chain-{n}", f"tree-{n}", f"shallow-{n}"))
+
+    for n in (2, 4, 8):
+        lines.append(f"| {n} | {cells(report['acceptance'], n)} |" + (f" {cells(sampled, n)} |" if sampled else ""))
+    return lines
+
+
 def markdown(report: dict) -> str:
     pre = report["pretraining"]
     trained = (f"pretrained {pre['steps']} steps ({pre['tokens'] / 1e6:.1f} M tokens of the standard library, loss "
@@ -411,15 +439,7 @@ def markdown(report: dict) -> str:
                  f"{report['training']['first_loss']:.2f} -> {report['training']['last_loss']:.2f})."
                  if "steps" in report["training"] else f"read back from {report['training']['reused']}."), "",
              *costs_markdown(report)]
-    lines += ["", "Tokens per step (greedy, held-out prompts, every output equal to `generate`); the trees are "
-              "EAGLE-2's, as deep as the chain (top 2 per node, the best n joint probabilities kept) and shallow "
-              "(depth 1 / 2 / 3, top 2 / 2 / 3):", "",
-              "| verify tokens | chain | tree, the chain's depth | shallow tree |", "|---|---|---|---|"]
-    acc = report["acceptance"]
-    for n in (2, 4, 8):
-        shallow = acc.get(f"shallow-{n}")
-        lines.append(f"| {n} | {acc[f'chain-{n}']['tokens_per_step']:.2f} | {acc[f'tree-{n}']['tokens_per_step']:.2f} | "
-                     + (f"{shallow['tokens_per_step']:.2f} |" if shallow else "- |"))
+    lines += ["", *acceptance_markdown(report)]
     entry = (report.get("plan") or {}).get("entry")
     if entry is not None:
         shown = {k: entry[k] for k in ("mode", "tree", "draft_vocab_size", "prompt_lookup") if k in entry}
@@ -447,6 +467,21 @@ def costs_only(args, out: Path) -> None:
     print(text)
 
 
+def acceptance_only(args, out: Path, target, tok, held_texts: list[str]) -> None:
+    """Part 2 alone, on the target and heads an earlier run kept in ``out``: out/acceptance.{json,md}."""
+    heads = dh.load_heads(out / "heads", target=target).eval()
+    held = windows(tok, held_texts, args.eval_prompts, PROMPT, seed=3)
+    trees = {**TREES, **SHALLOW_TREES}
+    report = {"acceptance": acceptance(target, heads, held, args.new_tokens, trees)}
+    if args.sampled_temperature:
+        report["sampled_temperature"] = args.sampled_temperature
+        report["acceptance_sampled"] = acceptance(target, heads, held, args.new_tokens, trees, args.sampled_temperature)
+    write_json_atomically(out / "acceptance.json", {"args": vars(args), **report})
+    text = "\n".join(acceptance_markdown(report)) + "\n"
+    write_text_atomically(out / "acceptance.md", text)
+    print(text)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--family", default="qwen3_5_text")
@@ -464,6 +499,10 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--speed-rounds", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--sampled-temperature", type=float, default=1.0,
+                    help="part 2 again, sampling at this temperature (0: greedy only)")
+    ap.add_argument("--acceptance-only", action="store_true",
+                    help="only part 2, on the target and heads an earlier run kept in --out")
     ap.add_argument("--costs-only", action="store_true",
                     help="only part 1, on an untrained target of the same layout (a forward's cost does not depend "
                          "on its weights' values): minutes instead of the pretraining's half hour")
@@ -474,8 +513,14 @@ def main() -> None:
     if args.costs_only:
         costs_only(args, out)
         return
+    if args.acceptance_only and not ((out / "target" / "model.safetensors").is_file()
+                                     and (out / "heads" / "config.json").is_file()):
+        raise SystemExit(f"--acceptance-only: {out} holds no target and heads of an earlier run (run it once without)")
     target, tok, train_texts, held_texts, pretraining = pretrained_target(args, out)
     args.vocab = tok.get_vocab_size()
+    if args.acceptance_only:
+        acceptance_only(args, out, target, tok, held_texts)
+        return
     prompts = windows(tok, train_texts, args.train_prompts, PROMPT, seed=2)
     target.generation_config.eos_token_id = None
     with torch.no_grad():
@@ -494,6 +539,9 @@ def main() -> None:
               "date": time.strftime("%Y-%m-%d"), "training": training, "pretraining": pretraining}
     report["costs"] = verify_costs(target, [2, 4, 8], args.context, args.rounds)
     report["acceptance"] = acceptance(target, heads, held, args.new_tokens, trees)
+    if args.sampled_temperature:
+        report["sampled_temperature"] = args.sampled_temperature
+        report["acceptance_sampled"] = acceptance(target, heads, held, args.new_tokens, trees, args.sampled_temperature)
     best = {kind: max((k for k in trees if k.startswith(prefixes)), key=lambda k: report["acceptance"][k]["tokens_per_step"])
             for kind, prefixes in (("chain", ("chain",)), ("tree", ("tree", "shallow")))}
     report["plan"] = calibrated_plan(out, tok, held_texts, args)

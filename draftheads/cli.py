@@ -279,6 +279,11 @@ def _batch_plan(args, target, heads, tree, prompts, temperature: float = 0.0, dr
     return result
 
 
+def _plan_batch_sizes(text: str) -> list[int]:
+    """calibrate's --batch-sizes: sizes like 1,4,8, or none (no timing against plain decoding)."""
+    return [] if text.strip().lower() == "none" else batch_sizes(text)
+
+
 def _temperatures(text: str) -> list[float]:
     from .plans import parse_temperatures
 
@@ -410,10 +415,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--new-tokens", type=positive_int, default=64)
     p.add_argument("--max-nodes", type=positive_int, default=64)
     p.add_argument("--dry-run", action="store_true", help="print the chosen tree without saving it")
-    p.add_argument("--batch-sizes", type=batch_sizes, default=None, metavar="1,4,8",
-                   help="also time the chosen tree against plain decoding at these batch sizes and save a per-size "
-                        "plan (tree.json entries per batch size): SpeculativeDecoder decodes plainly where speculation "
-                        "loses")
+    p.add_argument("--batch-sizes", type=_plan_batch_sizes, default=[1], metavar="1,4,8",
+                   help="also time the chosen tree against plain decoding at these batch sizes, alone and behind prompt "
+                        "lookup, and save a per-size plan (tree.json entries per batch size): SpeculativeDecoder decodes "
+                        "plainly where speculation loses and keeps lookup in front where it pays (default: 1; none: save "
+                        "the tree alone, untimed against plain decoding and lookup)")
     p.add_argument("--prompt-lookup", action=argparse.BooleanOptionalAction, default=True,
                    help="with --batch-sizes: also time the tree behind prompt lookup and save it where it is faster "
                         "(tree.json prompt_lookup; default: on)")
