@@ -214,8 +214,10 @@ def keep_state_rows(cache, rows: torch.Tensor) -> None:
 # chunked kernel on the head even when a verify chain is all tail: on ZERO tokens. Such a call's answer
 # is known without running it (an empty output, the initial state in float32, as the torch kernels
 # return it), and running it costs about a one-token kernel call per layer on a CPU (padding, reshapes
-# and masks over an empty sequence): some 13% of a one-token forward on an 8 x 256 Qwen3.5 layout. So
-# while a chain is recorded (`_empty_chunks_skipped`) these kernels answer zero-token calls themselves.
+# and masks over an empty sequence), most of what recording a short chain cost (docs/results.md, "Small
+# hybrid targets"). So while a chain is recorded (`_empty_chunks_skipped`) these kernels answer zero-token
+# calls themselves. (With an accelerator kernel installed, its answer on zero tokens is the same state,
+# here in float32 as the torch kernels return it.)
 
 def _empty_gated_delta(query, key, value, *args, initial_state=None, output_final_state=False, **kwargs):
     """A gated delta rule (Gated DeltaNet: Qwen3.5/3.6, Qwen3-Next, OLMo-hybrid) over no tokens: the output
