@@ -467,15 +467,21 @@ def costs_only(args, out: Path) -> None:
     print(text)
 
 
-def acceptance_only(args, out: Path, target, tok, held_texts: list[str]) -> None:
-    """Part 2 alone, on the target and heads an earlier run kept in ``out``: out/acceptance.{json,md}."""
-    heads = dh.load_heads(out / "heads", target=target).eval()
-    held = windows(tok, held_texts, args.eval_prompts, PROMPT, seed=3)
+def tokens_per_step(target, heads, held: torch.Tensor, args) -> dict:
+    """Part 2: every tree greedy and, with ``--sampled-temperature``, sampled (the report's entries)."""
     trees = {**TREES, **SHALLOW_TREES}
     report = {"acceptance": acceptance(target, heads, held, args.new_tokens, trees)}
     if args.sampled_temperature:
         report["sampled_temperature"] = args.sampled_temperature
         report["acceptance_sampled"] = acceptance(target, heads, held, args.new_tokens, trees, args.sampled_temperature)
+    return report
+
+
+def acceptance_only(args, out: Path, target, tok, held_texts: list[str]) -> None:
+    """Part 2 alone, on the target and heads an earlier run kept in ``out``: out/acceptance.{json,md}."""
+    heads = dh.load_heads(out / "heads", target=target).eval()
+    held = windows(tok, held_texts, args.eval_prompts, PROMPT, seed=3)
+    report = tokens_per_step(target, heads, held, args)
     write_json_atomically(out / "acceptance.json", {"args": vars(args), **report})
     text = "\n".join(acceptance_markdown(report)) + "\n"
     write_text_atomically(out / "acceptance.md", text)
@@ -538,10 +544,7 @@ def main() -> None:
               "machine": f"{device_name(torch.device('cpu'))} ({platform.machine()})",
               "date": time.strftime("%Y-%m-%d"), "training": training, "pretraining": pretraining}
     report["costs"] = verify_costs(target, [2, 4, 8], args.context, args.rounds)
-    report["acceptance"] = acceptance(target, heads, held, args.new_tokens, trees)
-    if args.sampled_temperature:
-        report["sampled_temperature"] = args.sampled_temperature
-        report["acceptance_sampled"] = acceptance(target, heads, held, args.new_tokens, trees, args.sampled_temperature)
+    report.update(tokens_per_step(target, heads, held, args))
     best = {kind: max((k for k in trees if k.startswith(prefixes)), key=lambda k: report["acceptance"][k]["tokens_per_step"])
             for kind, prefixes in (("chain", ("chain",)), ("tree", ("tree", "shallow")))}
     report["plan"] = calibrated_plan(out, tok, held_texts, args)

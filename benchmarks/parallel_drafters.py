@@ -110,8 +110,9 @@ def decode(target, heads, tree, prompts, references, new_tokens: int, depth: int
 def spread(values: list[float]) -> dict:
     """Median and quartiles over prompts: the mean over all steps alone hides whether a drafter
     helps every answer a little or a few answers a lot."""
-    q1, median, q3 = statistics.quantiles(values, n=4, method="inclusive") if len(values) > 1 else values * 3
-    return {"median": median, "q1": q1, "q3": q3, "min": min(values), "max": max(values), "values": values}
+    from draftheads.bench.metrics import spread as summary
+
+    return {**summary(values), "values": values}
 
 
 def timed(fn) -> float:

@@ -256,12 +256,11 @@ def test_recording_a_chain_answers_the_zero_token_chunked_calls_as_the_kernel_do
     assert getattr(module, kernel) is spy  # restored
     assert calls == []  # the chain's chunked calls (all on zero tokens) were answered without the kernel
 
+    answer = recurrent._EMPTY_CHUNK_ANSWERS[kernel][0]
     monkeypatch.setattr(recurrent, "_EMPTY_CHUNK_ANSWERS", {})  # the kernel runs on zero tokens
     ran = verify_chain()
     zero = [c for c in calls if c[0].shape[1] == 0]
     assert len(zero) == len(verifier.recurrent.layers)
-    answer = {"torch_chunk_gated_delta_rule": recurrent._empty_gated_delta,
-              "mamba2_chunk_scan": recurrent._empty_mamba2_scan}[kernel]
     for first, args, kwargs in zero:
         want, got = own(first, *args, **kwargs), answer(first, *args, **kwargs)
         for w, g in zip(want, got):
