@@ -20,7 +20,9 @@ reused by a later run into the same folder (to measure again on a quieter machin
    chain is (recorded - bare forward + commit) / one-token forward, round by round (median, quartiles).
    ``--costs-only`` runs this part alone on an untrained target of the layout.
 2. **Tokens per step**, greedy, for chains and trees of equal verify tokens (2, 4, 8), each output
-   checked against ``generate``: EAGLE-2 trees as deep as the chain (`TREES`) and shallower ones.
+   checked against ``generate``: EAGLE-2 trees as deep as the chain (`TREES`), shallower and wider ones,
+   each ranked by joint draft probability and again by the heads' confidence table (`heads.confidence`,
+   measured here on ``--confidence-prompts`` training windows, as ``draftheads calibrate`` measures it).
 3. **Speed**: plain ``generate``, the best chain, the best tree and prompt lookup, interleaved per prompt;
    tokens/s ratio against plain (the sum over prompts) with the per-prompt median and range.
 
@@ -45,10 +47,12 @@ sys.path.insert(0, str(ROOT / "tests"))  # the tiny hybrid builder the tests use
 
 import draftheads as dh  # noqa: E402
 from draftheads.atomic import write_json_atomically, write_text_atomically  # noqa: E402
+from draftheads.bench.metrics import spread  # noqa: E402
 from draftheads.device import device_name  # noqa: E402
 from draftheads.inference.recurrent import commit_states, keep_prefix  # noqa: E402
 from draftheads.inference.tree import Tree, TreeShape  # noqa: E402
 from draftheads.inference.verify import TreeVerifier  # noqa: E402
+from draftheads.tune.calibrate import calibrate_confidence  # noqa: E402
 from hybrid_utils import tiny_hybrid  # noqa: E402
 
 PROMPT = 16
@@ -211,9 +215,13 @@ def calibrated_plan(out: Path, tok, texts: list[str], args) -> dict:
 #: heads are sure of every top-1 draft, a branch where a second choice is likelier than a deeper first.
 TREES = {f"{kind}-{n}": {"total_tokens": n, "depth": n - 1, "top_k": 1 if kind == "chain" else 2}
          for n in (2, 4, 8) for kind in ("chain", "tree")}
-#: Shallower, wider trees of the same sizes (what an earlier run of this benchmark compared alone).
+#: Shallower, wider trees of the same sizes (what an earlier run of this benchmark compared alone), and
+#: the top-3 tree five deep that ``draftheads calibrate`` times at 8 tokens on a CPU.
 SHALLOW_TREES = {"shallow-4": {"total_tokens": 4, "depth": 2, "top_k": 2},
-                 "shallow-8": {"total_tokens": 8, "depth": 3, "top_k": 3}}
+                 "shallow-8": {"total_tokens": 8, "depth": 3, "top_k": 3},
+                 "wide-8": {"total_tokens": 8, "depth": 5, "top_k": 3}}
+#: The kinds of tree part 2 compares against the chain, in the table's order.
+TREE_KINDS = ("tree", "shallow", "wide")
 
 
 def bushy(n: int) -> TreeShape:
@@ -277,16 +285,9 @@ def verify_costs(target, sizes: list[int], context: int, rounds: int) -> dict:
               for n in sizes}
     return {"one_token_ms": 1e3 * base, "ms": table, "context": context, "rounds": rounds,
             "rollback_share_of_one_token": {n: statistics.median(xs) for n, xs in paired.items()},
-            "rollback_share_quartiles": {n: quartiles(xs) for n, xs in paired.items()},
+            "rollback_share_quartiles": {n: (spread(xs)["q1"], spread(xs)["q3"]) for n, xs in paired.items()},
+            "rollback_share_rounds": paired,
             "commit_share_of_one_token": {n: table["commit"][n] / (1e3 * base) for n in sizes}}
-
-
-def quartiles(xs: list[float]) -> tuple[float, float]:
-    """The first and third quartiles of ``xs`` (both the value itself for one round)."""
-    if len(xs) < 2:
-        return xs[0], xs[0]
-    q = statistics.quantiles(xs, n=4)
-    return q[0], q[2]
 
 
 def _snapshot(cache, layout) -> dict:
@@ -407,24 +408,35 @@ def costs_markdown(report: dict) -> list[str]:
 
 
 def acceptance_markdown(report: dict) -> list[str]:
-    """Part 2's table: tokens per step greedy and, where measured, sampled."""
+    """Part 2's table: tokens per step greedy and, where measured, sampled; each tree ranked by joint
+    draft probability, then by the confidence table (a -> b)."""
     sampled = report.get("acceptance_sampled")
     t = f"T = {report['sampled_temperature']:g}" if sampled else None
+    conf = report.get("confidence", {}).get("measured_on") or {}
     lines = ["Tokens per step on the held-out prompts (greedy: every output equal to `generate`"
              + (f"; {t}: sampled, top-k 50, the same seeds for every tree, chains drawn from the heads' "
                 "distribution and trees of their top-k candidates" if sampled else "") + "). The trees are "
-             "EAGLE-2's, as deep as the chain (top 2 per node, the n nodes of highest joint draft probability kept) "
-             "and shallow (depth 2 / 3, top 2 / 3):", "",
-             "| verify tokens | chain | tree, the chain's depth | shallow tree |"
-             + (f" chain, {t} | tree, {t} | shallow, {t} |" if sampled else ""),
-             "|---|---|---|---|" + ("---|---|---|" if sampled else "")]
+             "EAGLE-2's: as deep as the chain (top 2 per node, n nodes kept), shallow (depth 2 / 3, top 2 / 3) and "
+             "wide (depth 5, top 3). Each tree cell reads a -> b: its nodes ranked by joint draft probability "
+             "(EAGLE-2), then by the heads' confidence table (the measured chance of acceptance by rank and draft "
+             f"probability, `heads.confidence`, from {conf.get('roots', '?')} roots of the target's own text):", "",
+             "| verify tokens | chain | " + " | ".join(TREE_KINDS) + " |"
+             + "".join(f" {k}, {t} |" for k in ("chain", *TREE_KINDS) if sampled),
+             "|---|---|" + "---|" * len(TREE_KINDS) + ("---|" * (1 + len(TREE_KINDS)) if sampled else "")]
 
-    def cells(acc: dict, n: int) -> str:
-        return " | ".join(f"{acc[k]['tokens_per_step']:.2f}" if k in acc else "-"
-                          for k in (f"chain-{n}", f"tree-{n}", f"shallow-{n}"))
+    def cells(acc: dict, ranked: dict, n: int) -> str:
+        out = [f"{acc[f'chain-{n}']['tokens_per_step']:.2f}"]
+        for kind in TREE_KINDS:
+            k = f"{kind}-{n}"
+            out.append(f"{acc[k]['tokens_per_step']:.2f} -> {ranked[k]['tokens_per_step']:.2f}" if k in ranked
+                       else f"{acc[k]['tokens_per_step']:.2f}" if k in acc else "-")
+        return " | ".join(out)
 
     for n in (2, 4, 8):
-        lines.append(f"| {n} | {cells(report['acceptance'], n)} |" + (f" {cells(sampled, n)} |" if sampled else ""))
+        row = f"| {n} | {cells(report['acceptance'], report.get('acceptance_ranked', {}), n)} |"
+        if sampled:
+            row += f" {cells(sampled, report.get('acceptance_ranked_sampled', {}), n)} |"
+        lines.append(row)
     return lines
 
 
@@ -467,21 +479,38 @@ def costs_only(args, out: Path) -> None:
     print(text)
 
 
-def tokens_per_step(target, heads, held: torch.Tensor, args) -> dict:
-    """Part 2: every tree greedy and, with ``--sampled-temperature``, sampled (the report's entries)."""
+def tokens_per_step(target, heads, held: torch.Tensor, confidence_prompts: list[torch.Tensor], args) -> dict:
+    """Part 2: every tree greedy and, with ``--sampled-temperature``, sampled (the report's entries),
+    ranked by joint draft probability (EAGLE-2) and again by the heads' confidence table (measured
+    here as `draftheads calibrate` measures it, on the target's continuations of ``confidence_prompts``):
+    the measured chance of acceptance by rank and draft probability (`heads.confidence`)."""
     trees = {**TREES, **SHALLOW_TREES}
-    report = {"acceptance": acceptance(target, heads, held, args.new_tokens, trees)}
+    branching = {k: t for k, t in trees.items() if t["top_k"] > 1}  # a chain ranks nothing
+    t0 = time.perf_counter()
+    table = calibrate_confidence(target, heads, confidence_prompts, new_tokens=args.new_tokens)
+    report = {"confidence": {**table.to_json(), "seconds": time.perf_counter() - t0}}
+    temperatures = [0.0] + ([args.sampled_temperature] if args.sampled_temperature else [])
+    for temperature in temperatures:
+        suffix = "_sampled" if temperature else ""
+        heads.confidence = None
+        report["acceptance" + suffix] = acceptance(target, heads, held, args.new_tokens, trees, temperature)
+        heads.confidence = table
+        report["acceptance_ranked" + suffix] = acceptance(target, heads, held, args.new_tokens, branching, temperature)
     if args.sampled_temperature:
         report["sampled_temperature"] = args.sampled_temperature
-        report["acceptance_sampled"] = acceptance(target, heads, held, args.new_tokens, trees, args.sampled_temperature)
     return report
 
 
-def acceptance_only(args, out: Path, target, tok, held_texts: list[str]) -> None:
+def confidence_prompts(tok, train_texts: list[str], args) -> list[torch.Tensor]:
+    """Windows of training files (not the held-out ones) the confidence table is measured on."""
+    return list(windows(tok, train_texts, args.confidence_prompts, PROMPT, seed=5)[:, None])
+
+
+def acceptance_only(args, out: Path, target, tok, train_texts: list[str], held_texts: list[str]) -> None:
     """Part 2 alone, on the target and heads an earlier run kept in ``out``: out/acceptance.{json,md}."""
     heads = dh.load_heads(out / "heads", target=target).eval()
     held = windows(tok, held_texts, args.eval_prompts, PROMPT, seed=3)
-    report = tokens_per_step(target, heads, held, args)
+    report = tokens_per_step(target, heads, held, confidence_prompts(tok, train_texts, args), args)
     write_json_atomically(out / "acceptance.json", {"args": vars(args), **report})
     text = "\n".join(acceptance_markdown(report)) + "\n"
     write_text_atomically(out / "acceptance.md", text)
@@ -500,6 +529,8 @@ def main() -> None:
     ap.add_argument("--train-steps", type=int, default=200)
     ap.add_argument("--eval-prompts", type=int, default=12)
     ap.add_argument("--plan-prompts", type=int, default=8, help="prompts `draftheads calibrate` plans on")
+    ap.add_argument("--confidence-prompts", type=int, default=16,
+                    help="training windows the heads' confidence table is measured on (part 2)")
     ap.add_argument("--new-tokens", type=int, default=48)
     ap.add_argument("--context", type=int, default=256)
     ap.add_argument("--rounds", type=int, default=10)
@@ -525,7 +556,7 @@ def main() -> None:
     target, tok, train_texts, held_texts, pretraining = pretrained_target(args, out)
     args.vocab = tok.get_vocab_size()
     if args.acceptance_only:
-        acceptance_only(args, out, target, tok, held_texts)
+        acceptance_only(args, out, target, tok, train_texts, held_texts)
         return
     prompts = windows(tok, train_texts, args.train_prompts, PROMPT, seed=2)
     target.generation_config.eos_token_id = None
@@ -544,9 +575,11 @@ def main() -> None:
               "machine": f"{device_name(torch.device('cpu'))} ({platform.machine()})",
               "date": time.strftime("%Y-%m-%d"), "training": training, "pretraining": pretraining}
     report["costs"] = verify_costs(target, [2, 4, 8], args.context, args.rounds)
-    report.update(tokens_per_step(target, heads, held, args))
-    best = {kind: max((k for k in trees if k.startswith(prefixes)), key=lambda k: report["acceptance"][k]["tokens_per_step"])
-            for kind, prefixes in (("chain", ("chain",)), ("tree", ("tree", "shallow")))}
+    report.update(tokens_per_step(target, heads, held, confidence_prompts(tok, train_texts, args), args))
+    # the best tree as ranked by the confidence table, which heads now carry (what calibrate saves)
+    ranked = {**report["acceptance"], **report["acceptance_ranked"]}
+    best = {kind: max((k for k in trees if k.startswith(prefixes)), key=lambda k: ranked[k]["tokens_per_step"])
+            for kind, prefixes in (("chain", ("chain",)), ("tree", TREE_KINDS))}
     report["plan"] = calibrated_plan(out, tok, held_texts, args)
     planned = dh.load_heads(out / "heads", target=target).eval()  # with the tree.json calibrate wrote
     report["speed"] = speed(target, heads, held, args.new_tokens,

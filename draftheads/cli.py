@@ -297,6 +297,7 @@ def cmd_calibrate(args) -> int:
     """Measure the best tree per temperature (and batch size) on this device and save them in the
     heads' tree.json, replacing what was measured on this device type before and keeping the
     entries of other device types."""
+    from .heads.confidence import write_confidence
     from .plans import TreePlans, write_plans
     from .registry import TreeKind, method_of
 
@@ -317,6 +318,12 @@ def cmd_calibrate(args) -> int:
     curve = measure_cost_curve(target, sizes, context=context)  # this machine's own: the widths are chosen with it
     print(describe_curve(curve))
     entries, verify, greedy_choice = [], curve.verify_seconds, None
+    if method_of(heads).confidence is not None:  # EAGLE trees rank nodes by it, so it is measured first
+        from .tune.calibrate import calibrate_confidence
+
+        heads.confidence = calibrate_confidence(target, heads, prompts, new_tokens=args.new_tokens)
+        print("chance of acceptance by draft probability (rows: rank among siblings), which the trees rank nodes by:")
+        print("\n".join("  " + line for line in heads.confidence.summary()))
     for temperature in args.temperatures:
         if len(args.temperatures) > 1:
             print(f"-- temperature {temperature:g}{' (greedy)' if temperature == 0 else ''}")
@@ -336,6 +343,8 @@ def cmd_calibrate(args) -> int:
     if not args.dry_run:
         plans = saved.merged(measured) if saved is not None else measured
         path = write_plans(args.heads, plans)
+        if heads.confidence is not None:
+            print(f"saved to {write_confidence(args.heads, heads.confidence)}: EAGLE trees rank their nodes by it")
         kept = len(plans.entries) - len(measured.entries)
         print(f"saved to {path}: SpeculativeDecoder uses it by default on {target.device.type} "
               f"({len(measured.entries)} plan entries" + (f"; kept {kept} measured on other device types)" if kept else ")"))

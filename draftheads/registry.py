@@ -115,6 +115,9 @@ class Method:
     ``builtin``: heads a target may ship in its own checkpoint (MTP layers): ``builtin(target)``
     builds them, or raises a ValueError saying why that target has none; ``load_heads`` and
     ``--heads`` name them ``builtin-<name>`` (`builtin_named`).
+    ``confidence(target, heads, sequences, skip_prompt)``: measures the heads' confidence table
+    (`heads.confidence.ConfidenceCalibration`) on the target's greedy continuations, for methods
+    whose trees rank their nodes by it (EAGLE's); None: their trees do not read one.
     ``default``: the head type a config that names none trains (one method is)."""
 
     name: str
@@ -129,6 +132,7 @@ class Method:
     aliases: tuple[str, ...] = ()
     one_forward: OneForwardSearch | None = None
     builtin: Callable[[Any], Any] | None = None
+    confidence: Callable[..., Any] | None = None
     default: bool = False
 
     @property

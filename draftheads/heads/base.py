@@ -15,6 +15,7 @@ from torch import nn
 
 from ..plans import TreePlans, TreeSpec
 from ..registry import method_of
+from .confidence import ConfidenceCalibration
 from .config import HeadsConfig, TargetInfo
 from .folder import LEGACY_ATTRIBUTES, plans_view, save_heads, with_attribute
 from .tree_check import check_plans
@@ -82,12 +83,17 @@ class DraftHeads(nn.Module):
         # not submodules: never saved, trained or moved with the heads.
         self._bound: dict[str, nn.Module] = {}
         self.plans = None
+        self.confidence = None
 
     #: The folder's tree.json as loaded (`plans.TreePlans`: what to run per device type, batch size
     #: and temperature), the way a transformers model carries its generation_config: set by
     #: load_heads, saved by save_pretrained, followed by SpeculativeDecoder unless given plans=.
     #: The only decode setting heads hold; drafters take theirs as arguments.
     plans: TreePlans | None = None
+    #: The folder's confidence.json as loaded (`heads.confidence.ConfidenceCalibration`): the measured
+    #: chance of acceptance by rank and draft probability, which EAGLE trees rank their nodes by
+    #: (None: by draft probability). Set by load_heads and `draftheads calibrate`, saved by save_pretrained.
+    confidence: ConfidenceCalibration | None = None
     tree, draft_vocab_size, tree_origin, batch_plan = (_deprecated_view(name) for name in LEGACY_ATTRIBUTES)
 
     def use_plans(self, plans: TreePlans | None, where: str | os.PathLike = "plans"):

@@ -1,4 +1,5 @@
-"""The files of a heads folder: ``config.json`` + ``model.safetensors`` (+ optional ``tree.json``).
+"""The files of a heads folder: ``config.json`` + ``model.safetensors`` (+ optional ``tree.json``
+and ``confidence.json``).
 
 Writing lives here, below the head classes (whose ``save_pretrained`` writes through
 `save_heads`); reading a whole folder back into heads is `io.load_heads`, which needs the head
@@ -29,6 +30,7 @@ from ..plans import (
     primary,
     tree_json,
 )
+from .confidence import CONFIDENCE_NAME
 from .config import FORMAT_VERSION
 
 CONFIG_NAME = "config.json"
@@ -71,6 +73,9 @@ def save_heads(
     }
     if plans is not None:
         files[TREE_NAME] = lambda p: p.write_text(plans_json(plans))
+    confidence = getattr(heads, "confidence", None)
+    if confidence is not None:
+        files[CONFIDENCE_NAME] = lambda p: p.write_text(json.dumps(confidence.to_json(), indent=2) + "\n")
     for name, text in (extra_files or {}).items():
         files[name] = lambda p, text=text: p.write_text(text, encoding="utf-8")
     return write_folder_atomically(path, files)

@@ -19,6 +19,7 @@ from safetensors.torch import load_file
 from ..atomic import restore_interrupted_swap, write_folder_atomically, write_json_atomically  # noqa: F401 (re-exported)
 from ..plans import TREE_NAME, TreePlans, read_plans
 from ..registry import UnknownMethodError, builtin_named, head_classes, method_named, methods
+from .confidence import read_confidence
 from .config import FORMAT_VERSION, HeadsConfig
 from .folder import CONFIG_NAME, WEIGHTS_NAME, non_finite_tensors, save_heads  # noqa: F401 (re-exported)
 from .hub import resolve_heads_folder
@@ -223,6 +224,7 @@ def load_heads(
     except ValueError as e:
         raise ValueError(f"{weights}: {e}") from None
     attach_plans(heads, read_plans(path), path)  # tree.json, parsed once
+    heads.confidence = read_confidence(path)  # confidence.json (EAGLE trees rank nodes by it)
     if target is not None:
         heads.bind_target(target)
         ref = target.get_output_embeddings().weight

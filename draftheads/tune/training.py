@@ -73,8 +73,10 @@ from ..registry import TreeKind, method_of
 from ..device import device_name
 from ..plans import CHOSEN_BY_TRAINING, PLAIN, SPECULATIVE, CostCurve, DynamicTree, PlanEntry, TreePlans, parse_temperatures, tree_spec
 from ..plans import write_plans
+from ..heads.confidence import write_confidence
 from .batch_plan import PLAIN_MARGIN, BatchPlanResult, measure_batch_plan
 from .calibrate import (
+    calibrate_confidence,
     calibrate_dynamic_tree,
     choose_tree,
     describe_curve,
@@ -96,6 +98,7 @@ VOCAB_SIZES = (4096, 2048, 1024, 512)  # draft vocabularies tried besides the wh
 BLOCK_VOCAB_ROW_TOKENS = 96  # tokens per held-out row measuring the hits a DFlash draft vocabulary keeps
 VERIFY_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 SAMPLE_ROWS = 8  # held-out rows for the vocabulary ratio / dynamic-tree timing
+DYNAMIC_NEW_TOKENS = 48
 DYNAMIC_PROMPTS = 6  # chain or tree depends on the text (toy target, 19f3628:benchmarks/measurements/chains/): more rows, a choice tied less to a few
 DEFAULT_TEMPERATURES = (0.0, 0.7, 1.0)  # greedy, what most chat models ship, and the target's own law
 # The chosen tree against the target's generate (module docstring): prompts x rounds pairs of
@@ -209,6 +212,17 @@ def choose_block_tree(target: torch.nn.Module, heads: torch.nn.Module, rank_accu
     return best.to_json()
 
 
+def dynamic_prompts(target: torch.nn.Module, rows: list[torch.Tensor],
+                    prompts: list[torch.Tensor] | None) -> list[torch.Tensor]:
+    """The [1, L] prompts EAGLE settings are timed (and their confidence measured) on: the plan
+    prompts, else the beginnings of held-out rows, short enough for the target's positions."""
+    limit = getattr(target.config, "max_position_embeddings", None) or 4096
+    prompt_len = max(1, min(128, limit - DYNAMIC_NEW_TOKENS - 8))
+    if prompts:
+        return [p[-prompt_len:][None].to(target.device) for p in prompts[:DYNAMIC_PROMPTS]]
+    return [row[:prompt_len][None] for row in rows[:DYNAMIC_PROMPTS]]
+
+
 @torch.no_grad()
 def choose_dynamic(target: torch.nn.Module, heads: torch.nn.Module, rows: list[torch.Tensor],
                    temperature: float = 0.0, greedy_choice: dict | None = None,
@@ -217,20 +231,14 @@ def choose_dynamic(target: torch.nn.Module, heads: torch.nn.Module, rows: list[t
     prompts; else held-out rows), at widths this machine's ``verify`` curve makes worth timing.
     At a sampling ``temperature``, with the greedy ``greedy_choice``: the short grid of the
     module docstring."""
-    limit = getattr(target.config, "max_position_embeddings", None) or 4096
-    new_tokens = 48
-    prompt_len = max(1, min(128, limit - new_tokens - 8))
-    if prompts:
-        prompts = [p[-prompt_len:][None].to(target.device) for p in prompts[:DYNAMIC_PROMPTS]]
-    else:
-        prompts = [row[:prompt_len][None] for row in rows[:DYNAMIC_PROMPTS]]
+    prompts = dynamic_prompts(target, rows, prompts)
     grid = dynamic_grid(target.device.type, restricts_vocab(heads), verify)
     if temperature > 0 and greedy_choice is not None:
         if greedy_choice.get("total_tokens") == 1:  # plain won greedily: sampling accepts less
             return {"tree": dict(greedy_choice), "calibration": {"skipped": "plain decoding won at temperature 0"},
                     "temperature": temperature}
         grid = sampling_grid(grid, greedy_choice)
-    result = calibrate_dynamic_tree(target, heads, prompts, new_tokens=new_tokens, grid=grid, rounds=1,
+    result = calibrate_dynamic_tree(target, heads, prompts, new_tokens=DYNAMIC_NEW_TOKENS, grid=grid, rounds=1,
                                     temperature=temperature)
     return {"tree": result.tree, "calibration": result.to_json(), "temperature": temperature}
 
@@ -388,6 +396,12 @@ def choose_export_plans(
     curve = cost_curve(target)
     print(describe_curve(curve), flush=True)
     timings: dict = {"verify": curve.verify_seconds}
+    if method_of(heads).confidence is not None:  # the trees below rank their nodes by it
+        with _in_eval(heads):
+            heads.confidence = calibrate_confidence(target, heads, dynamic_prompts(target, rows, prompts),
+                                                    new_tokens=DYNAMIC_NEW_TOKENS)
+        print("confidence (chance of acceptance by rank and draft probability):\n  "
+              + "\n  ".join(heads.confidence.summary()), flush=True)
     greedy = choose_export_tree(target, heads, rows, rank_accuracy, 0.0, timings=timings, prompts=prompts)
     chosen = [greedy]
     for temperature in (t for t in temperatures if t > 0):
@@ -440,6 +454,8 @@ def write_export_tree(
                       "the decoder will use its device default (or run `draftheads calibrate`)", flush=True)
             else:
                 path = write_plans(heads_dir, plans)
+                if unwrapped.heads.confidence is not None:
+                    write_confidence(heads_dir, unwrapped.heads.confidence)
                 summary = summarize(chosen, time.perf_counter() - started)
                 for data in chosen:
                     print(f"tree chosen for {data['device_type']} at temperature {data['temperature']:g}: "

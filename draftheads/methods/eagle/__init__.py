@@ -4,6 +4,7 @@ from .export import export_sglang, export_vllm
 from .imports import draft_layer_widths, read_eagle
 from .heads import EagleHead
 from .drafter import eagle_drafter
+from .confidence import measure_confidence
 from ...registry import EngineLayout, ImportLayout, Method, TreeKind, register
 from .loss import EagleLoss
 
@@ -22,6 +23,7 @@ METHOD = register(Method(
     loss=EagleLoss,
     drafter=eagle_drafter,
     tree=TreeKind.DYNAMIC,
+    confidence=measure_confidence,
     exports={"vllm": EngineLayout("eagle", export_vllm), "sglang": EngineLayout("EAGLE", export_sglang)},
     imports={"eagle": ImportLayout(
         detect=_is_eagle1, read=read_eagle, rank=2, config_names=("eagle",),

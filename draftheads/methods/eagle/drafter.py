@@ -9,7 +9,9 @@ Each step:
    log-probability, the sum along the path) go through the draft layer together, each attending
    to the committed cache and its own ancestors; each proposes its ``top_k`` best children.
 3. rerank: keep the ``total_tokens - 1`` best nodes of everything created. A child's joint
-   probability never exceeds its parent's, so the kept set is a connected tree.
+   probability never exceeds its parent's, so the kept set is a connected tree. Heads that keep a
+   confidence table (``confidence.json``, `heads.confidence`) rank by the measured chance of
+   acceptance instead of the draft probability, in steps 2 and 3 alike.
 The tree's KV entries are dropped after each step; only committed positions stay cached. Drafts
 are deterministic top-k picks (point masses for the verifier), so sampling stays exact; when the
 request samples with drawn drafts (`SamplingParams.draws_drafts`), a chain is drawn instead
@@ -97,6 +99,13 @@ class EagleDrafter(FeedRows):
     @property
     def device(self) -> torch.device:
         return self.head.fc.weight.device
+
+    @property
+    def _rescore(self):
+        """How nodes are ranked: by the heads' measured chance of acceptance when they keep a
+        confidence table (`heads.confidence`), else by joint draft probability (EAGLE-2)."""
+        table = getattr(self.head, "confidence", None)
+        return None if table is None else table.rescore
 
     def use_compaction(self, policy: str) -> None:
         self.compaction = check_compaction(policy, "EAGLE draft-cache compaction")
@@ -189,6 +198,34 @@ class EagleDrafter(FeedRows):
         drafting = [d >= 1 for d in depths]
         if not any(drafting):  # nothing to draft (total_tokens=1 = plain decoding)
             return [Tree(chain_shape(0), torch.tensor([root])) for root in roots]
+        visible, first_pos, root_states = self._prepare(roots, drafting)
+        if self._params.draws_drafts:  # a drawn chain (`sampled`) as deep as the tree, within its token budget
+            depths = [min(d, self.total_tokens - 1) for d in depths]
+            drafts, laws = draw_chain(self.head, self._logits, self._vocab_ids_dev, self._cache, visible, first_pos,
+                                      root_states, max(depths), self._params, self._generator)
+            return chains(roots, drafts, laws, depths)
+        tokens, parents, scores = grow(self.head, self._logits, self._vocab_ids_dev, self._cache, visible, first_pos,
+                                       root_states, max(depths), self.top_k, self._rescore)
+        # A row drafting shallower keeps only its first levels' nodes (what it grows drafted alone).
+        nodes = [nodes_up_to(max(d, 1), self.top_k) for d in depths]
+        trees = select(roots, tokens, parents, scores, nodes, self.total_tokens, self._vocab_ids_dev)
+        return [tree if d >= 1 else Tree(chain_shape(0), torch.tensor([root])) for tree, d, root in zip(trees, depths, roots)]
+
+    @torch.inference_mode()
+    def scored_nodes(self, root: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Every node one row's step grows from ``root``, ``depth`` levels of ``top_k``, with its
+        joint draft log-probability (never rescored), as the target's ids: (tokens, parent node ids,
+        log-probabilities), each [nodes] in creation order (`tree_search.grow`). What the confidence
+        table is measured from (`confidence.measure_confidence`); `accepted` follows as after `propose`."""
+        visible, first_pos, root_states = self._prepare([root], [True])
+        tokens, parents, scores = grow(self.head, self._logits, self._vocab_ids_dev, self._cache, visible, first_pos,
+                                       root_states, self.depth, self.top_k)
+        ids = tokens[0] if self._vocab_ids_dev is None else self._vocab_ids_dev[tokens[0]]
+        return ids.cpu(), parents[0].cpu(), scores[0].cpu()
+
+    def _prepare(self, roots: list[int], drafting: list[bool]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Catch the drafting rows up (compacting the draft cache when its policy says so): each
+        row's visible slots, first drafted position and draft state at its root, on the device."""
         root_states = self._catch_up(roots, drafting)
         excess = self._excess()
         self.max_excess = max(self.max_excess, excess)
@@ -196,14 +233,4 @@ class EagleDrafter(FeedRows):
             self._gather()
         visible = self._visible.to(self.device, non_blocking=True)
         first_pos = torch.tensor(self._lengths).to(self.device, non_blocking=True)
-        if self._params.draws_drafts:  # a drawn chain (`sampled`) as deep as the tree, within its token budget
-            depths = [min(d, self.total_tokens - 1) for d in depths]
-            drafts, laws = draw_chain(self.head, self._logits, self._vocab_ids_dev, self._cache, visible, first_pos,
-                                      root_states, max(depths), self._params, self._generator)
-            return chains(roots, drafts, laws, depths)
-        tokens, parents, scores = grow(self.head, self._logits, self._vocab_ids_dev, self._cache, visible, first_pos,
-                                       root_states, max(depths), self.top_k)
-        # A row drafting shallower keeps only its first levels' nodes (what it grows drafted alone).
-        nodes = [nodes_up_to(max(d, 1), self.top_k) for d in depths]
-        trees = select(roots, tokens, parents, scores, nodes, self.total_tokens, self._vocab_ids_dev)
-        return [tree if d >= 1 else Tree(chain_shape(0), torch.tensor([root])) for tree, d, root in zip(trees, depths, roots)]
+        return visible, first_pos, root_states

@@ -27,10 +27,16 @@ def grow(
     root_states: torch.Tensor,
     depth: int,
     top_k: int,
+    rescore: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Every node of each row's dynamic tree, ``depth`` levels deep: (draft-vocab tokens, parent
-    node ids (root = 0, node i = entry i - 1), joint log-probabilities), each [rows, nodes] in
-    creation order, ``top_k + (depth - 1) * top_k**2`` nodes.
+    node ids (root = 0, node i = entry i - 1), joint log-scores), each [rows, nodes] in creation
+    order, ``top_k + (depth - 1) * top_k**2`` nodes.
+
+    A node's log-score is the sum along its path of each step's log-probability (EAGLE-2), or,
+    with ``rescore`` (`confidence.AcceptanceCalibration.rescore`), of what that maps each step's
+    ranked log-probabilities [..., top_k] to: the log of the measured chance that the target
+    accepts a candidate of that rank and confidence. Either way a child never outscores its parent.
 
     ``visible`` [rows, T] bool: the committed cache slots each row attends to (the tree part is
     written after slot T, then dropped); ``first_pos`` [rows]: the position of each row's first
@@ -39,11 +45,15 @@ def grow(
     k, dev = top_k, root_states.device
     rows, width = root_states.shape
     prefix = visible.shape[1]
-    top = logits(root_states).float().log_softmax(-1).topk(k, dim=-1)
-    tokens, parents, scores = [top.indices], [torch.zeros(rows, k, dtype=torch.long, device=dev)], [top.values]
+    def ranked(states: torch.Tensor):
+        top = logits(states).float().log_softmax(-1).topk(k, dim=-1)
+        return top.indices, top.values if rescore is None else rescore(top.values)
+
+    top_indices, top_values = ranked(root_states)
+    tokens, parents, scores = [top_indices], [torch.zeros(rows, k, dtype=torch.long, device=dev)], [top_values]
     frontier = torch.arange(1, k + 1, device=dev).expand(rows, k)  # node ids of the nodes to expand next
     frontier_states = root_states[:, None].expand(rows, k, width)  # their parents' draft states
-    frontier_tokens = top.indices
+    frontier_tokens = top_indices
     max_expanded = k * (depth - 1)
     # anc[r, i, j]: in row r, expanded node j is expanded node i's ancestor or itself (tree-part slots)
     anc = torch.zeros(rows, max_expanded, max_expanded, dtype=torch.bool, device=dev)
@@ -65,9 +75,9 @@ def grow(
         out, _ = head.run_layers(g, attn_in, positions, mask, cache=cache, cache_length=prefix + expanded)
         expanded += k
 
-        best = logits(out).float().log_softmax(-1).topk(k, dim=-1)  # [rows, k, k]
-        cand_scores = (torch.cat(scores, 1).gather(1, frontier - 1)[..., None] + best.values).reshape(rows, -1)
-        tokens.append(best.indices.reshape(rows, -1))
+        best_indices, best_values = ranked(out)  # [rows, k, k]
+        cand_scores = (torch.cat(scores, 1).gather(1, frontier - 1)[..., None] + best_values).reshape(rows, -1)
+        tokens.append(best_indices.reshape(rows, -1))
         parents.append(frontier.repeat_interleave(k, dim=1))
         scores.append(cand_scores)
         keep = cand_scores.topk(k, dim=-1).indices

@@ -5,6 +5,7 @@ from .export import export_sglang, export_speculators
 from .imports import read_eagle3
 from .heads import Eagle3Head
 from ..eagle.drafter import eagle_drafter
+from ..eagle.confidence import measure_confidence
 from ...registry import EngineLayout, ImportLayout, Method, TreeKind, register
 from ..eagle.loss import EagleLoss
 
@@ -27,6 +28,7 @@ METHOD = register(Method(
     loss=EagleLoss,
     drafter=eagle_drafter,
     tree=TreeKind.DYNAMIC,
+    confidence=measure_confidence,
     exports={"vllm": EngineLayout("eagle3", export_speculators, serves_alone=True),  # vLLM loads the speculators layout
              "sglang": EngineLayout("EAGLE3", export_sglang),
              "speculators": EngineLayout("eagle3", export_speculators, serves_alone=True)},
