@@ -417,7 +417,7 @@ def acceptance_markdown(report: dict) -> list[str]:
              + (f"; {t}: sampled, top-k 50, the same seeds for every tree, chains drawn from the heads' "
                 "distribution and trees of their top-k candidates" if sampled else "") + "). The trees are "
              "EAGLE-2's: as deep as the chain (top 2 per node, n nodes kept), shallow (depth 2 / 3, top 2 / 3) and "
-             "wide (depth 5, top 3). Each tree cell reads a -> b: its nodes ranked by joint draft probability "
+             "wide (depth 5, top 3). A tree cell a -> b (greedy) is its nodes ranked by joint draft probability "
              "(EAGLE-2), then by the heads' confidence table (the measured chance of acceptance by rank and draft "
              f"probability, `heads.confidence`, from {conf.get('roots', '?')} roots of the target's own text):", "",
              "| verify tokens | chain | " + " | ".join(TREE_KINDS) + " |"
@@ -480,24 +480,23 @@ def costs_only(args, out: Path) -> None:
 
 
 def tokens_per_step(target, heads, held: torch.Tensor, confidence_prompts: list[torch.Tensor], args) -> dict:
-    """Part 2: every tree greedy and, with ``--sampled-temperature``, sampled (the report's entries),
-    ranked by joint draft probability (EAGLE-2) and again by the heads' confidence table (measured
-    here as `draftheads calibrate` measures it, on the target's continuations of ``confidence_prompts``):
-    the measured chance of acceptance by rank and draft probability (`heads.confidence`)."""
+    """Part 2: every tree greedy, ranked by joint draft probability (EAGLE-2) and again by the heads'
+    confidence table (measured here as `draftheads calibrate` measures it, on the target's
+    continuations of ``confidence_prompts``: the chance of acceptance by rank and draft probability,
+    `heads.confidence`); with ``--sampled-temperature``, every tree sampled (ranked by draft
+    probability, as the decoder ranks sampled trees)."""
     trees = {**TREES, **SHALLOW_TREES}
     branching = {k: t for k, t in trees.items() if t["top_k"] > 1}  # a chain ranks nothing
     t0 = time.perf_counter()
     table = calibrate_confidence(target, heads, confidence_prompts, new_tokens=args.new_tokens)
     report = {"confidence": {**table.to_json(), "seconds": time.perf_counter() - t0}}
-    temperatures = [0.0] + ([args.sampled_temperature] if args.sampled_temperature else [])
-    for temperature in temperatures:
-        suffix = "_sampled" if temperature else ""
-        heads.confidence = None
-        report["acceptance" + suffix] = acceptance(target, heads, held, args.new_tokens, trees, temperature)
-        heads.confidence = table
-        report["acceptance_ranked" + suffix] = acceptance(target, heads, held, args.new_tokens, branching, temperature)
-    if args.sampled_temperature:
+    heads.confidence = None
+    report["acceptance"] = acceptance(target, heads, held, args.new_tokens, trees)
+    heads.confidence = table  # from here on, as a calibrated heads folder decodes
+    report["acceptance_ranked"] = acceptance(target, heads, held, args.new_tokens, branching)
+    if args.sampled_temperature:  # sampled trees keep EAGLE-2's ranking (the table holds greedy hits)
         report["sampled_temperature"] = args.sampled_temperature
+        report["acceptance_sampled"] = acceptance(target, heads, held, args.new_tokens, trees, args.sampled_temperature)
     return report
 
 

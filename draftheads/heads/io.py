@@ -1,5 +1,5 @@
 """Loading heads folders: ``config.json`` + ``model.safetensors`` (+ optional ``tree.json``,
-read and checked by `draftheads.plans`).
+read and checked by `draftheads.plans`, and ``confidence.json``, `heads.confidence`).
 
 Writes (folder.py) are atomic (draftheads/atomic.py: a temp folder swapped into place), so an
 interrupted export never leaves a half-written folder where a good one was. Loads are strict: safetensors only, every key present

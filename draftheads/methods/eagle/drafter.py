@@ -11,7 +11,7 @@ Each step:
 3. rerank: keep the ``total_tokens - 1`` best nodes of everything created. A child's joint
    probability never exceeds its parent's, so the kept set is a connected tree. Heads that keep a
    confidence table (``confidence.json``, `heads.confidence`) rank by the measured chance of
-   acceptance instead of the draft probability, in steps 2 and 3 alike.
+   acceptance instead of the draft probability, in steps 2 and 3 alike, when decoding greedily.
 The tree's KV entries are dropped after each step; only committed positions stay cached. Drafts
 are deterministic top-k picks (point masses for the verifier), so sampling stays exact; when the
 request samples with drawn drafts (`SamplingParams.draws_drafts`), a chain is drawn instead
@@ -102,10 +102,13 @@ class EagleDrafter(FeedRows):
 
     @property
     def _rescore(self):
-        """How nodes are ranked: by the heads' measured chance of acceptance when they keep a
-        confidence table (`heads.confidence`), else by joint draft probability (EAGLE-2)."""
+        """How nodes are ranked: greedy, by the heads' measured chance of acceptance when they keep
+        a confidence table (`heads.confidence`), else by joint draft probability (EAGLE-2). The
+        table holds greedy hits; sampled, a candidate is accepted with the target's tempered
+        probability of it, which the table does not measure (ranked by it, top-k trees accepted
+        less at T = 1 on two small hybrids: docs/results.md), so sampled trees keep EAGLE-2's rank."""
         table = getattr(self.head, "confidence", None)
-        return None if table is None else table.rescore
+        return None if table is None or not self._params.greedy else table.rescore
 
     def use_compaction(self, policy: str) -> None:
         self.compaction = check_compaction(policy, "EAGLE draft-cache compaction")
