@@ -418,7 +418,7 @@ def acceptance_markdown(report: dict) -> list[str]:
                 "distribution and trees of their top-k candidates" if sampled else "") + "). The trees are "
              "EAGLE-2's: as deep as the chain (top 2 per node, n nodes kept), shallow (depth 2 / 3, top 2 / 3) and "
              "wide (depth 5, top 3). A tree cell a -> b (greedy) is its nodes ranked by joint draft probability "
-             "(EAGLE-2), then by the heads' confidence table (the measured chance of acceptance by rank and draft "
+             "(EAGLE-2), then by the heads' confidence table (the measured chance of acceptance by depth, rank and draft "
              f"probability, `heads.confidence`, from {conf.get('roots', '?')} roots of the target's own text):", "",
              "| verify tokens | chain | " + " | ".join(TREE_KINDS) + " |"
              + "".join(f" {k}, {t} |" for k in ("chain", *TREE_KINDS) if sampled),
@@ -482,7 +482,7 @@ def costs_only(args, out: Path) -> None:
 def tokens_per_step(target, heads, held: torch.Tensor, confidence_prompts: list[torch.Tensor], args) -> dict:
     """Part 2: every tree greedy, ranked by joint draft probability (EAGLE-2) and again by the heads'
     confidence table (measured here as `draftheads calibrate` measures it, on the target's
-    continuations of ``confidence_prompts``: the chance of acceptance by rank and draft probability,
+    continuations of ``confidence_prompts``: the chance of acceptance by depth, rank and draft probability,
     `heads.confidence`); with ``--sampled-temperature``, every tree sampled (ranked by draft
     probability, as the decoder ranks sampled trees)."""
     trees = {**TREES, **SHALLOW_TREES}

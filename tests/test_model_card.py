@@ -129,9 +129,10 @@ def test_push_uploads_heads_with_a_card_naming_the_repo(trained, fake_hub, capsy
     assert up["repo_id"] == "someone/tiny-heads" and up["revision"] == "v1" and fake_hub["branch"] == "v1"
     assert fake_hub["create"][1]["private"] is True
     (heads / "tree.json").write_text(json.dumps({"tree": [[0]]}))  # what calibrate would add: it travels too
+    (heads / "confidence.json").write_text("{}")  # and, for EAGLE heads, the confidence table
     assert main(["push", str(heads), "someone/tiny-heads", "--private", "--revision", "v1"]) == 0
     up = fake_hub["upload"]
-    assert up["files"] == ["README.md", "config.json", "model.safetensors", "tree.json"]
+    assert up["files"] == ["README.md", "confidence.json", "config.json", "model.safetensors", "tree.json"]
     assert up["weights"] == (heads / "model.safetensors").read_bytes()
     # the Hub copy's card names the repo where the local one names the folder; the figures stay
     assert str(heads) not in up["card"] and "draftheads export someone/tiny-heads heads-vllm" in up["card"]

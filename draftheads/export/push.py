@@ -17,8 +17,12 @@ from pathlib import Path
 
 from ..plans import TREE_NAME
 
-# What a heads/export folder holds; nothing else (checkpoints, logs, stray files) is uploaded.
-UPLOAD_FILES = ("config.json", "model.safetensors", TREE_NAME, "draftheads_export.json", "README.md")
+
+def folder_files() -> tuple[str, ...]:
+    """What a heads/export folder holds; nothing else (checkpoints, logs, stray files) is uploaded."""
+    from ..heads.confidence import CONFIDENCE_NAME  # here, not at import: `draftheads export --help` loads no torch
+
+    return ("config.json", "model.safetensors", TREE_NAME, CONFIDENCE_NAME, "draftheads_export.json", "README.md")
 
 
 class PushError(ValueError):
@@ -59,7 +63,7 @@ def upload_files(folder: Path) -> list[str]:
         raise PushError(f"{folder} is neither a draftheads heads folder nor a `draftheads export` folder{what}")
     if not (folder / "model.safetensors").is_file():
         raise PushError(f"{folder} has no model.safetensors: nothing to push")
-    return [name for name in UPLOAD_FILES if (folder / name).is_file()]
+    return [name for name in folder_files() if (folder / name).is_file()]
 
 
 def hub_card(folder: Path, repo_id: str) -> str:
