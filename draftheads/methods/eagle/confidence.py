@@ -26,9 +26,11 @@ MEASURE_DEPTH = 4
 @torch.no_grad()
 def measure_confidence(target: torch.nn.Module, heads: torch.nn.Module, sequences: list[torch.Tensor],
                        skip_prompt: list[int], top_k: int = MEASURE_TOP_K, depth: int = MEASURE_DEPTH,
-                       draft_vocab_size: int | None = None) -> ConfidenceCalibration:
+                       draft_vocab_size: int | None = None, table_depths: int | None = None) -> ConfidenceCalibration:
     """The table over every root after each sequence's first ``skip_prompt[i]`` tokens (its
-    prompt): ``sequences`` are the target's greedy continuations, one row each."""
+    prompt): ``sequences`` are the target's greedy continuations, one row each. One curve per
+    depth measured (``depth``), or per ``table_depths`` (1: one curve for every depth, the first
+    release's table, which benchmarks compare against)."""
     drafter = EagleDrafter(heads, total_tokens=2, depth=depth, top_k=top_k, draft_vocab_size=draft_vocab_size)
     tap = FeatureTap(target, drafter.feature_layers)
     device = target.get_output_embeddings().weight.device
@@ -46,7 +48,7 @@ def measure_confidence(target: torch.nn.Module, heads: torch.nn.Module, sequence
             records += _walk(tokens, parents, scores, seq[root + 1 : root + 1 + depth].cpu())
             roots += 1
             drafter.accepted([seq[root : root + 1]], [features[root : root + 1]])
-    return ConfidenceCalibration.fit(records, top_k, depth, measured_on={
+    return ConfidenceCalibration.fit(records, top_k, table_depths or depth, measured_on={
         "sequences": len(sequences), "roots": roots, "candidates": len(records), "top_k": top_k, "depth": depth})
 
 
