@@ -1,6 +1,5 @@
 """EAGLE trees ranked by joint draft probability (EAGLE-2) against the same trees ranked by the heads'
-confidence table (`heads.confidence`: pooled over depths, one curve per rank, and by depth too), and
-against chains of equal verify tokens, on a real target.
+confidence table (`heads.confidence`), and against chains of equal verify tokens, on a real target.
 
 The table is measured as ``draftheads calibrate`` measures it: on the target's greedy continuations of
 the package's plan prompts (``--prompts``, default ``auto``: shaped like users' requests, never an
@@ -69,17 +68,15 @@ def markdown(report: dict) -> str:
              f"greedy continuations of {conf['sequences']} plan prompts ({report['confidence']['seconds']:.0f} s). "
              f"Held out: {report['questions']} questions of {report['question_set']}, {report['new_tokens']} new tokens "
              "each, greedy, every output equal to `generate`.", "",
-             "| setting (total tokens, depth, top-k) | by draft probability | by the table, pooled over depths | "
-             "by the table, by depth | per question (by depth): median (min-max) |", "|---|---|---|---|---|"]
+             "| setting (total tokens, depth, top-k) | by draft probability | by the confidence table | "
+             "per question (table): median (min-max) |", "|---|---|---|---|"]
     for name, tree in SETTINGS.items():
-        raw, pooled, ranked = report["raw"][name], report["pooled"].get(name), report["ranked"].get(name)
+        raw, ranked = report["raw"][name], report["ranked"].get(name)
         s = (ranked or raw)["per_prompt"]
         lines.append(f"| {name} ({tree['total_tokens']}, {tree['depth']}, {tree['top_k']}) | {raw['tokens_per_step']:.2f} | "
-                     + (f"{pooled['tokens_per_step']:.2f} | {ranked['tokens_per_step']:.2f}" if ranked
-                        else "(a chain: the same) | (the same)")
+                     + (f"{ranked['tokens_per_step']:.2f}" if ranked else "(a chain: the same)")
                      + f" | {s['median']:.2f} ({s['min']:.2f}-{s['max']:.2f}) |")
-    lines += ["", "The table by depth (chance of acceptance by depth and rank among siblings, per draft-probability "
-              "bin):", "", "```",
+    lines += ["", "The table (chance of acceptance by rank among siblings, per draft-probability bin):", "", "```",
               *report["confidence_summary"], "```"]
     return "\n".join(lines) + "\n"
 
@@ -107,7 +104,6 @@ def main() -> None:
     t0 = time.perf_counter()
     table = calibrate_confidence(target, heads, plan_prompts, new_tokens=args.new_tokens)
     seconds = time.perf_counter() - t0
-    pooled_table = calibrate_confidence(target, heads, plan_prompts, new_tokens=args.new_tokens, table_depths=1)
     questions = load_questions(args.questions)[: args.num_questions]
     prompts = encode_prompts(tokenizer, [q.turns[0] for q in questions], chat, 256)
     with torch.no_grad():
@@ -117,16 +113,15 @@ def main() -> None:
               "machine": f"{device_name(torch.device('cpu'))} ({platform.machine()})", "date": time.strftime("%Y-%m-%d"),
               "questions": len(questions), "question_set": args.questions, "new_tokens": args.new_tokens,
               "confidence": {**table.to_json(), "seconds": seconds}, "confidence_summary": table.summary(),
-              "raw": {}, "pooled": {}, "ranked": {}}
+              "raw": {}, "ranked": {}}
     for name, tree in SETTINGS.items():
         heads.confidence = None
         report["raw"][name] = tokens_per_step(target, heads, prompts, want, tree, args.new_tokens)
         if tree["top_k"] > 1:
-            for key, ranking in (("pooled", pooled_table), ("ranked", table)):
-                heads.confidence = ranking
-                report[key][name] = tokens_per_step(target, heads, prompts, want, tree, args.new_tokens)
-        print(name, json.dumps({k: round(report[k][name]["tokens_per_step"], 3) for k in ("raw", "pooled", "ranked")
-                                if name in report[k]}), flush=True)
+            heads.confidence = table
+            report["ranked"][name] = tokens_per_step(target, heads, prompts, want, tree, args.new_tokens)
+        print(name, json.dumps({k: round(v[name]["tokens_per_step"], 3) for k, v in
+                                (("raw", report["raw"]), ("ranked", report["ranked"])) if name in v}), flush=True)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     write_json_atomically(out / "results.json", {"args": vars(args), **report})

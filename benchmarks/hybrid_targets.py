@@ -417,26 +417,25 @@ def acceptance_markdown(report: dict) -> list[str]:
              + (f"; {t}: sampled, top-k 50, the same seeds for every tree, chains drawn from the heads' "
                 "distribution and trees of their top-k candidates" if sampled else "") + "). The trees are "
              "EAGLE-2's: as deep as the chain (top 2 per node, n nodes kept), shallow (depth 2 / 3, top 2 / 3) and "
-             "wide (depth 5, top 3). A tree cell a -> b -> c (greedy) is its nodes ranked by joint draft probability "
-             "(EAGLE-2), then by the heads' confidence table (the measured chance of acceptance, `heads.confidence`, "
-             f"from {conf.get('roots', '?')} roots of the target's own text) by rank and draft probability alone "
-             "(one curve for every depth), then by depth too (as the heads folder keeps it):", "",
+             "wide (depth 5, top 3). A tree cell a -> b (greedy) is its nodes ranked by joint draft probability "
+             "(EAGLE-2), then by the heads' confidence table (the measured chance of acceptance by rank and draft "
+             f"probability, `heads.confidence`, from {conf.get('roots', '?')} roots of the target's own text):", "",
              "| verify tokens | chain | " + " | ".join(TREE_KINDS) + " |"
              + "".join(f" {k}, {t} |" for k in ("chain", *TREE_KINDS) if sampled),
              "|---|---|" + "---|" * len(TREE_KINDS) + ("---|" * (1 + len(TREE_KINDS)) if sampled else "")]
 
-    def cells(acc: dict, n: int, *rankings: dict) -> str:
+    def cells(acc: dict, ranked: dict, n: int) -> str:
         out = [f"{acc[f'chain-{n}']['tokens_per_step']:.2f}"]
         for kind in TREE_KINDS:
             k = f"{kind}-{n}"
-            out.append(" -> ".join(f"{a[k]['tokens_per_step']:.2f}" for a in (acc, *rankings) if k in a) or "-")
+            out.append(f"{acc[k]['tokens_per_step']:.2f} -> {ranked[k]['tokens_per_step']:.2f}" if k in ranked
+                       else f"{acc[k]['tokens_per_step']:.2f}" if k in acc else "-")
         return " | ".join(out)
 
     for n in (2, 4, 8):
-        rankings = [report[k] for k in ("acceptance_ranked_pooled", "acceptance_ranked") if k in report]
-        row = f"| {n} | {cells(report['acceptance'], n, *rankings)} |"
+        row = f"| {n} | {cells(report['acceptance'], report.get('acceptance_ranked', {}), n)} |"
         if sampled:
-            row += f" {cells(sampled, n)} |"
+            row += f" {cells(sampled, report.get('acceptance_ranked_sampled', {}), n)} |"
         lines.append(row)
     return lines
 
@@ -483,10 +482,9 @@ def costs_only(args, out: Path) -> None:
 def tokens_per_step(target, heads, held: torch.Tensor, confidence_prompts: list[torch.Tensor], args) -> dict:
     """Part 2: every tree greedy, ranked by joint draft probability (EAGLE-2) and again by the heads'
     confidence table (measured here as `draftheads calibrate` measures it, on the target's
-    continuations of ``confidence_prompts``: the chance of acceptance by depth, rank and draft probability,
-    `heads.confidence`), and by the same table pooled over depths (one curve per rank, the first
-    release's); with ``--sampled-temperature``, every tree sampled (ranked by draft probability, as
-    the decoder ranks sampled trees)."""
+    continuations of ``confidence_prompts``: the chance of acceptance by rank and draft probability,
+    `heads.confidence`); with ``--sampled-temperature``, every tree sampled (ranked by draft
+    probability, as the decoder ranks sampled trees)."""
     trees = {**TREES, **SHALLOW_TREES}
     branching = {k: t for k, t in trees.items() if t["top_k"] > 1}  # a chain ranks nothing
     t0 = time.perf_counter()
@@ -494,9 +492,6 @@ def tokens_per_step(target, heads, held: torch.Tensor, confidence_prompts: list[
     report = {"confidence": {**table.to_json(), "seconds": time.perf_counter() - t0}}
     heads.confidence = None
     report["acceptance"] = acceptance(target, heads, held, args.new_tokens, trees)
-    heads.confidence = calibrate_confidence(target, heads, confidence_prompts, new_tokens=args.new_tokens,
-                                            table_depths=1)
-    report["acceptance_ranked_pooled"] = acceptance(target, heads, held, args.new_tokens, branching)
     heads.confidence = table  # from here on, as a calibrated heads folder decodes
     report["acceptance_ranked"] = acceptance(target, heads, held, args.new_tokens, branching)
     if args.sampled_temperature:  # sampled trees keep EAGLE-2's ranking (the table holds greedy hits)

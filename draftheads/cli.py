@@ -322,7 +322,7 @@ def cmd_calibrate(args) -> int:
         from .tune.calibrate import calibrate_confidence
 
         heads.confidence = calibrate_confidence(target, heads, prompts, new_tokens=args.new_tokens)
-        print("chance of acceptance by draft probability (rows: depth in the tree, rank among siblings), which the trees rank nodes by:")
+        print("chance of acceptance by draft probability (rows: rank among siblings), which the trees rank nodes by:")
         print("\n".join("  " + line for line in heads.confidence.summary()))
     for temperature in args.temperatures:
         if len(args.temperatures) > 1:

@@ -91,7 +91,7 @@ class DraftHeads(nn.Module):
     #: The only decode setting heads hold; drafters take theirs as arguments.
     plans: TreePlans | None = None
     #: The folder's confidence.json as loaded (`heads.confidence.ConfidenceCalibration`): the measured
-    #: chance of acceptance by depth, rank and draft probability, which EAGLE trees rank their nodes by
+    #: chance of acceptance by rank and draft probability, which EAGLE trees rank their nodes by
     #: (None: by draft probability). Set by load_heads and `draftheads calibrate`, saved by save_pretrained.
     confidence: ConfidenceCalibration | None = None
     tree, draft_vocab_size, tree_origin, batch_plan = (_deprecated_view(name) for name in LEGACY_ATTRIBUTES)

@@ -393,19 +393,18 @@ def sampling_grid(grid: list[dict], greedy_choice: dict) -> list[dict]:
 
 @torch.no_grad()
 def calibrate_confidence(target: torch.nn.Module, heads: torch.nn.Module, prompts: list[torch.Tensor],
-                         new_tokens: int = 64, **measure_options):
+                         new_tokens: int = 64):
     """EAGLE heads' confidence table (`heads.confidence`) measured on the target's greedy
     continuations of ``prompts``: what their trees rank nodes by once it is set. Measured with the
     heads' whole draft vocabulary, the table also serves a restricted one (whose probabilities
-    run slightly higher, so it errs toward trusting them). ``measure_options`` go to the method's
-    measurement (EAGLE's ``table_depths``)."""
+    run slightly higher, so it errs toward trusting them)."""
     measure = method_of(heads).confidence
     if measure is None:
         raise ValueError(f"{heads.head_type} heads rank no tree by a confidence table")
     decoder = SpeculativeDecoder(target, heads, batch_plan=None)  # the continuation is the target's, only faster
     sequences = [decoder.generate(p, max_new_tokens=new_tokens, eos_token_id=[], temperature=0.0).sequences[0]
                  for p in prompts]
-    return measure(target, heads, sequences, [p.shape[-1] for p in prompts], **measure_options)
+    return measure(target, heads, sequences, [p.shape[-1] for p in prompts])
 
 
 @dataclass

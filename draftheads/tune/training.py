@@ -400,7 +400,7 @@ def choose_export_plans(
         with _in_eval(heads):
             heads.confidence = calibrate_confidence(target, heads, dynamic_prompts(target, rows, prompts),
                                                     new_tokens=DYNAMIC_NEW_TOKENS)
-        print("confidence (chance of acceptance by depth, rank and draft probability):\n  "
+        print("confidence (chance of acceptance by rank and draft probability):\n  "
               + "\n  ".join(heads.confidence.summary()), flush=True)
     greedy = choose_export_tree(target, heads, rows, rank_accuracy, 0.0, timings=timings, prompts=prompts)
     chosen = [greedy]

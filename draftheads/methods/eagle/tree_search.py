@@ -27,16 +27,16 @@ def grow(
     root_states: torch.Tensor,
     depth: int,
     top_k: int,
-    rescore: Callable[[torch.Tensor, int], torch.Tensor] | None = None,
+    rescore: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Every node of each row's dynamic tree, ``depth`` levels deep: (draft-vocab tokens, parent
     node ids (root = 0, node i = entry i - 1), joint log-scores), each [rows, nodes] in creation
     order, ``top_k + (depth - 1) * top_k**2`` nodes.
 
     A node's log-score is the sum along its path of each step's log-probability (EAGLE-2), or,
-    with ``rescore`` (`heads.confidence.ConfidenceCalibration.rescore`), of what that maps each
-    step's ranked log-probabilities [..., top_k] and depth (0: the root's children) to: the log of
-    the measured chance that the target accepts a candidate of that depth, rank and confidence. Either way a child never outscores its parent.
+    with ``rescore`` (`heads.confidence.ConfidenceCalibration.rescore`), of what that maps each step's
+    ranked log-probabilities [..., top_k] to: the log of the measured chance that the target
+    accepts a candidate of that rank and confidence. Either way a child never outscores its parent.
 
     ``visible`` [rows, T] bool: the committed cache slots each row attends to (the tree part is
     written after slot T, then dropped); ``first_pos`` [rows]: the position of each row's first
@@ -45,11 +45,11 @@ def grow(
     k, dev = top_k, root_states.device
     rows, width = root_states.shape
     prefix = visible.shape[1]
-    def ranked(states: torch.Tensor, level: int):
+    def ranked(states: torch.Tensor):
         top = logits(states).float().log_softmax(-1).topk(k, dim=-1)
-        return top.indices, top.values if rescore is None else rescore(top.values, level)
+        return top.indices, top.values if rescore is None else rescore(top.values)
 
-    top_indices, top_values = ranked(root_states, 0)
+    top_indices, top_values = ranked(root_states)
     tokens, parents, scores = [top_indices], [torch.zeros(rows, k, dtype=torch.long, device=dev)], [top_values]
     frontier = torch.arange(1, k + 1, device=dev).expand(rows, k)  # node ids of the nodes to expand next
     frontier_states = root_states[:, None].expand(rows, k, width)  # their parents' draft states
@@ -75,7 +75,7 @@ def grow(
         out, _ = head.run_layers(g, attn_in, positions, mask, cache=cache, cache_length=prefix + expanded)
         expanded += k
 
-        best_indices, best_values = ranked(out, level)  # [rows, k, k]
+        best_indices, best_values = ranked(out)  # [rows, k, k]
         cand_scores = (torch.cat(scores, 1).gather(1, frontier - 1)[..., None] + best_values).reshape(rows, -1)
         tokens.append(best_indices.reshape(rows, -1))
         parents.append(frontier.repeat_interleave(k, dim=1))
