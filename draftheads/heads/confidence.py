@@ -156,12 +156,17 @@ def read_confidence(folder: str | os.PathLike) -> ConfidenceCalibration | None:
     return ConfidenceCalibration.from_json(data, str(path))
 
 
+def confidence_json(table: ConfidenceCalibration) -> str:
+    """The file's text (for writers that assemble a whole folder at once, and `write_confidence`)."""
+    return json.dumps(table.to_json(), indent=2) + "\n"
+
+
 def write_confidence(folder: str | os.PathLike, table: ConfidenceCalibration) -> Path:
     """Write ``table`` as the heads folder's ``confidence.json`` (atomically); returns its path."""
-    from ..atomic import write_json_atomically
+    from ..atomic import write_text_atomically
 
     path = Path(folder) / CONFIDENCE_NAME
-    write_json_atomically(path, table.to_json())
+    write_text_atomically(path, confidence_json(table))
     return path
 
 

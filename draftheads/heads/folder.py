@@ -30,7 +30,7 @@ from ..plans import (
     primary,
     tree_json,
 )
-from .confidence import CONFIDENCE_NAME
+from .confidence import CONFIDENCE_NAME, confidence_json
 from .config import FORMAT_VERSION
 
 CONFIG_NAME = "config.json"
@@ -75,7 +75,7 @@ def save_heads(
         files[TREE_NAME] = lambda p: p.write_text(plans_json(plans))
     confidence = getattr(heads, "confidence", None)
     if confidence is not None:
-        files[CONFIDENCE_NAME] = lambda p: p.write_text(json.dumps(confidence.to_json(), indent=2) + "\n")
+        files[CONFIDENCE_NAME] = lambda p: p.write_text(confidence_json(confidence))
     for name, text in (extra_files or {}).items():
         files[name] = lambda p, text=text: p.write_text(text, encoding="utf-8")
     return write_folder_atomically(path, files)
