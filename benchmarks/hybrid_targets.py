@@ -324,19 +324,20 @@ def _scanned_chain(verifier, cache, tokens: torch.Tensor, context: int) -> None:
 
 @torch.no_grad()
 def acceptance(target, heads, prompts: torch.Tensor, new: int, trees: dict[str, dict], temperature: float = 0.0,
-               seed: int = 0) -> dict:
+               seed: int = 0, drawn: bool = False) -> dict:
     """Tokens per step of each tree over the held-out prompts: greedy, every output checked against
     ``generate``, or sampled at ``temperature`` (top-k 50, transformers' default; the same seed for every
     tree), whose law the tests check (`test_sampling_keeps_the_target_law_on_a_hybrid`). Sampled, a chain
     is drawn from the heads' distribution (the decoder's default) and a tree keeps its top-k candidates
-    (``draw_drafts=False``: a drawn "tree" would be a chain)."""
+    (``draw_drafts=False``), or with ``drawn`` is drawn too (siblings without replacement, in the shape
+    fitted to their acceptance so far: `drawn_trees`, the decoder's default)."""
     target.generation_config.eos_token_id = None
     want = None if temperature else target.generate(
         prompts, attention_mask=torch.ones_like(prompts), do_sample=False, max_new_tokens=new, min_new_tokens=new)
     out = {}
     for name, tree in trees.items():
         decoder = dh.SpeculativeDecoder(target, heads, tree=tree, draft_budget=None, batch_plan=None,
-                                        prompt_lookup=False, draw_drafts=tree["top_k"] == 1)
+                                        prompt_lookup=False, draw_drafts=drawn or tree["top_k"] == 1)
         steps = tokens = 0
         for r in range(prompts.shape[0]):
             sampled = {"temperature": temperature, "top_k": 50, "seed": seed + r} if temperature else {}
@@ -415,7 +416,7 @@ def acceptance_markdown(report: dict) -> list[str]:
     conf = report.get("confidence", {}).get("measured_on") or {}
     lines = ["Tokens per step on the held-out prompts (greedy: every output equal to `generate`"
              + (f"; {t}: sampled, top-k 50, the same seeds for every tree, chains drawn from the heads' "
-                "distribution and trees of their top-k candidates" if sampled else "") + "). The trees are "
+                "distribution" if sampled else "") + "). The trees are "
              "EAGLE-2's: as deep as the chain (top 2 per node, n nodes kept), shallow (depth 2 / 3, top 2 / 3) and "
              "wide (depth 5, top 3). A tree cell a -> b (greedy) is its nodes ranked by joint draft probability "
              "(EAGLE-2), then by the heads' confidence table (the measured chance of acceptance by rank and draft "
@@ -435,8 +436,13 @@ def acceptance_markdown(report: dict) -> list[str]:
     for n in (2, 4, 8):
         row = f"| {n} | {cells(report['acceptance'], report.get('acceptance_ranked', {}), n)} |"
         if sampled:
-            row += f" {cells(sampled, report.get('acceptance_ranked_sampled', {}), n)} |"
+            row += f" {cells(sampled, report.get('acceptance_drawn', {}), n)} |"
         lines.append(row)
+    if report.get("acceptance_drawn"):
+        lines += ["", f"A tree cell a -> b at {t} is the tree of top-k candidates, then the same settings DRAWN: "
+                  "siblings drawn without replacement from the heads' law, in the shape fitted to how often each "
+                  "sibling rank was accepted so far (`inference.proposers.drawn_trees`, the decoder's default when "
+                  "sampling)."]
     return lines
 
 
@@ -497,6 +503,8 @@ def tokens_per_step(target, heads, held: torch.Tensor, confidence_prompts: list[
     if args.sampled_temperature:  # sampled trees keep EAGLE-2's ranking (the table holds greedy hits)
         report["sampled_temperature"] = args.sampled_temperature
         report["acceptance_sampled"] = acceptance(target, heads, held, args.new_tokens, trees, args.sampled_temperature)
+        report["acceptance_drawn"] = acceptance(target, heads, held, args.new_tokens, branching,
+                                                args.sampled_temperature, drawn=True)
     return report
 
 

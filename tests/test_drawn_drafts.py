@@ -1,10 +1,11 @@
 """Drawn drafts, the default when a request samples: every head type draws a chain from its own
-law (`inference.proposers.sampled`), and the output is still exactly the target's law.
+law (`inference.proposers.sampled`), EAGLE heads a tree of siblings drawn without replacement
+(`inference.proposers.drawn_trees`), and the output is still exactly the target's law.
 
 Each generation makes 4 new tokens: the first comes from the prefill, so the first speculative
-step drafts a chain 2 deep (EAGLE's draft layer then runs on the drawn token, Hydra's head on
-the drawn path) and the law of the first 3 tokens is tested against the exact chain-rule law.
-A verifier told the wrong draft law must fail the same test.
+step drafts 2 deep (EAGLE's draft layer then runs on the drawn token, Hydra's head on the drawn
+path) and the law of the first 3 tokens is tested against the exact chain-rule law. A verifier
+told the wrong draft law must fail the same test.
 """
 from __future__ import annotations
 
@@ -112,8 +113,29 @@ def drafted_trees(monkeypatch):
     return seen
 
 
+#: The head types whose dynamic trees are drawn as trees (the rest draw chains).
+DRAWS_TREES = {"eagle", "eagle3"}
+
+
+def check_drawn(tree) -> None:
+    """Every law sums to one and has mass on its draft; siblings are drawn without replacement: a
+    sibling's law has no mass on an earlier sibling's token, and it differs from theirs unless its
+    law is a point mass on the one before (no mass was left)."""
+    laws, drawn = tree.draft_probs[1:].cpu(), tree.tokens[1:].cpu()
+    assert torch.allclose(laws.sum(-1), torch.ones(laws.shape[0]), atol=1e-5)
+    assert bool((laws[torch.arange(drawn.numel()), drawn] > 0).all()), "a draft drawn where its law is 0"
+    tokens, probs = tree.tokens.tolist(), tree.draft_probs.cpu()
+    for kids in tree.shape.children:
+        for j, child in enumerate(kids):
+            earlier = [tokens[k] for k in kids[:j]]
+            if earlier and float(probs[child].max()) == 1.0 and tokens[child] == earlier[-1]:
+                continue  # no mass left: a point mass the verifier rejects
+            assert tokens[child] not in earlier, "siblings drawn with replacement"
+            assert all(float(probs[child, t]) == 0.0 for t in earlier), "a sibling's law keeps an earlier one's token"
+
+
 @pytest.mark.parametrize("head_type", list(HEADS))
-def test_drawn_chains_keep_the_target_distribution(target, head_type, drafted_trees):
+def test_drawn_drafts_keep_the_target_distribution(target, head_type, drafted_trees):
     decoder = decoder_for(target, head_type)
     prompt = torch.tensor([[1, 4, 3]])
     counts, deep = first_three_counts(decoder, prompt)
@@ -122,12 +144,13 @@ def test_drawn_chains_keep_the_target_distribution(target, head_type, drafted_tr
     assert deep >= 25, f"{head_type}: a depth-2 draft was accepted in only {deep}/{RUNS} runs: the test would be vacuous"
     drafted = [t for t in drafted_trees if t.shape.size > 1]
     assert drafted and all(t.draft_probs is not None for t in drafted), "sampling did not draw its drafts"
+    chains = [t.shape.parents == tuple(range(-1, t.shape.size - 1)) for t in drafted]
+    if head_type in DRAWS_TREES:
+        assert not all(chains), "EAGLE heads drew only chains"
+    else:
+        assert all(chains), "a drawn draft of these heads is a chain"
     for tree in drafted[:50]:
-        assert tree.shape.parents == tuple(range(-1, tree.shape.size - 1)), "a drawn draft is a chain"
-        laws = tree.draft_probs[1:]
-        assert torch.allclose(laws.sum(-1), torch.ones(laws.shape[0]), atol=1e-5)
-        drawn = tree.tokens[1:].cpu()
-        assert bool((laws.cpu()[torch.arange(drawn.numel()), drawn] > 0).all()), "a draft drawn where its law is 0"
+        check_drawn(tree)
 
 
 def test_a_verifier_told_the_wrong_draft_law_is_caught(target, monkeypatch):

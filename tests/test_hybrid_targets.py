@@ -147,9 +147,11 @@ def test_every_drafter_decodes_a_hybrid_target_exactly(family):
 
 
 @pytest.mark.parametrize("family", ["qwen3_5_text", "nemotron_h"])
-def test_sampling_keeps_the_target_law_on_a_hybrid(family):
+@pytest.mark.parametrize("drafts", ["medusa-top-k", "eagle-drawn"])
+def test_sampling_keeps_the_target_law_on_a_hybrid(family, drafts):
     """The first three tokens' law, by the chain rule over the target, against 1500 seeded decodes
-    with Medusa trees (siblings at both depths)."""
+    with trees (siblings at both depths): Medusa's top-k candidates (point masses), and EAGLE's drawn
+    siblings (each told its law without the earlier siblings: `drawn_trees`)."""
     import itertools
     import math
     from collections import Counter
@@ -159,9 +161,13 @@ def test_sampling_keeps_the_target_law_on_a_hybrid(family):
 
     vocab, new, runs = 6, 3, 1500
     target = tiny_hybrid(family, seed=3, vocab=vocab, init=0.3)
-    heads = dh.MedusaHeads.for_target(target, num_heads=2)
-    tree = [[0], [1], [0, 0], [0, 1], [1, 0]]
-    decoder = exact_decoder(target, heads, tree=tree, draw_drafts=False)
+    if drafts == "medusa-top-k":
+        heads = dh.MedusaHeads.for_target(target, num_heads=2)
+        decoder = exact_decoder(target, heads, tree=[[0], [1], [0, 0], [0, 1], [1, 0]], draw_drafts=False)
+    else:
+        torch.manual_seed(0)
+        heads = dh.EagleHead.for_target(target, num_heads=1)
+        decoder = exact_decoder(target, heads, tree={"total_tokens": 6, "depth": 2, "top_k": 2})
     ids = torch.tensor([[1, 4, 3]])
     params = SamplingParams(temperature=0.9, top_k=5)
     law = {}
@@ -180,6 +186,8 @@ def test_sampling_keeps_the_target_law_on_a_hybrid(family):
     pvalue = law_pvalue(counts, law)
     assert pvalue > 1e-3, f"chi-square p-value {pvalue:.2g}: the decoded law differs from the target's"
     assert drafted > runs // 10, "drafts were (almost) never accepted: the test would be vacuous"
+    if drafts == "eagle-drawn":
+        assert out.stats.get("drawn_sibling_acceptance"), "EAGLE drew no tree"
 
 
 def test_a_state_layer_without_a_known_mixer_is_refused_by_name():

@@ -135,10 +135,13 @@ class SpeculativeDecoder:
     ``draw_drafts`` (default True): when a request SAMPLES, heads draw each draft token from their
     own distribution (processed with the request's temperature/top-k/top-p) as a chain as deep as
     their tree, and the verifier accepts it with probability 1 - TV(target, draft)
-    (`proposers.sampled`); False keeps their top-k tree (point masses, accepted with the target's
-    probability of each candidate). Both are exact; drawn chains accept more tokens per step at
-    T = 0.7-1.0 on the earlier toy target ("Acceptance rules" in `git show 19f3628:benchmarks/README.md`). Greedy decoding is not
-    affected; prompt lookup has no distribution to draw from and a draft model always samples.
+    (`proposers.sampled`); heads that draft dynamic trees (EAGLE, EAGLE-3, MTP, top_k > 1) draw a
+    tree of siblings without replacement, shaped by how often each sibling was accepted
+    (`proposers.drawn_trees`). False keeps their top-k tree (point masses, accepted with the
+    target's probability of each candidate). All are exact; drawn chains accept more tokens per
+    step than top-k trees at T = 0.7-1.0, drawn trees more than drawn chains of the same verify
+    tokens (docs/results.md). Greedy decoding is not affected; prompt lookup has no distribution
+    to draw from and a draft model always samples.
 
     ``prompt_lookup`` (heads only): prompt lookup in front of the heads. Each step a row whose text
     matches an earlier n-gram (by default n from 3 down to 2) drafts the copy, and the heads draft

@@ -382,8 +382,9 @@ def restricts_vocab(heads: torch.nn.Module) -> bool:
 
 def sampling_grid(grid: list[dict], greedy_choice: dict) -> list[dict]:
     """At a sampling temperature, after the greedy choice: drawn drafts are chains as deep as the
-    tree, so only the greedy choice, the shallowest setting and the chain of 5 are timed (each
-    with the greedy choice's vocabulary); plain decoding is always timed beside them."""
+    tree (EAGLE's: trees shaped by sibling acceptance, `drawn_trees`, within the same settings), so
+    only the greedy choice, the shallowest setting and the chain of 5 are timed (each with the
+    greedy choice's vocabulary); plain decoding is always timed beside them."""
     vocab = {"draft_vocab_size": greedy_choice.get("draft_vocab_size")}
     shallowest = {**min(grid, key=lambda g: (g["depth"], g["total_tokens"])), **vocab}
     candidates = [dict(greedy_choice), shallowest, {**CHAINS[0], **vocab}]

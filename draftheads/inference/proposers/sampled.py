@@ -5,9 +5,9 @@ with the target's own probability of that token, which at T = 0.7-1.0 is small e
 head's distribution is close to the target's. A token DRAWN from the head's distribution q
 (processed with the request's temperature/top-k/top-p, like the target's p) is accepted with
 probability 1 - TV(p, q) by the verifier's min(1, p/q) rule (`accept.accept_sampling`), and the
-output law stays exactly the target's. Drawn drafts form a chain (one draw per depth): sibling
-draws of one parent would be exact too, but a chain already takes most of what drawing gives,
-and every head type can draw one.
+output law stays exactly the target's. Drawn drafts form a chain (one draw per depth), which every
+head type can draw; a head that drafts autoregressively through a tree (EAGLE's draft layer) also
+draws siblings, without replacement (`drawn_trees`).
 
 Each head type keeps its own way of scoring a depth (Medusa's head k, Hydra's head on the path
 so far, EAGLE's draft layer on the drawn token, one forward's slot for DFlash and P-EAGLE) and

@@ -14,8 +14,9 @@ Each step:
    acceptance instead of the draft probability, in steps 2 and 3 alike, when decoding greedily.
 The tree's KV entries are dropped after each step; only committed positions stay cached. Drafts
 are deterministic top-k picks (point masses for the verifier), so sampling stays exact; when the
-request samples with drawn drafts (`SamplingParams.draws_drafts`), a chain is drawn instead
-(`eagle_tree.draw_chain`).
+request samples with drawn drafts (`SamplingParams.draws_drafts`), siblings are drawn instead,
+without replacement, in a shape fitted to their measured acceptance (`drawn_trees`,
+`tree_search.draw_tree`; top_k 1: a drawn chain, `tree_search.draw_chain`).
 
 Rows share one draft KV cache [rows, kv, slots, hd], because drafting row by row would run
 rows x depths small forwards per step, where kernel launches, not FLOPs, set the cost:
@@ -38,7 +39,8 @@ from ...plans.trees import DEFAULT_DEPTH, DEFAULT_TOP_K, DEFAULT_TOTAL_TOKENS
 from ...inference.compaction import check_compaction, wants_compaction
 from ...inference.tree import Tree, chain_shape
 from ...inference.proposers.draft_cache import grown
-from .tree_search import draw_chain, grow, nodes_up_to, select
+from .tree_search import draw_chain, draw_tree, grow, nodes_up_to, select
+from ...inference.proposers.drawn_trees import SiblingAcceptance, fitted_shape
 from ...inference.proposers.feed import FeedRows
 from ...inference.proposers.sampled import chains
 
@@ -95,6 +97,8 @@ class EagleDrafter(FeedRows):
         self._cache: list[tuple[torch.Tensor, torch.Tensor]] | None = None
         self.compactions = 0
         self.max_excess = 0
+        self._sibling_counts: dict[tuple, SiblingAcceptance] = {}
+        self._drawn: list[Tree] | None = None
 
     @property
     def device(self) -> torch.device:
@@ -124,6 +128,7 @@ class EagleDrafter(FeedRows):
         self.max_excess = 0
         self._reserve(max(len(ids) for ids in self._ids) + 256)
         self._params, self._generator = params, generator
+        self._drawn: list[Tree] | None = None  # the last step's drawn trees, until `accepted` counts them
 
     def keep(self, rows: list[int]) -> None:
         """Drop the rows that left; the same copy of the draft cache removes the holes."""
@@ -135,7 +140,10 @@ class EagleDrafter(FeedRows):
         return {"eagle_tree": {"total_tokens": self.total_tokens, "depth": self.depth, "top_k": self.top_k,
                                "draft_vocab_size": self.draft_vocab_size},
                 "draft_cache": {"compaction": self.compaction, "compactions": self.compactions,
-                                "max_excess_slots": self.max_excess}}
+                                "max_excess_slots": self.max_excess},
+                **({"drawn_sibling_acceptance": {f"T={k[0]:g},top_k={k[1]},top_p={k[2]:g}": [round(c, 3) for c in v.rates]
+                                                 for k, v in self._sibling_counts.items()}}
+                   if self._sibling_counts else {})}
 
     # -- the draft cache --------------------------------------------------------------------------
     def _reserve(self, slots: int) -> None:
@@ -202,6 +210,8 @@ class EagleDrafter(FeedRows):
         if not any(drafting):  # nothing to draft (total_tokens=1 = plain decoding)
             return [Tree(chain_shape(0), torch.tensor([root])) for root in roots]
         visible, first_pos, root_states = self._prepare(roots, drafting)
+        if self._params.draws_drafts and self.top_k > 1:  # a drawn tree (`drawn_trees`)
+            return self._drawn_trees(roots, depths, visible, first_pos, root_states)
         if self._params.draws_drafts:  # a drawn chain (`sampled`) as deep as the tree, within its token budget
             depths = [min(d, self.total_tokens - 1) for d in depths]
             drafts, laws = draw_chain(self.head, self._logits, self._vocab_ids_dev, self._cache, visible, first_pos,
@@ -213,6 +223,38 @@ class EagleDrafter(FeedRows):
         nodes = [nodes_up_to(max(d, 1), self.top_k) for d in depths]
         trees = select(roots, tokens, parents, scores, nodes, self.total_tokens, self._vocab_ids_dev)
         return [tree if d >= 1 else Tree(chain_shape(0), torch.tensor([root])) for tree, d, root in zip(trees, depths, roots)]
+
+    def _drawn_trees(self, roots: list[int], depths: list[int], visible: torch.Tensor, first_pos: torch.Tensor,
+                     root_states: torch.Tensor) -> list[Tree]:
+        """Every row's tree of drawn siblings in the shape fitted to this sampling setting's sibling
+        acceptance so far (`drawn_trees`), cut at each row's depth; the trees are kept for `accepted`."""
+        shape = fitted_shape(self._siblings().rates, self.total_tokens, max(depths), self.top_k)
+        internal = sum(1 for kids in shape.children if kids)
+        self._reserve(self._visible.shape[1] + internal + 1)
+        tokens, laws = draw_tree(self.head, self._logits, self._vocab_ids_dev, self._cache, visible, first_pos,
+                                 root_states, shape, self._params, self._generator, self.head.config.vocab_size)
+        tokens[:, 0] = torch.tensor(roots).to(tokens.device, non_blocking=True)
+        trees = []
+        for r, d in enumerate(depths):
+            tree = Tree(shape, tokens[r], laws[r]) if d >= 1 else Tree(chain_shape(0), torch.tensor([roots[r]]))
+            trees.append(tree.truncated(d) if d >= 1 else tree)
+        self._drawn = trees
+        return trees
+
+    def _siblings(self) -> SiblingAcceptance:
+        """The sibling-acceptance counts of the request's sampling setting (kept across generations)."""
+        key = (self._params.temperature, self._params.top_k, self._params.top_p)
+        if key not in self._sibling_counts:
+            self._sibling_counts[key] = SiblingAcceptance(self.top_k)
+        return self._sibling_counts[key]
+
+    def accepted(self, tokens, hidden) -> None:
+        super().accepted(tokens, hidden)
+        if self._drawn is not None:
+            counts = self._siblings()
+            for tree, path in zip(self._drawn, tokens):
+                counts.record(tree, path.tolist())
+            self._drawn = None
 
     @torch.inference_mode()
     def scored_nodes(self, root: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

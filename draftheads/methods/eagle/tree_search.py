@@ -14,6 +14,7 @@ import torch
 
 from ...inference.sampling import SamplingParams
 from ...inference.tree import Tree, TreeShape
+from ...inference.proposers.drawn_trees import draw_siblings
 from ...inference.proposers.sampled import draw
 
 
@@ -118,6 +119,70 @@ def draw_chain(
         drafted.append(token)
         laws.append(law)
     return drafted, laws
+
+
+def draw_tree(
+    head: torch.nn.Module,
+    logits: Callable[[torch.Tensor], torch.Tensor],
+    vocab_ids: torch.Tensor | None,
+    cache: list[tuple[torch.Tensor, torch.Tensor]],
+    visible: torch.Tensor,
+    first_pos: torch.Tensor,
+    root_states: torch.Tensor,
+    shape: TreeShape,
+    params: SamplingParams,
+    generator: torch.Generator | None,
+    vocab_size: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's drafts in ``shape`` (one topology for every row, `drawn_trees.fitted_shape`),
+    every node's children DRAWN without replacement from the draft layer's processed law at that
+    node (`drawn_trees.draw_siblings`), level by level: (target ids [rows, n], slot 0 unused; the
+    law each node was drawn from over the target's vocabulary [rows, n, vocab_size], row 0 zero).
+
+    One draft-layer forward per level runs every node of that level that has children, fed its
+    drawn token and its parent's state, each attending to the committed slots its row sees and its
+    own ancestors (the tree part's slots are scratch, as in `grow`). Arguments as `draw_chain`'s."""
+    rows, n = root_states.shape[0], shape.size
+    dev, prefix = root_states.device, visible.shape[1]
+    levels = shape.depth.tolist()
+    tokens = torch.zeros(rows, n, dtype=torch.long, device=dev)  # draft-vocabulary indices
+    laws: torch.Tensor | None = None
+    states = {0: root_states}
+    slot: dict[int, int] = {}  # an expanded node's scratch slot after the committed ones
+    for level in range(shape.max_depth):
+        expand = [u for u in range(n) if levels[u] == level and shape.children[u]]
+        if level == 0:
+            out = root_states[:, None]
+        else:
+            base = len(slot)
+            for i, u in enumerate(expand):
+                slot[u] = base + i
+            sees = torch.zeros(len(expand), base + len(expand), dtype=torch.bool)
+            for i, u in enumerate(expand):
+                a = u
+                while a > 0:
+                    sees[i, slot[a]] = True
+                    a = shape.parents[a]
+            fed = tokens[:, expand] if vocab_ids is None else vocab_ids[tokens[:, expand]]
+            g, attn_in = head.next_input(torch.stack([states[shape.parents[u]] for u in expand], 1), fed)
+            mask = torch.cat([visible[:, None].expand(rows, len(expand), prefix),
+                              sees.to(dev, non_blocking=True)[None].expand(rows, -1, -1)], dim=2)
+            positions = (first_pos + level - 1)[:, None].expand(rows, len(expand))
+            out, _ = head.run_layers(g, attn_in, positions, mask, cache=cache, cache_length=prefix + base)
+            states.update({u: out[:, i] for i, u in enumerate(expand)})
+        probs = params.probs(logits(out).float())  # [rows, len(expand), V']
+        if laws is None:
+            laws = probs.new_zeros(rows, n, probs.shape[-1])
+        for i, u in enumerate(expand):
+            kids = list(shape.children[u])
+            picked, kid_laws = draw_siblings(probs[:, i], len(kids), generator)
+            tokens[:, kids] = picked
+            laws[:, kids] = kid_laws
+    if vocab_ids is None:
+        return tokens, laws
+    vocab_ids = vocab_ids.to(dev)
+    full = laws.new_zeros(rows, n, vocab_size).index_copy_(2, vocab_ids, laws)
+    return vocab_ids[tokens], full
 
 
 def nodes_up_to(depth: int, top_k: int) -> int:
