@@ -25,13 +25,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import draftheads as dh  # noqa: E402
-from draftheads.atomic import write_json_atomically, write_text_atomically  # noqa: E402
 from draftheads.bench.metrics import spread  # noqa: E402
 from draftheads.bench.questions import load_questions  # noqa: E402
 from draftheads.data.plan_prompts import AUTO, default_set, encode_prompts, read_prompt_texts  # noqa: E402
 from draftheads.device import device_name  # noqa: E402
 from draftheads.target import load_target  # noqa: E402
 from draftheads.tune.calibrate import calibrate_confidence  # noqa: E402
+from report_files import write_report  # noqa: E402
 
 #: Chains and trees of equal verify tokens: EAGLE-2 trees as deep as the chain (top 2), top-3 trees five
 #: deep (the CPU grid's), and the device defaults (CPU: 12 tokens, depth 5, top 4; CUDA: 60 / 6 / 10).
@@ -71,6 +71,8 @@ def markdown(report: dict) -> str:
              "| setting (total tokens, depth, top-k) | by draft probability | by the confidence table | "
              "per question (table): median (min-max) |", "|---|---|---|---|"]
     for name, tree in SETTINGS.items():
+        if name not in report["raw"]:
+            continue
         raw, ranked = report["raw"][name], report["ranked"].get(name)
         s = (ranked or raw)["per_prompt"]
         lines.append(f"| {name} ({tree['total_tokens']}, {tree['depth']}, {tree['top_k']}) | {raw['tokens_per_step']:.2f} | "
@@ -91,8 +93,13 @@ def main() -> None:
     ap.add_argument("--num-questions", type=int, default=16)
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--settings", default=",".join(SETTINGS), help=f"which of {', '.join(SETTINGS)}")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
+    unknown = [name for name in args.settings.split(",") if name not in SETTINGS]
+    if unknown:
+        ap.error(f"--settings: unknown {', '.join(unknown)} (known: {', '.join(SETTINGS)})")
+    settings = {name: SETTINGS[name] for name in args.settings.split(",")}
     torch.set_num_threads(args.threads)
     target, tokenizer = load_target(args.target, device="cpu", dtype="float32")
     target.eval()
@@ -114,7 +121,7 @@ def main() -> None:
               "questions": len(questions), "question_set": args.questions, "new_tokens": args.new_tokens,
               "confidence": {**table.to_json(), "seconds": seconds}, "confidence_summary": table.summary(),
               "raw": {}, "ranked": {}}
-    for name, tree in SETTINGS.items():
+    for name, tree in settings.items():
         heads.confidence = None
         report["raw"][name] = tokens_per_step(target, heads, prompts, want, tree, args.new_tokens)
         if tree["top_k"] > 1:
@@ -122,12 +129,7 @@ def main() -> None:
             report["ranked"][name] = tokens_per_step(target, heads, prompts, want, tree, args.new_tokens)
         print(name, json.dumps({k: round(v[name]["tokens_per_step"], 3) for k, v in
                                 (("raw", report["raw"]), ("ranked", report["ranked"])) if name in v}), flush=True)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    write_json_atomically(out / "results.json", {"args": vars(args), **report})
-    text = markdown(report)
-    write_text_atomically(out / "results.md", text)
-    print(text)
+    write_report(Path(args.out), args, report, markdown(report))
 
 
 if __name__ == "__main__":

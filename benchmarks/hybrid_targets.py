@@ -46,7 +46,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))  # the tiny hybrid builder the tests use
 
 import draftheads as dh  # noqa: E402
-from draftheads.atomic import write_json_atomically, write_text_atomically  # noqa: E402
+from draftheads.atomic import write_text_atomically  # noqa: E402
 from draftheads.bench.metrics import spread  # noqa: E402
 from draftheads.device import device_name  # noqa: E402
 from draftheads.inference.recurrent import commit_states, keep_prefix  # noqa: E402
@@ -54,6 +54,7 @@ from draftheads.inference.tree import Tree, TreeShape  # noqa: E402
 from draftheads.inference.verify import TreeVerifier  # noqa: E402
 from draftheads.tune.calibrate import calibrate_confidence  # noqa: E402
 from hybrid_utils import tiny_hybrid  # noqa: E402
+from report_files import write_report  # noqa: E402
 
 PROMPT = 16
 
@@ -476,13 +477,10 @@ def costs_only(args, out: Path) -> None:
     report = {"family": args.family, "layers": args.layers, "hidden": args.hidden, "vocab": args.vocab,
               "machine": f"{device_name(torch.device('cpu'))} ({platform.machine()})", "threads": args.threads,
               "date": time.strftime("%Y-%m-%d"), "costs": verify_costs(target, [2, 4, 8], args.context, args.rounds)}
-    out.mkdir(parents=True, exist_ok=True)
-    write_json_atomically(out / "costs.json", {"args": vars(args), **report})
     text = "\n".join([f"Target: an untrained {args.family} ({args.layers} layers x {args.hidden}, vocab {args.vocab}); "
                       f"{report['machine']}, {args.threads} threads, fp32; {report['date']}.", "",
                       *costs_markdown(report)]) + "\n"
-    write_text_atomically(out / "costs.md", text)
-    print(text)
+    write_report(out, args, report, text, stem="costs")
 
 
 def tokens_per_step(target, heads, held: torch.Tensor, confidence_prompts: list[torch.Tensor], args) -> dict:
@@ -518,10 +516,7 @@ def acceptance_only(args, out: Path, target, tok, train_texts: list[str], held_t
     heads = dh.load_heads(out / "heads", target=target).eval()
     held = windows(tok, held_texts, args.eval_prompts, PROMPT, seed=3)
     report = tokens_per_step(target, heads, held, confidence_prompts(tok, train_texts, args), args)
-    write_json_atomically(out / "acceptance.json", {"args": vars(args), **report})
-    text = "\n".join(acceptance_markdown(report)) + "\n"
-    write_text_atomically(out / "acceptance.md", text)
-    print(text)
+    write_report(out, args, report, "\n".join(acceptance_markdown(report)) + "\n", stem="acceptance")
 
 
 def main() -> None:
@@ -594,11 +589,7 @@ def main() -> None:
                              f"best tree ({best['tree']})": trees[best["tree"]], "prompt lookup": "lookup",
                              "the plan (draftheads calibrate)": ("plan", planned)},
                             args.speed_rounds)
-    out.mkdir(parents=True, exist_ok=True)
-    write_json_atomically(out / "results.json", {"args": vars(args), **report})
-    text = markdown(report)
-    write_text_atomically(out / "results.md", text)
-    print(text)
+    write_report(out, args, report, markdown(report))
 
 
 if __name__ == "__main__":
