@@ -3,8 +3,8 @@ their measured acceptance: `inference.proposers.drawn_trees`) against drawn chai
 verify tokens and against the same trees' top-k candidates, on a real target.
 
 Held-out questions (``--questions``, default MT-Bench's first turns, through the chat template),
-each decoded once per seed and setting with a fresh decoder per setting and seed (the sibling
-counts start from their prior and carry from one question to the next, as a server's would). The
+each decoded once per seed and setting (the sibling counts start from their prior at every
+generation, so that a seed alone fixes the draws). The
 report is tokens per step (hardware-independent) per setting: over all seeds, per seed, and the
 per-question spread. Nothing here is compared with `generate` (a sample has no one answer to
 equal); the law of drawn trees is tested by chi-square (tests/test_drawn_trees.py,
@@ -33,12 +33,13 @@ from draftheads.device import device_name  # noqa: E402
 from draftheads.target import load_target  # noqa: E402
 from report_files import write_report  # noqa: E402
 
-#: Chains and trees of equal verify tokens: EAGLE-2 trees as deep as the chain (top 2), the top-3 tree
-#: five deep (the CPU grid's) and the CPU default (12 tokens, depth 5, top 4).
+#: Chains and trees of equal verify tokens (a drawn tree verifies depth + 1 tokens at most, as a drawn
+#: chain as deep): trees as deep as the chain with up to 2 or 3 siblings, and the CPU default (12 tokens,
+#: depth 5, top 4), which draws 6.
 SETTINGS = {
     **{f"chain-{n}": {"total_tokens": n, "depth": n - 1, "top_k": 1} for n in (4, 8)},
     **{f"tree-{n}": {"total_tokens": n, "depth": n - 1, "top_k": 2} for n in (4, 8)},
-    "top3-8": {"total_tokens": 8, "depth": 5, "top_k": 3},
+    "top3-8": {"total_tokens": 8, "depth": 7, "top_k": 3},
     "cpu-default-12": {"total_tokens": 12, "depth": 5, "top_k": 4},
 }
 
@@ -65,9 +66,9 @@ def markdown(report: dict) -> str:
     lines = [f"Target `{report['target']}`, heads `{report['heads']}` ({report['head_type']}); {report['machine']}, "
              f"{report['threads']} threads; {report['date']}. Sampled at T = {report['temperature']:g}, top-k "
              f"{report['top_k']}: {report['questions']} questions of {report['question_set']}, {report['new_tokens']} "
-             f"new tokens each, {len(seeds)} seed(s) per question; a fresh decoder per setting and seed.", "",
-             "| setting (total tokens, depth, top-k) | drawn: tokens per step (per seed) | per question: median "
-             "(min-max) | top-k candidates (point masses) |", "|---|---|---|---|"]
+             f"new tokens each, {len(seeds)} seed(s) per question.", "",
+             "| setting (total tokens, depth, top-k) | drawn: verify tokens | drawn: tokens per step (per seed) | "
+             "per question: median (min-max) | top-k candidates (point masses, total tokens) |", "|---|---|---|---|---|"]
     for name, tree in SETTINGS.items():
         runs = report["drawn"].get(name)
         if runs is None:
@@ -77,14 +78,15 @@ def markdown(report: dict) -> str:
         top = report["top_k_trees"].get(name)
         top_cell = "-" if top is None else (
             f"{sum(r['tokens_per_step'] * r['steps'] for r in top) / sum(r['steps'] for r in top):.2f}")
-        lines.append(f"| {name} ({tree['total_tokens']}, {tree['depth']}, {tree['top_k']}) | {total:.2f} ("
+        lines.append(f"| {name} ({tree['total_tokens']}, {tree['depth']}, {tree['top_k']}) | "
+                     f"{min(tree['total_tokens'], tree['depth'] + 1)} | {total:.2f} ("
                      + ", ".join(f"{r['tokens_per_step']:.2f}" for r in runs) + f") | {s['median']:.2f} "
                      f"({s['min']:.2f}-{s['max']:.2f}) | {top_cell} |")
     rates = {name: runs[-1]["sibling_acceptance"] for name, runs in report["drawn"].items()
              if runs and "sibling_acceptance" in runs[-1]}
     if rates:
-        lines += ["", "Each drawn tree's sibling acceptance by rank at the end of its last seed (the chance the verifier "
-                  "accepted the j-th drawn sibling when it tried it; prior 0.5):", ""]
+        lines += ["", "Each drawn tree's sibling acceptance by rank in its last generation (the chance the verifier "
+                  "accepted the j-th drawn sibling when it tried it; prior 0.5, two tries):", ""]
         lines += [f"- {name}: {', '.join(f'{c:.2f}' for c in next(iter(r.values())))}" for name, r in rates.items()]
     return "\n".join(lines) + "\n"
 

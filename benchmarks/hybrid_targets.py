@@ -443,7 +443,8 @@ def acceptance_markdown(report: dict) -> list[str]:
         lines += ["", f"A tree cell a -> b at {t} is the tree of top-k candidates, then the same settings DRAWN: "
                   "siblings drawn without replacement from the heads' law, in the shape fitted to how often each "
                   "sibling rank was accepted so far (`inference.proposers.drawn_trees`, the decoder's default when "
-                  "sampling)."]
+                  "sampling). A drawn tree verifies as many tokens as a drawn chain as deep (depth + 1), so only the "
+                  "trees as deep as their budget are drawn here."]
     return lines
 
 
@@ -501,7 +502,10 @@ def tokens_per_step(target, heads, held: torch.Tensor, confidence_prompts: list[
     if args.sampled_temperature:  # sampled trees keep EAGLE-2's ranking (the table holds greedy hits)
         report["sampled_temperature"] = args.sampled_temperature
         report["acceptance_sampled"] = acceptance(target, heads, held, args.new_tokens, trees, args.sampled_temperature)
-        report["acceptance_drawn"] = acceptance(target, heads, held, args.new_tokens, branching,
+        # Drawn trees verify depth + 1 tokens at most (a drawn chain's): only the trees as deep as their
+        # token budget are drawn at the row's verify tokens.
+        full_width = {k: t for k, t in branching.items() if t["depth"] + 1 >= t["total_tokens"]}
+        report["acceptance_drawn"] = acceptance(target, heads, held, args.new_tokens, full_width,
                                                 args.sampled_temperature, drawn=True)
     return report
 

@@ -62,8 +62,10 @@ def _dflash2(target):
 HEADS = {
     "medusa": (lambda t: dh.MedusaHeads.for_target(t, num_heads=2), TREE),
     "hydra": (lambda t: dh.HydraHeads.for_target(t, num_heads=2), TREE),
-    "eagle": (lambda t: dh.EagleHead.for_target(t, num_heads=1), {"total_tokens": 6, "depth": 2, "top_k": 2}),
-    "eagle3": (_eagle3, {"total_tokens": 6, "depth": 2, "top_k": 2}),
+    # depth 5: a drawn tree verifies depth + 1 tokens at most (a drawn chain's), here all 6; 4-token
+    # generations cut it to 2 deep
+    "eagle": (lambda t: dh.EagleHead.for_target(t, num_heads=1), {"total_tokens": 6, "depth": 5, "top_k": 2}),
+    "eagle3": (_eagle3, {"total_tokens": 6, "depth": 5, "top_k": 2}),
     "peagle": (_peagle, TREE),
     "dflash": (lambda t: DFlashHeads.for_target(t, num_layers=1, block_size=3, mask_token_id=5), TREE),
     "dspark": (_dspark, TREE),

@@ -93,3 +93,41 @@ def test_sibling_acceptance_counts_the_tries_down_the_accepted_path():
     assert counts.hits == [2.0, 3.0] and counts.tries == [6.0, 4.0]
     counts.record(Tree(TreeShape((-1, 0, 0)), torch.tensor([1, 5, 5])), [1])  # the point mass is no try
     assert counts.tries == [7.0, 4.0]
+
+
+
+def test_eagle_draws_as_many_verify_tokens_as_the_drawn_chain_it_replaces(monkeypatch):
+    """A drawn tree verifies depth + 1 tokens at most: a plan timed with drawn chains costs the same."""
+    import draftheads as dh
+    import draftheads.inference.loop as loop
+    from inference_utils import tiny_target
+
+    seen = []
+    accept = loop.accept_rows
+    monkeypatch.setattr(loop, "accept_rows", lambda trees, *a, **k: (seen.extend(trees), accept(trees, *a, **k))[1])
+    target = tiny_target("llama", seed=3, vocab=16, hidden=32, layers=2)
+    torch.manual_seed(0)
+    heads = dh.EagleHead.for_target(target, num_heads=1)
+    for tree, verified in (({"total_tokens": 12, "depth": 3, "top_k": 4}, 4), ({"total_tokens": 5, "depth": 7, "top_k": 2}, 5)):
+        seen.clear()
+        decoder = dh.SpeculativeDecoder(target, heads, tree=tree, draft_budget=None, batch_plan=None)
+        out = decoder.generate(torch.tensor([[1, 4, 3]]), max_new_tokens=24, temperature=1.0, eos_token_id=[], seed=0)
+        assert out.stats.get("drawn_sibling_acceptance"), "no tree was drawn"
+        sizes = {t.shape.size for t in seen}
+        assert max(sizes) == verified, f"{tree}: drawn trees of {sorted(sizes)} tokens, want {verified}"
+        assert any(max(len(k) for k in t.shape.children) > 1 for t in seen), "only chains were drawn"
+
+
+def test_the_same_seed_draws_the_same_tree_tokens_request_after_request():
+    """Sibling acceptance is learned per generation: the second request with a seed samples what the first did."""
+    import draftheads as dh
+    from inference_utils import tiny_target
+
+    target = tiny_target("llama", seed=3, vocab=16, hidden=32, layers=2)
+    torch.manual_seed(0)
+    decoder = dh.SpeculativeDecoder(target, dh.EagleHead.for_target(target, num_heads=1), draft_budget=None,
+                                    tree={"total_tokens": 6, "depth": 5, "top_k": 2}, batch_plan=None)
+    runs = [decoder.generate(torch.tensor([[1, 4, 3]]), max_new_tokens=24, temperature=1.0, eos_token_id=[], seed=5)
+            for _ in range(2)]
+    assert runs[0].stats.get("drawn_sibling_acceptance"), "no tree was drawn"
+    assert runs[0].sequences.tolist() == runs[1].sequences.tolist(), "the same seed drew different tokens"

@@ -167,7 +167,7 @@ def test_sampling_keeps_the_target_law_on_a_hybrid(family, drafts):
     else:
         torch.manual_seed(0)
         heads = dh.EagleHead.for_target(target, num_heads=1)
-        decoder = exact_decoder(target, heads, tree={"total_tokens": 6, "depth": 2, "top_k": 2})
+        decoder = exact_decoder(target, heads, tree={"total_tokens": 6, "depth": 5, "top_k": 2})  # cut to 2 deep
     ids = torch.tensor([[1, 4, 3]])
     params = SamplingParams(temperature=0.9, top_k=5)
     law = {}

@@ -22,8 +22,10 @@ depend on its own value, and its law would no longer be q_j. `SiblingAcceptance`
 sibling rank j, how often the verifier accepted the j-th sibling when it tried it (the earlier
 ones rejected): c_j. A node's chance of acceptance is then the product along its path of
 P(rank accepted | parent reached) = (1 - c_1) ... (1 - c_{j-1}) c_j, and `fitted_shape` grows the
-tree best-first by that chance within the settings' token budget, depth and top-k (a chain when
-c_1 is high, bushier as it falls; Sequoia's positional model, learned online).
+tree best-first by that chance within a token budget, depth and top-k (a chain when c_1 is high,
+bushier as it falls; Sequoia's positional model, learned online). EAGLE's drafter gives it the
+verify tokens of the drawn chain it replaces (depth + 1, at most ``total_tokens``), so a step costs
+what it cost before and only the shape changes.
 """
 from __future__ import annotations
 
@@ -37,13 +39,14 @@ from ..sampling import sample_rows
 from ..tree import Tree, TreeShape
 
 #: Pseudo-counts every rank starts from (a half, worth two tries): enough to draw a sensible first
-#: tree, few enough that a dozen steps of the request's own acceptances outweigh them.
+#: tree, few enough that a few steps of the generation's own acceptances outweigh them.
 PRIOR_HITS, PRIOR_TRIES = 1.0, 2.0
 
 
 class SiblingAcceptance:
     """c_j per sibling rank, from the drawn trees a drafter verified (module docstring). One per
-    sampling setting (temperature, top-k, top-p): what a step earns moves with them."""
+    generation, so that the shapes, and with them the draws, follow from the request and its seed
+    alone (learned across requests, the same seed would draw other tokens)."""
 
     def __init__(self, top_k: int) -> None:
         self.hits = [PRIOR_HITS] * top_k

@@ -129,6 +129,9 @@ class EagleDrafter(FeedRows):
         self._reserve(max(len(ids) for ids in self._ids) + 256)
         self._params, self._generator = params, generator
         self._drawn: list[Tree] | None = None  # the last step's drawn trees, until `accepted` counts them
+        # Sibling acceptance is learned per generation: carried over, the shapes (so the draws) of a seeded
+        # request would depend on the requests before it, and the same seed would sample other tokens.
+        self._sibling_counts = {}
 
     def keep(self, rows: list[int]) -> None:
         """Drop the rows that left; the same copy of the draft cache removes the holes."""
@@ -227,8 +230,12 @@ class EagleDrafter(FeedRows):
     def _drawn_trees(self, roots: list[int], depths: list[int], visible: torch.Tensor, first_pos: torch.Tensor,
                      root_states: torch.Tensor) -> list[Tree]:
         """Every row's tree of drawn siblings in the shape fitted to this sampling setting's sibling
-        acceptance so far (`drawn_trees`), cut at each row's depth; the trees are kept for `accepted`."""
-        shape = fitted_shape(self._siblings().rates, self.total_tokens, max(depths), self.top_k)
+        acceptance so far (`drawn_trees`), cut at each row's depth; the trees are kept for `accepted`.
+        It verifies as many tokens as the drawn chain as deep as the tree would (depth + 1, at most
+        ``total_tokens``): a plan timed with drawn chains costs the same per step, and only its shape
+        changes (what the benchmarks compare: trees against chains of equal verify tokens)."""
+        tokens_verified = min(self.total_tokens, self.depth + 1)
+        shape = fitted_shape(self._siblings().rates, tokens_verified, max(depths), self.top_k)
         internal = sum(1 for kids in shape.children if kids)
         self._reserve(self._visible.shape[1] + internal + 1)
         tokens, laws = draw_tree(self.head, self._logits, self._vocab_ids_dev, self._cache, visible, first_pos,
@@ -242,7 +249,7 @@ class EagleDrafter(FeedRows):
         return trees
 
     def _siblings(self) -> SiblingAcceptance:
-        """The sibling-acceptance counts of the request's sampling setting (kept across generations)."""
+        """This generation's sibling-acceptance counts (reset by `start`: a seed alone fixes the draws)."""
         key = (self._params.temperature, self._params.top_k, self._params.top_p)
         if key not in self._sibling_counts:
             self._sibling_counts[key] = SiblingAcceptance(self.top_k)
