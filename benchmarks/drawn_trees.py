@@ -87,7 +87,7 @@ def markdown(report: dict) -> str:
     if rates:
         lines += ["", "Each drawn tree's sibling acceptance by rank in its last generation (the chance the verifier "
                   "accepted the j-th drawn sibling when it tried it; prior 0.5, two tries):", ""]
-        lines += [f"- {name}: {', '.join(f'{c:.2f}' for c in next(iter(r.values())))}" for name, r in rates.items()]
+        lines += [f"- {name}: {', '.join(f'{c:.2f}' for c in r)}" for name, r in rates.items()]
     return "\n".join(lines) + "\n"
 
 

@@ -51,6 +51,7 @@ class SiblingAcceptance:
     def __init__(self, top_k: int) -> None:
         self.hits = [PRIOR_HITS] * top_k
         self.tries = [PRIOR_TRIES] * top_k
+        self.measured = False  # whether any drawn tree was recorded (the prior alone otherwise)
 
     @property
     def rates(self) -> list[float]:
@@ -63,6 +64,7 @@ class SiblingAcceptance:
         (a law with no mass left: the token of a sibling before them) were never a real try."""
         tokens = tree.tokens.tolist()
         children = tree.shape.children
+        self.measured = True
         node, depth = 0, 1
         while True:
             nxt = accepted[depth] if depth < len(accepted) else None

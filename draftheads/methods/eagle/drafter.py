@@ -97,7 +97,7 @@ class EagleDrafter(FeedRows):
         self._cache: list[tuple[torch.Tensor, torch.Tensor]] | None = None
         self.compactions = 0
         self.max_excess = 0
-        self._sibling_counts: dict[tuple, SiblingAcceptance] = {}
+        self._siblings = SiblingAcceptance(top_k)
         self._drawn: list[Tree] | None = None
 
     @property
@@ -131,7 +131,7 @@ class EagleDrafter(FeedRows):
         self._drawn: list[Tree] | None = None  # the last step's drawn trees, until `accepted` counts them
         # Sibling acceptance is learned per generation: carried over, the shapes (so the draws) of a seeded
         # request would depend on the requests before it, and the same seed would sample other tokens.
-        self._sibling_counts = {}
+        self._siblings = SiblingAcceptance(self.top_k)
 
     def keep(self, rows: list[int]) -> None:
         """Drop the rows that left; the same copy of the draft cache removes the holes."""
@@ -144,9 +144,8 @@ class EagleDrafter(FeedRows):
                                "draft_vocab_size": self.draft_vocab_size},
                 "draft_cache": {"compaction": self.compaction, "compactions": self.compactions,
                                 "max_excess_slots": self.max_excess},
-                **({"drawn_sibling_acceptance": {f"T={k[0]:g},top_k={k[1]},top_p={k[2]:g}": [round(c, 3) for c in v.rates]
-                                                 for k, v in self._sibling_counts.items()}}
-                   if self._sibling_counts else {})}
+                **({"drawn_sibling_acceptance": [round(c, 3) for c in self._siblings.rates]}
+                   if self._siblings.measured else {})}
 
     # -- the draft cache --------------------------------------------------------------------------
     def _reserve(self, slots: int) -> None:
@@ -229,13 +228,13 @@ class EagleDrafter(FeedRows):
 
     def _drawn_trees(self, roots: list[int], depths: list[int], visible: torch.Tensor, first_pos: torch.Tensor,
                      root_states: torch.Tensor) -> list[Tree]:
-        """Every row's tree of drawn siblings in the shape fitted to this sampling setting's sibling
+        """Every row's tree of drawn siblings in the shape fitted to this generation's sibling
         acceptance so far (`drawn_trees`), cut at each row's depth; the trees are kept for `accepted`.
         It verifies as many tokens as the drawn chain as deep as the tree would (depth + 1, at most
         ``total_tokens``): a plan timed with drawn chains costs the same per step, and only its shape
         changes (what the benchmarks compare: trees against chains of equal verify tokens)."""
         tokens_verified = min(self.total_tokens, self.depth + 1)
-        shape = fitted_shape(self._siblings().rates, tokens_verified, max(depths), self.top_k)
+        shape = fitted_shape(self._siblings.rates, tokens_verified, max(depths), self.top_k)
         internal = sum(1 for kids in shape.children if kids)
         self._reserve(self._visible.shape[1] + internal + 1)
         tokens, laws = draw_tree(self.head, self._logits, self._vocab_ids_dev, self._cache, visible, first_pos,
@@ -248,19 +247,11 @@ class EagleDrafter(FeedRows):
         self._drawn = trees
         return trees
 
-    def _siblings(self) -> SiblingAcceptance:
-        """This generation's sibling-acceptance counts (reset by `start`: a seed alone fixes the draws)."""
-        key = (self._params.temperature, self._params.top_k, self._params.top_p)
-        if key not in self._sibling_counts:
-            self._sibling_counts[key] = SiblingAcceptance(self.top_k)
-        return self._sibling_counts[key]
-
     def accepted(self, tokens, hidden) -> None:
         super().accepted(tokens, hidden)
         if self._drawn is not None:
-            counts = self._siblings()
             for tree, path in zip(self._drawn, tokens):
-                counts.record(tree, path.tolist())
+                self._siblings.record(tree, path.tolist())
             self._drawn = None
 
     @torch.inference_mode()
