@@ -15,9 +15,7 @@ tests/test_drawn_drafts.py, tests/test_hybrid_targets.py).
 from __future__ import annotations
 
 import argparse
-import platform
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -27,11 +25,9 @@ sys.path.insert(0, str(ROOT))
 
 import draftheads as dh  # noqa: E402
 from draftheads.bench.metrics import spread  # noqa: E402
-from draftheads.bench.questions import load_questions  # noqa: E402
-from draftheads.data.plan_prompts import encode_prompts  # noqa: E402
-from draftheads.device import device_name  # noqa: E402
-from draftheads.target import load_target  # noqa: E402
+from draftheads.inference.proposers.drawn_trees import drawn_tree_tokens  # noqa: E402
 from report_files import write_report  # noqa: E402
+from tree_runs import add_arguments, chosen_settings, header, load  # noqa: E402
 
 #: Chains and trees of equal verify tokens (a drawn tree verifies depth + 1 tokens at most, as a drawn
 #: chain as deep): trees as deep as the chain with up to 2 or 3 siblings, and the CPU default (12 tokens,
@@ -79,7 +75,7 @@ def markdown(report: dict) -> str:
         top_cell = "-" if top is None else (
             f"{sum(r['tokens_per_step'] * r['steps'] for r in top) / sum(r['steps'] for r in top):.2f}")
         lines.append(f"| {name} ({tree['total_tokens']}, {tree['depth']}, {tree['top_k']}) | "
-                     f"{min(tree['total_tokens'], tree['depth'] + 1)} | {total:.2f} ("
+                     f"{drawn_tree_tokens(tree['total_tokens'], tree['depth'])} | {total:.2f} ("
                      + ", ".join(f"{r['tokens_per_step']:.2f}" for r in runs) + f") | {s['median']:.2f} "
                      f"({s['min']:.2f}-{s['max']:.2f}) | {top_cell} |")
     rates = {name: runs[-1]["sibling_acceptance"] for name, runs in report["drawn"].items()
@@ -93,40 +89,21 @@ def markdown(report: dict) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--target", default="smollm2")
-    ap.add_argument("--heads", required=True)
-    ap.add_argument("--questions", default="mt-bench")
-    ap.add_argument("--num-questions", type=int, default=8)
-    ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--temperature", type=float, default=1.0)
     ap.add_argument("--top-k", type=int, default=50, help="the target's top-k while sampling (transformers' default)")
     ap.add_argument("--seeds", type=int, default=2)
     ap.add_argument("--top-k-trees", action=argparse.BooleanOptionalAction, default=True,
                     help="also decode each setting's top-k candidates (point masses; a chain: each depth's best)")
-    ap.add_argument("--settings", default=",".join(SETTINGS), help=f"which of {', '.join(SETTINGS)}")
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--out", required=True)
+    add_arguments(ap, SETTINGS, num_questions=8)
     args = ap.parse_args()
-    unknown = [name for name in args.settings.split(",") if name not in SETTINGS]
-    if unknown:
-        ap.error(f"--settings: unknown {', '.join(unknown)} (known: {', '.join(SETTINGS)})")
+    settings = chosen_settings(ap, args, SETTINGS)
     if args.temperature <= 0:
         ap.error("--temperature must be above 0: greedy trees draw nothing (benchmarks/confidence_trees.py)")
-    torch.set_num_threads(args.threads)
-    target, tokenizer = load_target(args.target, device="cpu", dtype="float32")
-    target.eval()
-    target.generation_config.eos_token_id = None
-    heads = dh.load_heads(args.heads, target=target).eval()
-    chat = bool(getattr(tokenizer, "chat_template", None))
-    questions = load_questions(args.questions)[: args.num_questions]
-    prompts = encode_prompts(tokenizer, [q.turns[0] for q in questions], chat, 256)
-    report = {"target": args.target, "heads": args.heads, "head_type": heads.head_type, "threads": args.threads,
-              "machine": f"{device_name(torch.device('cpu'))} ({platform.machine()})", "date": time.strftime("%Y-%m-%d"),
-              "questions": len(questions), "question_set": args.questions, "new_tokens": args.new_tokens,
+    target, _, heads, _, questions, prompts = load(args)
+    report = {**header(args, heads, questions),
               "temperature": args.temperature, "top_k": args.top_k, "seeds": list(range(args.seeds)),
               "drawn": {}, "top_k_trees": {}}
-    for name in args.settings.split(","):
-        tree = SETTINGS[name]
+    for name, tree in settings.items():
         report["drawn"][name] = [tokens_per_step(target, heads, prompts, tree, True, args, s) for s in range(args.seeds)]
         if args.top_k_trees:
             report["top_k_trees"][name] = [tokens_per_step(target, heads, prompts, tree, False, args, s)

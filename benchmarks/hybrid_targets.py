@@ -49,6 +49,7 @@ import draftheads as dh  # noqa: E402
 from draftheads.atomic import write_text_atomically  # noqa: E402
 from draftheads.bench.metrics import spread  # noqa: E402
 from draftheads.device import device_name  # noqa: E402
+from draftheads.inference.proposers.drawn_trees import drawn_tree_tokens  # noqa: E402
 from draftheads.inference.recurrent import commit_states, keep_prefix  # noqa: E402
 from draftheads.inference.tree import Tree, TreeShape  # noqa: E402
 from draftheads.inference.verify import TreeVerifier  # noqa: E402
@@ -502,9 +503,9 @@ def tokens_per_step(target, heads, held: torch.Tensor, confidence_prompts: list[
     if args.sampled_temperature:  # sampled trees keep EAGLE-2's ranking (the table holds greedy hits)
         report["sampled_temperature"] = args.sampled_temperature
         report["acceptance_sampled"] = acceptance(target, heads, held, args.new_tokens, trees, args.sampled_temperature)
-        # Drawn trees verify depth + 1 tokens at most (a drawn chain's): only the trees as deep as their
-        # token budget are drawn at the row's verify tokens.
-        full_width = {k: t for k, t in branching.items() if t["depth"] + 1 >= t["total_tokens"]}
+        # Only the trees that draw their whole token budget (`drawn_tree_tokens`) are drawn at the row's width.
+        full_width = {k: t for k, t in branching.items()
+                      if drawn_tree_tokens(t["total_tokens"], t["depth"]) == t["total_tokens"]}
         report["acceptance_drawn"] = acceptance(target, heads, held, args.new_tokens, full_width,
                                                 args.sampled_temperature, drawn=True)
     return report

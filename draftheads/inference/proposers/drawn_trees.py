@@ -24,8 +24,8 @@ ones rejected): c_j. A node's chance of acceptance is then the product along its
 P(rank accepted | parent reached) = (1 - c_1) ... (1 - c_{j-1}) c_j, and `fitted_shape` grows the
 tree best-first by that chance within a token budget, depth and top-k (a chain when c_1 is high,
 bushier as it falls; Sequoia's positional model, learned online). EAGLE's drafter gives it the
-verify tokens of the drawn chain it replaces (depth + 1, at most ``total_tokens``), so a step costs
-what it cost before and only the shape changes.
+verify tokens of the drawn chain it replaces (`drawn_tree_tokens`), so a step costs what it cost
+before and only the shape changes.
 """
 from __future__ import annotations
 
@@ -82,6 +82,13 @@ class SiblingAcceptance:
             if found is None:
                 return
             node, depth = found, depth + 1
+
+
+def drawn_tree_tokens(total_tokens: int, depth: int) -> int:
+    """How many tokens a drawn tree of these settings verifies, root included: as many as the drawn
+    chain as deep as the tree (depth + 1), at most ``total_tokens``. A plan timed with drawn chains
+    then costs the same per step; only the shape changes."""
+    return min(total_tokens, depth + 1)
 
 
 def fitted_shape(rates: Sequence[float], total_tokens: int, depth: int, top_k: int) -> TreeShape:

@@ -40,7 +40,7 @@ from ...inference.compaction import check_compaction, wants_compaction
 from ...inference.tree import Tree, chain_shape
 from ...inference.proposers.draft_cache import grown
 from .tree_search import draw_chain, draw_tree, grow, nodes_up_to, select
-from ...inference.proposers.drawn_trees import SiblingAcceptance, fitted_shape
+from ...inference.proposers.drawn_trees import SiblingAcceptance, drawn_tree_tokens, fitted_shape
 from ...inference.proposers.feed import FeedRows
 from ...inference.proposers.sampled import chains
 
@@ -230,11 +230,10 @@ class EagleDrafter(FeedRows):
                      root_states: torch.Tensor) -> list[Tree]:
         """Every row's tree of drawn siblings in the shape fitted to this generation's sibling
         acceptance so far (`drawn_trees`), cut at each row's depth; the trees are kept for `accepted`.
-        It verifies as many tokens as the drawn chain as deep as the tree would (depth + 1, at most
-        ``total_tokens``): a plan timed with drawn chains costs the same per step, and only its shape
-        changes (what the benchmarks compare: trees against chains of equal verify tokens)."""
-        tokens_verified = min(self.total_tokens, self.depth + 1)
-        shape = fitted_shape(self._siblings.rates, tokens_verified, max(depths), self.top_k)
+        It verifies as many tokens as the drawn chain as deep as the tree would (`drawn_tree_tokens`):
+        what the benchmarks compare, trees against chains of equal verify tokens."""
+        shape = fitted_shape(self._siblings.rates, drawn_tree_tokens(self.total_tokens, self.depth), max(depths),
+                             self.top_k)
         internal = sum(1 for kids in shape.children if kids)
         self._reserve(self._visible.shape[1] + internal + 1)
         tokens, laws = draw_tree(self.head, self._logits, self._vocab_ids_dev, self._cache, visible, first_pos,
