@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import sys
 import time
 from pathlib import Path
@@ -26,12 +25,10 @@ sys.path.insert(0, str(ROOT))
 
 import draftheads as dh  # noqa: E402
 from draftheads.bench.metrics import spread  # noqa: E402
-from draftheads.bench.questions import load_questions  # noqa: E402
 from draftheads.data.plan_prompts import AUTO, default_set, encode_prompts, read_prompt_texts  # noqa: E402
-from draftheads.device import device_name  # noqa: E402
-from draftheads.target import load_target  # noqa: E402
 from draftheads.tune.calibrate import calibrate_confidence  # noqa: E402
 from report_files import write_report  # noqa: E402
+from tree_runs import add_arguments, chosen_settings, header, load  # noqa: E402
 
 #: Chains and trees of equal verify tokens: EAGLE-2 trees as deep as the chain (top 2), top-3 trees five
 #: deep (the CPU grid's), and the device defaults (CPU: 12 tokens, depth 5, top 4; CUDA: 60 / 6 / 10).
@@ -85,40 +82,21 @@ def markdown(report: dict) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--target", default="smollm2")
-    ap.add_argument("--heads", required=True)
     ap.add_argument("--prompts", default=AUTO, help="what the confidence table is measured on (calibrate's --prompts)")
     ap.add_argument("--num-prompts", type=int, default=12)
-    ap.add_argument("--questions", default="mt-bench")
-    ap.add_argument("--num-questions", type=int, default=16)
-    ap.add_argument("--new-tokens", type=int, default=64)
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--settings", default=",".join(SETTINGS), help=f"which of {', '.join(SETTINGS)}")
-    ap.add_argument("--out", required=True)
+    add_arguments(ap, SETTINGS, num_questions=16)
     args = ap.parse_args()
-    unknown = [name for name in args.settings.split(",") if name not in SETTINGS]
-    if unknown:
-        ap.error(f"--settings: unknown {', '.join(unknown)} (known: {', '.join(SETTINGS)})")
-    settings = {name: SETTINGS[name] for name in args.settings.split(",")}
-    torch.set_num_threads(args.threads)
-    target, tokenizer = load_target(args.target, device="cpu", dtype="float32")
-    target.eval()
-    target.generation_config.eos_token_id = None
-    heads = dh.load_heads(args.heads, target=target).eval()
-    chat = bool(getattr(tokenizer, "chat_template", None))
+    settings = chosen_settings(ap, args, SETTINGS)
+    target, tokenizer, heads, chat, questions, prompts = load(args)
     names = default_set(chat) if args.prompts == AUTO else args.prompts
     plan_prompts = encode_prompts(tokenizer, read_prompt_texts(names)[: args.num_prompts], chat, 256)
     t0 = time.perf_counter()
     table = calibrate_confidence(target, heads, plan_prompts, new_tokens=args.new_tokens)
     seconds = time.perf_counter() - t0
-    questions = load_questions(args.questions)[: args.num_questions]
-    prompts = encode_prompts(tokenizer, [q.turns[0] for q in questions], chat, 256)
     with torch.no_grad():
         want = [target.generate(p, attention_mask=torch.ones_like(p), do_sample=False, max_new_tokens=args.new_tokens,
                                 min_new_tokens=args.new_tokens, pad_token_id=0)[0] for p in prompts]
-    report = {"target": args.target, "heads": args.heads, "head_type": heads.head_type, "threads": args.threads,
-              "machine": f"{device_name(torch.device('cpu'))} ({platform.machine()})", "date": time.strftime("%Y-%m-%d"),
-              "questions": len(questions), "question_set": args.questions, "new_tokens": args.new_tokens,
+    report = {**header(args, heads, questions),
               "confidence": {**table.to_json(), "seconds": seconds}, "confidence_summary": table.summary(),
               "raw": {}, "ranked": {}}
     for name, tree in settings.items():
